@@ -1,0 +1,146 @@
+"""The ``latch`` command line.
+
+Subcommands::
+
+    latch assemble [--config FILE] [FILE|-]            offline: envelopes in, records out
+    latch assemble --from-sse PROVIDER --tools FILE CAPTURE
+    latch worker [--config FILE]                         run the Kafka worker
+    latch topics create [--config FILE]                  provision every topic
+    latch broker start|stop|status                       a local Kafka for development
+    latch publish [--config FILE] FILE                   send JSON-Lines envelopes
+    latch tail [--config FILE]                           print the output topics
+    latch demo                                           everything above, end to end
+
+Each subcommand's module is imported only when it runs, so ``latch assemble`` needs no
+Kafka client at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from worker.core import Assembler
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return 130
+    except CliError as exc:
+        print(f"latch: {exc}", file=sys.stderr)
+        return 2
+
+
+class CliError(Exception):
+    """A problem with the command line or its inputs, reported as one line."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="latch", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    asm = sub.add_parser("assemble", help="run envelopes through the latch offline")
+    asm.add_argument("--config", help="latch.yaml (default: ./latch.yaml if present)")
+    asm.add_argument("--from-sse", metavar="PROVIDER",
+                     choices=["openai.chat", "openai.responses", "anthropic.messages"],
+                     help="read a raw capture (SSE, JSON-Lines chunks or a VCR cassette)")
+    asm.add_argument("--tools", metavar="FILE", help="with --from-sse: the tools JSON array")
+    asm.add_argument("--run-id", default="capture", help="with --from-sse: the run id to use")
+    asm.add_argument("input", nargs="?", default="-", help="input file, - for stdin")
+    asm.set_defaults(handler=_assemble)
+
+    for name, target, text in _LAZY:
+        lazy = sub.add_parser(name, help=text, add_help=False)
+        lazy.add_argument("rest", nargs=argparse.REMAINDER)
+        lazy.set_defaults(handler=_lazy(target))
+    return parser
+
+
+_LAZY = [
+    ("worker", "worker.app:main", "run the Kafka worker"),
+    ("topics", "worker.admin:main", "provision the topics (topics create)"),
+    ("broker", "worker.broker:main", "a local Kafka broker: start, stop, status"),
+    ("publish", "worker.publisher:main", "publish JSON-Lines envelopes"),
+    ("tail", "worker.tail:main", "print the output topics"),
+    ("demo", "worker.demo:main", "run the end-to-end demo"),
+    ("replay", "worker.replay:main", "replay a range of the events topic"),
+]
+
+
+def _lazy(target: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        module_name, func = target.split(":")
+        module = importlib.import_module(module_name)
+        result: int = getattr(module, func)(list(args.rest))
+        return result
+
+    return run
+
+
+def _assemble(args: argparse.Namespace) -> int:
+    from worker.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from exc
+    assembler = Assembler(config.assemble)
+    out = sys.stdout.buffer
+    if args.from_sse:
+        lines: Iterable[bytes] = _capture_lines(args)
+    else:
+        lines = _input_lines(args.input)
+    for line in lines:
+        if line.strip():
+            _write(out, (e.as_line() for e in assembler.feed_record(None, line.strip())))
+    if assembler.open_runs:
+        ids = ", ".join(assembler.open_run_ids()[:5])
+        print(f"latch: {assembler.open_runs} run(s) still open at end of input: {ids}",
+              file=sys.stderr)
+    return 0
+
+
+def _write(out: IO[bytes], lines: Iterable[dict[str, Any]]) -> None:
+    for line in lines:
+        out.write(orjson.dumps(line) + b"\n")
+    out.flush()
+
+
+def _input_lines(name: str) -> Iterable[bytes]:
+    if name == "-":
+        return sys.stdin.buffer
+    try:
+        return Path(name).read_bytes().splitlines()
+    except OSError as exc:
+        raise CliError(f"cannot read {name}: {exc.strerror}") from exc
+
+
+def _capture_lines(args: argparse.Namespace) -> Iterable[bytes]:
+    from worker import capture
+
+    if not args.tools:
+        raise CliError("--from-sse needs --tools FILE (the JSON array of the run's tools)")
+    try:
+        tools = orjson.loads(Path(args.tools).read_bytes())
+        name = args.input
+        text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+        events, _ = capture.provider_events(text, name)
+    except OSError as exc:
+        raise CliError(f"cannot read {exc.filename}: {exc.strerror}") from exc
+    except (orjson.JSONDecodeError, ValueError, KeyError) as exc:
+        raise CliError(f"{args.input} is not a capture this tool reads: {exc}") from exc
+    if not isinstance(tools, list):
+        raise CliError(f"{args.tools} must hold a JSON array of tool definitions")
+    envelopes = capture.envelopes(args.from_sse, events, tools, run_id=args.run_id)
+    return [orjson.dumps(e) for e in envelopes]

@@ -1,0 +1,132 @@
+"""Values that cross the core's boundary: states, reasons, and the records it emits.
+
+The state machine of one tool call
+==================================
+
+A call is born ``OPEN`` when a provider event names it (a chat ``tool_calls`` entry, an
+Anthropic ``tool_use`` block, a Responses ``function_call`` item). While it is open its
+argument text is opaque: fragments are appended, never parsed (contract rule 1).
+
+It becomes ``ARGS_COMPLETE`` when the provider says no more text will come for it: at the
+end of the stream for every call, or at the end of its block for block-level signals
+(Anthropic ``content_block_stop``, Responses ``response.output_item.done``). Only then is
+the text parsed and checked by the completion latch, and the call ends in exactly one of
+three terminal states:
+
+* ``COMMITTED``: the latch held; the call goes to the runner topic.
+* ``FAILED``: a rule broke (a :class:`Reason` other than ``cancelled``).
+* ``CANCELLED``: a cancel marker reached the run first.
+
+A call may also fail or be cancelled while still ``OPEN`` (oversize text, too many calls in
+flight, a stream error, a cancel). Terminal states have no way out: whatever arrives for a
+terminal call changes nothing, which is what makes a re-delivered or late event harmless.
+
+``TRANSITIONS`` is the whole table; a move that is not in it is a bug in the core, and
+:func:`check_transition` raises :class:`IllegalTransition` for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class CallState(StrEnum):
+    OPEN = "open"
+    ARGS_COMPLETE = "args_complete"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL: frozenset[CallState] = frozenset(
+    {CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED}
+)
+
+TRANSITIONS: dict[CallState, frozenset[CallState]] = {
+    CallState.OPEN: frozenset({CallState.ARGS_COMPLETE, CallState.FAILED, CallState.CANCELLED}),
+    CallState.ARGS_COMPLETE: frozenset(
+        {CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED}
+    ),
+    CallState.COMMITTED: frozenset(),
+    CallState.FAILED: frozenset(),
+    CallState.CANCELLED: frozenset(),
+}
+
+
+class IllegalTransition(AssertionError):
+    """The core tried a move that ``TRANSITIONS`` does not allow: a bug, never bad input."""
+
+
+def check_transition(old: CallState, new: CallState) -> CallState:
+    """Return ``new`` if ``old -> new`` is in the table, else raise :class:`IllegalTransition`."""
+    if new not in TRANSITIONS[old]:
+        raise IllegalTransition(f"{old} -> {new}")
+    return new
+
+
+class Reason(StrEnum):
+    """Why a call did not commit (contract: "Reason codes")."""
+
+    INVALID_JSON = "invalid_json"
+    ARGUMENTS_NOT_OBJECT = "arguments_not_object"
+    ARGUMENTS_EXCEED_MAX_BYTES = "arguments_exceed_max_bytes"
+    TOO_MANY_TOOL_CALLS = "too_many_tool_calls"
+    MISSING_ID_OR_NAME = "missing_id_or_name"
+    UNKNOWN_TOOL = "unknown_tool"
+    SCHEMA_INVALID = "schema_invalid"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    TRUNCATED = "truncated"
+    STREAM_ERROR = "stream_error"
+    UPSTREAM_ERROR = "upstream_error"
+    CANCELLED = "cancelled"
+    ASSEMBLE_IDLE_TIMEOUT = "assemble_idle_timeout"
+    DUPLICATE_CALL_ID = "duplicate_call_id"
+
+
+class DlqReason(StrEnum):
+    """Why an input record went to the dead-letter topic instead of a run."""
+
+    UNDECODABLE = "undecodable"
+    INVALID_ENVELOPE = "invalid_envelope"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    KEY_MISMATCH = "key_mismatch"
+    UNKNOWN_PROVIDER = "unknown_provider"
+    UNKNOWN_RUN = "unknown_run"
+    RUN_FINISHED = "run_finished"
+    DUPLICATE_RUN_START = "duplicate_run_start"
+    RUN_LIMIT = "run_limit"
+
+
+class RunStatus(StrEnum):
+    """How a run ended, as written in its final message."""
+
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    IDLE_TIMEOUT = "idle_timeout"
+
+
+class Topic(StrEnum):
+    """The logical output topics; the worker maps them to configured Kafka topic names."""
+
+    COMMITTED = "committed"
+    ERRORS = "errors"
+    FINAL = "final"
+    PROGRESS = "progress"
+    DLQ = "dlq"
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    """One record the caller must publish: ``value`` goes to ``topic`` under ``key``."""
+
+    topic: Topic
+    key: str | None
+    value: dict[str, Any]
+
+    def as_line(self) -> dict[str, Any]:
+        """The ``latch assemble`` output line for this record."""
+        return {"topic": self.topic.value, "key": self.key, "value": self.value}

@@ -1,0 +1,106 @@
+"""The records the core emits, shaped as ``schemas/*.schema.json`` describe them.
+
+Every output carries the run's identity (``run_id``, ``tenant``, ``provider``) and an
+``idempotency_key`` that is the same each time the same outcome is emitted again (after a
+crash, or on replay), so a runner deduplicates on it. The error ``content`` holds the reason
+and a detail made by the core from positions, lengths, counts and schema paths: never
+argument text.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+from worker.core.envelope import Rejected, RunStart
+from worker.core.model import CallState, Emit, Reason, RunStatus, Topic
+from worker.core.ops import Adapter, CallView
+from worker.core.run import Call
+
+
+class Outputs:
+    """Builds the output records of one run."""
+
+    __slots__ = ("_head", "_run_id")
+
+    def __init__(self, start: RunStart) -> None:
+        self._run_id = start.run_id
+        self._head: dict[str, Any] = {
+            "v": 1, "run_id": start.run_id, "tenant": start.tenant, "provider": start.provider,
+        }
+
+    def outcomes(self, calls: Sequence[Call]) -> list[Emit]:
+        """The committed call or error result of each terminal call not yet emitted."""
+        emits = []
+        for call in calls:
+            if call.emitted or call.state not in (
+                CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED
+            ):
+                continue
+            call.emitted = True
+            emits.append(self._committed(call) if call.state is CallState.COMMITTED
+                         else self._error(call))
+        return emits
+
+    def _where(self, call: Call) -> dict[str, Any]:
+        where: dict[str, Any] = {"index": call.index}
+        if call.choice is not None:
+            where["choice"] = call.choice
+        return where
+
+    def _committed(self, call: Call) -> Emit:
+        value = {**self._head, "call_id": call.call_id, "name": call.name, **self._where(call),
+                 "arguments": call.arguments,
+                 "idempotency_key": f"{self._run_id}:{call.call_id}"}
+        return Emit(Topic.COMMITTED, self._run_id, value)
+
+    def _error(self, call: Call) -> Emit:
+        reason = call.reason or Reason.STREAM_ERROR
+        key = f"{self._run_id}:{call.tool_call_id}"
+        if reason is Reason.DUPLICATE_CALL_ID:
+            key = f"{key}:{call.key}"
+        value = {**self._head, "tool_call_id": call.tool_call_id, "name": call.name or "unknown",
+                 **self._where(call), "is_error": True, "state": str(call.state),
+                 "reason": str(reason), "content": f"{reason}: {call.detail}",
+                 "idempotency_key": key}
+        return Emit(Topic.ERRORS, self._run_id, value)
+
+    def final(self, adapter: Adapter, calls: Sequence[Call], status: RunStatus) -> Emit:
+        """The run's canonical assistant message and each call's outcome."""
+        views = [CallView(c.key, c.tool_call_id, c.name or "unknown",
+                          c.text if c.text is not None else "".join(c.parts),
+                          c.arguments, c.parsed) for c in calls]
+        message, choices = adapter.final(views)
+        value: dict[str, Any] = {**self._head, "status": str(status), "message": message}
+        if choices is not None:
+            value["choices"] = choices
+        value["outcomes"] = [self._outcome(c) for c in calls]
+        value["idempotency_key"] = f"{self._run_id}:final"
+        return Emit(Topic.FINAL, self._run_id, value)
+
+    def _outcome(self, call: Call) -> dict[str, Any]:
+        outcome = {"tool_call_id": call.tool_call_id, "name": call.name or "unknown",
+                   **self._where(call), "state": str(call.state)}
+        if call.reason is not None:
+            outcome["reason"] = str(call.reason)
+        return outcome
+
+    def progress(self, call: Call, partial: str | None) -> Emit:
+        """A UI progress record: byte counts, and partial text only when configured."""
+        value = {**self._head, "call_key": call.key, "tool_call_id": call.call_id,
+                 "name": call.name, "index": call.index, "bytes": call.nbytes}
+        if partial is not None:
+            value["partial_arguments"] = partial
+        return Emit(Topic.PROGRESS, self._run_id, value)
+
+
+def dlq_record(rejected: Rejected, key: bytes | None, value: bytes,
+               source: dict[str, Any] | None) -> Emit:
+    """A dead-letter record that keeps the original bytes and says why."""
+    src: dict[str, Any] = dict(source or {})
+    src["key_b64"] = None if key is None else base64.b64encode(key).decode()
+    record = {"v": 1, "reason": str(rejected.reason), "detail": rejected.detail, "source": src,
+              "original_b64": base64.b64encode(value).decode(), "run_id": rejected.run_id}
+    text_key = None if key is None else key.decode("utf-8", "replace")
+    return Emit(Topic.DLQ, text_key, record)

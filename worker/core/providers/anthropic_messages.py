@@ -1,0 +1,147 @@
+"""Anthropic Messages streaming.
+
+What the API sends (docs.anthropic.com, "Streaming Messages"): ``message_start`` with an
+empty ``content``; then for each content block a ``content_block_start`` (with its
+``index`` and the block's skeleton), ``content_block_delta`` events (``text_delta``,
+``thinking_delta``, ``signature_delta``, ``input_json_delta`` with ``partial_json``,
+``citations_delta``) and a ``content_block_stop``; then ``message_delta`` with the
+``stop_reason`` and ``message_stop``. ``ping`` may appear anywhere; an ``error`` event
+(``overloaded_error`` and the like) may replace the rest of the stream.
+
+How Latch reads it:
+
+* a ``tool_use`` block is a client call keyed by its content block index; its text is the
+  concatenated ``partial_json``; a block whose ``input`` is already complete at the start
+  and that gets no deltas uses that input;
+* ``server_tool_use``, ``mcp_tool_use`` and the ``*_tool_result`` blocks run at Anthropic:
+  they are kept for the final message and never committed (contract rule 6);
+* ``content_block_stop`` ends a call's text (block-level early commit, rule 4, happens only
+  for allowed tools); ``message_stop`` completes the message;
+* ``stop_reason: "max_tokens"`` (and ``model_context_window_exceeded``) is truncation
+  (rule 5); an ``error`` event fails the open calls ``upstream_error``;
+* a repeated ``message_start`` (seen from some proxies) is ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from worker.core import ops as op
+
+TRUNCATING_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
+_TEXT_DELTAS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "thinking")}
+
+
+@dataclass(slots=True)
+class _Block:
+    body: dict[str, Any]
+    text: list[str] = field(default_factory=list)
+    json: list[str] = field(default_factory=list)
+
+
+class AnthropicMessages:
+    """Adapter for ``anthropic.messages``."""
+
+    completes_on_stream_end = False
+
+    def __init__(self) -> None:
+        self._message: dict[str, Any] | None = None
+        self._blocks: dict[int, _Block] = {}
+        self._stop_reason: str | None = None
+
+    def feed(self, event: dict[str, Any]) -> list[op.Op]:
+        kind = event.get("type")
+        if kind == "message_start":
+            if self._message is None:
+                message = event.get("message") or {}
+                self._message = {k: message[k] for k in ("id", "model") if k in message}
+            return []
+        if kind == "content_block_start":
+            return self._start(event["index"], event["content_block"])
+        if kind == "content_block_delta":
+            return self._delta(event["index"], event["delta"])
+        if kind == "content_block_stop":
+            return self._stop(event["index"])
+        if kind == "message_delta":
+            stop = (event.get("delta") or {}).get("stop_reason")
+            if isinstance(stop, str):
+                self._stop_reason = stop
+                if stop in TRUNCATING_STOPS:
+                    return [op.Truncated()]
+            return []
+        if kind == "message_stop":
+            return [op.Complete()]
+        if kind == "error":
+            error = event.get("error") or {}
+            return [op.UpstreamError(f"provider error event: {_safe(error.get('type'))}")]
+        return []  # ping, and event types this version does not know
+
+    def _start(self, index: int, body: dict[str, Any]) -> list[op.Op]:
+        if not isinstance(index, int) or not isinstance(body, dict):
+            raise ValueError("content_block_start without index or content_block")
+        self._blocks[index] = _Block(copy.deepcopy(body))
+        if body.get("type") != "tool_use":
+            return []
+        return [op.OpenCall(str(index), index, None, body.get("id") or None,
+                            body.get("name") or None)]
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> list[op.Op]:
+        block = self._blocks[index]
+        kind = delta.get("type")
+        if kind in _TEXT_DELTAS:
+            block.text.append(delta[_TEXT_DELTAS[kind][1]])
+        elif kind == "signature_delta":
+            block.body["signature"] = delta["signature"]
+        elif kind == "citations_delta":
+            block.body.setdefault("citations", []).append(delta["citation"])
+        elif kind == "input_json_delta":
+            fragment = delta["partial_json"]
+            if not isinstance(fragment, str):
+                raise ValueError("partial_json is not a string")
+            block.json.append(fragment)
+            if block.body.get("type") == "tool_use":
+                return [op.AppendArgs(str(index), fragment)]
+        return []
+
+    def _stop(self, index: int) -> list[op.Op]:
+        block = self._blocks[index]
+        if block.body.get("type") != "tool_use":
+            return []
+        start_input = block.body.get("input")
+        if not block.json and isinstance(start_input, dict) and start_input:
+            return [op.SetArgs(str(index), orjson.dumps(start_input).decode()),
+                    op.CloseCall(str(index))]
+        return [op.CloseCall(str(index))]
+
+    def final(self, calls: Sequence[op.CallView]) -> op.FinalMessage:
+        by_key = {c.key: c for c in calls}
+        content = [self._render(i, b, by_key.get(str(i))) for i, b in sorted(self._blocks.items())]
+        message: dict[str, Any] = {**(self._message or {}), "role": "assistant",
+                                   "content": content, "stop_reason": self._stop_reason}
+        return message, None
+
+    @staticmethod
+    def _render(index: int, block: _Block, call: op.CallView | None) -> dict[str, Any]:
+        body = dict(block.body)
+        kind = body.get("type")
+        if kind in ("text", "thinking"):
+            body[kind] = body.get(kind, "") + "".join(block.text)
+        if call is not None:
+            body["id"] = call.tool_call_id
+            usable = call.parsed and isinstance(call.arguments, dict)
+            body["input"] = call.arguments if usable else {}
+        elif block.json:
+            try:
+                body["input"] = orjson.loads("".join(block.json))
+            except orjson.JSONDecodeError:
+                body["input"] = {}
+        return body
+
+
+def _safe(value: Any) -> str:
+    return value if isinstance(value, str) and len(value) <= 64 else "unknown"

@@ -1,0 +1,150 @@
+"""OpenAI Chat Completions streaming (``chat.completion.chunk``), and its look-alikes.
+
+What the API sends (platform.openai.com, "Chat Completions: streaming"): each chunk has
+``choices[]``, each choice an ``index`` and a ``delta``. A tool call starts with a
+``delta.tool_calls[]`` entry that carries ``index``, ``id``, ``type`` and
+``function.name``; later entries for the same ``index`` carry only
+``function.arguments`` fragments. ``finish_reason`` arrives on the last chunk of each
+choice; ``"length"`` means the output hit ``max_tokens``. The stream ends with
+``data: [DONE]``, which the gateway publishes as ``stream.end``: only that completes the
+message (contract rule 4).
+
+What OpenAI-compatible servers do instead, all seen in recorded streams and all handled:
+
+* a whole call in one chunk, arguments included (groq, xai, mistral);
+* no ``index`` at all (mistral): the call is keyed by its id, or opened anew;
+* ``"id": ""`` and ``"name": ""`` on continuation chunks: empty means absent;
+* id and name repeated on every chunk: never concatenated;
+* the name arriving after the first argument fragments;
+* a new id at an index already in use: a new call (rule 2), keyed ``"c.i#n"``;
+* ``n > 1``: choices are kept apart, keyed by choice index first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from worker.core import ops as op
+
+
+@dataclass(slots=True)
+class _Choice:
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    refusal: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    #: tool index -> the buffer key of the call now at that index, and its id.
+    slots: dict[int, tuple[str, str | None]] = field(default_factory=dict)
+    by_id: dict[str, str] = field(default_factory=dict)
+    keys: list[str] = field(default_factory=list)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+class OpenAIChat:
+    """Adapter for ``openai.chat``."""
+
+    completes_on_stream_end = True
+
+    def __init__(self) -> None:
+        self._choices: dict[int, _Choice] = {}
+
+    def feed(self, event: dict[str, Any]) -> list[op.Op]:
+        ops: list[op.Op] = []
+        for raw in event.get("choices") or ():
+            ci = raw.get("index", 0)
+            ci = ci if isinstance(ci, int) else 0
+            choice = self._choices.setdefault(ci, _Choice())
+            delta = raw.get("delta") or {}
+            for attr, name in (("content", "content"), ("reasoning", "reasoning_content"),
+                               ("refusal", "refusal")):
+                text = _text(delta.get(name))
+                if text:
+                    getattr(choice, attr).append(text)
+            for entry in delta.get("tool_calls") or ():
+                ops += self._tool_call(ci, choice, entry)
+            finish = raw.get("finish_reason")
+            if isinstance(finish, str):
+                choice.finish_reason = finish
+                if finish == "length":
+                    ops.append(op.Truncated(ci))
+        return ops
+
+    def _tool_call(self, ci: int, choice: _Choice, entry: dict[str, Any]) -> list[op.Op]:
+        fn = entry.get("function") or {}
+        call_id, name = _text(entry.get("id")), _text(fn.get("name"))
+        args = fn.get("arguments")
+        if isinstance(args, dict):  # a gateway that already parsed the arguments
+            args = orjson.dumps(args).decode()
+        ops: list[op.Op] = []
+        key = self._key(ci, choice, entry.get("index"), call_id)
+        if key is None:
+            index = self._free_index(choice)
+            key = self._new(ci, choice, index, call_id)
+            ops.append(op.OpenCall(key, index, ci, call_id, name))
+        elif key not in choice.keys:
+            choice.keys.append(key)
+            ops.append(op.OpenCall(key, entry["index"], ci, call_id, name))
+        else:
+            ops.append(op.Identify(key, call_id, name))
+        if isinstance(args, str) and args:
+            ops.append(op.AppendArgs(key, args))
+        return ops
+
+    def _key(self, ci: int, choice: _Choice, index: Any, call_id: str | None) -> str | None:
+        """The buffer key this entry belongs to; a not-yet-listed key opens a call."""
+        if not isinstance(index, int) or isinstance(index, bool):
+            return choice.by_id.get(call_id) if call_id else None
+        slot = choice.slots.get(index)
+        if slot is None or (call_id and slot[1] and call_id != slot[1]):
+            generation = sum(1 for k in choice.keys if k.split("#")[0] == f"{ci}.{index}")
+            key = f"{ci}.{index}" + (f"#{generation}" if generation else "")
+            choice.slots[index] = (key, call_id)
+            if call_id:
+                choice.by_id.setdefault(call_id, key)
+            return key
+        if call_id and not slot[1]:
+            choice.slots[index] = (slot[0], call_id)
+            choice.by_id.setdefault(call_id, slot[0])
+        return slot[0]
+
+    @staticmethod
+    def _free_index(choice: _Choice) -> int:
+        return max(choice.slots, default=-1) + 1
+
+    def _new(self, ci: int, choice: _Choice, index: int, call_id: str | None) -> str:
+        key = f"{ci}.{index}"
+        choice.slots[index] = (key, call_id)
+        choice.keys.append(key)
+        if call_id:
+            choice.by_id.setdefault(call_id, key)
+        return key
+
+    def final(self, calls: Sequence[op.CallView]) -> op.FinalMessage:
+        by_key = {c.key: c for c in calls}
+        messages = []
+        for ci in sorted(self._choices) or [0]:
+            choice = self._choices.get(ci, _Choice())
+            message: dict[str, Any] = {"role": "assistant",
+                                       "content": "".join(choice.content) or None}
+            if choice.reasoning:
+                message["reasoning_content"] = "".join(choice.reasoning)
+            if choice.refusal:
+                message["refusal"] = "".join(choice.refusal)
+            tool_calls = [_tool_call_entry(by_key[k]) for k in choice.keys if k in by_key]
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            messages.append({"index": ci, "message": message,
+                             "finish_reason": choice.finish_reason})
+        return messages[0]["message"], (messages if len(messages) > 1 else None)
+
+
+def _tool_call_entry(call: op.CallView) -> dict[str, Any]:
+    return {"id": call.tool_call_id, "type": "function",
+            "function": {"name": call.name, "arguments": call.text or ""}}

@@ -1,0 +1,127 @@
+"""One run: its calls, their buffers, and the completion latch.
+
+A :class:`Run` applies the ops of its adapter to its calls and, when the run ends, decides
+each call's outcome. The decision is the *completion latch*; a call commits only when all of
+these hold, checked in this order, the first failure naming the reason:
+
+1. the message was not truncated (``truncated``, rule 5);
+2. it has a non-empty id and name (``missing_id_or_name``);
+3. no other call of the run claims the same id (``duplicate_call_id``);
+4. the name is a client tool registered by ``run.start`` (``unknown_tool``);
+5. its text is strict JSON (``invalid_json``, rule 1), empty text meaning ``{}`` (rule 3);
+6. the value is an object (``arguments_not_object``) when ``arguments_must_be_object``;
+7. the value is valid against the tool's JSON Schema (``schema_invalid``);
+8. the run's call budget has room (``budget_exceeded``, rule 7, counted at enqueue).
+
+Limits that can be known earlier fail the call earlier, while its text streams in:
+``arguments_exceed_max_bytes`` (the buffer is dropped at once) and ``too_many_tool_calls``
+(a placeholder that keeps the call's place so that it still gets its one outcome).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.core import strictjson
+from worker.core.model import CallState, Reason, check_transition
+from worker.core.settings import AssembleSettings
+from worker.core.tools import SchemaCheck
+
+
+@dataclass(slots=True)
+class Call:
+    """A tool call being assembled; ``parts`` is its opaque argument text."""
+
+    key: str
+    index: int
+    choice: int | None
+    order: int
+    call_id: str | None = None
+    name: str | None = None
+    parts: list[str] = field(default_factory=list)
+    nbytes: int = 0
+    state: CallState = CallState.OPEN
+    reason: Reason | None = None
+    detail: str = ""
+    arguments: Any = None
+    parsed: bool = False
+    emitted: bool = False
+    text: str | None = None
+
+    @property
+    def tool_call_id(self) -> str:
+        """The id the outcome pairs with: the provider's, else the buffer key."""
+        return self.call_id or self.key
+
+    def move(self, new: CallState) -> None:
+        self.state = check_transition(self.state, new)
+
+    def fail(self, reason: Reason, detail: str) -> None:
+        """End the call with ``reason``; ``detail`` must not quote argument text."""
+        self.move(CallState.CANCELLED if reason is Reason.CANCELLED else CallState.FAILED)
+        self.reason, self.detail = reason, detail
+        if reason is Reason.ARGUMENTS_EXCEED_MAX_BYTES:
+            self.parts.clear()
+
+    def sort_key(self) -> tuple[int, int, int]:
+        return (self.choice or 0, self.index, self.order)
+
+
+def utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+@dataclass(slots=True)
+class Latch:
+    """The checks of the completion latch for one run (see the module docstring)."""
+
+    settings: AssembleSettings
+    tools: dict[str, SchemaCheck]
+    budget: int
+    committed: int = 0
+
+    def decide(self, call: Call, truncated: bool, duplicate: bool) -> None:
+        """Move an ``ARGS_COMPLETE`` call to ``COMMITTED`` or ``FAILED``."""
+        text = "".join(call.parts)
+        call.text, call.parts = text, []
+        failure = self._check(call, text, truncated, duplicate)
+        if failure is not None:
+            call.fail(*failure)
+            return
+        call.move(CallState.COMMITTED)
+        self.committed += 1
+
+    def _check(
+        self, call: Call, text: str, truncated: bool, duplicate: bool
+    ) -> tuple[Reason, str] | None:
+        if truncated:
+            return Reason.TRUNCATED, "the provider truncated the message before the call ended"
+        if not call.call_id or not call.name:
+            missing = "id" if not call.call_id else "name"
+            return Reason.MISSING_ID_OR_NAME, f"the provider sent no {missing} for this call"
+        if duplicate:
+            return Reason.DUPLICATE_CALL_ID, "another call of this run has the same id"
+        check = self.tools.get(call.name)
+        if check is None:
+            return Reason.UNKNOWN_TOOL, "the tool name is not among the run's tools"
+        return self._check_value(call, text, check)
+
+    def _check_value(self, call: Call, text: str, check: SchemaCheck) -> tuple[Reason, str] | None:
+        value = strictjson.parse(text) if text.strip() else {}
+        if isinstance(value, strictjson.ParseError):
+            return Reason.INVALID_JSON, f"{value.message}; {utf8_len(text)} bytes received"
+        call.arguments, call.parsed = value, True
+        if self.settings.arguments_must_be_object and not isinstance(value, dict):
+            return Reason.ARGUMENTS_NOT_OBJECT, f"arguments are a JSON {_json_type(value)}"
+        problem = check.errors(value)
+        if problem is not None:
+            return Reason.SCHEMA_INVALID, problem
+        if self.committed >= self.budget:
+            return Reason.BUDGET_EXCEEDED, f"the run may commit at most {self.budget} calls"
+        return None
+
+
+def _json_type(value: Any) -> str:
+    names = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)

@@ -1,0 +1,44 @@
+"""The assembler's settings: the ``agent_stream_assemble`` section of ``latch.yaml``.
+
+Frozen and plain so that the core never reads a file or the environment; ``worker.config``
+loads, validates and overrides them, then hands one instance to :class:`~worker.core.Assembler`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class AssembleSettings:
+    """Limits and switches of the completion latch (contract: "Configuration")."""
+
+    #: A call whose argument text grows past this many UTF-8 bytes fails
+    #: ``arguments_exceed_max_bytes``; its text is dropped as soon as the limit is crossed.
+    max_tool_argument_bytes: int = 262_144
+    #: Calls being assembled at once in one run; the surplus gets a failed placeholder.
+    max_tool_calls_in_flight_assemble: int = 32
+    #: Calls committed per run (a run's ``limits.max_tool_calls`` may only lower it).
+    max_tool_calls_per_run: int = 16
+    #: A run that receives no event for this long (by record time) fails its open calls.
+    assemble_idle_timeout_s: float = 60.0
+    #: Master switch for block-level early commit (rule 4), together with the allow list.
+    execute_before_stream_end: bool = False
+    #: Tools that may be committed at their block's end instead of the stream's end.
+    allow_pipelined_execute: tuple[str, ...] = ()
+    #: Put partial argument text on the progress topic (byte counts only when false).
+    ui_forward_partial_args: bool = False
+    #: Emit progress records at all.
+    emit_progress: bool = False
+    #: Arguments must decode to a JSON object (``arguments_not_object`` otherwise).
+    arguments_must_be_object: bool = True
+    #: What an invalid argument text becomes; ``error_result`` is the only policy in v1.
+    on_invalid_json: str = "error_result"
+    #: What an oversize argument text becomes; ``error_result`` is the only policy in v1.
+    on_args_overflow: str = "error_result"
+    #: Order of a run's outcomes; ``provider_index`` is the only order in v1.
+    finalize_order: str = "provider_index"
+    #: Open runs one assembler holds before it refuses new ones (``run_limit`` to the DLQ).
+    max_open_runs: int = 100_000
+    #: Finished run ids remembered to recognise re-deliveries and late events.
+    remember_finished_runs: int = 100_000

@@ -1,0 +1,120 @@
+"""The tools a run may call, read from ``run.start`` in each provider's own format.
+
+A gateway sends the model a tool list; the same list arrives on ``run.start``. Only a
+*client* tool (one the runner executes) can become a committed call:
+
+* ``openai.chat``: ``{"type": "function", "function": {"name", "parameters"}}``.
+* ``openai.responses``: ``{"type": "function", "name", "parameters"}``; built-in tools such
+  as ``web_search`` run at OpenAI and are not registered.
+* ``anthropic.messages``: ``{"name", "input_schema"}`` with no ``type`` or
+  ``"type": "custom"``; server tools (``web_search_20250305`` and friends) carry a dated
+  ``type`` and no ``input_schema``, and are not registered (contract rule 6).
+
+A missing ``parameters`` / ``input_schema`` registers the tool with the empty schema.
+Validators are compiled once per distinct schema text and shared by every run through a
+:class:`ValidatorCache`; a schema that is not itself a valid JSON Schema registers the tool
+with a *broken* validator, so its calls fail ``schema_invalid`` instead of running unchecked.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from jsonschema import exceptions as js_exceptions
+from jsonschema import validators as js_validators
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaCheck:
+    """A compiled JSON Schema, or the reason it could not be compiled."""
+
+    validator: Any | None
+    broken: str | None = None
+
+    def errors(self, value: Any) -> str | None:
+        """Describe the first violation by keyword and schema path only, or return None.
+
+        jsonschema's own ``message`` quotes the offending value, and argument values may be
+        secrets, so it is never used.
+        """
+        if self.validator is None:
+            return f"the tool's parameter schema is not a valid JSON Schema ({self.broken})"
+        error = js_exceptions.best_match(self.validator.iter_errors(value))
+        if error is None:
+            return None
+        path = "/" + "/".join(str(p) for p in error.schema_path)
+        return f"keyword '{error.validator}' failed at schema path {path}"
+
+
+class ValidatorCache:
+    """Compile each distinct schema once; keep the ``size`` most recently used."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self._size = size
+        self._checks: OrderedDict[bytes, SchemaCheck] = OrderedDict()
+
+    def get(self, schema: Any) -> SchemaCheck:
+        """The compiled check for ``schema`` (any JSON value)."""
+        try:
+            fingerprint = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+        except TypeError:
+            return SchemaCheck(None, "not JSON")
+        check = self._checks.get(fingerprint)
+        if check is None:
+            check = _compile(schema)
+            self._checks[fingerprint] = check
+            if len(self._checks) > self._size:
+                self._checks.popitem(last=False)
+        else:
+            self._checks.move_to_end(fingerprint)
+        return check
+
+
+def _compile(schema: Any) -> SchemaCheck:
+    if not isinstance(schema, dict | bool):
+        return SchemaCheck(None, "not an object")
+    cls = js_validators.validator_for(schema, default=js_validators.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+        return SchemaCheck(cls(schema))
+    except js_exceptions.SchemaError as exc:
+        return SchemaCheck(None, f"keyword '{exc.validator}'")
+    except Exception as exc:  # unresolvable $ref and the like: a bad schema, not a crash
+        return SchemaCheck(None, type(exc).__name__)
+
+
+def client_tools(provider: str, tools: Any) -> dict[str, Any]:
+    """Map each client tool's name to its parameter schema; ignore anything else."""
+    found: dict[str, Any] = {}
+    if not isinstance(tools, list):
+        return found
+    for tool in tools:
+        if not isinstance(tool, Mapping):
+            continue
+        entry = _client_tool(provider, tool)
+        if entry is not None and entry[0] not in found:
+            found[entry[0]] = entry[1]
+    return found
+
+
+def _client_tool(provider: str, tool: Mapping[str, Any]) -> tuple[str, Any] | None:
+    if provider == "openai.chat":
+        fn = tool.get("function")
+        if tool.get("type", "function") != "function" or not isinstance(fn, Mapping):
+            return None
+        name, schema = fn.get("name"), fn.get("parameters", {})
+    elif provider == "openai.responses":
+        if tool.get("type") != "function":
+            return None
+        name, schema = tool.get("name"), tool.get("parameters", {})
+    else:
+        if tool.get("type", "custom") != "custom":
+            return None
+        name, schema = tool.get("name"), tool.get("input_schema", {})
+    if not isinstance(name, str) or not name:
+        return None
+    return name, ({} if schema is None else schema)
