@@ -118,9 +118,9 @@ def from_dict(doc: dict[str, Any], key: bytes | None = None) -> Envelope | Rejec
         return Rejected(DlqReason.KEY_MISMATCH, "the record key differs from run_id", run_id)
     if kind == "cancel":
         reason = doc.get("reason", "cancelled")
-        return Cancel(run_id, ts, reason if isinstance(reason, str) else "cancelled")
+        return Cancel(run_id, ts, reason[:64] if isinstance(reason, str) else "cancelled")
     seq = doc.get("seq")
-    if not _is_count(seq):
+    if not isinstance(seq, int) or not _is_count(seq):
         return Rejected(DlqReason.INVALID_ENVELOPE, "seq is not a non-negative integer", run_id)
     return _typed(doc, kind, run_id, seq, ts)
 

@@ -128,7 +128,7 @@ class OpenAIChat:
 
     def final(self, calls: Sequence[op.CallView]) -> op.FinalMessage:
         by_key = {c.key: c for c in calls}
-        messages = []
+        messages: list[dict[str, Any]] = []
         for ci in sorted(self._choices) or [0]:
             choice = self._choices.get(ci, _Choice())
             message: dict[str, Any] = {"role": "assistant",
@@ -142,7 +142,8 @@ class OpenAIChat:
                 message["tool_calls"] = tool_calls
             messages.append({"index": ci, "message": message,
                              "finish_reason": choice.finish_reason})
-        return messages[0]["message"], (messages if len(messages) > 1 else None)
+        first: dict[str, Any] = messages[0]["message"]
+        return first, (messages if len(messages) > 1 else None)
 
 
 def _tool_call_entry(call: op.CallView) -> dict[str, Any]:
