@@ -101,7 +101,7 @@ def decode(key: bytes | None, value: bytes | str) -> Envelope | Rejected:
 
 def from_dict(doc: dict[str, Any], key: bytes | None = None) -> Envelope | Rejected:
     """Check an already decoded envelope object."""
-    if doc.get("v") != 1:
+    if type(doc.get("v")) is not int or doc["v"] != 1:
         return Rejected(DlqReason.UNSUPPORTED_VERSION, f"v is {_short(doc.get('v'))}, not 1")
     kind = doc.get("type")
     ts = doc.get("ts")
@@ -153,7 +153,8 @@ def _run_start(doc: dict[str, Any], run_id: str, seq: int, ts: int | None) -> En
     tools = doc.get("tools", [])
     if not isinstance(tools, list):
         return Rejected(DlqReason.INVALID_ENVELOPE, "tools is not an array", run_id)
-    limits = doc.get("limits") or {}
+    limits = doc.get("limits")
+    limits = {} if limits is None else limits
     cap = limits.get("max_tool_calls") if isinstance(limits, dict) else None
     if not isinstance(limits, dict) or (cap is not None and not _is_count(cap)):
         return Rejected(DlqReason.INVALID_ENVELOPE, "limits.max_tool_calls is invalid", run_id)
