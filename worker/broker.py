@@ -266,7 +266,7 @@ def _run_maven(mvn: str, home: Path, output: Path) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             tail.append(line.rstrip())
-            if line.startswith("Downloaded from"):
+            if "Downloaded from " in line:
                 downloaded += 1
                 if downloaded % 25 == 0:
                     _say(f"maven: {downloaded} files downloaded ...")
