@@ -132,6 +132,21 @@ class Assembler:
     def open_run_ids(self) -> list[str]:
         return list(self._runs)
 
+    def is_open(self, run_id: str) -> bool:
+        """Whether ``run_id`` has started and not yet finished."""
+        return run_id in self._runs
+
+    def finished(self, run_id: str) -> tuple[int, RunStatus] | None:
+        """The last applied ``seq`` and the status of a remembered finished run, else None."""
+        return self._finished.get(run_id)
+
+    def remember_finished(self, run_id: str, last_seq: int, status: RunStatus) -> None:
+        """Remember a run that finished before this assembler existed (a worker rebuilding a
+        partition), so that its re-delivered events are ignored and late ones rejected."""
+        self._finished[run_id] = (last_seq, status)
+        if len(self._finished) > self.settings.remember_finished_runs:
+            self._finished.popitem(last=False)
+
     # -- run lifecycle ----------------------------------------------------------------
 
     def _start(self, start: RunStart, run: Run | None, now_ms: int, raw: Any) -> list[Emit]:

@@ -97,6 +97,8 @@ class DlqReason(StrEnum):
     RUN_FINISHED = "run_finished"
     DUPLICATE_RUN_START = "duplicate_run_start"
     RUN_LIMIT = "run_limit"
+    #: The worker failed on this record (a bug, not bad input); the partition moved on.
+    INTERNAL_ERROR = "internal_error"
 
 
 class RunStatus(StrEnum):
