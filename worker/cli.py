@@ -29,7 +29,14 @@ from worker.core import Assembler
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    lazy = {name: target for name, target, _ in _LAZY}
+    if argv and argv[0] in lazy:
+        # Straight to the subcommand: argparse's REMAINDER refuses a leading option
+        # (`latch tail --from-beginning` would be "unrecognized arguments").
+        args = argparse.Namespace(handler=_lazy(lazy[argv[0]]), rest=argv[1:])
+    else:
+        args = _parser().parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
