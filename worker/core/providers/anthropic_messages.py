@@ -84,17 +84,23 @@ class AnthropicMessages:
     def _start(self, index: int, body: dict[str, Any]) -> list[op.Op]:
         if not isinstance(index, int) or not isinstance(body, dict):
             raise ValueError("content_block_start without index or content_block")
+        kind = body.get("type")
+        if kind in ("text", "thinking") and not isinstance(body.get(kind, ""), str):
+            raise ValueError(f"a {kind} block whose {kind} is not a string")
         self._blocks[index] = _Block(copy.deepcopy(body))
-        if body.get("type") != "tool_use":
+        if kind != "tool_use":
             return []
-        return [op.OpenCall(str(index), index, None, body.get("id") or None,
-                            body.get("name") or None)]
+        return [op.OpenCall(str(index), index, None, _text(body.get("id")),
+                            _text(body.get("name")))]
 
     def _delta(self, index: int, delta: dict[str, Any]) -> list[op.Op]:
         block = self._blocks[index]
         kind = delta.get("type")
         if kind in _TEXT_DELTAS:
-            block.text.append(delta[_TEXT_DELTAS[kind][1]])
+            text = delta[_TEXT_DELTAS[kind][1]]
+            if not isinstance(text, str):  # the final message joins it: refuse it here
+                raise ValueError(f"{kind} is not a string")
+            block.text.append(text)
         elif kind == "signature_delta":
             block.body["signature"] = delta["signature"]
         elif kind == "citations_delta":
@@ -141,6 +147,11 @@ class AnthropicMessages:
             except orjson.JSONDecodeError:
                 body["input"] = {}
         return body
+
+
+def _text(value: Any) -> str | None:
+    """A non-empty string, else None: an id or name of another type is no id or name."""
+    return value if isinstance(value, str) and value else None
 
 
 def _safe(value: Any) -> str:

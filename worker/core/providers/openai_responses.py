@@ -93,8 +93,8 @@ class OpenAIResponses:
             self._index_of[item["id"]] = index
         if item.get("type") != "function_call":
             return []
-        ops: list[op.Op] = [op.OpenCall(str(index), index, None, item.get("call_id") or None,
-                                        item.get("name") or None)]
+        ops: list[op.Op] = [op.OpenCall(str(index), index, None, _text(item.get("call_id")),
+                                        _text(item.get("name")))]
         if isinstance(item.get("arguments"), str) and item["arguments"]:
             ops.append(op.SetArgs(str(index), item["arguments"]))
         return ops
@@ -106,8 +106,8 @@ class OpenAIResponses:
         if item.get("type") != "function_call":
             return []
         key = str(index)
-        ops: list[op.Op] = [op.OpenCall(key, index, None, item.get("call_id") or None,
-                                        item.get("name") or None)]
+        ops: list[op.Op] = [op.OpenCall(key, index, None, _text(item.get("call_id")),
+                                        _text(item.get("name")))]
         if isinstance(item.get("arguments"), str):
             ops.append(op.SetArgs(key, item["arguments"]))
         ops.append(op.CloseCall(key))
@@ -142,6 +142,11 @@ def _str(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError("expected a string")
     return value
+
+
+def _text(value: Any) -> str | None:
+    """A non-empty string, else None: an id or name of another type is no id or name."""
+    return value if isinstance(value, str) and value else None
 
 
 def _safe(value: Any) -> str:
