@@ -1,0 +1,109 @@
+"""``latch topics create``: provision every topic the worker reads and writes.
+
+The events and control topics and the heads changelog (``<app_id>-heads-changelog``,
+compacted) must have the same partition count: a run's records, its cancels and its head
+live in partitions of the same number. The output topics take the same count. An existing
+topic with the right count is left alone, so the command is idempotent; one with another
+count is an error that names it (exit status 2), because repartitioning moves runs between
+partitions and must be done by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from worker.config import Config, ConfigError, load_config
+
+EXIT_OK, EXIT_USAGE, EXIT_KAFKA = 0, 2, 1
+_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    config: tuple[tuple[str, str], ...] = ()
+
+
+class TopicsError(Exception):
+    """An existing topic does not fit the configuration."""
+
+
+def heads_changelog(config: Config) -> str:
+    """The name faust gives the changelog of the ``heads`` table."""
+    return f"{config.worker.app_id}-heads-changelog"
+
+
+def specs(config: Config) -> list[TopicSpec]:
+    """Every topic the worker needs, as the configuration describes it."""
+    t = config.topics
+    names = [t.events, t.control, t.committed, t.errors, t.final, t.progress, t.dlq]
+    plain = [TopicSpec(name, t.partitions, t.replication_factor) for name in names]
+    compacted = (("cleanup.policy", "compact"),)
+    return [*plain, TopicSpec(heads_changelog(config), t.partitions, t.replication_factor,
+                              compacted)]
+
+
+def create(admin: AdminClient, wanted: Sequence[TopicSpec]) -> list[str]:
+    """Create the missing topics; return one line per topic saying what was done.
+
+    Raises :class:`TopicsError` when an existing topic has another partition count.
+    """
+    existing = {name: len(meta.partitions)
+                for name, meta in admin.list_topics(timeout=_TIMEOUT_S).topics.items()}
+    wrong = [f"topic {s.name} has {existing[s.name]} partitions, expected {s.partitions}"
+             for s in wanted if s.name in existing and existing[s.name] != s.partitions]
+    if wrong:
+        raise TopicsError("; ".join(wrong))
+    missing = [s for s in wanted if s.name not in existing]
+    lines = [f"exists  {s.name} ({s.partitions} partitions)" for s in wanted
+             if s.name in existing]
+    if missing:
+        futures = admin.create_topics(
+            [NewTopic(s.name, num_partitions=s.partitions,
+                      replication_factor=s.replication_factor, config=dict(s.config))
+             for s in missing], operation_timeout=_TIMEOUT_S)
+        for spec in missing:
+            try:
+                futures[spec.name].result(timeout=_TIMEOUT_S * 2)
+            except KafkaException as exc:
+                if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":  # created concurrently
+                    raise
+            extra = ", compacted" if spec.config else ""
+            lines.append(f"created {spec.name} ({spec.partitions} partitions, replication "
+                         f"{spec.replication_factor}{extra})")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``latch topics create [--config FILE]``."""
+    parser = argparse.ArgumentParser(prog="latch topics", description="Provision the topics.")
+    sub = parser.add_subparsers(required=True, metavar="ACTION")
+    create_cmd = sub.add_parser("create", help="create every topic the worker needs")
+    create_cmd.add_argument("--config", help="latch.yaml (default: ./latch.yaml if present)")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"latch topics: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    settings: dict[str, str | int | float | bool] = {**config.kafka.confluent_config()}
+    admin = AdminClient(settings)
+    try:
+        for line in create(admin, specs(config)):
+            print(line)
+    except TopicsError as exc:
+        print(f"latch topics: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KafkaException as exc:
+        print(f"latch topics: Kafka error: {exc.args[0].str()}", file=sys.stderr)
+        return EXIT_KAFKA
+    return EXIT_OK

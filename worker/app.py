@@ -1,0 +1,348 @@
+"""The Kafka worker (``latch worker``): faust around the pure core.
+
+Three rules keep the promises of ``guarantees.md``; the reasons are in
+``docs/decisions/0001-state-in-the-events-log.md`` and ``0002-exactly-once.md``.
+
+* **One ordered history per run.** Everything that can change an outcome is a record in the
+  run's partition of the events topic: the gateway's envelopes, the cancels that the control
+  agent forwards there, and the ticks that a timer writes into each events partition this
+  worker owns. The core decides from that history and record times only.
+* **State lives in the events log; the table holds only run heads.** Each events partition
+  has an in-memory :class:`~worker.core.Assembler` holding the argument buffers. The table
+  ``heads`` (changelog-backed, co-partitioned with the events topic) holds per run
+  ``{"p", "start"}``, the offset of its ``run.start``, while it is open, and
+  ``{"p", "done", "seq", "status"}`` once it has finished: two small records per run, whatever
+  the size of the arguments. After a rebalance, the first record of a partition at offset O
+  rebuilds its assembler by reading the events partition from the earliest open ``start`` to
+  O - 1 with a plain consumer.
+* **Emit, confirm, then record.** The outputs of a record are sent in order; when a run
+  finishes, every unconfirmed send of the partition is awaited before its ``done`` head is
+  written. A crash in between finalizes the run again after recovery, with the same bytes.
+
+Delivery is at least once (``processing_guarantee="at_least_once"``: faust flushes its
+producer before it commits offsets). Records are acked by hand, after their outputs are sent;
+a send that fails stops the worker so that the record is processed again after a restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+import orjson
+import yaml
+from faust.types import TP
+
+from worker import kafka_io
+from worker.config import Config, ConfigError, load_config
+from worker.core import Assembler, DlqReason, Emit, RunStatus, Topic, decode
+from worker.core.envelope import TICK_KEY, Cancel, Rejected, Tick
+from worker.core.outputs import dlq_record
+from worker.telemetry import Telemetry, TelemetryError
+
+log = logging.getLogger("latch.worker")
+
+_TICK = TICK_KEY.encode()
+_RAW: dict[str, Any] = {
+    "key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+
+#: An input record as the core sees it: key, value, record time (ms), and where it came from.
+Record = tuple[bytes | None, bytes, int | None, dict[str, Any]]
+
+
+@dataclass(slots=True)
+class PartitionState:
+    """What the worker holds for one events partition it processes."""
+
+    assembler: Assembler
+    #: Sends not yet known to be delivered (progress records excepted).
+    unconfirmed: list[Awaitable[Any]] = field(default_factory=list)
+
+    async def confirm(self) -> None:
+        """Wait until every send so far is delivered; raise if one failed."""
+        pending, self.unconfirmed = self.unconfirmed, []
+        await asyncio.gather(*pending)
+
+
+class LatchWorker:
+    """The faust app, its topics and table, and the state of the partitions it owns."""
+
+    def __init__(self, config: Config, faust_settings: Mapping[str, Any] | None = None) -> None:
+        self.config = config
+        names = config.topics
+        self.app = faust.App(config.worker.app_id, **app_settings(config, faust_settings or {}))
+        self.events = self.app.topic(names.events, partitions=names.partitions, **_RAW)
+        self.control = self.app.topic(names.control, partitions=names.partitions, **_RAW)
+        self.outputs = {t: self.app.topic(getattr(names, t.value), **_RAW) for t in Topic}
+        # key_type bytes: raw run_id keys; no value_type: JSON values.
+        self.heads = self.app.Table("heads", partitions=names.partitions, key_type=bytes)
+        self.telemetry = Telemetry(config.worker.otel_exporter)
+        self.reader_options = kafka_io.aiokafka_options(config.kafka)
+        self.partitions: dict[int, PartitionState] = {}
+        self.revocations = 0
+        app_id = config.worker.app_id
+        self.app.agent(self.events, name=f"{app_id}.events", concurrency=1)(self._events_agent)
+        self.app.agent(self.control, name=f"{app_id}.control", concurrency=1)(
+            self._control_agent)
+        self.app.timer(config.worker.tick_interval_s, name=f"{app_id}.tick")(self._tick)
+        # mode's handler type (NamedArg/KwArg callables) rejects any bound async method:
+        self.app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
+
+    # -- agents -----------------------------------------------------------------------
+
+    async def _events_agent(self, stream: Any) -> None:
+        await self._consume(stream, self._apply)
+
+    async def _control_agent(self, stream: Any) -> None:
+        await self._consume(stream, self._forward_control)
+
+    async def _consume(self, stream: Any, handle: Callable[[Any], Awaitable[None]]) -> None:
+        """Handle each record, then ack it; a failed send stops the worker unacked."""
+        stream = stream.noack()
+        async for event in stream.events():
+            try:
+                await handle(event.message)
+            except Exception as exc:
+                message = event.message
+                log.error("cannot publish the outputs of %s[%d]@%d (%s); stopping so that it "
+                          "is processed again", message.topic, message.partition,
+                          message.offset, type(exc).__name__)
+                await self.app.crash(exc)
+                raise
+            await stream.ack(event)
+
+    async def _apply(self, message: Any) -> None:
+        """Feed one events record to its partition's assembler and publish what it emits."""
+        partition, offset, key = message.partition, message.offset, message.key
+        state = self.partitions.get(partition) or await self._rebuild(partition, offset)
+        run_id = key.decode("utf-8", "replace") if key else ""
+        was_open = state.assembler.is_open(run_id)
+        record = _record(message)
+        emits = _keyless(record)
+        if emits is None:
+            emits = self._feed(state.assembler, record)
+        self.telemetry.record(emits)
+        await self._publish(state, key, emits)
+        if not was_open and state.assembler.is_open(run_id):
+            self.heads[key] = {"p": partition, "start": offset}
+        await self._record_finished(state, partition, emits)
+
+    async def _forward_control(self, message: Any) -> None:
+        """Forward a cancel into its run's events partition; anything else goes to the DLQ."""
+        key, value, _, source = _record(message)
+        envelope = decode(key, value)
+        if isinstance(envelope, Cancel):
+            marker = {"v": 1, "run_id": envelope.run_id, "type": "cancel",
+                      "reason": envelope.reason}
+            await self.events.send(key=envelope.run_id.encode(), value=orjson.dumps(marker))
+            return
+        if not isinstance(envelope, Rejected):
+            envelope = Rejected(DlqReason.INVALID_ENVELOPE, "the control topic takes only "
+                                "cancel envelopes", getattr(envelope, "run_id", None))
+        emit = dlq_record(envelope, key, value, source)
+        self.telemetry.record([emit])
+        await self.outputs[Topic.DLQ].send(key=key, value=orjson.dumps(emit.value))
+
+    async def _tick(self) -> None:
+        """Write a tick into each events partition this worker owns (the only clock read)."""
+        value = orjson.dumps({"v": 1, "type": "tick", "ts": int(time.time() * 1000)})
+        events = self.events.get_topic_name()
+        for tp in sorted(self.app.assignor.assigned_actives()):
+            if tp.topic == events:
+                await self.events.send(key=_TICK, value=value, partition=tp.partition)
+
+    async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        """faust's ``on_partitions_revoked`` signal: ``(app, revoked: set[TP], signal=...)``.
+        Drop the assemblers; the next owner rebuilds them from the log."""
+        revoked: set[TP] = args[0]
+        self.revocations += 1
+        events = self.events.get_topic_name()
+        for tp in revoked:
+            if tp.topic == events:
+                self.partitions.pop(tp.partition, None)
+
+    # -- the core, and what it emits --------------------------------------------------
+
+    def _feed(self, assembler: Assembler, record: Record) -> list[Emit]:
+        """The core's emits for one record; a failure of the core sends it to the DLQ."""
+        key, value, now_ms, source = record
+        try:
+            return assembler.feed_record(key, value, now_ms, source)
+        except Exception as exc:  # a bug in Latch must not stop the partition
+            where = f"{source['topic']}[{source['partition']}]@{source['offset']}"
+            # The exception's message may quote the record: log its type and frames only.
+            log.error("internal error on %s (%s); the record goes to the DLQ\n%s", where,
+                      type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))
+            detail = f"the worker failed on this record ({type(exc).__name__})"
+            return [dlq_record(Rejected(DlqReason.INTERNAL_ERROR, detail), key, value, source)]
+
+    async def _publish(self, state: PartitionState, key: bytes | None,
+                       emits: Sequence[Emit]) -> None:
+        """Send each emit, in order; a DLQ record keeps the input record's key."""
+        for emit in emits:
+            out_key = key if emit.topic is Topic.DLQ else (emit.key or "").encode()
+            sent = await self.outputs[emit.topic].send(key=out_key, value=orjson.dumps(emit.value))
+            if emit.topic is not Topic.PROGRESS:
+                state.unconfirmed.append(sent)
+
+    async def _record_finished(self, state: PartitionState, partition: int,
+                               emits: Sequence[Emit]) -> None:
+        """After a run's outputs are delivered, write its ``done`` head."""
+        finished = [e.key for e in emits if e.topic is Topic.FINAL and e.key is not None]
+        if not finished:
+            return
+        await state.confirm()
+        for run_id in finished:
+            seq, status = state.assembler.finished(run_id) or (None, None)
+            self.heads[run_id.encode()] = {"p": partition, "done": True, "seq": seq,
+                                           "status": status}
+
+    # -- recovery ---------------------------------------------------------------------
+
+    async def _rebuild(self, partition: int, offset: int) -> PartitionState:
+        """A fresh assembler for ``partition``, in the state it had before ``offset``."""
+        revocations = self.revocations
+        state = PartitionState(Assembler(self.config.assemble))
+        open_runs = self._load_heads(state.assembler, partition)
+        starts = [start for start in open_runs.values() if start < offset]
+        replayed: list[Emit] = []
+        count = 0
+        if starts:
+            topic = self.events.get_topic_name()
+            async for rec in kafka_io.read_range(self.reader_options, topic, partition,
+                                                 min(starts), offset):
+                count += 1
+                if rec.key == _TICK or rec.key in open_runs:
+                    source = {"topic": rec.topic, "partition": partition, "offset": rec.offset}
+                    record = (rec.key, rec.value or b"", rec.timestamp, source)
+                    replayed += [e for e in self._feed(state.assembler, record)
+                                 if e.topic is not Topic.PROGRESS]
+                if count % 1000 == 0:
+                    await asyncio.sleep(0)  # let faust's heartbeats and fetchers run
+        log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
+                 partition, offset, count, state.assembler.open_runs)
+        await self._refinish(state, partition, replayed)
+        if revocations == self.revocations:
+            self.partitions[partition] = state
+        return state
+
+    def _load_heads(self, assembler: Assembler, partition: int) -> dict[bytes, int]:
+        """Register the partition's finished runs; return its open runs and their starts."""
+        open_runs: dict[bytes, int] = {}
+        for key, head in self.heads.items():
+            if head.get("p") != partition:
+                continue
+            if "start" in head:
+                open_runs[key] = head["start"]
+            elif head.get("seq") is not None:
+                assembler.remember_finished(key.decode(), head["seq"], RunStatus(head["status"]))
+        return open_runs
+
+    async def _refinish(self, state: PartitionState, partition: int,
+                        replayed: list[Emit]) -> None:
+        """Runs that finished during a rebuild lost their ``done`` head: send their outputs
+        again (the same bytes) and record them. Expected never to happen; logged if it does."""
+        runs = {e.key for e in replayed if e.topic is Topic.FINAL}
+        if not runs:
+            return
+        log.warning("partition %d: %d runs finished during the rebuild without a done head; "
+                    "publishing their outcomes again", partition, len(runs))
+        outputs = [e for e in replayed if e.key in runs]
+        await self._publish(state, None, [e for e in outputs if e.topic is not Topic.DLQ])
+        await self._record_finished(state, partition, outputs)
+
+    # -- running ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until SIGTERM or SIGINT; return the exit status."""
+        ignored = kafka_io.ignored_settings(self.config.kafka)
+        if ignored:
+            log.warning("the worker's Kafka clients ignore these kafka settings (only `latch "
+                        "topics` passes them on): %s", ", ".join(ignored))
+        worker = faust.Worker(self.app, loglevel=self.config.worker.log_level, quiet=True)
+        try:
+            worker.execute_from_commandline()
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else 1
+        finally:
+            self.telemetry.shutdown()
+        return 0  # pragma: no cover  (execute_from_commandline always raises SystemExit)
+
+
+def _record(message: Any) -> Record:
+    """A faust message as the core takes it (faust keeps record times in seconds)."""
+    now_ms = None if message.timestamp is None else round(message.timestamp * 1000)
+    source = {"topic": message.topic, "partition": message.partition, "offset": message.offset}
+    return message.key, message.value or b"", now_ms, source
+
+
+def _keyless(record: Record) -> list[Emit] | None:
+    """The DLQ record for an events record without a key, unless it is a tick (None).
+
+    Offline, the core takes envelopes without keys; on Kafka, events are keyed by run_id.
+    """
+    key, value, _, source = record
+    if key is not None:
+        return None
+    envelope = decode(None, value)
+    if isinstance(envelope, Tick):
+        return None
+    if not isinstance(envelope, Rejected):
+        envelope = Rejected(DlqReason.KEY_MISMATCH, "the record has no key; events are keyed "
+                            "by run_id", envelope.run_id)
+    return [dlq_record(envelope, key, value, source)]
+
+
+def app_settings(config: Config, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """faust settings from the configuration, then ``overrides`` (``--faust-setting``)."""
+    worker, kafka = config.worker, config.kafka
+    settings: dict[str, Any] = {
+        "broker": [f"kafka://{server}" for server in kafka_io.servers(kafka)],
+        "broker_credentials": kafka_io.faust_credentials(kafka),
+        "store": worker.store,
+        "topic_partitions": config.topics.partitions,
+        "topic_replication_factor": config.topics.replication_factor,
+        "processing_guarantee": "at_least_once",
+        "consumer_auto_offset_reset": "earliest",
+        "web_enabled": worker.web_port > 0,
+        "web_port": worker.web_port or 6066,
+        "autodiscover": False,
+    }
+    if kafka.client_id:
+        settings["broker_client_id"] = kafka.client_id
+    return settings | dict(overrides)
+
+
+def _parse_settings(pairs: Sequence[str]) -> dict[str, Any]:
+    settings = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name.isidentifier():
+            raise ValueError(f"--faust-setting {pair!r}: expected NAME=VALUE")
+        settings[name] = yaml.safe_load(text)
+    return settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``latch worker [--config FILE] [--faust-setting NAME=VALUE ...]``."""
+    parser = argparse.ArgumentParser(prog="latch worker", description="Run the Kafka worker.")
+    parser.add_argument("--config", help="latch.yaml (default: ./latch.yaml if present)")
+    parser.add_argument("--faust-setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="set a faust setting directly (advanced; value parsed as YAML), "
+                             "e.g. broker_session_timeout=10")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+        latch = LatchWorker(config, _parse_settings(args.faust_setting))
+    except (ConfigError, kafka_io.KafkaSetupError, TelemetryError, ValueError) as exc:
+        print(f"latch worker: {exc}", file=sys.stderr)
+        return 2
+    return latch.run()
