@@ -43,7 +43,12 @@ class SchemaCheck:
         """
         if self.validator is None:
             return f"the tool's parameter schema is not a valid JSON Schema ({self.broken})"
-        error = js_exceptions.best_match(self.validator.iter_errors(value))
+        try:
+            error = js_exceptions.best_match(self.validator.iter_errors(value))
+        except Exception as exc:  # unresolvable $ref, endless recursion, bad regex
+            # An unresolvable or endlessly recursive $ref only shows when a value is checked:
+            # the schema is broken, and its calls fail instead of crashing the worker.
+            return f"the tool's parameter schema could not be applied ({type(exc).__name__})"
         if error is None:
             return None
         path = "/" + "/".join(str(p) for p in error.schema_path)
