@@ -203,7 +203,8 @@ class Assembler:
 
     def _stream_end(self, run: Run) -> list[Emit]:
         if run.adapter.completes_on_stream_end:
-            return self._finish(run, RunStatus.COMPLETED, None, "")
+            status = RunStatus.TRUNCATED if run.truncated else RunStatus.COMPLETED
+            return self._finish(run, status, None, "")
         detail = "the stream ended before the provider's end-of-message event"
         return self._finish(run, RunStatus.FAILED, Reason.STREAM_ERROR, detail)
 
