@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from worker.core import ops as op
+from worker.core import strictjson
 
 TRUNCATING_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
 _TEXT_DELTAS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "thinking")}
@@ -139,8 +140,10 @@ class AnthropicMessages:
             body[kind] = body.get(kind, "") + "".join(block.text)
         if call is not None:
             body["id"] = call.tool_call_id
-            usable = call.parsed and isinstance(call.arguments, dict)
-            body["input"] = call.arguments if usable else {}
+            # A call that failed before it was parsed (unknown tool, truncated...) still shows
+            # the input the provider sent, when its text is a strict JSON object.
+            value = call.arguments if call.parsed else strictjson.parse(call.text or "")
+            body["input"] = value if isinstance(value, dict) else {}
         elif block.json:
             try:
                 body["input"] = orjson.loads("".join(block.json))
