@@ -1,0 +1,150 @@
+"""Helpers for the conformance tests over recorded provider streams.
+
+The recorded streams live outside the repository, in ``<clone>/../shared/fixtures/providers/``
+(copied verbatim from the test suites of public SDKs; each folder keeps its source repository's
+LICENSE beside the files, and the tests read them in place). :data:`FIXTURES` locates that
+directory; :func:`fixture` turns a missing directory or file into a test *failure* with a clear
+message, never a skip, so that a CI job without the fixtures cannot pass by testing nothing.
+
+:func:`run_capture` runs a capture through exactly the code path of
+``latch assemble --from-sse PROVIDER --tools FILE CAPTURE``: :func:`worker.capture.provider_events`,
+:func:`worker.capture.envelopes`, then :meth:`worker.core.Assembler.feed_record` on each
+envelope's JSON bytes, and returns the output lines (``{"topic", "key", "value"}``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from worker import capture
+from worker.core import Assembler, AssembleSettings
+
+FIXTURES = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures" / "providers"
+
+OPENAI_PY = "openai-python/.inline-snapshot/external"
+ANTHROPIC_PY = "anthropic-sdk-python/tests"
+VERCEL = "vercel-ai/packages"
+PYDANTIC = "pydantic-ai/tests/models/cassettes"
+
+#: The Responses API events that end one model response (one gateway run each).
+RESPONSES_TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+
+
+def fixture(relative: str) -> Path:
+    """The path of a recorded stream; fails the calling test when it is not there."""
+    if not FIXTURES.is_dir():
+        pytest.fail(
+            f"provider fixtures not found at {FIXTURES.resolve()}: the conformance tests need "
+            "the shared fixtures checked out beside the clone (<clone>/../shared/fixtures/"
+            "providers/)", pytrace=False)
+    path = FIXTURES / relative
+    if not path.is_file():
+        pytest.fail(f"provider fixture missing: {path.resolve()}", pytrace=False)
+    return path
+
+
+def load_events(path: Path) -> list[dict[str, Any]]:
+    """The provider events of a capture, read as ``latch assemble --from-sse`` reads them."""
+    events, _done = capture.provider_events(path.read_text(encoding="utf-8"), str(path))
+    return events
+
+
+def run_events(
+    provider: str, events: Sequence[dict[str, Any]], tools: list[Any],
+    settings: AssembleSettings | None = None, run_id: str = "capture",
+    assembler: Assembler | None = None,
+) -> list[dict[str, Any]]:
+    """Feed one run (run.start, the events, stream.end) through an assembler; return lines."""
+    assembler = assembler or Assembler(settings)
+    lines: list[dict[str, Any]] = []
+    for envelope in capture.envelopes(provider, list(events), tools, run_id=run_id):
+        emits = assembler.feed_record(None, orjson.dumps(envelope).strip())
+        lines += [e.as_line() for e in emits]
+    return lines
+
+
+def run_capture(
+    provider: str, path: Path, tools: list[Any], settings: AssembleSettings | None = None,
+    run_id: str = "capture",
+) -> list[dict[str, Any]]:
+    """Run a whole capture as one run, exactly as ``latch assemble --from-sse`` does."""
+    return run_events(provider, load_events(path), tools, settings, run_id)
+
+
+def split_responses(events: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Cut a capture of several Responses API responses after each terminal event."""
+    runs: list[list[dict[str, Any]]] = [[]]
+    for event in events:
+        runs[-1].append(event)
+        if event.get("type") in RESPONSES_TERMINAL:
+            runs.append([])
+    return [run for run in runs if run]
+
+
+def topic(lines: Iterable[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """The values emitted on one topic, in emission order."""
+    return [line["value"] for line in lines if line["topic"] == name]
+
+
+def only_final(lines: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    finals = topic(lines, "final")
+    assert len(finals) == 1, f"expected one final record, got {len(finals)}"
+    return finals[0]
+
+
+def message_call_ids(provider: str, final: dict[str, Any]) -> list[str]:
+    """The client tool call ids the final message holds, in message order (all choices)."""
+    if provider == "openai.chat":
+        messages = [c["message"] for c in final.get("choices") or [{"message": final["message"]}]]
+        return [tc["id"] for m in messages for tc in m.get("tool_calls") or ()]
+    if provider == "anthropic.messages":
+        return [b["id"] for b in final["message"]["content"] if b.get("type") == "tool_use"]
+    return [i["call_id"] for i in final["message"]["output"] if i.get("type") == "function_call"]
+
+
+def check_run(provider: str, lines: Sequence[dict[str, Any]], run_id: str = "capture") -> None:
+    """The invariants every finished run keeps, whatever its calls' outcomes.
+
+    * nothing went to the DLQ, and every record is keyed by the run id;
+    * the final record comes last, once;
+    * every call has exactly one outcome record (committed or error), and the final record's
+      ``outcomes`` list those same calls, in the same order, with the same state and reason;
+    * those ids are exactly the client tool call ids of the final message;
+    * outcomes are emitted in provider order (``choice``, then ``index``);
+    * no error ``content`` repeats the call's argument text.
+    """
+    assert not topic(lines, "dlq"), topic(lines, "dlq")
+    assert all(line["key"] == run_id for line in lines)
+    assert lines and lines[-1]["topic"] == "final"
+    final = only_final(lines)
+    assert final["run_id"] == run_id and final["provider"] == provider
+    assert final["idempotency_key"] == f"{run_id}:final"
+    records = [line for line in lines if line["topic"] in ("committed", "errors")]
+    seen = []
+    for line in records:
+        value = line["value"]
+        if line["topic"] == "committed":
+            assert value["idempotency_key"] == f"{run_id}:{value['call_id']}"
+            seen.append((value["call_id"], value["name"], value["index"], "committed", None))
+        else:
+            assert value["is_error"] is True and value["state"] in ("failed", "cancelled")
+            assert value["content"].startswith(f"{value['reason']}: ")
+            seen.append((value["tool_call_id"], value["name"], value["index"], value["state"],
+                         value["reason"]))
+    outcomes = [(o["tool_call_id"], o["name"], o["index"], o["state"], o.get("reason"))
+                for o in final["outcomes"]]
+    assert seen == outcomes
+    ids = [s[0] for s in seen]
+    assert len(set(ids)) == len(ids), f"a call id has more than one outcome: {ids}"
+    assert sorted(ids) == sorted(message_call_ids(provider, final))
+    order = [(o.get("choice", 0), o["index"]) for o in final["outcomes"]]
+    assert order == sorted(order)
+
+
+def tools_json(tools: list[Any]) -> bytes:
+    return orjson.dumps(tools)
