@@ -60,7 +60,8 @@ class AnthropicMessages:
         if kind == "message_start":
             if self._message is None:
                 message = event.get("message") or {}
-                self._message = {k: message[k] for k in ("id", "model") if k in message}
+                self._message = {k: message[k] for k in ("id", "model")
+                                 if isinstance(message.get(k), str)}
             return []
         if kind == "content_block_start":
             return self._start(event["index"], event["content_block"])

@@ -66,7 +66,8 @@ class OpenAIResponses:
         return []
 
     def _response_event(self, kind: str, response: dict[str, Any]) -> list[op.Op]:
-        self._response = {k: response[k] for k in ("id", "model", "status") if k in response}
+        self._response = {k: response[k] for k in ("id", "model", "status")
+                          if isinstance(response.get(k), str)}
         if kind == "response.completed":
             self._adopt(response.get("output"))
             return [op.Complete()]
