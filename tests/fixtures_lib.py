@@ -49,9 +49,12 @@ def fixture(relative: str) -> Path:
 
 
 def load_events(path: Path) -> list[dict[str, Any]]:
-    """The provider events of a capture, read as ``latch assemble --from-sse`` reads them."""
+    """The provider events of a capture, read as ``latch assemble --from-sse`` reads them;
+    the fixtures used with this helper hold no unreadable payload (asserted)."""
     events, _done = capture.provider_events(path.read_text(encoding="utf-8"), str(path))
-    return events
+    readable = [e for e in events if isinstance(e, dict)]
+    assert len(readable) == len(events), f"{path.name} holds unreadable payloads"
+    return readable
 
 
 def run_events(
@@ -63,7 +66,8 @@ def run_events(
     assembler = assembler or Assembler(settings)
     lines: list[dict[str, Any]] = []
     for envelope in capture.envelopes(provider, list(events), tools, run_id=run_id):
-        emits = assembler.feed_record(None, orjson.dumps(envelope).strip())
+        record = envelope if isinstance(envelope, bytes) else orjson.dumps(envelope)
+        emits = assembler.feed_record(None, record.strip())
         lines += [e.as_line() for e in emits]
     return lines
 

@@ -65,8 +65,12 @@ def sse_payloads(lines: Iterable[str]) -> Iterator[str]:
             yield event.data
 
 
-def provider_events(text: str, name: str = "") -> tuple[list[dict[str, Any]], bool]:
-    """The provider events in a capture, and whether it carried OpenAI's ``[DONE]``."""
+def provider_events(text: str, name: str = "") -> tuple[list[dict[str, Any] | bytes], bool]:
+    """The provider events in a capture, and whether it carried OpenAI's ``[DONE]``.
+
+    A payload that is not a JSON object is kept as its raw bytes, so that it reaches the
+    assembler as an undecodable record (a DLQ line) instead of vanishing.
+    """
     if name.endswith((".yaml", ".yml")):
         bodies = [i["response"]["body"]["string"] for i in yaml.safe_load(text)["interactions"]]
         text = "\n".join(bodies)
@@ -74,28 +78,40 @@ def provider_events(text: str, name: str = "") -> tuple[list[dict[str, Any]], bo
         payloads: Iterable[str] = (line for line in text.splitlines() if line.strip())
     else:
         payloads = sse_payloads(text.splitlines())
-    events, done = [], False
+    events: list[dict[str, Any] | bytes] = []
+    done = False
     for payload in payloads:
         if payload.strip() == "[DONE]":
             done = True
             continue
-        event = orjson.loads(payload)
-        if isinstance(event, dict):
-            events.append(event)
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            event = None
+        events.append(event if isinstance(event, dict) else payload.encode())
     return events, done
 
 
 def envelopes(
-    provider: str, events: list[dict[str, Any]], tools: list[Any], run_id: str = "capture",
-    tenant: str | None = None,
-) -> list[dict[str, Any]]:
-    """The stream envelopes a gateway would publish for one captured response."""
+    provider: str, events: list[dict[str, Any] | bytes], tools: list[Any],
+    run_id: str = "capture", tenant: str | None = None,
+) -> list[dict[str, Any] | bytes]:
+    """The stream envelopes a gateway would publish for one captured response.
+
+    Raw (undecodable) payloads pass through as they are, between the envelopes.
+    """
     start: dict[str, Any] = {"v": 1, "run_id": run_id, "seq": 0, "type": "run.start",
                              "provider": provider, "tools": tools}
     if tenant is not None:
         start["tenant"] = tenant
-    out = [start]
-    out += [{"v": 1, "run_id": run_id, "seq": n, "type": "provider.event", "event": event}
-            for n, event in enumerate(events, start=1)]
-    out.append({"v": 1, "run_id": run_id, "seq": len(events) + 1, "type": "stream.end"})
+    out: list[dict[str, Any] | bytes] = [start]
+    seq = 0
+    for event in events:
+        if isinstance(event, bytes):
+            out.append(event)
+            continue
+        seq += 1
+        out.append({"v": 1, "run_id": run_id, "seq": seq, "type": "provider.event",
+                    "event": event})
+    out.append({"v": 1, "run_id": run_id, "seq": seq + 1, "type": "stream.end"})
     return out

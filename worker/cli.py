@@ -150,4 +150,4 @@ def _capture_lines(args: argparse.Namespace) -> Iterable[bytes]:
     if not isinstance(tools, list):
         raise CliError(f"{args.tools} must hold a JSON array of tool definitions")
     envelopes = capture.envelopes(args.from_sse, events, tools, run_id=args.run_id)
-    return [orjson.dumps(e) for e in envelopes]
+    return [e if isinstance(e, bytes) else orjson.dumps(e) for e in envelopes]

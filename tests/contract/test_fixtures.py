@@ -30,6 +30,7 @@ read in place and never copied. If the directory is missing the tests fail, they
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -1218,14 +1219,20 @@ def test_cli_assemble_split_responses_run(tmp_path: Path) -> None:
     assert summary(lines) == CALCULATOR_RUNS[1][1]
 
 
-def test_cli_assemble_refuses_the_malformed_parallel_capture(tmp_path: Path) -> None:
-    """parallel-tool-call-wrapper as recorded is not a capture the CLI can read (two lines
-    are not JSON): it exits 2 with one line naming the file, and writes no record."""
+def test_cli_assemble_dead_letters_the_malformed_parallel_lines(tmp_path: Path) -> None:
+    """parallel-tool-call-wrapper as recorded has two lines that are not JSON: the CLI still
+    exits 0 (the input could be read), writes each unreadable line as a DLQ record with its
+    original bytes, and, with no ``response.completed`` left, fails the call stream_error."""
     tools_file = tmp_path / "tools.json"
     tools_file.write_bytes(b"[]")
     path = fixture(RESPONSES_PARALLEL)
     done = _latch("assemble", "--from-sse", "openai.responses", "--tools", str(tools_file),
                   str(path), cwd=tmp_path)
-    assert done.returncode == 2
-    assert done.stdout == b""
-    assert done.stderr.decode().startswith(f"latch: {path} is not a capture this tool reads")
+    assert done.returncode == 0, done.stderr.decode()
+    lines = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    dlq = [line["value"] for line in lines if line["topic"] == "dlq"]
+    raw = path.read_text().splitlines()
+    assert [base64.b64decode(d["original_b64"]).decode() for d in dlq] == [raw[0], raw[5]]
+    assert {d["reason"] for d in dlq} == {"undecodable"}
+    errors = [line["value"] for line in lines if line["topic"] == "errors"]
+    assert [(e["tool_call_id"], e["reason"]) for e in errors] == [("call_parallel", "stream_error")]
