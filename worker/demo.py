@@ -253,8 +253,9 @@ def wait_for_group(config: Config, started: Started, timeout: float) -> str:
     while time.monotonic() < deadline:
         _check_worker_alive(started)
         try:
-            description = admin.describe_consumer_groups([group])[group].result(timeout=10)
-        except KafkaException:
+            futures = admin.describe_consumer_groups([group], request_timeout=10)
+            description = futures[group].result(timeout=15)
+        except (KafkaException, TimeoutError):  # a new broker may still load its coordinator
             time.sleep(0.5)
             continue
         owned = {tp.partition for member in description.members
