@@ -1524,6 +1524,22 @@ class TestRedeliveryAndOrder:
         assert [e.topic for e in emits] == [Topic.COMMITTED, Topic.ERRORS, Topic.COMMITTED,
                                             Topic.FINAL]
 
+    def test_mixed_corpus_is_byte_identical_across_fresh_assemblers(self) -> None:
+        """Every reason scenario, one run per provider, garbage and a tick, interleaved into
+        one input: two fresh assemblers emit the same bytes in the same order."""
+        corpus: list[dict[str, Any] | bytes] = [b"garbage", b"[]"]
+        for n, (_, envs) in enumerate(SCENARIOS.values()):
+            corpus += [{**env, "run_id": f"s{n}"} if "run_id" in env else env for env in envs]
+        for provider in PROVIDERS:
+            corpus += provider_run(provider, f"p-{provider}", TOOLS, [
+                ("c0", "read_file", '{"path": "/0"}'), ("c1", "noop", "[]")])
+        corpus.append(tick(10**12))
+        settings = {"max_tool_argument_bytes": 64, "max_tool_calls_per_run": 3}
+        first = lines(feed(assembler(**settings), corpus))
+        second = lines(feed(assembler(**settings), corpus))
+        assert len(first) > 40
+        assert first == second
+
     def test_runs_do_not_mix(self) -> None:
         """Two runs interleaved record by record keep their own calls and outcomes."""
         a = provider_run(CHAT, "ra", TOOLS, [("c1", "read_file", '{"path": "/a"}')])
