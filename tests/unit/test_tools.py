@@ -83,6 +83,19 @@ def test_anthropic_client_tools_register_server_tools_do_not() -> None:
                                               "custom_tool": {"type": "object"}}
 
 
+def test_anthropic_defined_client_tools_register_with_the_empty_schema() -> None:
+    """Anthropic-defined tools that the client runs (``bash_20250124``, the text editor,
+    computer use, memory) carry a dated ``type`` but no ``input_schema``: they register with
+    the empty schema, so their ``tool_use`` calls can commit; server tools still do not."""
+    tools = [{"type": "bash_20250124", "name": "bash"},
+             {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+             {"type": "computer_20250124", "name": "computer", "display_width_px": 1024},
+             {"type": "memory_20250818", "name": "memory"}, *ANTHROPIC_SERVER_TOOLS,
+             {"type": "mcp_toolset", "name": "mcp"}]
+    assert client_tools(ANTHROPIC, tools) == {
+        "bash": {}, "str_replace_based_edit_tool": {}, "computer": {}, "memory": {}}
+
+
 def test_responses_function_tools_register_builtins_do_not() -> None:
     """Responses ``{"type": "function", "name": ...}`` tools register; built-ins such as
     ``{"type": "web_search"}``, file search, code interpreter and MCP do not."""

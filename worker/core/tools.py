@@ -7,8 +7,12 @@ A gateway sends the model a tool list; the same list arrives on ``run.start``. O
 * ``openai.responses``: ``{"type": "function", "name", "parameters"}``; built-in tools such
   as ``web_search`` run at OpenAI and are not registered.
 * ``anthropic.messages``: ``{"name", "input_schema"}`` with no ``type`` or
-  ``"type": "custom"``; server tools (``web_search_20250305`` and friends) carry a dated
-  ``type`` and no ``input_schema``, and are not registered (contract rule 6).
+  ``"type": "custom"``, and Anthropic-defined client tools with a dated ``type``
+  (``bash_20250124``, ``text_editor_...``, ``computer_...``, ``memory_...``: the client
+  runs them, with Anthropic's own input schema, so they register with the empty schema).
+  Server tools (``web_search_...``, ``web_fetch_...``, ``code_execution_...``,
+  ``tool_search_tool_...``) run at Anthropic and are not registered (contract rule 6);
+  their blocks are ``server_tool_use``, never ``tool_use``, in any case.
 
 A missing ``parameters`` / ``input_schema`` registers the tool with the empty schema.
 Validators are compiled once per distinct schema text and shared by every run through a
@@ -92,6 +96,11 @@ def _compile(schema: Any) -> SchemaCheck:
         return SchemaCheck(None, type(exc).__name__)
 
 
+#: Type prefixes of the tools Anthropic runs itself.
+ANTHROPIC_SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_", "tool_search_tool_",
+                          "mcp_")
+
+
 def client_tools(provider: str, tools: Any) -> dict[str, Any]:
     """Map each client tool's name to its parameter schema; ignore anything else."""
     found: dict[str, Any] = {}
@@ -117,7 +126,8 @@ def _client_tool(provider: str, tool: Mapping[str, Any]) -> tuple[str, Any] | No
             return None
         name, schema = tool.get("name"), tool.get("parameters", {})
     else:
-        if tool.get("type", "custom") != "custom":
+        kind = tool.get("type", "custom")
+        if not isinstance(kind, str) or kind.startswith(ANTHROPIC_SERVER_TOOLS):
             return None
         name, schema = tool.get("name"), tool.get("input_schema", {})
     if not isinstance(name, str) or not name:
