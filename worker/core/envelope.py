@@ -145,7 +145,7 @@ def _typed(
 
 def _run_start(doc: dict[str, Any], run_id: str, seq: int, ts: int | None) -> Envelope | Rejected:
     provider = doc.get("provider")
-    if provider not in PROVIDERS:
+    if not isinstance(provider, str) or provider not in PROVIDERS:  # a list is unhashable
         return Rejected(DlqReason.UNKNOWN_PROVIDER, f"provider {_short(provider)}", run_id)
     tenant = doc.get("tenant")
     if tenant is not None and not isinstance(tenant, str):
