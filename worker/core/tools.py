@@ -86,8 +86,8 @@ class ValidatorCache:
 def _compile(schema: Any) -> SchemaCheck:
     if not isinstance(schema, dict | bool):
         return SchemaCheck(None, "not an object")
-    cls = js_validators.validator_for(schema, default=js_validators.Draft202012Validator)
-    try:
+    try:  # validator_for hashes "$schema": a list there raises TypeError
+        cls = js_validators.validator_for(schema, default=js_validators.Draft202012Validator)
         cls.check_schema(schema)
         return SchemaCheck(cls(schema))
     except js_exceptions.SchemaError as exc:
