@@ -429,7 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = Started()
     steps = Steps()
     began = time.monotonic()
-    try:
+    status = EXIT_FAILED
+    try:  # whatever happens, stop what was started
         steps.start("broker")
         steps.ok(ensure_broker(config, started))
         steps.start("topics")
@@ -437,21 +438,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         steps.start("worker")
         steps.ok(start_worker(config, started, args.timeout))
         tally = _publish_and_watch(config, envelopes, runs, prefix, started, steps, args.timeout)
-    except (DemoError, PublishError, tail.TailError) as exc:
+        elapsed = time.monotonic() - began
+        reasons = ", ".join(f"{n} {r}" for r, n in sorted(tally.reasons.items()))
+        say(f"done in {elapsed:.1f}s: {len(runs)} runs, {tally.counts['committed']} committed "
+            f"calls, {tally.counts['errors']} error results ({reasons or 'none'}), "
+            f"{tally.counts['dlq']} dead letters")
+        say(f"again: latch tail --from-beginning --run {prefix} --timeout 5")
+        status = EXIT_OK
+    except (DemoError, PublishError, tail.TailError, KafkaException) as exc:
         steps.failed(str(exc))
-        started.keep_workdir = True
-        return _cleanup(started, args.keep, EXIT_FAILED)
     except KeyboardInterrupt:
         say("\ninterrupted")
-        _cleanup(started, args.keep, EXIT_FAILED)
         raise
-    elapsed = time.monotonic() - began
-    reasons = ", ".join(f"{n} {r}" for r, n in sorted(tally.reasons.items()))
-    say(f"done in {elapsed:.1f}s: {len(runs)} runs, {tally.counts['committed']} committed "
-        f"calls, {tally.counts['errors']} error results ({reasons or 'none'}), "
-        f"{tally.counts['dlq']} dead letters")
-    say(f"again: latch tail --from-beginning --run {prefix} --timeout 5")
-    return _cleanup(started, args.keep, EXIT_OK)
+    except BaseException:
+        say(" FAILED: unexpected error (traceback below)")
+        raise
+    finally:
+        started.keep_workdir = status != EXIT_OK
+        status = _cleanup(started, args.keep, status)
+    return status
 
 
 def _publish_and_watch(config: Config, envelopes: list[dict[str, Any]], runs: list[str],

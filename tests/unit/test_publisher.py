@@ -408,3 +408,36 @@ def test_the_demo_file_publishes_and_assembles_to_the_documented_outcomes() -> N
                       "anthropic-broken-stream": "failed", "chat-invalid-json": "completed"}
     assert not [e for e in emitted if e.topic == "dlq"]
     assert assembler.open_runs == 0
+
+
+# -- latch demo stops what it started, whatever happens ------------------------------------
+
+
+def test_demo_stops_its_worker_when_a_step_raises_unexpectedly(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import subprocess
+    import sys
+
+    from worker import demo
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    def broken_broker(config: Config, started: demo.Started) -> str:
+        started.worker = sleeper
+        started.workdir, started.log = tmp_path, tmp_path / "worker.log"
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(demo, "ensure_broker", broken_broker)
+    monkeypatch.chdir(REPO / "tests")
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            demo.main([])
+        assert sleeper.poll() is not None  # SIGTERMed, not left behind
+        out = capsys.readouterr().out
+        assert "[1/5] broker ... FAILED: unexpected error" in out
+        assert "stopping the worker ... exit status" in out
+        assert f"worker log kept: {tmp_path / 'worker.log'}" in out
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
