@@ -157,20 +157,29 @@ def _free_port_pair() -> int:
     raise RuntimeError("no two free consecutive ports")
 
 
+@pytest.fixture
+def own_broker_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A broker data directory of this test's own; a broker left there is stopped after."""
+    path = tmp_path / "broker"
+    monkeypatch.setenv("LATCH_BROKER_DIR", str(path))
+    yield path
+    if broker.status()[0] is not None:  # the demo failed to stop it
+        broker.stop()
+
+
 def test_demo_starts_and_stops_a_local_broker_when_none_answers(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, tmp_path: Path, own_broker_dir: Path
 ) -> None:
     """With nothing at a loopback address, the demo runs its own broker there (its own data
     directory, so the session's broker is untouched) and stops it at the end."""
     port = _free_port_pair()
     path = tmp_path / "latch.yaml"
     write_config(path, f"127.0.0.1:{port}", partitions=2)
-    env = {**os.environ, "LATCH_BROKER_DIR": str(tmp_path / "broker")}
-    result = latch_demo(path, "--timeout", "120", env=env)
+    result = latch_demo(path, "--timeout", "120", env=dict(os.environ))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"[1/5] broker ... ok (started the local broker, 127.0.0.1:{port})" in result.stdout
     check_outcomes(result.stdout)
     assert "stopping the broker ... ok" in result.stdout
     assert not broker.port_open(f"127.0.0.1:{port}")
-    assert not (tmp_path / "broker" / "broker.pid").exists()
+    assert not (own_broker_dir / "broker.pid").exists()
     assert broker.answers(kafka_bootstrap)  # the session's broker still runs
