@@ -1,6 +1,6 @@
 """The Kafka worker (``latch worker``): faust around the pure core.
 
-Three rules keep the promises of ``guarantees.md``; the reasons are in
+Four rules keep the promises of ``guarantees.md``; the reasons are in
 ``docs/decisions/0001-state-in-the-events-log.md`` and ``0002-exactly-once.md``.
 
 * **One ordered history per run.** Everything that can change an outcome is a record in the
@@ -12,9 +12,12 @@ Three rules keep the promises of ``guarantees.md``; the reasons are in
   ``heads`` (changelog-backed, co-partitioned with the events topic) holds per run
   ``{"p", "start"}``, the offset of its ``run.start``, while it is open, and
   ``{"p", "done", "seq", "status"}`` once it has finished: two small records per run, whatever
-  the size of the arguments. After a rebalance, the first record of a partition at offset O
-  rebuilds its assembler by reading the events partition from the earliest open ``start`` to
-  O - 1 with a plain consumer.
+  the size of the arguments. When a worker gets a partition, its first record rebuilds the
+  assembler: the open runs' records from the earliest ``start`` up to the group's committed
+  offset are read from the log with a plain consumer and fed again, their outputs discarded.
+* **Offset order, whatever faust delivers.** faust can skip or repeat records around a
+  rebalance; the worker applies each partition's records strictly in offset order from the
+  committed offset, reads a skipped range from the log itself, and drops a repeat.
 * **Emit, confirm, then record.** The outputs of a record are sent in order; when a run
   finishes, every unconfirmed send of the partition is awaited before its ``done`` head is
   written. A crash in between finalizes the run again after recovery, with the same bytes.
@@ -32,7 +35,7 @@ import logging
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +66,8 @@ class PartitionState:
     """What the worker holds for one events partition it processes."""
 
     assembler: Assembler
+    #: The offset of the next record to apply.
+    next_offset: int
     #: Sends not yet known to be delivered (progress records excepted).
     unconfirmed: list[Awaitable[Any]] = field(default_factory=list)
 
@@ -87,6 +92,8 @@ class LatchWorker:
         self.telemetry = Telemetry(config.worker.otel_exporter)
         self.reader_options = kafka_io.aiokafka_options(config.kafka)
         self.partitions: dict[int, PartitionState] = {}
+        #: The next offset to forward of each control partition this worker owns.
+        self.control_next: dict[int, int] = {}
         self.revocations = 0
         app_id = config.worker.app_id
         self.app.agent(self.events, name=f"{app_id}.events", concurrency=1)(self._events_agent)
@@ -95,14 +102,15 @@ class LatchWorker:
         self.app.timer(config.worker.tick_interval_s, name=f"{app_id}.tick")(self._tick)
         # mode's handler type (NamedArg/KwArg callables) rejects any bound async method:
         self.app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
+        self.app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
 
     # -- agents -----------------------------------------------------------------------
 
     async def _events_agent(self, stream: Any) -> None:
-        await self._consume(stream, self._apply)
+        await self._consume(stream, self._apply_event)
 
     async def _control_agent(self, stream: Any) -> None:
-        await self._consume(stream, self._forward_control)
+        await self._consume(stream, self._apply_control)
 
     async def _consume(self, stream: Any, handle: Callable[[Any], Awaitable[None]]) -> None:
         """Handle each record, then ack it; a failed send stops the worker unacked."""
@@ -119,13 +127,42 @@ class LatchWorker:
                 raise
             await stream.ack(event)
 
-    async def _apply(self, message: Any) -> None:
-        """Feed one events record to its partition's assembler and publish what it emits."""
-        partition, offset, key = message.partition, message.offset, message.key
-        state = self.partitions.get(partition) or await self._rebuild(partition, offset)
+    async def _apply_event(self, message: Any) -> None:
+        state = self.partitions.get(message.partition)
+        if state is None:
+            state = await self._take_over(message.topic, message.partition)
+        async for record in self._in_order(message, state.next_offset):
+            await self._process(state, record)
+
+    async def _apply_control(self, message: Any) -> None:
+        partition = message.partition
+        if partition not in self.control_next:
+            self.control_next[partition] = await kafka_io.resume_offset(
+                self.reader_options, self.config.worker.app_id, message.topic, partition)
+        async for record in self._in_order(message, self.control_next[partition]):
+            await self._forward_control(record)
+            self.control_next[partition] = record[3]["offset"] + 1
+
+    async def _in_order(self, message: Any, expected: int) -> AsyncIterator[Record]:
+        """The records to apply for ``message`` when ``expected`` is the partition's next
+        offset: faust can skip or repeat records around a rebalance, so a skipped range is
+        read from the log first, and a repeat yields nothing."""
+        if message.offset < expected:
+            return
+        if message.offset > expected:
+            log.warning("%s[%d]: records %d..%d were not delivered; reading them from the log",
+                        message.topic, message.partition, expected, message.offset - 1)
+            async for rec in kafka_io.read_range(self.reader_options, message.topic,
+                                                 message.partition, expected, message.offset):
+                yield _reader_record(rec)
+        yield _record(message)
+
+    async def _process(self, state: PartitionState, record: Record) -> None:
+        """Feed one record to the partition's assembler; publish, then record heads."""
+        key, source = record[0], record[3]
+        partition, offset = source["partition"], source["offset"]
         run_id = key.decode("utf-8", "replace") if key else ""
         was_open = state.assembler.is_open(run_id)
-        record = _record(message)
         emits = _keyless(record)
         if emits is None:
             emits = self._feed(state.assembler, record)
@@ -134,10 +171,11 @@ class LatchWorker:
         if not was_open and state.assembler.is_open(run_id):
             self.heads[key] = {"p": partition, "start": offset}
         await self._record_finished(state, partition, emits)
+        state.next_offset = offset + 1
 
-    async def _forward_control(self, message: Any) -> None:
+    async def _forward_control(self, record: Record) -> None:
         """Forward a cancel into its run's events partition; anything else goes to the DLQ."""
-        key, value, _, source = _record(message)
+        key, value, _, source = record
         envelope = decode(key, value)
         if isinstance(envelope, Cancel):
             marker = {"v": 1, "run_id": envelope.run_id, "type": "cancel",
@@ -164,10 +202,18 @@ class LatchWorker:
         Drop the assemblers; the next owner rebuilds them from the log."""
         revoked: set[TP] = args[0]
         self.revocations += 1
-        events = self.events.get_topic_name()
+        events, control = self.events.get_topic_name(), self.control.get_topic_name()
         for tp in revoked:
             if tp.topic == events:
                 self.partitions.pop(tp.partition, None)
+            elif tp.topic == control:
+                self.control_next.pop(tp.partition, None)
+
+    async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        """faust's ``on_partitions_assigned`` signal: log the events partitions we own."""
+        events = self.events.get_topic_name()
+        owned = sorted(tp.partition for tp in args[0] if tp.topic == events)
+        log.info("events partitions assigned: %s", owned)
 
     # -- the core, and what it emits --------------------------------------------------
 
@@ -207,28 +253,29 @@ class LatchWorker:
 
     # -- recovery ---------------------------------------------------------------------
 
-    async def _rebuild(self, partition: int, offset: int) -> PartitionState:
-        """A fresh assembler for ``partition``, in the state it had before ``offset``."""
+    async def _take_over(self, topic: str, partition: int) -> PartitionState:
+        """A fresh assembler for ``partition``, in the state it had at the group's committed
+        offset: the open runs' records before it are read from the log and fed again, their
+        outputs discarded (they were flushed before that offset was committed)."""
         revocations = self.revocations
-        state = PartitionState(Assembler(self.config.assemble))
+        resume = await kafka_io.resume_offset(self.reader_options, self.config.worker.app_id,
+                                              topic, partition)
+        state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
         open_runs = self._load_heads(state.assembler, partition)
-        starts = [start for start in open_runs.values() if start < offset]
+        starts = [start for start in open_runs.values() if start < resume]
         replayed: list[Emit] = []
         count = 0
         if starts:
-            topic = self.events.get_topic_name()
             async for rec in kafka_io.read_range(self.reader_options, topic, partition,
-                                                 min(starts), offset):
+                                                 min(starts), resume):
                 count += 1
                 if rec.key == _TICK or rec.key in open_runs:
-                    source = {"topic": rec.topic, "partition": partition, "offset": rec.offset}
-                    record = (rec.key, rec.value or b"", rec.timestamp, source)
-                    replayed += [e for e in self._feed(state.assembler, record)
+                    replayed += [e for e in self._feed(state.assembler, _reader_record(rec))
                                  if e.topic is not Topic.PROGRESS]
                 if count % 1000 == 0:
                     await asyncio.sleep(0)  # let faust's heartbeats and fetchers run
         log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
-                 partition, offset, count, state.assembler.open_runs)
+                 partition, resume, count, state.assembler.open_runs)
         await self._refinish(state, partition, replayed)
         if revocations == self.revocations:
             self.partitions[partition] = state
@@ -282,6 +329,12 @@ def _record(message: Any) -> Record:
     now_ms = None if message.timestamp is None else round(message.timestamp * 1000)
     source = {"topic": message.topic, "partition": message.partition, "offset": message.offset}
     return message.key, message.value or b"", now_ms, source
+
+
+def _reader_record(rec: Any) -> Record:
+    """An aiokafka record as the core takes it (aiokafka keeps record times in ms)."""
+    source = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}
+    return rec.key, rec.value or b"", rec.timestamp, source
 
 
 def _keyless(record: Record) -> list[Emit] | None:

@@ -111,3 +111,18 @@ async def read_range(options: dict[str, Any], topic: str, partition: int,
                 yield record
     finally:
         await consumer.stop()
+
+
+async def resume_offset(options: dict[str, Any], group: str, topic: str, partition: int) -> int:
+    """Where ``group`` resumes ``partition``: its committed offset, or the log start when it
+    has none (or retention deleted it). The consumer assigns, so it never joins the group."""
+    tp = TopicPartition(topic, partition)
+    consumer = AIOKafkaConsumer(group_id=group, enable_auto_commit=False, **options)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        committed = await consumer.committed(tp)
+        first = (await consumer.beginning_offsets([tp]))[tp]
+    finally:
+        await consumer.stop()
+    return int(first if committed is None else max(committed, first))
