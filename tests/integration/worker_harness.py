@@ -218,19 +218,30 @@ class Reader:
         self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING)
                               for t in self.roles for p in meta[t].partitions])
         self.records: list[Out] = []
+        self.positions: dict[tuple[str, int], int] = {}
 
     def collect(self, until: Callable[[list[Out]], bool], timeout: float = 45.0) -> list[Out]:
-        """Read until ``until(records so far)`` holds; fail after ``timeout`` seconds."""
+        """Read until ``until(records so far)`` holds, then on to the end of every output
+        partition as it is at that moment (topics have no order between them: a run's final
+        message may be read before its committed calls); fail after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while not until(self.records):
-            if time.monotonic() > deadline:
-                summary = {r: len(self.of(r)) for r in self.roles.values()}
-                raise AssertionError(f"outputs incomplete after {timeout}s: {summary}")
-            for msg in self.consumer.consume(500, timeout=0.2):
-                if msg.error() is None:
-                    self.records.append(Out(self.roles[msg.topic()], msg.partition(),
-                                            msg.key(), orjson.loads(msg.value())))
+            self._poll(deadline)
+        ends = {(tp.topic, tp.partition): self.consumer.get_watermark_offsets(tp, timeout=10)[1]
+                for tp in self.consumer.assignment()}
+        while any(self.positions.get(tp, 0) < end for tp, end in ends.items()):
+            self._poll(deadline)
         return self.records
+
+    def _poll(self, deadline: float) -> None:
+        if time.monotonic() > deadline:
+            summary = {r: len(self.of(r)) for r in self.roles.values()}
+            raise AssertionError(f"outputs incomplete: {summary}")
+        for msg in self.consumer.consume(500, timeout=0.2):
+            if msg.error() is None:
+                self.positions[(msg.topic(), msg.partition())] = msg.offset() + 1
+                self.records.append(Out(self.roles[msg.topic()], msg.partition(),
+                                        msg.key(), orjson.loads(msg.value())))
 
     def of(self, role: str) -> list[Out]:
         return [r for r in self.records if r.role == role]
@@ -356,7 +367,9 @@ def assert_same_outcomes(reader: Reader, wanted: Sequence[Emit]) -> None:
     for topic in (Topic.COMMITTED, Topic.ERRORS, Topic.FINAL):
         got = by_run(r.value for r in reader.of(topic.value))
         want = by_run(e.value for e in wanted if e.topic is topic)
-        assert got == want, f"{topic}: worker and offline core differ"
+        differ = {run: (got.get(run), want.get(run)) for run in set(got) | set(want)
+                  if got.get(run) != want.get(run)}
+        assert not differ, f"{topic}: worker and offline core differ (got, wanted): {differ}"
     seen: dict[str, bytes] = {}
     for record in reader.records:
         key = record.value.get("idempotency_key")
