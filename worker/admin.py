@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -59,13 +60,10 @@ def create(admin: AdminClient, wanted: Sequence[TopicSpec]) -> list[str]:
     """
     existing = {name: len(meta.partitions)
                 for name, meta in admin.list_topics(timeout=_TIMEOUT_S).topics.items()}
-    wrong = [f"topic {s.name} has {existing[s.name]} partitions, expected {s.partitions}"
-             for s in wanted if s.name in existing and existing[s.name] != s.partitions]
-    if wrong:
-        raise TopicsError("; ".join(wrong))
+    _check(wanted, existing)
     missing = [s for s in wanted if s.name not in existing]
-    lines = [f"exists  {s.name} ({s.partitions} partitions)" for s in wanted
-             if s.name in existing]
+    lines = {s.name: f"exists  {s.name} ({s.partitions} partitions)" for s in wanted
+             if s.name in existing}
     if missing:
         futures = admin.create_topics(
             [NewTopic(s.name, num_partitions=s.partitions,
@@ -75,12 +73,35 @@ def create(admin: AdminClient, wanted: Sequence[TopicSpec]) -> list[str]:
             try:
                 futures[spec.name].result(timeout=_TIMEOUT_S * 2)
             except KafkaException as exc:
-                if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":  # created concurrently
+                if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                     raise
+                # created meanwhile, or missing from a stale metadata answer: check it
+                _check([spec], {spec.name: _partition_count(admin, spec.name)})
+                lines[spec.name] = f"exists  {spec.name} ({spec.partitions} partitions)"
+                continue
             extra = ", compacted" if spec.config else ""
-            lines.append(f"created {spec.name} ({spec.partitions} partitions, replication "
-                         f"{spec.replication_factor}{extra})")
-    return lines
+            lines[spec.name] = (f"created {spec.name} ({spec.partitions} partitions, "
+                                f"replication {spec.replication_factor}{extra})")
+    return [lines[s.name] for s in wanted]
+
+
+def _check(wanted: Sequence[TopicSpec], existing: dict[str, int]) -> None:
+    wrong = [f"topic {s.name} has {existing[s.name]} partitions, expected {s.partitions}"
+             for s in wanted if s.name in existing and existing[s.name] != s.partitions]
+    if wrong:
+        raise TopicsError("; ".join(wrong))
+
+
+def _partition_count(admin: AdminClient, name: str) -> int:
+    """The partition count of an existing topic, waiting for metadata to show it."""
+    deadline = time.monotonic() + _TIMEOUT_S
+    while True:
+        meta = admin.list_topics(topic=name, timeout=_TIMEOUT_S).topics.get(name)
+        if meta is not None and meta.error is None and meta.partitions:
+            return len(meta.partitions)
+        if time.monotonic() > deadline:
+            raise TopicsError(f"topic {name} exists but its metadata never arrived")
+        time.sleep(0.2)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
