@@ -1,0 +1,85 @@
+"""The worker's per-record step, shared by ``latch worker`` and ``latch replay``.
+
+One events record in, the records to publish out::
+
+    emits = step(assembler, (key, value, record_time_ms, source))
+    for emit in emits:
+        producer.send(topic_of(emit.topic), key=out_key(emit, key), value=out_value(emit))
+
+* A record without a key is a tick (fed to the core, which expires idle runs) or a DLQ record
+  (``key_mismatch``: events are keyed by ``run_id``).
+* Anything else goes to the partition's :class:`~worker.core.Assembler` with the record time
+  in milliseconds; an exception in the core becomes one ``internal_error`` DLQ record, so a
+  bug in Latch never stops a partition.
+* A DLQ record keeps the input record's key; every other record is keyed by its run id.
+
+Replay decides the same as the live worker only because both run this code, record by record,
+in offset order, with one assembler per events partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any
+
+import orjson
+
+from worker.core import Assembler, DlqReason, Emit, Topic, decode
+from worker.core.envelope import Rejected, Tick
+from worker.core.outputs import dlq_record
+
+__all__ = ["Record", "feed", "keyless", "out_key", "out_value", "step"]
+
+log = logging.getLogger("latch.worker")
+
+#: An input record as the core sees it: key, value, record time (ms), and where it came from
+#: (``{"topic", "partition", "offset"}``).
+Record = tuple[bytes | None, bytes, int | None, dict[str, Any]]
+
+
+def step(assembler: Assembler, record: Record) -> list[Emit]:
+    """What the worker publishes for one events record, in order."""
+    emits = keyless(record)
+    return feed(assembler, record) if emits is None else emits
+
+
+def keyless(record: Record) -> list[Emit] | None:
+    """The DLQ record for an events record without a key, unless it is a tick (None).
+
+    Offline, the core takes envelopes without keys; on Kafka, events are keyed by run_id.
+    """
+    key, value, _, source = record
+    if key is not None:
+        return None
+    envelope = decode(None, value)
+    if isinstance(envelope, Tick):
+        return None
+    if not isinstance(envelope, Rejected):
+        envelope = Rejected(DlqReason.KEY_MISMATCH, "the record has no key; events are keyed "
+                            "by run_id", envelope.run_id)
+    return [dlq_record(envelope, key, value, source)]
+
+
+def feed(assembler: Assembler, record: Record) -> list[Emit]:
+    """The core's emits for one record; a failure of the core sends it to the DLQ."""
+    key, value, now_ms, source = record
+    try:
+        return assembler.feed_record(key, value, now_ms, source)
+    except Exception as exc:  # a bug in Latch must not stop the partition
+        where = f"{source['topic']}[{source['partition']}]@{source['offset']}"
+        # The exception's message may quote the record: log its type and frames only.
+        log.error("internal error on %s (%s); the record goes to the DLQ\n%s", where,
+                  type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))
+        detail = f"the worker failed on this record ({type(exc).__name__})"
+        return [dlq_record(Rejected(DlqReason.INTERNAL_ERROR, detail), key, value, source)]
+
+
+def out_key(emit: Emit, key: bytes | None) -> bytes | None:
+    """The Kafka key of an emit of the input record keyed ``key``."""
+    return key if emit.topic is Topic.DLQ else (emit.key or "").encode()
+
+
+def out_value(emit: Emit) -> bytes:
+    """The Kafka value of an emit."""
+    return orjson.dumps(emit.value)
