@@ -9,6 +9,7 @@ Subcommands::
     latch broker start|stop|status                       a local Kafka for development
     latch publish [--config FILE] FILE                   send JSON-Lines envelopes
     latch tail [--config FILE]                           print the output topics
+    latch replay [--config FILE] --from-... --to-...     re-run a range of the events topic
     latch demo                                           everything above, end to end
 
 Each subcommand's module is imported only when it runs, so ``latch assemble`` needs no
