@@ -45,6 +45,7 @@ Errors::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import re
 import sys
@@ -465,9 +466,14 @@ def _replay(args: argparse.Namespace, config: Config, consumer: Consumer, topic:
         sink = FileSink(args.to_file)
     started = time.monotonic()
     total = sum(s.size for s in spans)
-    with tqdm(total=total, unit="rec", desc="replay", file=sys.stderr, mininterval=0.5,
-              disable=None if args.progress is None else not args.progress) as bar:
-        tally, open_runs = run_spans(consumer, topic, spans, config, sink, bar)
+    try:
+        with tqdm(total=total, unit="rec", desc="replay", file=sys.stderr, mininterval=0.5,
+                  disable=None if args.progress is None else not args.progress) as bar:
+            tally, open_runs = run_spans(consumer, topic, spans, config, sink, bar)
+    except BaseException:
+        with contextlib.suppress(ReplayError):  # keep what was written; report the cause
+            sink.close()
+        raise
     sink.close()
     consumer.commit(offsets=[TopicPartition(topic, s.partition, s.stop) for s in spans],
                     asynchronous=False)
