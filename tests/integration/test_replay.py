@@ -274,7 +274,8 @@ def replay_groups(stack: Stack) -> list[str]:
 
 
 def delete_replay_groups(stack: Stack) -> None:
-    groups = replay_groups(stack)
+    """Delete the replays' groups and the live worker's."""
+    groups = [*replay_groups(stack), stack.app_id]
     if groups:
         client = AdminClient({"bootstrap.servers": stack.bootstrap})
         for future in client.delete_consumer_groups(groups).values():
