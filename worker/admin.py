@@ -43,6 +43,12 @@ def heads_changelog(config: Config) -> str:
     return f"{config.worker.app_id}-heads-changelog"
 
 
+def copartitioned(config: Config) -> list[TopicSpec]:
+    """The topics whose partitions must match the events topic's: events, control, changelog."""
+    names = {config.topics.events, config.topics.control, heads_changelog(config)}
+    return [s for s in specs(config) if s.name in names]
+
+
 def specs(config: Config) -> list[TopicSpec]:
     """Every topic the worker needs, as the configuration describes it."""
     t = config.topics
@@ -58,8 +64,7 @@ def create(admin: AdminClient, wanted: Sequence[TopicSpec]) -> list[str]:
 
     Raises :class:`TopicsError` when an existing topic has another partition count.
     """
-    existing = {name: len(meta.partitions)
-                for name, meta in admin.list_topics(timeout=_TIMEOUT_S).topics.items()}
+    existing = _existing(admin, [s.name for s in wanted])
     _check(wanted, existing)
     missing = [s for s in wanted if s.name not in existing]
     lines = {s.name: f"exists  {s.name} ({s.partitions} partitions)" for s in wanted
@@ -85,11 +90,31 @@ def create(admin: AdminClient, wanted: Sequence[TopicSpec]) -> list[str]:
     return [lines[s.name] for s in wanted]
 
 
+def verify(admin: AdminClient, required: Sequence[str], exact: Sequence[TopicSpec]) -> None:
+    """Raise :class:`TopicsError` unless the ``required`` topics exist and the ``exact``
+    ones that exist have their partition counts."""
+    existing = _existing(admin, [*required, *(s.name for s in exact)])
+    missing = [name for name in required if name not in existing]
+    if missing:
+        raise TopicsError(f"missing topics {', '.join(missing)} (create them with "
+                          f"`latch topics create`)")
+    _check(exact, existing)
+
+
 def _check(wanted: Sequence[TopicSpec], existing: dict[str, int]) -> None:
     wrong = [f"topic {s.name} has {existing[s.name]} partitions, expected {s.partitions}"
              for s in wanted if s.name in existing and existing[s.name] != s.partitions]
     if wrong:
         raise TopicsError("; ".join(wrong))
+
+
+def _existing(admin: AdminClient, names: Sequence[str]) -> dict[str, int]:
+    """The partition count of each of ``names`` that exists. A topic whose metadata is not
+    whole yet (just created: an error, or no partitions) is asked for again until it is."""
+    topics = admin.list_topics(timeout=_TIMEOUT_S).topics
+    return {name: len(meta.partitions) if meta.error is None and meta.partitions
+            else _partition_count(admin, name)
+            for name, meta in topics.items() if name in names}
 
 
 def _partition_count(admin: AdminClient, name: str) -> int:

@@ -42,9 +42,11 @@ from typing import Any
 import faust
 import orjson
 import yaml
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
 from faust.types import TP
 
-from worker import kafka_io
+from worker import admin, kafka_io
 from worker.config import Config, ConfigError, load_config
 from worker.core import Assembler, DlqReason, Emit, RunStatus, Topic, decode
 from worker.core.envelope import TICK_KEY, Cancel, Rejected, Tick
@@ -395,7 +397,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(args.config)
         latch = LatchWorker(config, _parse_settings(args.faust_setting))
-    except (ConfigError, kafka_io.KafkaSetupError, TelemetryError, ValueError) as exc:
+        _check_topics(config)
+    except (ConfigError, kafka_io.KafkaSetupError, TelemetryError, admin.TopicsError,
+            ValueError) as exc:
         print(f"latch worker: {exc}", file=sys.stderr)
         return 2
+    except KafkaException as exc:
+        print(f"latch worker: Kafka error: {exc.args[0].str()}", file=sys.stderr)
+        return 1
     return latch.run()
+
+
+def _check_topics(config: Config) -> None:
+    """Fail fast on a missing topic (a send to it would wait) or on events, control or heads
+    changelog partitions that differ (runs would not be co-partitioned). The changelog may
+    be missing: faust creates it."""
+    settings: dict[str, str | int | float | bool] = {**config.kafka.confluent_config()}
+    required = [s.name for s in admin.specs(config) if s.name != admin.heads_changelog(config)]
+    admin.verify(AdminClient(settings), required, admin.copartitioned(config))
