@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 from aiokafka.partitioner import murmur2  # type: ignore[import-untyped]
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from worker import admin
 from worker.config import Config, load_config
@@ -214,6 +214,7 @@ class Reader:
         self.roles = {stack.topic(role): role for role in roles}
         self.consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "unused",
                                   "enable.auto.commit": False})
+        self.admin = AdminClient({"bootstrap.servers": stack.bootstrap})
         meta = self.consumer.list_topics(timeout=10).topics
         self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING)
                               for t in self.roles for p in meta[t].partitions])
@@ -227,8 +228,10 @@ class Reader:
         deadline = time.monotonic() + timeout
         while not until(self.records):
             self._poll(deadline)
-        ends = {(tp.topic, tp.partition): self.consumer.get_watermark_offsets(tp, timeout=10)[1]
-                for tp in self.consumer.assignment()}
+        latest = self.admin.list_offsets(
+            {TopicPartition(tp.topic, tp.partition): OffsetSpec.latest()
+             for tp in self.consumer.assignment()}, request_timeout=10)
+        ends = {(tp.topic, tp.partition): f.result().offset for tp, f in latest.items()}
         while any(self.positions.get(tp, 0) < end for tp, end in ends.items()):
             self._poll(deadline)
         return self.records
