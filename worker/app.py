@@ -34,7 +34,6 @@ import asyncio
 import logging
 import sys
 import time
-import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,11 +45,12 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from faust.types import TP
 
-from worker import admin, kafka_io
+from worker import admin, kafka_io, step
 from worker.config import Config, ConfigError, load_config
 from worker.core import Assembler, DlqReason, Emit, RunStatus, Topic, decode
-from worker.core.envelope import TICK_KEY, Cancel, Rejected, Tick
+from worker.core.envelope import TICK_KEY, Cancel, Rejected
 from worker.core.outputs import dlq_record
+from worker.step import Record
 from worker.telemetry import Telemetry, TelemetryError
 
 log = logging.getLogger("latch.worker")
@@ -59,8 +59,6 @@ _TICK = TICK_KEY.encode()
 _RAW: dict[str, Any] = {
     "key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
 
-#: An input record as the core sees it: key, value, record time (ms), and where it came from.
-Record = tuple[bytes | None, bytes, int | None, dict[str, Any]]
 
 
 @dataclass(slots=True)
@@ -165,9 +163,7 @@ class LatchWorker:
         partition, offset = source["partition"], source["offset"]
         run_id = key.decode("utf-8", "replace") if key else ""
         was_open = state.assembler.is_open(run_id)
-        emits = _keyless(record)
-        if emits is None:
-            emits = self._feed(state.assembler, record)
+        emits = step.step(state.assembler, record)
         self.telemetry.record(emits)
         await self._publish(state, key, emits)
         if not was_open and state.assembler.is_open(run_id):
@@ -219,25 +215,12 @@ class LatchWorker:
 
     # -- the core, and what it emits --------------------------------------------------
 
-    def _feed(self, assembler: Assembler, record: Record) -> list[Emit]:
-        """The core's emits for one record; a failure of the core sends it to the DLQ."""
-        key, value, now_ms, source = record
-        try:
-            return assembler.feed_record(key, value, now_ms, source)
-        except Exception as exc:  # a bug in Latch must not stop the partition
-            where = f"{source['topic']}[{source['partition']}]@{source['offset']}"
-            # The exception's message may quote the record: log its type and frames only.
-            log.error("internal error on %s (%s); the record goes to the DLQ\n%s", where,
-                      type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))
-            detail = f"the worker failed on this record ({type(exc).__name__})"
-            return [dlq_record(Rejected(DlqReason.INTERNAL_ERROR, detail), key, value, source)]
-
     async def _publish(self, state: PartitionState, key: bytes | None,
                        emits: Sequence[Emit]) -> None:
         """Send each emit, in order; a DLQ record keeps the input record's key."""
         for emit in emits:
-            out_key = key if emit.topic is Topic.DLQ else (emit.key or "").encode()
-            sent = await self.outputs[emit.topic].send(key=out_key, value=orjson.dumps(emit.value))
+            sent = await self.outputs[emit.topic].send(key=step.out_key(emit, key),
+                                                       value=step.out_value(emit))
             if emit.topic is not Topic.PROGRESS:
                 state.unconfirmed.append(sent)
 
@@ -272,7 +255,7 @@ class LatchWorker:
                                                  min(starts), resume):
                 count += 1
                 if rec.key == _TICK or rec.key in open_runs:
-                    replayed += [e for e in self._feed(state.assembler, _reader_record(rec))
+                    replayed += [e for e in step.step(state.assembler, _reader_record(rec))
                                  if e.topic is not Topic.PROGRESS]
                 if count % 1000 == 0:
                     await asyncio.sleep(0)  # let faust's heartbeats and fetchers run
@@ -337,23 +320,6 @@ def _reader_record(rec: Any) -> Record:
     """An aiokafka record as the core takes it (aiokafka keeps record times in ms)."""
     source = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}
     return rec.key, rec.value or b"", rec.timestamp, source
-
-
-def _keyless(record: Record) -> list[Emit] | None:
-    """The DLQ record for an events record without a key, unless it is a tick (None).
-
-    Offline, the core takes envelopes without keys; on Kafka, events are keyed by run_id.
-    """
-    key, value, _, source = record
-    if key is not None:
-        return None
-    envelope = decode(None, value)
-    if isinstance(envelope, Tick):
-        return None
-    if not isinstance(envelope, Rejected):
-        envelope = Rejected(DlqReason.KEY_MISMATCH, "the record has no key; events are keyed "
-                            "by run_id", envelope.run_id)
-    return [dlq_record(envelope, key, value, source)]
 
 
 def app_settings(config: Config, overrides: Mapping[str, Any]) -> dict[str, Any]:
