@@ -81,6 +81,7 @@ _LAZY = [
     ("tail", "worker.tail:main", "print the output topics"),
     ("demo", "worker.demo:main", "run the end-to-end demo"),
     ("replay", "worker.replay:main", "replay a range of the events topic"),
+    ("chaos", "worker.chaos:main", "kill workers, restart the broker, verify the promises"),
 ]
 
 
