@@ -80,7 +80,9 @@ def test_changelog_bytes_do_not_grow_with_argument_bytes(
     ratio = changelog_bytes / ARGUMENT_BYTES
     print(f"\nchangelog: {len(records)} records, {changelog_bytes} bytes for "
           f"{ARGUMENT_BYTES} argument bytes in {len(envelopes)} envelopes: ratio {ratio:.5f}")
-    assert [orjson.loads(v) for _, v in records] == [
+    # (a rebalance may write a head twice, with the same value: at least once)
+    heads = [orjson.loads(v) for _, v in records]
+    assert {orjson.dumps(h) for h in heads} == {orjson.dumps(h) for h in [
         {"p": 0, "start": 0},
-        {"p": 0, "done": True, "seq": len(envelopes) - 1, "status": "completed"}]
+        {"p": 0, "done": True, "seq": len(envelopes) - 1, "status": "completed"}]}, heads
     assert ratio <= 3
