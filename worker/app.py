@@ -60,7 +60,6 @@ _RAW: dict[str, Any] = {
     "key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
 
 
-
 @dataclass(slots=True)
 class PartitionState:
     """What the worker holds for one events partition it processes."""
@@ -95,6 +94,8 @@ class LatchWorker:
         #: The next offset to forward of each control partition this worker owns.
         self.control_next: dict[int, int] = {}
         self.revocations = 0
+        #: A record could not be processed: the worker is stopping, nothing more is handled.
+        self.failed = False
         app_id = config.worker.app_id
         self.app.agent(self.events, name=f"{app_id}.events", concurrency=1)(self._events_agent)
         self.app.agent(self.control, name=f"{app_id}.control", concurrency=1)(
@@ -116,13 +117,16 @@ class LatchWorker:
         """Handle each record, then ack it; a failed send stops the worker unacked."""
         stream = stream.noack()
         async for event in stream.events():
+            if self.failed:  # faust restarts a crashed agent while the app stops: do nothing
+                return
             try:
                 await handle(event.message)
             except Exception as exc:
+                self.failed = True
                 message = event.message
-                log.error("cannot publish the outputs of %s[%d]@%d (%s); stopping so that it "
-                          "is processed again", message.topic, message.partition,
-                          message.offset, type(exc).__name__)
+                log.error("cannot process %s[%d]@%d (%s: a send or a read failed); stopping, "
+                          "so that it is processed again after a restart", message.topic,
+                          message.partition, message.offset, type(exc).__name__)
                 await self.app.crash(exc)
                 raise
             await stream.ack(event)
