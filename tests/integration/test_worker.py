@@ -9,6 +9,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from tests.integration.worker_harness import (
     PROVIDERS,
@@ -163,3 +164,34 @@ def test_poison_records_go_to_the_dlq(stack: Stack, worker: WorkerProcess) -> No
         (value, key) for key, value in poison)
     for record in dlq.values():
         assert record.value["source"]["topic"] == stack.topic("events")
+
+
+FAILING_SENDS = """
+import worker.app
+async def _publish(self, state, key, emits):
+    if emits:
+        raise ConnectionError("injected: the broker refused the send")
+worker.app.LatchWorker._publish = _publish
+"""
+
+
+@pytest.mark.parametrize("stack", [{"worker__tick_interval_s": "3600"}], indirect=True)
+def test_a_failed_send_stops_the_worker_with_the_record_unacked(
+        stack: Stack, tmp_path: Path) -> None:
+    """When the outputs of a record cannot be sent, the worker exits non-zero without
+    committing that record's offset, so the next worker processes it again (at least once)."""
+    proc = WorkerProcess(stack, tmp_path / "worker.log", prelude=FAILING_SENDS)
+    try:
+        proc.wait_ready()
+        publish(stack.bootstrap, stack.topic("events"), [(b"bad", b"not json")])
+        assert proc.proc.wait(30) != 0
+    finally:
+        if proc.proc.poll() is None:
+            proc.kill()
+    assert "cannot process" in proc.log()
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": stack.app_id})
+    try:
+        tps = [TopicPartition(stack.topic("events"), p) for p in range(stack.partitions)]
+        assert [tp.offset < 0 for tp in consumer.committed(tps, timeout=10)] == [True] * 3
+    finally:
+        consumer.close()

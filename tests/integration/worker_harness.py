@@ -124,15 +124,20 @@ def run_ids(prefix: str, partitions: int, per_partition: int = 1) -> list[str]:
 class WorkerProcess:
     """``python -m worker worker`` for one stack, its output in ``log_path``."""
 
-    def __init__(self, stack: Stack, log_path: Path, **faust: Any) -> None:
+    def __init__(self, stack: Stack, log_path: Path, prelude: str = "", **faust: Any) -> None:
+        """Start the worker; ``prelude`` is Python run first in the process (to inject a
+        fault), then ``worker.app.main`` runs as ``latch worker`` would."""
         self.log_path = log_path
         settings = FAST_FAUST | faust
         args = [f"--faust-setting={k}={v}" for k, v in settings.items()]
         env = os.environ | stack.env() | {"PYTHONUNBUFFERED": "1"}
+        command = [sys.executable, "-m", "worker", "worker", *args]
+        if prelude:
+            code = f"{prelude}\nimport sys, worker.app\nsys.exit(worker.app.main(sys.argv[1:]))"
+            command = [sys.executable, "-c", code, *args]
         with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "worker", "worker", *args], env=env, cwd=log_path.parent,
-                stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(command, env=env, cwd=log_path.parent, stdout=log,
+                                         stderr=subprocess.STDOUT)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
