@@ -138,7 +138,6 @@ CASES: list[tuple[str, DlqReason, Setup, bytes | None, bytes]] = [
     ("second_start_open", DlqReason.DUPLICATE_RUN_START, open_run, b"r1", raw(start(seq=5))),
     ("second_start_finished", DlqReason.DUPLICATE_RUN_START, finished, None,
      raw(start(seq=99))),
-    ("run_limit", DlqReason.RUN_LIMIT, open_run, b"r2", raw(start("r2"))),
 ]
 
 
@@ -216,23 +215,23 @@ def test_matching_key_is_accepted() -> None:
     assert dlq(emits) == [] and len(committed(emits)) == 1
 
 
-def test_run_limit_frees_up_when_a_run_ends() -> None:
-    """With ``max_open_runs: 1`` a second run is refused while the first is open and
-    accepted once it has finished."""
+def test_open_run_limit_ends_the_oldest_run_instead_of_refusing() -> None:
+    """With ``max_open_runs: 1`` a second ``run.start`` is no DLQ record: it is accepted, and
+    the first run is ended (final status ``failed``) to make room (tests/unit/test_abuse.py
+    holds the whole policy)."""
     asm = make()
     feed(asm, [start("r1")])
-    assert dlq(feed(asm, [start("r2")]))[0]["reason"] == "run_limit"
-    feed(asm, [stream_end("r1", 1)])
-    assert feed(asm, [start("r2")]) == []
+    emits = feed(asm, [start("r2")])
+    assert dlq(emits) == [] and [e.value["status"] for e in emits] == ["failed"]
     assert asm.open_run_ids() == ["r2"]
 
 
-def test_refused_run_start_leaves_no_run() -> None:
-    """A run refused at the limit is not open: its events are ``unknown_run``."""
+def test_run_ended_at_the_limit_is_finished() -> None:
+    """A run ended to make room is finished: its later events are ``run_finished``."""
     asm = make()
     feed(asm, [start("r1"), start("r2")])
-    [record] = dlq(feed(asm, [provider_event("r2", 1, chat_chunk(content="x"))]))
-    assert record["reason"] == "unknown_run"
+    [record] = dlq(feed(asm, [provider_event("r1", 1, chat_chunk(content="x"))]))
+    assert record["reason"] == "run_finished"
 
 
 # -- late and repeated envelopes are not contract breaks -------------------------------------

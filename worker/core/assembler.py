@@ -12,6 +12,34 @@ never came), ``stream.error``, a provider error event, a cancel, or an idle time
 a tick. At its end every call gets exactly one outcome and the run one final message.
 A finished run is remembered (``remember_finished_runs``) so that a re-delivered envelope is
 recognised and ignored, and a late one goes to the DLQ.
+
+Memory budgets
+==============
+
+One assembler (one events partition in the worker) holds a bounded amount of state, and what
+happens at each bound is an outcome, never a silent drop or a refused run:
+
+* **Open runs** (``max_open_runs``). Open runs are kept in least-recently-active order: a run
+  moves to the back each time one of its envelopes is applied (re-deliveries do not count), so
+  the order depends only on the input order. A ``run.start`` that finds the limit reached is
+  accepted, and the least recently active run is ended first: its uncommitted calls fail
+  ``budget_exceeded``, its final message has status ``failed``.
+* **Buffered argument bytes** (``max_buffered_bytes``): the UTF-8 argument text held by all open
+  runs, kept as a running total (added on append, released when a buffer is dropped or
+  replaced and when its run ends). A fragment that would cross the budget ends the least
+  recently active runs that hold bytes, other than the receiving run, the same way, until it
+  fits. When the receiving run alone would cross it, nobody else is ended: the receiving call
+  fails ``budget_exceeded`` and its buffer is dropped; the run goes on.
+* **Calls per run**: ``max_tool_calls_in_flight_assemble`` bounds the calls assembled at once,
+  and each call beyond it still gets a failed placeholder (``too_many_tool_calls``) so that it
+  has its one outcome. Placeholders cost memory too, so a run may hold at most
+  :data:`CALLS_PER_RUN_FACTOR` times that many calls; the call start beyond that ends the whole
+  run (status ``failed``): that call and every uncommitted call fail ``too_many_tool_calls``.
+  A stream that opens that many calls is broken or hostile, and nothing of it is worth running.
+
+Every end of a run above is the same ``_finish`` as a stream error's, so each call still gets
+exactly one outcome and the run one final message. Text that is not argument text (assistant
+text, thinking) is kept by the adapters for the final message and is not counted.
 """
 
 from __future__ import annotations
@@ -39,6 +67,27 @@ from worker.core.run import Call, Latch, utf8_len
 from worker.core.settings import AssembleSettings
 from worker.core.tools import ValidatorCache, client_tools
 
+#: A run may hold at most this many times ``max_tool_calls_in_flight_assemble`` calls,
+#: placeholders included (see "Memory budgets" in the module docstring).
+CALLS_PER_RUN_FACTOR = 4
+#: The largest order key (tool, content block or output index; choice) a call may carry. Every
+#: outcome repeats it, JSON readers lose precision beyond 2**53, and orjson writes nothing
+#: beyond 2**64 - 1 (which a chat call without an index after one at 2**64 - 1 would get).
+MAX_ORDER_KEY = 2**53 - 1
+
+
+def _check_order_keys(ops: list[op.Op]) -> None:
+    """Refuse (ValueError: the event goes to the DLQ) a call whose order key is not an integer
+    (``true`` is not one), is negative, or is beyond :data:`MAX_ORDER_KEY`."""
+    for item in ops:
+        if isinstance(item, op.OpenCall) and not (
+                _order_key(item.index) and (item.choice is None or _order_key(item.choice))):
+            raise ValueError("a call index out of range")
+
+
+def _order_key(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= MAX_ORDER_KEY
+
 
 @dataclass(slots=True)
 class Run:
@@ -52,6 +101,8 @@ class Run:
     last_ms: int
     calls: dict[str, Call] = field(default_factory=dict)
     truncated: set[int | None] = field(default_factory=set)
+    #: Argument bytes this run's calls hold (its share of ``Assembler.buffered_bytes``).
+    nbytes: int = 0
 
     def in_flight(self) -> int:
         return sum(1 for c in self.calls.values() if c.state is CallState.OPEN)
@@ -63,7 +114,11 @@ class Assembler:
     def __init__(self, settings: AssembleSettings | None = None) -> None:
         self.settings = settings or AssembleSettings()
         self.stats: Counter[str] = Counter()
-        self._runs: dict[str, Run] = {}
+        #: Open runs, least recently active first.
+        self._runs: OrderedDict[str, Run] = OrderedDict()
+        #: The open runs that hold argument bytes, in the same order.
+        self._holding: OrderedDict[str, Run] = OrderedDict()
+        self._buffered = 0
         self._finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
         self._validators = ValidatorCache()
         self._pipelined = frozenset(self.settings.allow_pipelined_execute)
@@ -109,6 +164,7 @@ class Assembler:
             self.stats["duplicates"] += 1
             return []
         run.last_seq, run.last_ms = envelope.seq, now_ms
+        self._touch(run)
         if isinstance(envelope, ProviderEvent):
             return self._provider_event(run, envelope, raw)
         if isinstance(envelope, StreamError):
@@ -130,7 +186,13 @@ class Assembler:
         return len(self._runs)
 
     def open_run_ids(self) -> list[str]:
+        """The open runs, least recently active first."""
         return list(self._runs)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Argument bytes held by all open runs (what ``max_buffered_bytes`` bounds)."""
+        return self._buffered
 
     def is_open(self, run_id: str) -> bool:
         """Whether ``run_id`` has started and not yet finished."""
@@ -157,10 +219,12 @@ class Assembler:
                 return []
             return [self._reject(Rejected(DlqReason.DUPLICATE_RUN_START, "run already started",
                                           start.run_id), *self._raw(raw))]
-        if len(self._runs) >= self.settings.max_open_runs:
-            detail = f"{len(self._runs)} runs open, the limit is {self.settings.max_open_runs}"
-            return [self._reject(Rejected(DlqReason.RUN_LIMIT, detail, start.run_id),
-                                 *self._raw(raw))]
+        emits: list[Emit] = []
+        limit = self.settings.max_open_runs
+        while self._runs and len(self._runs) >= limit:
+            detail = (f"the worker's open-run budget ({limit} runs) was exhausted; the least "
+                      "recently active run was ended")
+            emits += self._evict(next(iter(self._runs.values())), detail, "evicted_open_runs")
         tools = {name: self._validators.get(schema)
                  for name, schema in client_tools(start.provider, start.tools).items()}
         budget = self.settings.max_tool_calls_per_run
@@ -169,7 +233,7 @@ class Assembler:
         self._runs[start.run_id] = Run(start, adapter_for(start.provider), Latch(
             self.settings, tools, budget), Outputs(start), start.seq, now_ms)
         self.stats["runs_started"] += 1
-        return []
+        return emits
 
     def _orphan(self, envelope: Cancel | ProviderEvent | StreamEnd | StreamError,
                 raw: Any) -> list[Emit]:
@@ -190,6 +254,7 @@ class Assembler:
     def _provider_event(self, run: Run, env: ProviderEvent, raw: Any) -> list[Emit]:
         try:
             ops = run.adapter.feed(env.event)
+            _check_order_keys(ops)
         except Exception as exc:  # a malformed provider event: contained, never raised
             detail = f"provider event could not be read ({type(exc).__name__})"
             reject = Rejected(DlqReason.INVALID_ENVELOPE, detail, run.start.run_id)
@@ -239,6 +304,12 @@ class Assembler:
             return self._apply(run, op.Identify(item.key, item.call_id, item.name))
         call = Call(item.key, item.index, item.choice, len(run.calls), item.call_id, item.name)
         limit = self.settings.max_tool_calls_in_flight_assemble
+        cap = CALLS_PER_RUN_FACTOR * limit
+        if len(run.calls) >= cap:  # a flood of call starts: end the run (module docstring)
+            run.calls[item.key] = call
+            self.stats["runs_ended_too_many_calls"] += 1
+            detail = f"the run started more than {cap} calls; the whole run was ended"
+            return self._finish(run, RunStatus.FAILED, Reason.TOO_MANY_TOOL_CALLS, detail)
         if run.in_flight() >= limit:
             call.fail(Reason.TOO_MANY_TOOL_CALLS, f"at most {limit} calls may be assembled at once")
         run.calls[item.key] = call
@@ -248,18 +319,32 @@ class Assembler:
         call = run.calls.get(key)
         if call is None or call.state is not CallState.OPEN:
             return []
-        if replace:
-            call.parts, call.nbytes = [], 0
-        call.nbytes += utf8_len(text)
-        if call.nbytes > self.settings.max_tool_argument_bytes:
+        held = call.nbytes
+        total = utf8_len(text) + (0 if replace else held)
+        if total > self.settings.max_tool_argument_bytes:
             limit = self.settings.max_tool_argument_bytes
+            self._drop(run, call)
             call.fail(Reason.ARGUMENTS_EXCEED_MAX_BYTES, f"more than {limit} bytes of arguments")
             return []
+        growth, budget = total - held, self.settings.max_buffered_bytes
+        emits: list[Emit] = []
+        if growth > 0 and self._buffered + growth > budget:
+            if run.nbytes + growth > budget:  # this run alone: fail the call, end nobody
+                self._drop(run, call)
+                self.stats["calls_over_buffered_bytes"] += 1
+                call.fail(Reason.BUDGET_EXCEEDED, f"the worker's argument byte budget ({budget} "
+                          "bytes) cannot hold this run's calls; this call's text was dropped")
+                return []
+            emits = self._make_room(run, growth, budget)
+        if replace:
+            call.parts.clear()
         call.parts.append(text)
+        call.nbytes = total
+        self._hold(run, growth)
         if not self.settings.emit_progress:
-            return []
+            return emits
         partial = "".join(call.parts) if self.settings.ui_forward_partial_args else None
-        return [run.out.progress(call, partial)]
+        return [*emits, run.out.progress(call, partial)]
 
     def _close(self, run: Run, key: str) -> list[Emit]:
         call = run.calls.get(key)
@@ -292,11 +377,54 @@ class Assembler:
         emits = run.out.outcomes(calls)
         emits.append(run.out.final(run.adapter, calls, status))
         del self._runs[run.start.run_id]
+        self._holding.pop(run.start.run_id, None)
+        self._buffered -= run.nbytes
         self._finished[run.start.run_id] = (run.last_seq, status)
         if len(self._finished) > self.settings.remember_finished_runs:
             self._finished.popitem(last=False)
         self.stats[f"runs_{status}"] += 1
         return emits
+
+    # -- memory budgets (module docstring) ---------------------------------------------
+
+    def _touch(self, run: Run) -> None:
+        """``run`` had an envelope applied: it becomes the most recently active run."""
+        self._runs.move_to_end(run.start.run_id)
+        if run.start.run_id in self._holding:
+            self._holding.move_to_end(run.start.run_id)
+
+    def _hold(self, run: Run, delta: int) -> None:
+        """``run`` holds ``delta`` more argument bytes (fewer when negative)."""
+        if not delta:
+            return
+        run.nbytes += delta
+        self._buffered += delta
+        if run.nbytes > 0:
+            self._holding.setdefault(run.start.run_id, run)  # new holders are the current run
+        else:
+            self._holding.pop(run.start.run_id, None)
+
+    def _drop(self, run: Run, call: Call) -> None:
+        """Drop ``call``'s argument text and release its bytes."""
+        self._hold(run, -call.nbytes)
+        call.parts.clear()
+        call.nbytes = 0
+
+    def _make_room(self, run: Run, growth: int, budget: int) -> list[Emit]:
+        """End the least recently active runs holding bytes, other than ``run``, until
+        ``growth`` more bytes fit; ``run`` alone fits (the caller checked)."""
+        detail = (f"the worker's argument byte budget ({budget} bytes) was exhausted; the least "
+                  "recently active run was ended")
+        emits: list[Emit] = []
+        while self._buffered + growth > budget:
+            victim = next(r for r in self._holding.values() if r is not run)
+            emits += self._evict(victim, detail, "evicted_buffered_bytes")
+        return emits
+
+    def _evict(self, run: Run, detail: str, counter: str) -> list[Emit]:
+        """End ``run`` to keep a budget: uncommitted calls fail ``budget_exceeded``."""
+        self.stats[counter] += 1
+        return self._finish(run, RunStatus.FAILED, Reason.BUDGET_EXCEEDED, detail)
 
     # -- the dead-letter topic --------------------------------------------------------
 

@@ -11,6 +11,12 @@ validator: it runs once per provider event, and the benchmark holds the whole co
 the cost of a bare ``orjson.loads`` (``schemas/stream-envelope.schema.json`` states the same
 rules, and a contract test runs both over the same corpus).
 
+An envelope that nests arrays and objects deeper than ``strictjson.MAX_DEPTH`` (64) levels is
+``invalid_envelope``: what the adapters keep of an event is copied, and written back in the
+final message, and neither must depend on how much stack the caller has left. Counting the
+brackets of the raw record bounds the depth from above at C speed, so the walk over the decoded
+value runs only for the rare record with more than 64 of them.
+
 ``Cancel`` arrives on the control topic; the worker forwards it into the run's partition of
 the events topic so that it takes its place in the run's ordered history. ``Tick`` is the
 worker's own marker (key :data:`TICK_KEY`) that carries the record time used for idle expiry.
@@ -24,9 +30,15 @@ from typing import Any
 import orjson
 
 from worker.core.model import DlqReason
+from worker.core.strictjson import MAX_DEPTH, nested_deeper
 
 PROVIDERS: frozenset[str] = frozenset({"openai.chat", "openai.responses", "anthropic.messages"})
 TICK_KEY = "__latch_tick__"
+#: The longest run id accepted, in characters (``maxLength`` in the envelope schemas). Every
+#: output repeats the run id (record key, ``run_id``, ``idempotency_key``), and the assembler
+#: keeps it for each open and remembered run, so it is bounded; a longer one is
+#: ``invalid_envelope`` and the DLQ record names no run.
+MAX_RUN_ID_LENGTH = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +108,17 @@ def decode(key: bytes | None, value: bytes | str) -> Envelope | Rejected:
         return Rejected(DlqReason.UNDECODABLE, f"not JSON: {exc.msg} (char {exc.pos})")
     if not isinstance(doc, dict):
         return Rejected(DlqReason.INVALID_ENVELOPE, f"envelope is a {type(doc).__name__}")
+    if _brackets(value) > MAX_DEPTH and nested_deeper(doc):
+        return Rejected(DlqReason.INVALID_ENVELOPE,
+                        f"arrays and objects nested deeper than {MAX_DEPTH} levels")
     return from_dict(doc, key)
+
+
+def _brackets(value: bytes | str) -> int:
+    """The number of ``{`` and ``[`` in the raw record: an upper bound of its depth."""
+    if isinstance(value, str):
+        return value.count("{") + value.count("[")
+    return value.count(b"{") + value.count(b"[")
 
 
 def from_dict(doc: dict[str, Any], key: bytes | None = None) -> Envelope | Rejected:
@@ -114,6 +136,9 @@ def from_dict(doc: dict[str, Any], key: bytes | None = None) -> Envelope | Rejec
     run_id = doc.get("run_id")
     if not isinstance(run_id, str) or not run_id:
         return Rejected(DlqReason.INVALID_ENVELOPE, "run_id is missing or empty")
+    if len(run_id) > MAX_RUN_ID_LENGTH:
+        return Rejected(DlqReason.INVALID_ENVELOPE, f"run_id has {len(run_id)} characters, more "
+                        f"than {MAX_RUN_ID_LENGTH}")
     if key is not None and key != run_id.encode():
         return Rejected(DlqReason.KEY_MISMATCH, "the record key differs from run_id", run_id)
     if kind == "cancel":

@@ -96,7 +96,6 @@ class DlqReason(StrEnum):
     UNKNOWN_RUN = "unknown_run"
     RUN_FINISHED = "run_finished"
     DUPLICATE_RUN_START = "duplicate_run_start"
-    RUN_LIMIT = "run_limit"
     #: The worker failed on this record (a bug, not bad input); the partition moved on.
     INTERNAL_ERROR = "internal_error"
 

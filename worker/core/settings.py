@@ -16,7 +16,9 @@ class AssembleSettings:
     #: A call whose argument text grows past this many UTF-8 bytes fails
     #: ``arguments_exceed_max_bytes``; its text is dropped as soon as the limit is crossed.
     max_tool_argument_bytes: int = 262_144
-    #: Calls being assembled at once in one run; the surplus gets a failed placeholder.
+    #: Calls being assembled at once in one run; the surplus gets a failed placeholder. A run
+    #: holding 4 times this many calls, placeholders included, is ended by the next call start
+    #: (``too_many_tool_calls``; ``assembler.CALLS_PER_RUN_FACTOR``).
     max_tool_calls_in_flight_assemble: int = 32
     #: Calls committed per run (a run's ``limits.max_tool_calls`` may only lower it).
     max_tool_calls_per_run: int = 16
@@ -38,7 +40,14 @@ class AssembleSettings:
     on_args_overflow: str = "error_result"
     #: Order of a run's outcomes; ``provider_index`` is the only order in v1.
     finalize_order: str = "provider_index"
-    #: Open runs one assembler holds before it refuses new ones (``run_limit`` to the DLQ).
+    #: Open runs one assembler (one events partition) holds. A ``run.start`` beyond it is
+    #: accepted, and the least recently active open run is ended first: its uncommitted calls
+    #: fail ``budget_exceeded``, its final message has status ``failed``.
     max_open_runs: int = 100_000
+    #: Argument bytes (UTF-8) that all open runs of one assembler may buffer together. A
+    #: fragment that would cross it ends least recently active runs holding bytes (as
+    #: ``max_open_runs`` does) until it fits; when the receiving run alone would cross it, the
+    #: receiving call fails ``budget_exceeded`` and its buffer is dropped.
+    max_buffered_bytes: int = 64 * 1024 * 1024
     #: Finished run ids remembered to recognise re-deliveries and late events.
     remember_finished_runs: int = 100_000

@@ -10,6 +10,14 @@ either (an object, an array, a float) is parsed a second time by the standard li
 ``object_pairs_hook`` that refuses a repeated key and a ``parse_int`` that refuses an integer
 beyond 64 bits. Arguments are parsed once per call, at completion, so the second pass is cheap.
 
+Arrays and objects nested deeper than :data:`MAX_DEPTH` levels are refused before the second
+pass. The limit is Latch's own and fixed, so that the same text gets the same outcome
+everywhere: without it, whether a deeply nested text passed would depend on how deep the
+caller's stack is (the standard library parser and the JSON Schema validator recurse, and
+raise ``RecursionError`` at a depth that depends on the caller), and a value that orjson reads
+(up to 1024 levels) but cannot write back (beyond 254) would make the committed call
+impossible to publish.
+
 :func:`parse` never raises on bad text; it returns a :class:`ParseError` that holds a
 position and a message safe to show (no argument text).
 """
@@ -21,6 +29,26 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+#: Deepest nesting of arrays and objects accepted in argument text (and, by
+#: ``worker.core.envelope``, in an envelope); a value is one level, its members two.
+MAX_DEPTH = 64
+
+
+def nested_deeper(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``limit`` levels deep (iterative:
+    no recursion, whatever the depth)."""
+    if not isinstance(value, dict | list):
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +93,8 @@ def parse(text: str) -> Any | ParseError:
         return ParseError(_orjson_message(exc))
     if value is None or isinstance(value, str | int):
         return value
+    if nested_deeper(value):
+        return ParseError(f"arrays and objects nested deeper than {MAX_DEPTH} levels")
     try:
         json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_int64)
     except _Refused as exc:

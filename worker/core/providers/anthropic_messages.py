@@ -42,7 +42,9 @@ _TEXT_DELTAS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "
 class _Block:
     body: dict[str, Any]
     text: list[str] = field(default_factory=list)
+    #: ``partial_json`` of a block that is not a client call (a call's text is its buffer's).
     json: list[str] = field(default_factory=list)
+    streamed: bool = False
 
 
 class AnthropicMessages:
@@ -111,9 +113,10 @@ class AnthropicMessages:
             fragment = delta["partial_json"]
             if not isinstance(fragment, str):
                 raise ValueError("partial_json is not a string")
-            block.json.append(fragment)
-            if block.body.get("type") == "tool_use":
+            block.streamed = True
+            if block.body.get("type") == "tool_use":  # held (and counted) once, by the call
                 return [op.AppendArgs(str(index), fragment)]
+            block.json.append(fragment)
         return []
 
     def _stop(self, index: int) -> list[op.Op]:
@@ -121,7 +124,7 @@ class AnthropicMessages:
         if block.body.get("type") != "tool_use":
             return []
         start_input = block.body.get("input")
-        if not block.json and isinstance(start_input, dict) and start_input:
+        if not block.streamed and isinstance(start_input, dict) and start_input:
             return [op.SetArgs(str(index), orjson.dumps(start_input).decode()),
                     op.CloseCall(str(index))]
         return [op.CloseCall(str(index))]
@@ -147,9 +150,12 @@ class AnthropicMessages:
             body["input"] = value if isinstance(value, dict) else {}
         elif block.json:
             try:
-                body["input"] = orjson.loads("".join(block.json))
+                value = orjson.loads("".join(block.json))
             except orjson.JSONDecodeError:
-                body["input"] = {}
+                value = {}
+            # Nested deeper than Latch keeps (strictjson.MAX_DEPTH): the final message could
+            # not be written back.
+            body["input"] = {} if strictjson.nested_deeper(value) else value
         return body
 
 

@@ -89,7 +89,7 @@ class OpenAIResponses:
     def _added(self, index: int, item: dict[str, Any]) -> list[op.Op]:
         if not isinstance(index, int) or not isinstance(item, dict):
             raise ValueError("output_item.added without output_index or item")
-        self._items[index] = copy.deepcopy(item)
+        self._items[index] = _kept(item)
         if isinstance(item.get("id"), str):
             self._index_of[item["id"]] = index
         if item.get("type") != "function_call":
@@ -103,7 +103,7 @@ class OpenAIResponses:
     def _done(self, index: int, item: dict[str, Any]) -> list[op.Op]:
         if not isinstance(index, int) or not isinstance(item, dict):
             raise ValueError("output_item.done without output_index or item")
-        self._items[index] = copy.deepcopy(item)
+        self._items[index] = _kept(item)
         if item.get("type") != "function_call":
             return []
         key = str(index)
@@ -137,6 +137,15 @@ class OpenAIResponses:
                                     "annotations": []}]
             output.append(item)
         return {**self._response, "output": output}, None
+
+
+def _kept(item: dict[str, Any]) -> dict[str, Any]:
+    """The copy of an output item kept for the final message. A function call's arguments are
+    its call's text, held (and counted against the budgets) once, by the assembler: the final
+    message writes them back, so the copy keeps the key and not the text."""
+    if item.get("type") == "function_call" and "arguments" in item:
+        item = {**item, "arguments": ""}
+    return copy.deepcopy(item)
 
 
 def _str(value: Any) -> str:
