@@ -34,6 +34,7 @@ from worker.core.strictjson import MAX_DEPTH, nested_deeper
 
 PROVIDERS: frozenset[str] = frozenset({"openai.chat", "openai.responses", "anthropic.messages"})
 TICK_KEY = "__latch_tick__"
+_TICK_KEY_BYTES = TICK_KEY.encode()
 #: The longest run id accepted, in characters (``maxLength`` in the envelope schemas). Every
 #: output repeats the run id (record key, ``run_id``, ``idempotency_key``), and the assembler
 #: keeps it for each open and remembered run, so it is bounded; a longer one is
@@ -130,6 +131,11 @@ def from_dict(doc: dict[str, Any], key: bytes | None = None) -> Envelope | Rejec
     if ts is not None and not _is_count(ts):
         return Rejected(DlqReason.INVALID_ENVELOPE, "ts is not a non-negative integer")
     if kind == "tick":
+        # A tick ends every idle run of its partition: only the worker's own key may carry
+        # one (offline, without keys, the input is trusted as a whole).
+        if key is not None and key != _TICK_KEY_BYTES:
+            return Rejected(DlqReason.INVALID_ENVELOPE, "a tick under a key other than "
+                            f"{TICK_KEY}")
         if ts is None:
             return Rejected(DlqReason.INVALID_ENVELOPE, "tick has no ts")
         return Tick(ts)
