@@ -10,6 +10,7 @@ argument text.
 from __future__ import annotations
 
 import base64
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ class Outputs:
     def outcomes(self, calls: Sequence[Call]) -> list[Emit]:
         """The committed call or error result of each terminal call not yet emitted."""
         emits = []
+        seen = Counter(c.tool_call_id for c in calls)
         for call in calls:
             if call.emitted or call.state not in (
                 CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED
@@ -40,7 +42,7 @@ class Outputs:
                 continue
             call.emitted = True
             emits.append(self._committed(call) if call.state is CallState.COMMITTED
-                         else self._error(call))
+                         else self._error(call, shared=seen[call.tool_call_id] > 1))
         return emits
 
     def _where(self, call: Call) -> dict[str, Any]:
@@ -55,10 +57,13 @@ class Outputs:
                  "idempotency_key": f"{self._run_id}:{call.call_id}"}
         return Emit(Topic.COMMITTED, self._run_id, value)
 
-    def _error(self, call: Call) -> Emit:
+    def _error(self, call: Call, shared: bool) -> Emit:
+        """``shared``: another call of the run has the same ``tool_call_id`` (a repeated
+        provider id, or a provider id equal to a fallback buffer key). Each of them is a
+        different outcome, so the key adds the buffer key, or a runner would drop one."""
         reason = call.reason or Reason.STREAM_ERROR
         key = f"{self._run_id}:{call.tool_call_id}"
-        if reason is Reason.DUPLICATE_CALL_ID:
+        if shared or reason is Reason.DUPLICATE_CALL_ID:
             key = f"{key}:{call.key}"
         value = {**self._head, "tool_call_id": call.tool_call_id, "name": call.name or "unknown",
                  **self._where(call), "is_error": True, "state": str(call.state),
