@@ -47,6 +47,16 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _index(value: Any) -> int | None:
+    """A choice or tool index: None when absent or not an integer; a negative one is refused
+    (the event goes to the DLQ), since it would be emitted as an order key."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    if value < 0:
+        raise ValueError("negative index")
+    return value
+
+
 class OpenAIChat:
     """Adapter for ``openai.chat``."""
 
@@ -58,8 +68,8 @@ class OpenAIChat:
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
         ops: list[op.Op] = []
         for raw in event.get("choices") or ():
-            ci = raw.get("index", 0)
-            ci = ci if isinstance(ci, int) else 0
+            ci = _index(raw.get("index", 0))
+            ci = 0 if ci is None else ci
             choice = self._choices.setdefault(ci, _Choice())
             delta = raw.get("delta") or {}
             for attr, name in (("content", "content"), ("reasoning", "reasoning_content"),
@@ -99,7 +109,8 @@ class OpenAIChat:
 
     def _key(self, ci: int, choice: _Choice, index: Any, call_id: str | None) -> str | None:
         """The buffer key this entry belongs to; a not-yet-listed key opens a call."""
-        if not isinstance(index, int) or isinstance(index, bool):
+        index = _index(index)
+        if index is None:
             return choice.by_id.get(call_id) if call_id else None
         slot = choice.slots.get(index)
         if slot is None or (call_id and slot[1] and call_id != slot[1]):
