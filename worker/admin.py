@@ -25,6 +25,13 @@ from worker.config import Config, ConfigError, load_config
 EXIT_OK, EXIT_USAGE, EXIT_KAFKA = 0, 2, 1
 _TIMEOUT_S = 30.0
 
+#: The largest record the worker may write to an output topic (``max.message.bytes`` of the
+#: output topics; the worker's producer takes the same limit). Kafka's default, 1 MiB, is too
+#: small: a DLQ record carries its input record in base64 (4/3 of a record that may itself be
+#: near 1 MiB), and a final message carries the argument text of all of a run's calls. A record
+#: over the limit could never be sent, and the worker would stop on it at every restart.
+OUTPUT_MAX_BYTES = 64 * 1024 * 1024
+
 
 @dataclass(frozen=True, slots=True)
 class TopicSpec:
@@ -52,11 +59,14 @@ def copartitioned(config: Config) -> list[TopicSpec]:
 def specs(config: Config) -> list[TopicSpec]:
     """Every topic the worker needs, as the configuration describes it."""
     t = config.topics
-    names = [t.events, t.control, t.committed, t.errors, t.final, t.progress, t.dlq]
-    plain = [TopicSpec(name, t.partitions, t.replication_factor) for name in names]
+    inputs = [TopicSpec(name, t.partitions, t.replication_factor)
+              for name in (t.events, t.control)]
+    large = (("max.message.bytes", str(OUTPUT_MAX_BYTES)),)
+    outputs = [TopicSpec(name, t.partitions, t.replication_factor, large)
+               for name in (t.committed, t.errors, t.final, t.progress, t.dlq)]
     compacted = (("cleanup.policy", "compact"),)
-    return [*plain, TopicSpec(heads_changelog(config), t.partitions, t.replication_factor,
-                              compacted)]
+    return [*inputs, *outputs, TopicSpec(heads_changelog(config), t.partitions,
+                                         t.replication_factor, compacted)]
 
 
 def create(admin: AdminClient, wanted: Sequence[TopicSpec]) -> list[str]:
@@ -84,7 +94,7 @@ def create(admin: AdminClient, wanted: Sequence[TopicSpec]) -> list[str]:
                 _check([spec], {spec.name: _partition_count(admin, spec.name)})
                 lines[spec.name] = f"exists  {spec.name} ({spec.partitions} partitions)"
                 continue
-            extra = ", compacted" if spec.config else ""
+            extra = "".join(f", {key} {value}" for key, value in spec.config)
             lines[spec.name] = (f"created {spec.name} ({spec.partitions} partitions, "
                                 f"replication {spec.replication_factor}{extra})")
     return [lines[s.name] for s in wanted]

@@ -340,6 +340,7 @@ def app_settings(config: Config, overrides: Mapping[str, Any]) -> dict[str, Any]
         "web_enabled": worker.web_port > 0,
         "web_port": worker.web_port or 6066,
         "autodiscover": False,
+        "producer_max_request_size": admin.OUTPUT_MAX_BYTES,
     }
     if kafka.client_id:
         settings["broker_client_id"] = kafka.client_id

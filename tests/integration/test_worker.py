@@ -166,6 +166,25 @@ def test_poison_records_go_to_the_dlq(stack: Stack, worker: WorkerProcess) -> No
         assert record.value["source"]["topic"] == stack.topic("events")
 
 
+def test_a_large_poison_record_reaches_the_dlq(stack: Stack, worker: WorkerProcess) -> None:
+    """A 900 KiB undecodable record becomes a DLQ record of about 1.2 MiB (its bytes in
+    base64), over Kafka's default 1 MiB limit: the output topics and the worker's producer
+    take larger records, so it is delivered and the partition moves on."""
+    garbage = b"\xff" + b"x" * (900 * 1024)
+    run_id = run_ids("after", stack.partitions)[0]
+    calls = [("call_after", "read_file", '{"path": "/a"}')]
+    publish(stack.bootstrap, stack.topic("events"), [(run_id.encode(), garbage)])
+    publish_envelopes(stack.bootstrap, stack.topic("events"),
+                      provider_run("openai.chat", run_id, calls))
+    reader = Reader(stack)
+    reader.collect(lambda rs: finished([run_id])(rs) and len(reader.of("dlq")) == 1)
+    [dlq] = reader.of("dlq")
+    assert dlq.value["reason"] == "undecodable"
+    assert base64.b64decode(dlq.value["original_b64"]) == garbage
+    assert len(orjson.dumps(dlq.value)) > 1024 * 1024
+    assert reader.finals()[run_id]["status"] == "completed"
+
+
 FAILING_SENDS = """
 import worker.app
 async def _publish(self, state, key, emits):
