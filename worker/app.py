@@ -34,6 +34,7 @@ import asyncio
 import logging
 import sys
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,10 @@ class PartitionState:
     next_offset: int
     #: Sends not yet known to be delivered (progress records excepted).
     unconfirmed: list[Awaitable[Any]] = field(default_factory=list)
+    #: The latest record time applied (ms): the time a run's ``done`` head records.
+    clock_ms: int = 0
+    #: Done heads of this partition in the order they were written: (record time, key).
+    done: deque[tuple[int, bytes]] = field(default_factory=deque)
 
     async def confirm(self) -> None:
         """Wait until every send so far is delivered; raise if one failed."""
@@ -167,13 +172,26 @@ class LatchWorker:
         partition, offset = source["partition"], source["offset"]
         run_id = key.decode("utf-8", "replace") if key else ""
         was_open = state.assembler.is_open(run_id)
+        state.clock_ms = max(state.clock_ms, record[2] or 0)
         emits = step.step(state.assembler, record)
         self.telemetry.record(emits)
         await self._publish(state, key, emits)
         if not was_open and state.assembler.is_open(run_id):
             self.heads[key] = {"p": partition, "start": offset}
         await self._record_finished(state, partition, emits)
+        if key == _TICK:
+            self._forget_finished(state)
         state.next_offset = offset + 1
+
+    def _forget_finished(self, state: PartitionState) -> None:
+        """Tombstone the done heads older than ``finished_run_retention_s`` (at a tick, so
+        in stream context, and by record time, so the same on every worker)."""
+        horizon = state.clock_ms - self.config.worker.finished_run_retention_s * 1000
+        while state.done and state.done[0][0] < horizon:
+            _, key = state.done.popleft()
+            head = self.heads.get(key)
+            if head is not None and head.get("done"):
+                del self.heads[key]
 
     async def _forward_control(self, record: Record) -> None:
         """Forward a cancel into its run's events partition; anything else goes to the DLQ."""
@@ -237,8 +255,10 @@ class LatchWorker:
         await state.confirm()
         for run_id in finished:
             seq, status = state.assembler.finished(run_id) or (None, None)
-            self.heads[run_id.encode()] = {"p": partition, "done": True, "seq": seq,
-                                           "status": status}
+            key = run_id.encode()
+            self.heads[key] = {"p": partition, "done": True, "seq": seq, "status": status,
+                               "at": state.clock_ms}
+            state.done.append((state.clock_ms, key))
 
     # -- recovery ---------------------------------------------------------------------
 
@@ -250,7 +270,7 @@ class LatchWorker:
         resume = await kafka_io.resume_offset(self.reader_options, self.config.worker.app_id,
                                               topic, partition)
         state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
-        open_runs = self._load_heads(state.assembler, partition)
+        open_runs = self._load_heads(state, partition)
         starts = [start for start in open_runs.values() if start < resume]
         replayed: list[Emit] = []
         count = 0
@@ -259,6 +279,7 @@ class LatchWorker:
                                                  min(starts), resume):
                 count += 1
                 if rec.key == _TICK or rec.key in open_runs:
+                    state.clock_ms = max(state.clock_ms, rec.timestamp or 0)
                     replayed += [e for e in step.step(state.assembler, _reader_record(rec))
                                  if e.topic is not Topic.PROGRESS]
                 if count % 1000 == 0:
@@ -270,16 +291,20 @@ class LatchWorker:
             self.partitions[partition] = state
         return state
 
-    def _load_heads(self, assembler: Assembler, partition: int) -> dict[bytes, int]:
+    def _load_heads(self, state: PartitionState, partition: int) -> dict[bytes, int]:
         """Register the partition's finished runs; return its open runs and their starts."""
         open_runs: dict[bytes, int] = {}
+        done: list[tuple[int, bytes]] = []
         for key, head in self.heads.items():
             if head.get("p") != partition:
                 continue
             if "start" in head:
                 open_runs[key] = head["start"]
             elif head.get("seq") is not None:
-                assembler.remember_finished(key.decode(), head["seq"], RunStatus(head["status"]))
+                state.assembler.remember_finished(key.decode(), head["seq"],
+                                                  RunStatus(head["status"]))
+                done.append((head.get("at", 0), key))
+        state.done.extend(sorted(done))
         return open_runs
 
     async def _refinish(self, state: PartitionState, partition: int,

@@ -167,6 +167,7 @@ class WorkerSettings:
 
     app_id: str = "latch"
     tick_interval_s: float = 5.0
+    finished_run_retention_s: float = 3600.0
     web_port: int = 6066
     log_level: str = "info"
     store: str = "memory://"

@@ -82,7 +82,40 @@ def test_changelog_bytes_do_not_grow_with_argument_bytes(
           f"{ARGUMENT_BYTES} argument bytes in {len(envelopes)} envelopes: ratio {ratio:.5f}")
     # (a rebalance may write a head twice, with the same value: at least once)
     heads = [orjson.loads(v) for _, v in records]
+    assert all(isinstance(h.pop("at", 0), int) for h in heads)  # the done head's record time
     assert {orjson.dumps(h) for h in heads} == {orjson.dumps(h) for h in [
         {"p": 0, "start": 0},
         {"p": 0, "done": True, "seq": len(envelopes) - 1, "status": "completed"}]}, heads
     assert ratio <= 3
+
+
+def test_finished_heads_are_tombstoned_after_the_retention(
+        kafka_bootstrap: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """A finished run's done head leaves the table once ``finished_run_retention_s`` of
+    record time has passed (pruned at a tick): the changelog gets a tombstone for it, so the
+    table does not grow by one head per run forever, while an open run keeps its head."""
+    done_run, open_run = "short-run", "still-open"
+    envelopes = provider_run("openai.chat", done_run, [("call_1", "read_file", '{"path": "/a"}')])
+    opened = provider_run("openai.chat", open_run, [("call_2", "read_file", '{"path": "/b"}')])
+    with make_stack(kafka_bootstrap, request.node.name, partitions=1,
+                    worker__finished_run_retention_s="1",
+                    agent_stream_assemble__assemble_idle_timeout_s="600") as stack:
+        worker = WorkerProcess(stack, tmp_path / "worker.log")
+        try:
+            worker.wait_ready()
+            publish_envelopes(stack.bootstrap, stack.topic("events"), envelopes + opened[:2])
+            Reader(stack).collect(finished([done_run]), timeout=30)
+            topic = f"{stack.app_id}-heads-changelog"
+            deadline = time.monotonic() + 30
+            records = changelog(stack.bootstrap, topic, 1)
+            while (done_run.encode(), None) not in records:
+                assert time.monotonic() < deadline, f"no tombstone; changelog holds {records}"
+                time.sleep(0.5)
+                records = changelog(stack.bootstrap, topic, 1)
+            assert worker.stop() == 0
+        finally:
+            if worker.proc.poll() is None:
+                worker.kill()
+    latest = dict(records)
+    assert latest[done_run.encode()] is None
+    assert set(orjson.loads(latest[open_run.encode()])) == {"p", "start"}
