@@ -339,32 +339,3 @@ def test_the_file_sink_writes_latch_assembles_lines(tmp_path: Path) -> None:
     sink.close()
     lines = (tmp_path / "out.jsonl").read_bytes().splitlines()
     assert lines == [orjson.dumps(emit.as_line())] * 2
-
-
-# -- the step shared with the worker ----------------------------------------------------------
-
-
-def test_step_decides_as_the_workers_own_per_record_code() -> None:
-    """worker.step.step gives what worker.app's _keyless and _feed give, record for record:
-    ticks, keyless envelopes, garbage, and a run. (Skipped once app.py uses worker.step.)"""
-    app = pytest.importorskip("worker.app")
-    keyless = getattr(app, "_keyless", None)
-    feed = getattr(app.LatchWorker, "_feed", None)
-    if keyless is None or feed is None:
-        pytest.skip("worker.app no longer has its own per-record code")
-    run = provider_run("openai.responses", "r9", {"read_file": PATH_SCHEMA},
-                       [("c9", "read_file", '{"path": 1}')], end=False)
-    inputs: list[tuple[bytes | None, bytes]] = [
-        (TICK_KEY.encode(), orjson.dumps(tick(T0))), (None, orjson.dumps(tick(T0 + 1))),
-        (None, orjson.dumps(run[0])), (None, b"\xff"), (b"junk", b"[1]"),
-        *[(b"r9", orjson.dumps(env)) for env in run], (None, orjson.dumps(tick(T0 + 10**9)))]
-    config = load_config(env={})
-    mine, theirs = Assembler(config.assemble), Assembler(config.assemble)
-    for off, (key, value) in enumerate(inputs):
-        record = (key, value, T0 + off, {"topic": "events", "partition": 0, "offset": off})
-        want = keyless(record)
-        if want is None:
-            want = feed(None, theirs, record)
-        assert step.step(mine, record) == want
-        assert [step.out_key(e, key) for e in want] == [
-            key if e.topic is Topic.DLQ else (e.key or "").encode() for e in want]
