@@ -82,6 +82,11 @@ class UpstreamError:
     detail: str
 
 
+def is_index(value: Any) -> bool:
+    """Whether a provider's order key can be emitted as a call's ``index``: an int >= 0."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 #: What ``Adapter.final`` returns: the message, and per-choice messages when n > 1.
 FinalMessage = tuple[dict[str, Any], list[dict[str, Any]] | None]
 

@@ -86,7 +86,7 @@ class AnthropicMessages:
         return []  # ping, and event types this version does not know
 
     def _start(self, index: int, body: dict[str, Any]) -> list[op.Op]:
-        if not isinstance(index, int) or not isinstance(body, dict):
+        if not op.is_index(index) or not isinstance(body, dict):
             raise ValueError("content_block_start without index or content_block")
         kind = body.get("type")
         if kind in ("text", "thinking") and not isinstance(body.get(kind, ""), str):

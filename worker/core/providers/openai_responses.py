@@ -87,7 +87,7 @@ class OpenAIResponses:
                     self._items[position] = copy.deepcopy(item)
 
     def _added(self, index: int, item: dict[str, Any]) -> list[op.Op]:
-        if not isinstance(index, int) or not isinstance(item, dict):
+        if not op.is_index(index) or not isinstance(item, dict):
             raise ValueError("output_item.added without output_index or item")
         self._items[index] = _kept(item)
         if isinstance(item.get("id"), str):
@@ -101,7 +101,7 @@ class OpenAIResponses:
         return ops
 
     def _done(self, index: int, item: dict[str, Any]) -> list[op.Op]:
-        if not isinstance(index, int) or not isinstance(item, dict):
+        if not op.is_index(index) or not isinstance(item, dict):
             raise ValueError("output_item.done without output_index or item")
         self._items[index] = _kept(item)
         if item.get("type") != "function_call":
