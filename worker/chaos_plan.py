@@ -129,7 +129,7 @@ def build_plan(seed: int, runs: int, config: Config, tag: str = "") -> Plan:
     for run in plans:
         run.expected = expected_emits(run, config)
         check_intent(run)
-    return Plan(seed, plans, _bad_inputs(rng, prefix, max(5, runs // 150), config))
+    return Plan(seed, plans, _bad_inputs(rng, prefix, max(BAD_VARIANTS, runs // 150), config))
 
 
 def _text(rng: random.Random, size: int) -> str:
@@ -370,27 +370,36 @@ def check_intent(run: RunPlan) -> None:
 
 def _bad_inputs(rng: random.Random, prefix: str, count: int, config: Config) -> list[BadInput]:
     """Records that must reach the DLQ with their bytes: garbage, a key that is not the
-    run_id, a non-object, an event of a run that never started, garbage on the control topic."""
+    run_id, a non-object, an event of a run that never started, a tick far in the future
+    under a run's key (it must expire nothing), garbage on the control topic."""
     out = []
     for n in range(count):
         key = f"{prefix}-bad-{n}".encode()
-        variant = n % 5
-        if variant == 0:
-            value, control = b"\xff\xfe" + rng.randbytes(rng.randint(1, 64)), False
-        elif variant == 1:
-            doc = {"v": 1, "run_id": f"{prefix}-other-{n}", "seq": 0, "type": "run.start",
-                   "provider": "openai.chat", "tools": []}
-            value, control = orjson.dumps(doc), False
-        elif variant == 2:
-            value, control = b'["not", "an", "envelope"]', False
-        elif variant == 3:
-            doc = {"v": 1, "run_id": key.decode(), "seq": 3, "type": "provider.event",
-                   "event": {"type": "message_stop"}}
-            value, control = orjson.dumps(doc), False
-        else:
-            value, control = b"cancel " + rng.randbytes(8).hex().encode(), True
+        variant = n % BAD_VARIANTS
+        control = variant == BAD_VARIANTS - 1
+        value = _bad_value(rng, variant, key, f"{prefix}-other-{n}")
         out.append(BadInput(key, value, control, _dlq_reason(key, value, control, config)))
     return out
+
+
+#: The kinds of bad input records, the last one on the control topic.
+BAD_VARIANTS = 6
+
+
+def _bad_value(rng: random.Random, variant: int, key: bytes, other_run: str) -> bytes:
+    if variant == 0:
+        return b"\xff\xfe" + rng.randbytes(rng.randint(1, 64))
+    if variant == 1:
+        return orjson.dumps({"v": 1, "run_id": other_run, "seq": 0, "type": "run.start",
+                             "provider": "openai.chat", "tools": []})
+    if variant == 2:
+        return b'["not", "an", "envelope"]'
+    if variant == 3:
+        return orjson.dumps({"v": 1, "run_id": key.decode(), "seq": 3,
+                             "type": "provider.event", "event": {"type": "message_stop"}})
+    if variant == 4:
+        return orjson.dumps({"v": 1, "type": "tick", "ts": 99_999_999_999_999})
+    return b"cancel " + rng.randbytes(8).hex().encode()
 
 
 def _dlq_reason(key: bytes, value: bytes, control: bool, config: Config) -> str:

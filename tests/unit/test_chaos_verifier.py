@@ -55,7 +55,9 @@ def test_plan_covers_every_kind_and_provider(plan: Plan) -> None:
     for several reasons (the offline core agreed with every intent, or build_plan raised)."""
     assert {r.provider for r in plan.runs} == set(PROVIDERS)
     assert len({r.kind for r in plan.runs}) >= 9
-    assert {"undecodable", "key_mismatch", "unknown_run"} <= {b.reason for b in plan.bad}
+    assert {"undecodable", "key_mismatch", "unknown_run", "invalid_envelope"} <= {
+        b.reason for b in plan.bad}
+    assert any(b"\"tick\"" in b.value for b in plan.bad)
     assert any(len(r.envelopes) > 200 for r in plan.runs if r.kind == "large")
 
 
