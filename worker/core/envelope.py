@@ -25,7 +25,7 @@ worker's own marker (key :data:`TICK_KEY`) that carries the record time used for
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -42,8 +42,13 @@ _TICK_KEY_BYTES = TICK_KEY.encode()
 MAX_RUN_ID_LENGTH = 256
 
 
-@dataclass(frozen=True, slots=True)
-class RunStart:
+# The envelopes are NamedTuples rather than frozen slotted dataclasses: as immutable and as
+# light, and built in less than half the time (a frozen dataclass sets each field through
+# object.__setattr__), which counts for a value built for every record (bench/bench_core.py).
+# Unlike a dataclass, an envelope equals a plain tuple of the same fields.
+
+
+class RunStart(NamedTuple):
     run_id: str
     seq: int
     ts: int | None
@@ -53,38 +58,33 @@ class RunStart:
     max_tool_calls: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class ProviderEvent:
+class ProviderEvent(NamedTuple):
     run_id: str
     seq: int
     ts: int | None
     event: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class StreamEnd:
+class StreamEnd(NamedTuple):
     run_id: str
     seq: int
     ts: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class StreamError:
+class StreamError(NamedTuple):
     run_id: str
     seq: int
     ts: int | None
     error: str
 
 
-@dataclass(frozen=True, slots=True)
-class Cancel:
+class Cancel(NamedTuple):
     run_id: str
     ts: int | None
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Tick:
+class Tick(NamedTuple):
     ts: int
 
 
@@ -151,7 +151,7 @@ def from_dict(doc: dict[str, Any], key: bytes | None = None) -> Envelope | Rejec
         reason = doc.get("reason", "cancelled")
         return Cancel(run_id, ts, reason[:64] if isinstance(reason, str) else "cancelled")
     seq = doc.get("seq")
-    if not isinstance(seq, int) or not _is_count(seq):
+    if type(seq) is not int or seq < 0:  # _is_count inlined: this runs for every record
         return Rejected(DlqReason.INVALID_ENVELOPE, "seq is not a non-negative integer", run_id)
     return _typed(doc, kind, run_id, seq, ts)
 
