@@ -59,6 +59,8 @@ class AnthropicMessages:
 
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
         kind = event.get("type")
+        if kind == "content_block_delta":  # first: nearly every event is one
+            return self._delta(event["index"], event["delta"])
         if kind == "message_start":
             if self._message is None:
                 message = event.get("message") or {}
@@ -67,8 +69,6 @@ class AnthropicMessages:
             return []
         if kind == "content_block_start":
             return self._start(event["index"], event["content_block"])
-        if kind == "content_block_delta":
-            return self._delta(event["index"], event["delta"])
         if kind == "content_block_stop":
             return self._stop(event["index"])
         if kind == "message_delta":

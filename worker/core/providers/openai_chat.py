@@ -43,6 +43,11 @@ class _Choice:
     keys: list[str] = field(default_factory=list)
 
 
+#: The text a delta may carry: the ``_Choice`` list it goes to, and the delta's field.
+_TEXT_FIELDS = (("content", "content"), ("reasoning", "reasoning_content"),
+                ("refusal", "refusal"))
+
+
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
@@ -70,12 +75,13 @@ class OpenAIChat:
         for raw in event.get("choices") or ():
             ci = _index(raw.get("index", 0))
             ci = 0 if ci is None else ci
-            choice = self._choices.setdefault(ci, _Choice())
+            choice = self._choices.get(ci)
+            if choice is None:  # not setdefault: that would build a _Choice for every chunk
+                choice = self._choices[ci] = _Choice()
             delta = raw.get("delta") or {}
-            for attr, name in (("content", "content"), ("reasoning", "reasoning_content"),
-                               ("refusal", "refusal")):
-                text = _text(delta.get(name))
-                if text:
+            for attr, name in _TEXT_FIELDS:
+                text = delta.get(name)
+                if isinstance(text, str) and text:
                     getattr(choice, attr).append(text)
             for entry in delta.get("tool_calls") or ():
                 ops += self._tool_call(ci, choice, entry)
@@ -101,7 +107,7 @@ class OpenAIChat:
         elif key not in choice.keys:
             choice.keys.append(key)
             ops.append(op.OpenCall(key, entry["index"], ci, call_id, name))
-        else:
+        elif call_id or name:  # a continuation chunk repeats neither: nothing to identify
             ops.append(op.Identify(key, call_id, name))
         if isinstance(args, str) and args:
             ops.append(op.AppendArgs(key, args))

@@ -33,6 +33,7 @@ from typing import Any
 from worker.core import ops as op
 
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+_RESPONSE_EVENTS = frozenset({"response.created", "response.in_progress", *_TERMINAL})
 
 
 class OpenAIResponses:
@@ -48,19 +49,23 @@ class OpenAIResponses:
 
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
         kind = event.get("type")
-        if kind in ("response.created", "response.in_progress", *_TERMINAL):
+        if kind == "response.output_text.delta":  # the deltas first: nearly every event
+            index = self._index(event)
+            text = self._text.get(index)
+            if text is None:  # not setdefault: that would build a list for every delta
+                text = self._text[index] = []
+            text.append(_str(event["delta"]))
+            return []
+        if kind == "response.function_call_arguments.delta":
+            return [op.AppendArgs(self._key(event), _str(event["delta"]))]
+        if kind in _RESPONSE_EVENTS:
             return self._response_event(kind, event.get("response") or {})
         if kind == "response.output_item.added":
             return self._added(event["output_index"], event["item"])
-        if kind == "response.function_call_arguments.delta":
-            return [op.AppendArgs(self._key(event), _str(event["delta"]))]
         if kind == "response.function_call_arguments.done":
             return [op.SetArgs(self._key(event), _str(event["arguments"]))]
         if kind == "response.output_item.done":
             return self._done(event["output_index"], event["item"])
-        if kind == "response.output_text.delta":
-            self._text.setdefault(self._index(event), []).append(_str(event["delta"]))
-            return []
         if kind == "error":
             return [op.UpstreamError(f"provider error event: {_safe(event.get('code'))}")]
         return []
