@@ -140,7 +140,8 @@ class Assembler:
             return [self._reject(envelope, key, value, source)]
         if now_ms is None:
             now_ms = max(self._clock, envelope.ts or 0)
-        self._clock = max(self._clock, now_ms)
+        if now_ms > self._clock:  # not max(): this runs for every record
+            self._clock = now_ms
         return self.feed(envelope, now_ms, raw=(key, value, source))
 
     def feed(
@@ -254,7 +255,8 @@ class Assembler:
     def _provider_event(self, run: Run, env: ProviderEvent, raw: Any) -> list[Emit]:
         try:
             ops = run.adapter.feed(env.event)
-            _check_order_keys(ops)
+            if ops:  # most events (text deltas) have none
+                _check_order_keys(ops)
         except Exception as exc:  # a malformed provider event: contained, never raised
             detail = f"provider event could not be read ({type(exc).__name__})"
             reject = Rejected(DlqReason.INVALID_ENVELOPE, detail, run.start.run_id)
@@ -276,7 +278,11 @@ class Assembler:
     # -- ops --------------------------------------------------------------------------
 
     def _apply(self, run: Run, item: op.Op) -> list[Emit]:
-        match item:
+        match item:  # the most frequent op first: the cases are tried in order
+            case op.AppendArgs(key, text):
+                return self._args(run, key, text, replace=False)
+            case op.SetArgs(key, text):
+                return self._args(run, key, text, replace=True)
             case op.OpenCall():
                 return self._open(run, item)
             case op.Identify(key, call_id, name):
@@ -285,8 +291,6 @@ class Assembler:
                     call.call_id = call.call_id or call_id
                     call.name = call.name or name
                 return []
-            case op.AppendArgs(key, text) | op.SetArgs(key, text):
-                return self._args(run, key, text, replace=isinstance(item, op.SetArgs))
             case op.CloseCall(key):
                 return self._close(run, key)
             case op.Truncated(choice):
