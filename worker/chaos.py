@@ -196,10 +196,10 @@ def wait_for_finals(stack: Stack, run_ids: Iterable[str], timeout: float,
 
 
 def wait_committed(stack: Stack, timeout: float, on_tick: Callable[[], None] = lambda: None
-                   ) -> bool:
+                   ) -> list[str]:
     """Wait until the worker group has committed past every record that is now in the events
     and control topics: every output of those records is then delivered (faust flushes its
-    producer before it commits)."""
+    producer before it commits). Return the partitions that lag behind after ``timeout``."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": stack.app_id,
@@ -209,14 +209,17 @@ def wait_committed(stack: Stack, timeout: float, on_tick: Callable[[], None] = l
                for p in range(stack.partitions)]
         ends = [consumer.get_watermark_offsets(tp, timeout=30)[1] for tp in tps]
         deadline = time.monotonic() + timeout
+        lagging = ["no answer from the group coordinator"]
         while time.monotonic() < deadline:
             with contextlib.suppress(Exception):  # the broker may be restarting
                 done = [tp.offset for tp in consumer.committed(tps, timeout=10)]
-                if all(e == 0 or c >= e for c, e in zip(done, ends, strict=True)):
-                    return True
+                lagging = [f"{tp.topic}[{tp.partition}] committed {c}, end {e}"
+                           for tp, c, e in zip(tps, done, ends, strict=True) if e and c < e]
+                if not lagging:
+                    return []
             on_tick()
             time.sleep(0.5)
-        return False
+        return lagging
     finally:
         consumer.close()
 
@@ -707,8 +710,10 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
         if left:
             notes.append(f"{len(left)} runs had no final message after "
                          f"{options.drain_timeout_s:.0f}s, e.g. {sorted(left)[:3]}")
-        if not wait_committed(stack, 120.0, faults.supervise):
-            notes.append("the worker group did not commit past the inputs within 120s")
+        lagging = wait_committed(stack, 120.0, faults.supervise)
+        if lagging:
+            notes.append(f"the worker group did not commit past the inputs within 120s: "
+                         f"{'; '.join(lagging)}")
         durations["drain"] = time.monotonic() - t
     finally:
         if faults is not None:
