@@ -59,7 +59,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
@@ -326,15 +326,17 @@ class Broker:
 class Workers:
     """N worker processes (``python -m worker worker``), each slot restartable."""
 
-    def __init__(self, stack: Stack, count: int, log_dir: Path) -> None:
+    def __init__(self, stack: Stack, count: int, log_dir: Path,
+                 faust: dict[str, str] | None = None) -> None:
         self.stack, self.log_dir = stack, log_dir
+        self.faust = {k: str(v) for k, v in FAST_FAUST.items()} | (faust or {})
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * count
         self.logs: list[Path] = [log_dir / "none"] * count
         self.generation = itertools.count()
         self.exits: list[str] = []
 
     def spawn(self, slot: int) -> None:
-        args = [f"--faust-setting={k}={v}" for k, v in FAST_FAUST.items()]
+        args = [f"--faust-setting={k}={v}" for k, v in self.faust.items()]
         env = os.environ | self.stack.env() | {"PYTHONUNBUFFERED": "1"}
         self.logs[slot] = self.log_dir / f"worker-{slot}.{next(self.generation)}.log"
         with open(self.logs[slot], "wb") as log:
@@ -548,6 +550,8 @@ class Options:
     idle_timeout_s: float = 45.0
     tick_interval_s: float = 1.0
     drain_timeout_s: float = 600.0
+    #: faust settings for the workers, over :data:`FAST_FAUST`.
+    faust: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -683,7 +687,7 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
     _say(f"{len(plan.runs)} runs, {plan.calls} calls, {len(plan.bad)} bad inputs, "
          f"{plan.events} records; app {stack.app_id}; work dir {work_dir}")
     stack.create_topics()
-    workers = Workers(stack, options.workers, work_dir)
+    workers = Workers(stack, options.workers, work_dir, options.faust)
     for slot in range(options.workers):
         workers.spawn(slot)
     faults: Faults | None = None
@@ -765,6 +769,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tick-interval", type=float, default=defaults.tick_interval_s)
     add("--drain-timeout", type=float, default=defaults.drain_timeout_s,
         help="seconds to wait for every final message after publishing")
+    add("--faust-setting", action="append", default=[], metavar="NAME=VALUE",
+        help="a faust setting for the workers (over the fast timings), e.g. "
+        "table_standby_replicas=0")
     add("--work-dir", type=Path, help="logs (and the own broker); default: a temp dir, kept "
         "when the verdict is FAIL")
     return parser
@@ -774,7 +781,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     options = Options(args.runs, args.workers, args.kills, args.broker_restarts, args.seed,
                       args.partitions, args.rate, idle_timeout_s=args.idle_timeout,
-                      tick_interval_s=args.tick_interval, drain_timeout_s=args.drain_timeout)
+                      tick_interval_s=args.tick_interval, drain_timeout_s=args.drain_timeout,
+                      faust=dict(pair.partition("=")[::2] for pair in args.faust_setting))
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="latch-chaos-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     broker: Broker | None = None
