@@ -11,9 +11,9 @@ past the committed one. The partition's committed offset then stays where it was
 next rebalance: in one chaos run ``events[3]`` stayed at 9556 while its log grew to 12381.
 Every later takeover re-reads from there, and the lag never clears.
 
-Marked ``xfail(strict=True)`` until the worker tells faust about the range it read itself
-(for example ``await self.app.consumer._add_gap(tp, expected, message.offset - 1)``, what
-faust does for gaps it sees); it then passes and the mark must go."""
+The worker now tells faust about the range it read itself
+(``await self.app.consumer._add_gap(tp, expected, message.offset - 1)``, what faust does for
+gaps it sees), so its next commit moves past them."""
 
 from __future__ import annotations
 
@@ -37,8 +37,6 @@ def _record(offset: int) -> SimpleNamespace:
                            value=b"{}", timestamp=1_000)
 
 
-@pytest.mark.xfail(strict=True, reason="faust is not told about records the worker read "
-                   "from the log itself; its commits stop (reported in issue 4's note)")
 def test_commits_advance_past_records_faust_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     """The group committed 100; faust delivers 110 first (it skipped 100..109); the worker
     reads 100..109 from the log and applies them, then 110 is acked: faust's next commit for
