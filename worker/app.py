@@ -371,6 +371,9 @@ def app_settings(config: Config, overrides: Mapping[str, Any]) -> dict[str, Any]
         "web_enabled": worker.web_port > 0,
         "web_port": worker.web_port or 6066,
         "autodiscover": False,
+        # A takeover rebuilds from the events log, so the heads table needs no standby; and
+        # faust's standby recovery can crash a worker after a broker restart (docs/chaos.md).
+        "table_standby_replicas": 0,
         "producer_max_request_size": admin.OUTPUT_MAX_BYTES,
     }
     if kafka.client_id:
