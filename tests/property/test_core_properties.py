@@ -531,20 +531,47 @@ TRUNCATION = {
 }
 
 
+#: Ids that calls of one run share often: repeated, missing, or equal to a buffer key.
+shared_ids = st.sampled_from(["call_a", "", "0", "1", "0.0"])
+
+
 @st.composite
 def scripted_calls(draw: st.DrawFn) -> list[Call]:
     """A run's calls: ids that may repeat, be missing or equal a buffer key; registered,
     unknown or missing names; valid, invalid or empty argument texts."""
-    return [Call(draw(rarely(3, st.just(f"call_{i}"), ids)),
+    return [Call(draw(rarely(2, st.just(f"call_{i}"), shared_ids)),
                  draw(st.sampled_from(["f", "f", "g", "nope", ""])),
                  draw(rarely(3, argument_texts(), fragments)))
             for i in range(draw(st.integers(0, 4)))]
 
 
+#: Order keys a gateway should never send, and some it may (chat choice and tool index,
+#: Anthropic block index, Responses output_index: outputs carry them, schemas bound them).
+ORDER_KEYS = [-1, True, None, 1.5, "0", 7, 2**53, 2**64 - 1]
+
+
+def reindex(rng: random.Random, event: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``event`` with one of its order keys replaced by one of :data:`ORDER_KEYS`."""
+    event = orjson.loads(orjson.dumps(event))
+    holders, choices = [event], event.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        holders.append(choices[0])
+        delta = choices[0].get("delta")
+        calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+        if isinstance(calls, list) and calls and isinstance(calls[0], dict):
+            holders.append(calls[0])
+    keyed = [(h, k) for h in holders for k in ("index", "output_index") if k in h]
+    if keyed:
+        holder, name = rng.choice(keyed)
+        holder[name] = rng.choice(ORDER_KEYS)
+    return event
+
+
 def provider_events(draw: st.DrawFn, rng: random.Random, provider: str,
                     wild: bool) -> list[dict[str, Any]]:
     """A real-shaped stream of a few parallel calls, then damaged a little: events inserted
-    from the provider vocabulary, dropped, repeated, given a broken field, or a truncation."""
+    from the provider vocabulary, dropped, repeated, given a broken field or a bad order key,
+    or a truncation."""
     calls = draw(scripted_calls())
     frags = [split(c.text, rng.choices(range(len(c.text) + 1), k=rng.randrange(5)))
              for c in calls]
@@ -553,7 +580,8 @@ def provider_events(draw: st.DrawFn, rng: random.Random, provider: str,
     events = RENDER[provider](calls, frags, order, rng.random() < 0.5)
     for _ in range(rng.randrange(7 if wild else 4)):
         at = rng.randrange(len(events) + 1)
-        how = rng.choice(["insert", "insert", "drop", "repeat", "truncate", "break"])
+        how = rng.choice(["insert", "insert", "drop", "repeat", "truncate", "break",
+                          "reindex"])
         if how == "insert":
             events.insert(at, draw(VOCABULARY[wild].events(provider)))
         elif how == "truncate":
@@ -562,6 +590,8 @@ def provider_events(draw: st.DrawFn, rng: random.Random, provider: str,
             del events[at]
         elif at < len(events) and how == "repeat":
             events.insert(at, events[at])
+        elif at < len(events) and how == "reindex":
+            events[at] = reindex(rng, events[at])
         elif at < len(events):
             name = rng.choice(sorted(events[at]) or ["type"])
             events[at] = {**events[at], name: draw(junk)}
