@@ -44,6 +44,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
+from mutation_fuzz import SpyAssembler  # tests/ is on the path (pyproject)
 from referencing import Registry, Resource
 
 from worker.core import Assembler, AssembleSettings, Emit, decode
@@ -690,26 +691,6 @@ def end_all(asm: Assembler, ends: list[str], clock: int) -> list[Emit]:
     emits += asm.feed_record(None, orjson.dumps({"v": 1, "type": "tick", "ts": clock}), clock)
     assert asm.open_runs == 0
     return emits
-
-
-class SpyAssembler(Assembler):
-    """An assembler that counts, per run, the calls its adapter opened."""
-
-    def __init__(self, settings: AssembleSettings) -> None:
-        super().__init__(settings)
-        self.opened: Counter[str] = Counter()
-        self.started: set[str] = set()
-
-    def _open(self, run: Any, item: Any) -> list[Emit]:
-        if item.key not in run.calls:
-            self.opened[run.start.run_id] += 1
-        return super()._open(run, item)
-
-    def feed_record(self, key: bytes | None, value: bytes, now_ms: int | None = None,
-                    source: dict[str, Any] | None = None) -> list[Emit]:
-        emits = super().feed_record(key, value, now_ms, source)
-        self.started.update(self.open_run_ids())
-        return emits
 
 
 @bounded(300)
