@@ -64,7 +64,12 @@ def specs(config: Config) -> list[TopicSpec]:
     large = (("max.message.bytes", str(OUTPUT_MAX_BYTES)),)
     outputs = [TopicSpec(name, t.partitions, t.replication_factor, large)
                for name in (t.committed, t.errors, t.final, t.progress, t.dlq)]
-    compacted = (("cleanup.policy", "compact"),)
+    # Compacted, with hourly segments and an eager cleaner: Kafka never compacts the active
+    # segment (7 days by default), and every takeover reads the whole changelog back
+    # (docs/recovery.md: 41,000 records took 5.4 s, 2.8 s once compacted).
+    hour_ms = "3600000"
+    compacted = (("cleanup.policy", "compact"), ("segment.ms", hour_ms),
+                 ("min.cleanable.dirty.ratio", "0.1"), ("delete.retention.ms", hour_ms))
     return [*inputs, *outputs, TopicSpec(heads_changelog(config), t.partitions,
                                          t.replication_factor, compacted)]
 

@@ -374,6 +374,9 @@ def app_settings(config: Config, overrides: Mapping[str, Any]) -> dict[str, Any]
         # A takeover rebuilds from the events log, so the heads table needs no standby; and
         # faust's standby recovery can crash a worker after a broker restart (docs/chaos.md).
         "table_standby_replicas": 0,
+        # faust's default is 60 s: that long before a killed worker's partitions move
+        # (docs/recovery.md). --faust-setting overrides it.
+        "broker_session_timeout": 15,
         "producer_max_request_size": admin.OUTPUT_MAX_BYTES,
     }
     if kafka.client_id:

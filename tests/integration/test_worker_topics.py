@@ -43,6 +43,7 @@ def test_creates_every_topic_once(stack: Stack, kafka_admin: AdminClient,
     resource = ConfigResource(ConfigResource.Type.TOPIC, changelog)
     configs = kafka_admin.describe_configs([resource])[resource].result(timeout=30)
     assert configs["cleanup.policy"].value == "compact"
+    assert configs["segment.ms"].value == "3600000"  # so compaction can reach old heads
 
     assert admin.main(["create"]) == 0
     second = capsys.readouterr().out.splitlines()
