@@ -24,9 +24,13 @@ Bounded: about 20 s on two cores in all (``max_examples`` below); ``bench/fuzz_c
 
 from __future__ import annotations
 
+import random
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mutation_fuzz import SETTINGS, corpus, run_sequence
+from mutation_fuzz import SETTINGS, corpus, records, run_sequence
+
+from worker.core import Assembler
 
 
 def bounded(examples: int) -> settings:
@@ -65,3 +69,23 @@ def test_long_mutated_sequences(seed: int, settings_name: str) -> None:
     where the budgets and the remembered finished runs fill up: the same promises hold."""
     checker = run_sequence(seed, 2_500, 4, 0.2, settings_name)
     assert checker.outcomes_checked > 0 or settings_name == "tight"
+
+
+@bounded(60)
+@given(seed=st.integers(0, 2**32 - 1), length=st.integers(0, 400), runs=st.integers(1, 4),
+       rate=st.sampled_from([0.0, 0.05, 0.2, 0.5, 1.0]), settings_name=st.sampled_from(
+           sorted(SETTINGS)))
+def test_the_fast_path_changes_nothing(seed: int, length: int, runs: int, rate: float,
+                                       settings_name: str) -> None:
+    """``Assembler.feed_record`` applies an in-order provider event of an open run without
+    building its envelope. Over damaged and undamaged sequences, it gives record for record
+    the same outputs and counters as the general path (decode the envelope, then ``feed``)."""
+    rng = random.Random(seed)
+    fast, general = Assembler(SETTINGS[settings_name]), Assembler(SETTINGS[settings_name])
+    for key, value, now in records(rng, length, runs, rate):
+        now_ms = now if rng.random() < 0.9 else None
+        expected = general._feed_general(key, value, now_ms, None)
+        assert fast.feed_record(key, value, now_ms) == expected, (key, value)
+    assert fast.stats == general.stats
+    assert fast.open_run_ids() == general.open_run_ids()
+    assert fast.buffered_bytes == general.buffered_bytes

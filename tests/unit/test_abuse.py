@@ -36,9 +36,11 @@ from tests.builders import (
     RESPONSES,
     anthropic_message_start,
     anthropic_tail,
+    anthropic_text_block,
     anthropic_tool_block,
     cancel,
     chat_chunk,
+    chat_tool,
     chat_tool_delta,
     committed,
     dlq,
@@ -387,20 +389,69 @@ def test_event_nested_10000_levels_is_undecodable() -> None:
     assert asm.is_open("r1")
 
 
-def test_event_nested_deeper_than_the_limit_is_invalid_envelope() -> None:
-    """An envelope nesting more than 64 levels, though orjson reads it, is ``invalid_envelope``:
-    the adapters copy what they keep of an event and the final message writes it back, and both
-    must behave the same at any stack depth. The run goes on and completes."""
+DEEP = orjson.loads(nested(MAX_DEPTH))  # 64 levels on its own, one more inside anything
+
+#: Provider events that would make an adapter keep a value nesting 65 levels or more.
+DEEP_KEPT_EVENTS = {
+    "anthropic_content_block": (ANTHROPIC, {"type": "content_block_start", "index": 0,
+                                            "content_block": {"type": "text", "text": "",
+                                                              "x": DEEP}}),
+    "anthropic_citation": (ANTHROPIC, {"type": "content_block_delta", "index": 0, "delta": {
+        "type": "citations_delta", "citation": {"x": DEEP}}}),
+    "responses_output_item": (RESPONSES, {"type": "response.output_item.added",
+                                          "output_index": 0, "item": {"type": "message",
+                                                                      "x": DEEP}}),
+    "responses_terminal_output": (RESPONSES, {"type": "response.completed", "response": {
+        "output": [{"type": "message", "x": DEEP}]}}),
+}
+
+
+@pytest.mark.parametrize("name", list(DEEP_KEPT_EVENTS))
+def test_event_part_kept_deeper_than_the_limit_is_invalid_envelope(name: str) -> None:
+    """A provider event whose part that the adapter keeps for the final message nests more
+    than 64 levels, though orjson reads it, is ``invalid_envelope``: the kept copy and the
+    final message that writes it back must behave the same at any stack depth. Nothing of
+    it is kept: the run goes on and completes."""
+    provider, event = DEEP_KEPT_EVENTS[name]
     asm = make()
-    feed(asm, [start("r1")])
-    deep = orjson.loads(nested(MAX_DEPTH))  # 64 levels here, 66 inside the envelope
-    bad = provider_event("r1", 1, {"type": "ping", "x": deep})
+    head = {ANTHROPIC: [anthropic_message_start(),
+                        *anthropic_text_block(0, "hi")[:1]],
+            RESPONSES: responses_head()}[provider]
+    feed(asm, [start("r1", provider), *(provider_event("r1", n, e)
+                                        for n, e in enumerate(head, 1))])
+    bad = provider_event("r1", 10, event)
     record = the_dlq_record(asm.feed_record(b"r1", orjson.dumps(bad)))
     assert record["reason"] == "invalid_envelope"
     assert record["detail"] == f"arrays and objects nested deeper than {MAX_DEPTH} levels"
+    assert asm.is_open("r1")
+    rest = provider_run(provider, "r1", TOOLS, [("call_1", "f", "{}")])[1:]
+    emits = feed(asm, [{**e, "seq": e["seq"] + 20} for e in rest])
+    assert [c["call_id"] for c in committed(checked(emits))] == ["call_1"]
+    assert b'"x"' not in orjson.dumps(finals(emits)[0])
+
+
+def test_event_part_not_kept_may_nest_deeper() -> None:
+    """A part of an event that no adapter keeps (a ping's fields, an unknown field of a
+    chunk) is not bounded: it is read where it stands and dropped, and the run goes on."""
+    asm = make()
+    feed(asm, [start("r1")])
+    ignored = provider_event("r1", 1, {**chat_chunk(content="hi"), "x": DEEP})
+    assert asm.feed_record(b"r1", orjson.dumps(ignored)) == []
     ok = provider_event("r1", 2, chat_chunk([chat_tool_delta(0, "call_1", "f", "{}")]))
     emits = feed(asm, [ok, stream_end("r1", 3)])
     assert [c["call_id"] for c in committed(checked(emits))] == ["call_1"]
+    assert finals(emits)[0]["message"]["content"] == "hi"
+
+
+def test_run_start_nested_deeper_than_the_limit_is_invalid_envelope() -> None:
+    """A ``run.start`` nesting more than 64 levels is ``invalid_envelope``: its tools are kept
+    for the run and their schemas compiled, which must not depend on the caller's stack."""
+    asm = make()
+    bad = {**start("r1"), "tools": [chat_tool("f", {"type": "object", "x": DEEP})]}
+    record = the_dlq_record(asm.feed_record(b"r1", orjson.dumps(bad)))
+    assert record["reason"] == "invalid_envelope"
+    assert record["detail"] == f"arrays and objects nested deeper than {MAX_DEPTH} levels"
+    assert not asm.is_open("r1")
 
 
 ORDER_KEY_EVENTS = {

@@ -45,8 +45,12 @@ text, thinking) is kept by the adapters for the final message and is not counted
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from orjson import JSONDecodeError
+from orjson import loads as _loads
 
 from worker.core import ops as op
 from worker.core.envelope import (
@@ -67,6 +71,8 @@ from worker.core.run import Call, Latch, utf8_len
 from worker.core.settings import AssembleSettings
 from worker.core.tools import ValidatorCache, client_tools
 
+_OPEN = CallState.OPEN
+
 #: A run may hold at most this many times ``max_tool_calls_in_flight_assemble`` calls,
 #: placeholders included (see "Memory budgets" in the module docstring).
 CALLS_PER_RUN_FACTOR = 4
@@ -76,7 +82,7 @@ CALLS_PER_RUN_FACTOR = 4
 MAX_ORDER_KEY = 2**53 - 1
 
 
-def _check_order_keys(ops: list[op.Op]) -> None:
+def _check_order_keys(ops: Sequence[op.Op]) -> None:
     """Refuse (ValueError: the event goes to the DLQ) a call whose order key is not an integer
     (``true`` is not one), is negative, or is beyond :data:`MAX_ORDER_KEY`."""
     for item in ops:
@@ -94,6 +100,9 @@ class Run:
     """The state of one open run."""
 
     start: RunStart
+    run_id: str
+    #: The record key of the run's envelopes (its run id, UTF-8).
+    key: bytes
     adapter: op.Adapter
     latch: Latch
     out: Outputs
@@ -122,6 +131,9 @@ class Assembler:
         self._finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
         self._validators = ValidatorCache()
         self._pipelined = frozenset(self.settings.allow_pipelined_execute)
+        # Read for every argument fragment: copied out of the settings once.
+        self._max_argument_bytes = self.settings.max_tool_argument_bytes
+        self._emit_progress = self.settings.emit_progress
         self._clock = 0
 
     # -- entry points -----------------------------------------------------------------
@@ -135,6 +147,36 @@ class Assembler:
         ``now_ms`` is the record time; offline (None) it is the envelope's ``ts``, else the
         latest time seen, so that a capture without times never expires anything.
         """
+        try:
+            doc = _loads(value)
+        except JSONDecodeError:
+            doc = None
+        # The common case, a provider event of an open run in order, is applied here without
+        # building its envelope (bench/bench_core.py). Each test below is one that
+        # ``envelope.decode`` and ``feed`` make of such a record; whatever fails one of them
+        # takes the general path, which decodes the record again and says what is wrong.
+        if type(doc) is dict and doc.get("type") == "provider.event":
+            run_id = doc.get("run_id")
+            run = self._runs.get(run_id) if type(run_id) is str else None
+            seq, ts, event = doc.get("seq"), doc.get("ts"), doc.get("event")
+            if (run is not None and type(seq) is int and seq > run.last_seq
+                    and doc.get("v") == 1 and type(doc["v"]) is int
+                    and (ts is None or (type(ts) is int and ts >= 0))
+                    and (key is None or key == run.key) and type(event) is dict):
+                if now_ms is None:
+                    now_ms = max(self._clock, ts or 0)
+                if now_ms > self._clock:
+                    self._clock = now_ms
+                run.last_seq, run.last_ms = seq, now_ms
+                self._runs.move_to_end(run.run_id)  # _touch(run), inline
+                if run.nbytes:
+                    self._holding.move_to_end(run.run_id)
+                return self._provider_event(run, event, (key, value, source))
+        return self._feed_general(key, value, now_ms, source)
+
+    def _feed_general(self, key: bytes | None, value: bytes, now_ms: int | None,
+                      source: dict[str, Any] | None) -> list[Emit]:
+        """``feed_record`` for any record: decode it into its envelope, then ``feed`` it."""
         envelope = decode(key, value)
         if isinstance(envelope, Rejected):
             return [self._reject(envelope, key, value, source)]
@@ -167,7 +209,7 @@ class Assembler:
         run.last_seq, run.last_ms = envelope.seq, now_ms
         self._touch(run)
         if isinstance(envelope, ProviderEvent):
-            return self._provider_event(run, envelope, raw)
+            return self._provider_event(run, envelope.event, raw)
         if isinstance(envelope, StreamError):
             return self._finish(run, RunStatus.FAILED, Reason.STREAM_ERROR, "transport failed")
         return self._stream_end(run)
@@ -231,8 +273,10 @@ class Assembler:
         budget = self.settings.max_tool_calls_per_run
         if start.max_tool_calls is not None:
             budget = min(budget, start.max_tool_calls)
-        self._runs[start.run_id] = Run(start, adapter_for(start.provider), Latch(
-            self.settings, tools, budget), Outputs(start), start.seq, now_ms)
+        latch = Latch(self.settings, tools, budget)
+        self._runs[start.run_id] = Run(start, start.run_id, start.run_id.encode(),
+                                       adapter_for(start.provider), latch, Outputs(start),
+                                       start.seq, now_ms)
         self.stats["runs_started"] += 1
         return emits
 
@@ -252,21 +296,33 @@ class Assembler:
         reject = Rejected(DlqReason.RUN_FINISHED, f"the run ended as {status}", envelope.run_id)
         return [self._reject(reject, *self._raw(raw))]
 
-    def _provider_event(self, run: Run, env: ProviderEvent, raw: Any) -> list[Emit]:
+    def _provider_event(self, run: Run, event: dict[str, Any], raw: Any) -> list[Emit]:
         try:
-            ops = run.adapter.feed(env.event)
-            if ops:  # most events (text deltas) have none
-                _check_order_keys(ops)
+            ops = run.adapter.feed(event)
+            if ops and (len(ops) > 1 or type(ops[0]) is not op.AppendArgs):  # a fragment alone
+                _check_order_keys(ops)  # opens no call: nothing to check
         except Exception as exc:  # a malformed provider event: contained, never raised
-            detail = f"provider event could not be read ({type(exc).__name__})"
-            reject = Rejected(DlqReason.INVALID_ENVELOPE, detail, run.start.run_id)
-            return [self._reject(reject, *self._raw(raw))]
+            return [self._unreadable(run, exc, raw)]
+        if not ops:  # most events (text deltas) have none
+            return []
+        if len(ops) == 1:
+            item = ops[0]
+            if type(item) is op.AppendArgs:  # _apply(run, item), inline: nearly every op
+                return self._args(run, item.key, item.text, replace=False)
+            return self._apply(run, item)
         emits: list[Emit] = []
         for item in ops:
             emits += self._apply(run, item)
-            if run.start.run_id not in self._runs:
+            if run.run_id not in self._runs:
                 break
         return emits
+
+    def _unreadable(self, run: Run, exc: Exception, raw: Any) -> Emit:
+        """The DLQ record of a provider event its adapter could not read or refused."""
+        detail = (str(exc) if isinstance(exc, op.EventRefused)
+                  else f"provider event could not be read ({type(exc).__name__})")
+        reject = Rejected(DlqReason.INVALID_ENVELOPE, detail, run.run_id)
+        return self._reject(reject, *self._raw(raw))
 
     def _stream_end(self, run: Run) -> list[Emit]:
         if run.adapter.completes_on_stream_end:
@@ -278,9 +334,9 @@ class Assembler:
     # -- ops --------------------------------------------------------------------------
 
     def _apply(self, run: Run, item: op.Op) -> list[Emit]:
-        match item:  # the most frequent op first: the cases are tried in order
-            case op.AppendArgs(key, text):
-                return self._args(run, key, text, replace=False)
+        if type(item) is op.AppendArgs:  # the most frequent op by far: before the match
+            return self._args(run, item.key, item.text, replace=False)
+        match item:
             case op.SetArgs(key, text):
                 return self._args(run, key, text, replace=True)
             case op.OpenCall():
@@ -321,11 +377,11 @@ class Assembler:
 
     def _args(self, run: Run, key: str, text: str, replace: bool) -> list[Emit]:
         call = run.calls.get(key)
-        if call is None or call.state is not CallState.OPEN:
+        if call is None or call.state is not _OPEN:
             return []
         held = call.nbytes
-        total = utf8_len(text) + (0 if replace else held)
-        if total > self.settings.max_tool_argument_bytes:
+        total = (len(text) if text.isascii() else utf8_len(text)) + (0 if replace else held)
+        if total > self._max_argument_bytes:
             limit = self.settings.max_tool_argument_bytes
             self._drop(run, call)
             call.fail(Reason.ARGUMENTS_EXCEED_MAX_BYTES, f"more than {limit} bytes of arguments")
@@ -344,8 +400,12 @@ class Assembler:
             call.parts.clear()
         call.parts.append(text)
         call.nbytes = total
-        self._hold(run, growth)
-        if not self.settings.emit_progress:
+        if growth > 0 and run.nbytes:  # _hold(run, growth) for a run that already holds bytes
+            run.nbytes += growth
+            self._buffered += growth
+        else:
+            self._hold(run, growth)
+        if not self._emit_progress:
             return emits
         partial = "".join(call.parts) if self.settings.ui_forward_partial_args else None
         return [*emits, run.out.progress(call, partial)]
@@ -380,10 +440,10 @@ class Assembler:
                 call.fail(reason or Reason.STREAM_ERROR, detail)
         emits = run.out.outcomes(calls)
         emits.append(run.out.final(run.adapter, calls, status))
-        del self._runs[run.start.run_id]
-        self._holding.pop(run.start.run_id, None)
+        del self._runs[run.run_id]
+        self._holding.pop(run.run_id, None)
         self._buffered -= run.nbytes
-        self._finished[run.start.run_id] = (run.last_seq, status)
+        self._finished[run.run_id] = (run.last_seq, status)
         if len(self._finished) > self.settings.remember_finished_runs:
             self._finished.popitem(last=False)
         self.stats[f"runs_{status}"] += 1
@@ -393,9 +453,9 @@ class Assembler:
 
     def _touch(self, run: Run) -> None:
         """``run`` had an envelope applied: it becomes the most recently active run."""
-        self._runs.move_to_end(run.start.run_id)
-        if run.start.run_id in self._holding:
-            self._holding.move_to_end(run.start.run_id)
+        self._runs.move_to_end(run.run_id)
+        if run.run_id in self._holding:
+            self._holding.move_to_end(run.run_id)
 
     def _hold(self, run: Run, delta: int) -> None:
         """``run`` holds ``delta`` more argument bytes (fewer when negative)."""
@@ -404,9 +464,9 @@ class Assembler:
         run.nbytes += delta
         self._buffered += delta
         if run.nbytes > 0:
-            self._holding.setdefault(run.start.run_id, run)  # new holders are the current run
+            self._holding.setdefault(run.run_id, run)  # new holders are the current run
         else:
-            self._holding.pop(run.start.run_id, None)
+            self._holding.pop(run.run_id, None)
 
     def _drop(self, run: Run, call: Call) -> None:
         """Drop ``call``'s argument text and release its bytes."""

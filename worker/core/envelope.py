@@ -11,11 +11,13 @@ validator: it runs once per provider event, and the benchmark holds the whole co
 the cost of a bare ``orjson.loads`` (``schemas/stream-envelope.schema.json`` states the same
 rules, and a contract test runs both over the same corpus).
 
-An envelope that nests arrays and objects deeper than ``strictjson.MAX_DEPTH`` (64) levels is
-``invalid_envelope``: what the adapters keep of an event is copied, and written back in the
-final message, and neither must depend on how much stack the caller has left. Counting the
-brackets of the raw record bounds the depth from above at C speed, so the walk over the decoded
-value runs only for the rare record with more than 64 of them.
+A ``run.start`` that nests arrays and objects deeper than ``strictjson.MAX_DEPTH`` (64) levels
+is ``invalid_envelope``: its tools are kept for the whole run and their schemas compiled, and
+neither must depend on how much stack the caller has left. Other envelopes are not bounded
+here: a provider event is read where it stands and dropped, and what an adapter keeps of it for
+the final message (a content block, an output item) is bounded the same way when it is kept
+(``ops.kept``). Counting the brackets of the raw record bounds the depth from above at C speed,
+so the walk over the decoded value runs only for the rare record with more than 64 of them.
 
 ``Cancel`` arrives on the control topic; the worker forwards it into the run's partition of
 the events topic so that it takes its place in the run's ordered history. ``Tick`` is the
@@ -109,10 +111,12 @@ def decode(key: bytes | None, value: bytes | str) -> Envelope | Rejected:
         return Rejected(DlqReason.UNDECODABLE, f"not JSON: {exc.msg} (char {exc.pos})")
     if not isinstance(doc, dict):
         return Rejected(DlqReason.INVALID_ENVELOPE, f"envelope is a {type(doc).__name__}")
-    if _brackets(value) > MAX_DEPTH and nested_deeper(doc):
+    envelope = from_dict(doc, key)
+    if type(envelope) is RunStart and _brackets(value) > MAX_DEPTH and nested_deeper(doc):
         return Rejected(DlqReason.INVALID_ENVELOPE,
-                        f"arrays and objects nested deeper than {MAX_DEPTH} levels")
-    return from_dict(doc, key)
+                        f"arrays and objects nested deeper than {MAX_DEPTH} levels",
+                        envelope.run_id)
+    return envelope
 
 
 def _brackets(value: bytes | str) -> int:

@@ -14,9 +14,14 @@ the adapter makes unique within the run:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from worker.core.strictjson import MAX_DEPTH, nested_deeper
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +87,21 @@ class UpstreamError:
     detail: str
 
 
+class EventRefused(ValueError):
+    """A provider event an adapter refuses (it goes to the DLQ as ``invalid_envelope``); the
+    message names the problem and quotes no provider text."""
+
+
+def kept(value: T) -> T:
+    """A copy of ``value`` for the final message. Refuses (:class:`EventRefused`) a value
+    that nests arrays and objects deeper than ``strictjson.MAX_DEPTH`` levels: the copy and
+    the final message that writes it back must not depend on how much stack the caller has
+    left. Only what is kept is bounded: an event is read where it stands and dropped."""
+    if nested_deeper(value):
+        raise EventRefused(f"arrays and objects nested deeper than {MAX_DEPTH} levels")
+    return copy.deepcopy(value)
+
+
 def is_index(value: Any) -> bool:
     """Whether a provider's order key can be emitted as a call's ``index``: an int >= 0."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
@@ -91,6 +111,9 @@ def is_index(value: Any) -> bool:
 FinalMessage = tuple[dict[str, Any], list[dict[str, Any]] | None]
 
 Op = OpenCall | Identify | AppendArgs | SetArgs | CloseCall | Truncated | Complete | UpstreamError
+
+#: What an event without ops returns.
+NO_OPS: tuple[Op, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +135,9 @@ class Adapter(Protocol):
     #: terminal event must have arrived first (Anthropic, Responses).
     completes_on_stream_end: bool
 
-    def feed(self, event: dict[str, Any]) -> list[Op]:
-        """Read one raw provider event; may raise on a malformed one (the caller contains it)."""
+    def feed(self, event: dict[str, Any]) -> Sequence[Op]:
+        """Read one raw provider event; may raise on a malformed one (the caller contains it).
+        Most events (text deltas) give no op: :data:`NO_OPS`, shared, never a new list."""
         ...
 
     def final(self, calls: Sequence[CallView]) -> FinalMessage:

@@ -24,7 +24,6 @@ How Latch reads it:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +40,8 @@ _TEXT_DELTAS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "
 @dataclass(slots=True)
 class _Block:
     body: dict[str, Any]
+    #: The buffer key of a client call (a ``tool_use`` block), else None.
+    key: str | None = None
     text: list[str] = field(default_factory=list)
     #: ``partial_json`` of a block that is not a client call (a call's text is its buffer's).
     json: list[str] = field(default_factory=list)
@@ -57,10 +58,18 @@ class AnthropicMessages:
         self._blocks: dict[int, _Block] = {}
         self._stop_reason: str | None = None
 
-    def feed(self, event: dict[str, Any]) -> list[op.Op]:
+    def feed(self, event: dict[str, Any]) -> Sequence[op.Op]:
         kind = event.get("type")
         if kind == "content_block_delta":  # first: nearly every event is one
-            return self._delta(event["index"], event["delta"])
+            block = self._blocks[event["index"]]
+            delta = event["delta"]
+            if delta.get("type") == "text_delta":  # and nearly every delta this
+                text = delta["text"]
+                if type(text) is not str:  # the final message joins it: refuse it here
+                    raise ValueError("text_delta is not a string")
+                block.text.append(text)
+                return op.NO_OPS
+            return self._delta(block, delta)
         if kind == "message_start":
             if self._message is None:
                 message = event.get("message") or {}
@@ -91,14 +100,14 @@ class AnthropicMessages:
         kind = body.get("type")
         if kind in ("text", "thinking") and not isinstance(body.get(kind, ""), str):
             raise ValueError(f"a {kind} block whose {kind} is not a string")
-        self._blocks[index] = _Block(copy.deepcopy(body))
         if kind != "tool_use":
+            self._blocks[index] = _Block(op.kept(body))
             return []
+        self._blocks[index] = _Block(op.kept(body), str(index))
         return [op.OpenCall(str(index), index, None, _text(body.get("id")),
                             _text(body.get("name")))]
 
-    def _delta(self, index: int, delta: dict[str, Any]) -> list[op.Op]:
-        block = self._blocks[index]
+    def _delta(self, block: _Block, delta: dict[str, Any]) -> Sequence[op.Op]:
         kind = delta.get("type")
         if kind in _TEXT_DELTAS:
             text = delta[_TEXT_DELTAS[kind][1]]
@@ -106,18 +115,18 @@ class AnthropicMessages:
                 raise ValueError(f"{kind} is not a string")
             block.text.append(text)
         elif kind == "signature_delta":
-            block.body["signature"] = delta["signature"]
+            block.body["signature"] = op.kept(delta["signature"])
         elif kind == "citations_delta":
-            block.body.setdefault("citations", []).append(delta["citation"])
+            block.body.setdefault("citations", []).append(op.kept(delta["citation"]))
         elif kind == "input_json_delta":
             fragment = delta["partial_json"]
             if not isinstance(fragment, str):
                 raise ValueError("partial_json is not a string")
             block.streamed = True
-            if block.body.get("type") == "tool_use":  # held (and counted) once, by the call
-                return [op.AppendArgs(str(index), fragment)]
+            if block.key is not None:  # held (and counted) once, by the call
+                return [op.AppendArgs(block.key, fragment)]
             block.json.append(fragment)
-        return []
+        return op.NO_OPS
 
     def _stop(self, index: int) -> list[op.Op]:
         block = self._blocks[index]

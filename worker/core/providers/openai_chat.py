@@ -43,11 +43,6 @@ class _Choice:
     keys: list[str] = field(default_factory=list)
 
 
-#: The text a delta may carry: the ``_Choice`` list it goes to, and the delta's field.
-_TEXT_FIELDS = (("content", "content"), ("reasoning", "reasoning_content"),
-                ("refusal", "refusal"))
-
-
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
@@ -70,36 +65,57 @@ class OpenAIChat:
     def __init__(self) -> None:
         self._choices: dict[int, _Choice] = {}
 
-    def feed(self, event: dict[str, Any]) -> list[op.Op]:
+    def feed(self, event: dict[str, Any]) -> Sequence[op.Op]:
+        choices = event.get("choices")
+        if not choices:
+            return op.NO_OPS
         ops: list[op.Op] = []
-        for raw in event.get("choices") or ():
-            ci = _index(raw.get("index", 0))
-            ci = 0 if ci is None else ci
+        for raw in choices:
+            ci = raw.get("index", 0)
+            if type(ci) is not int or ci < 0:  # absent, odd or negative: rare, and refused
+                ci = _index(ci) or 0
             choice = self._choices.get(ci)
             if choice is None:  # not setdefault: that would build a _Choice for every chunk
                 choice = self._choices[ci] = _Choice()
             delta = raw.get("delta") or {}
-            for attr, name in _TEXT_FIELDS:
-                text = delta.get(name)
-                if isinstance(text, str) and text:
-                    getattr(choice, attr).append(text)
+            content = delta.get("content")  # nearly every chunk: a text delta
+            if type(content) is str and content:
+                choice.content.append(content)
+            if "reasoning_content" in delta or "refusal" in delta:
+                self._other_text(choice, delta)
             for entry in delta.get("tool_calls") or ():
-                ops += self._tool_call(ci, choice, entry)
+                self._tool_call(ci, choice, entry, ops)
             finish = raw.get("finish_reason")
-            if isinstance(finish, str):
+            if type(finish) is str:
                 choice.finish_reason = finish
                 if finish == "length":
                     ops.append(op.Truncated(ci))
         return ops
 
-    def _tool_call(self, ci: int, choice: _Choice, entry: dict[str, Any]) -> list[op.Op]:
+    @staticmethod
+    def _other_text(choice: _Choice, delta: dict[str, Any]) -> None:
+        for kept, name in ((choice.reasoning, "reasoning_content"), (choice.refusal, "refusal")):
+            text = delta.get(name)
+            if isinstance(text, str) and text:
+                kept.append(text)
+
+    def _tool_call(self, ci: int, choice: _Choice, entry: dict[str, Any],
+                   ops: list[op.Op]) -> None:
+        """Append the ops of one ``delta.tool_calls[]`` entry to ``ops``."""
         fn = entry.get("function") or {}
-        call_id, name = _text(entry.get("id")), _text(fn.get("name"))
         args = fn.get("arguments")
+        index = entry.get("index")
+        if (type(index) is int and type(args) is str and not entry.get("id")
+                and not fn.get("name")):
+            slot = choice.slots.get(index)
+            if slot is not None:  # a continuation chunk (nearly all): more text, no id or name
+                if args:
+                    ops.append(op.AppendArgs(slot[0], args))
+                return
+        call_id, name = _text(entry.get("id")), _text(fn.get("name"))
         if isinstance(args, dict):  # a gateway that already parsed the arguments
             args = orjson.dumps(args).decode()
-        ops: list[op.Op] = []
-        key = self._key(ci, choice, entry.get("index"), call_id)
+        key = self._key(ci, choice, index, call_id)
         if key is None:
             index = self._free_index(choice)
             key = self._new(ci, choice, index, call_id)
@@ -111,7 +127,6 @@ class OpenAIChat:
             ops.append(op.Identify(key, call_id, name))
         if isinstance(args, str) and args:
             ops.append(op.AppendArgs(key, args))
-        return ops
 
     def _key(self, ci: int, choice: _Choice, index: Any, call_id: str | None) -> str | None:
         """The buffer key this entry belongs to; a not-yet-listed key opens a call."""

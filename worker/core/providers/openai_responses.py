@@ -47,15 +47,20 @@ class OpenAIResponses:
         self._text: dict[int, list[str]] = {}
         self._response: dict[str, Any] = {}
 
-    def feed(self, event: dict[str, Any]) -> list[op.Op]:
+    def feed(self, event: dict[str, Any]) -> Sequence[op.Op]:
         kind = event.get("type")
         if kind == "response.output_text.delta":  # the deltas first: nearly every event
-            index = self._index(event)
+            index = event.get("output_index")
+            if type(index) is not int:
+                index = self._index_of[event["item_id"]]
+            delta = event["delta"]
+            if type(delta) is not str:
+                raise ValueError("expected a string")
             text = self._text.get(index)
             if text is None:  # not setdefault: that would build a list for every delta
                 text = self._text[index] = []
-            text.append(_str(event["delta"]))
-            return []
+            text.append(delta)
+            return op.NO_OPS
         if kind == "response.function_call_arguments.delta":
             return [op.AppendArgs(self._key(event), _str(event["delta"]))]
         if kind in _RESPONSE_EVENTS:
@@ -89,7 +94,7 @@ class OpenAIResponses:
         if isinstance(output, list):
             for position, item in enumerate(output):
                 if isinstance(item, dict):
-                    self._items[position] = copy.deepcopy(item)
+                    self._items[position] = op.kept(item)
 
     def _added(self, index: int, item: dict[str, Any]) -> list[op.Op]:
         if not op.is_index(index) or not isinstance(item, dict):
@@ -121,7 +126,7 @@ class OpenAIResponses:
 
     def _index(self, event: dict[str, Any]) -> int:
         index = event.get("output_index")
-        if isinstance(index, int):
+        if type(index) is int:  # an output index, not a bool
             return index
         return self._index_of[event["item_id"]]
 
@@ -150,7 +155,7 @@ def _kept(item: dict[str, Any]) -> dict[str, Any]:
     message writes them back, so the copy keeps the key and not the text."""
     if item.get("type") == "function_call" and "arguments" in item:
         item = {**item, "arguments": ""}
-    return copy.deepcopy(item)
+    return op.kept(item)
 
 
 def _str(value: Any) -> str:
