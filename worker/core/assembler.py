@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.core import ops as op
+from worker.core._mypyc import mypyc_attr
 from worker.core.envelope import (
     Cancel,
     Envelope,
@@ -108,6 +109,7 @@ class Run:
         return sum(1 for c in self.calls.values() if c.state is CallState.OPEN)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # mypyc: tests subclass it (SpyAssembler)
 class Assembler:
     """Assemble tool calls for many runs; see the module docstring."""
 

@@ -92,7 +92,9 @@ class OpenAIChat:
                     ops.append(op.Truncated(ci))
         return ops
 
-    def _tool_call(self, ci: int, choice: _Choice, entry: dict[str, Any]) -> list[op.Op]:
+    def _tool_call(self, ci: int, choice: _Choice, entry: Any) -> list[op.Op]:
+        # ``entry`` is raw JSON, typed Any: under mypyc a parameter typed dict would raise
+        # TypeError at the call for a non-object, where the interpreter fails on ``.get``.
         fn = entry.get("function") or {}
         call_id, name = _text(entry.get("id")), _text(fn.get("name"))
         args = fn.get("arguments")
