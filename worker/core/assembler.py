@@ -53,6 +53,7 @@ from orjson import JSONDecodeError
 from orjson import loads as _loads
 
 from worker.core import ops as op
+from worker.core._mypyc import mypyc_attr
 from worker.core.envelope import (
     Cancel,
     Envelope,
@@ -117,6 +118,7 @@ class Run:
         return sum(1 for c in self.calls.values() if c.state is CallState.OPEN)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # mypyc: tests subclass it (SpyAssembler)
 class Assembler:
     """Assemble tool calls for many runs; see the module docstring."""
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from worker.core._mypyc import mypyc_attr
+
 
 class CallState(StrEnum):
     OPEN = "open"
@@ -55,6 +57,7 @@ TRANSITIONS: dict[CallState, frozenset[CallState]] = {
 }
 
 
+@mypyc_attr(native_class=False)  # mypyc: a native class cannot derive from AssertionError
 class IllegalTransition(AssertionError):
     """The core tried a move that ``TRANSITIONS`` does not allow: a bug, never bad input."""
 

@@ -94,7 +94,10 @@ class AnthropicMessages:
             return [op.UpstreamError(f"provider error event: {_safe(error.get('type'))}")]
         return []  # ping, and event types this version does not know
 
-    def _start(self, index: int, body: dict[str, Any]) -> list[op.Op]:
+    # The raw event's fields are typed Any, not what they should be: under mypyc a parameter
+    # typed int turns ``true`` into 1, and one typed dict raises TypeError at the call, where
+    # the interpreter reads the value as it is (checked below, or failing as it would).
+    def _start(self, index: Any, body: Any) -> list[op.Op]:
         if not op.is_index(index) or not isinstance(body, dict):
             raise ValueError("content_block_start without index or content_block")
         kind = body.get("type")
@@ -107,7 +110,7 @@ class AnthropicMessages:
         return [op.OpenCall(str(index), index, None, _text(body.get("id")),
                             _text(body.get("name")))]
 
-    def _delta(self, block: _Block, delta: dict[str, Any]) -> Sequence[op.Op]:
+    def _delta(self, block: _Block, delta: Any) -> Sequence[op.Op]:
         kind = delta.get("type")
         if kind in _TEXT_DELTAS:
             text = delta[_TEXT_DELTAS[kind][1]]
@@ -128,7 +131,7 @@ class AnthropicMessages:
             block.json.append(fragment)
         return op.NO_OPS
 
-    def _stop(self, index: int) -> list[op.Op]:
+    def _stop(self, index: Any) -> list[op.Op]:
         block = self._blocks[index]
         if block.body.get("type") != "tool_use":
             return []

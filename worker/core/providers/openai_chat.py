@@ -93,15 +93,16 @@ class OpenAIChat:
         return ops
 
     @staticmethod
-    def _other_text(choice: _Choice, delta: dict[str, Any]) -> None:
+    def _other_text(choice: _Choice, delta: Any) -> None:
         for kept, name in ((choice.reasoning, "reasoning_content"), (choice.refusal, "refusal")):
             text = delta.get(name)
             if isinstance(text, str) and text:
                 kept.append(text)
 
-    def _tool_call(self, ci: int, choice: _Choice, entry: dict[str, Any],
-                   ops: list[op.Op]) -> None:
-        """Append the ops of one ``delta.tool_calls[]`` entry to ``ops``."""
+    def _tool_call(self, ci: int, choice: _Choice, entry: Any, ops: list[op.Op]) -> None:
+        """Append the ops of one ``delta.tool_calls[]`` entry to ``ops``. ``entry`` is raw
+        JSON, typed Any: compiled by mypyc, a parameter typed dict would raise TypeError at the
+        call for a non-object, where the interpreter fails on ``.get``."""
         fn = entry.get("function") or {}
         args = fn.get("arguments")
         index = entry.get("index")

@@ -75,7 +75,10 @@ class OpenAIResponses:
             return [op.UpstreamError(f"provider error event: {_safe(event.get('code'))}")]
         return []
 
-    def _response_event(self, kind: str, response: dict[str, Any]) -> list[op.Op]:
+    # The raw event's fields are typed Any, not what they should be: under mypyc a parameter
+    # or return typed int turns ``true`` into 1, and one typed dict raises TypeError at the
+    # call, where the interpreter reads the value as it is (checked below, or failing as is).
+    def _response_event(self, kind: str, response: Any) -> list[op.Op]:
         self._response = {k: response[k] for k in ("id", "model", "status")
                           if isinstance(response.get(k), str)}
         if kind == "response.completed":
@@ -96,7 +99,7 @@ class OpenAIResponses:
                 if isinstance(item, dict):
                     self._items[position] = op.kept(item)
 
-    def _added(self, index: int, item: dict[str, Any]) -> list[op.Op]:
+    def _added(self, index: Any, item: Any) -> list[op.Op]:
         if not op.is_index(index) or not isinstance(item, dict):
             raise ValueError("output_item.added without output_index or item")
         self._items[index] = _kept(item)
@@ -110,7 +113,7 @@ class OpenAIResponses:
             ops.append(op.SetArgs(str(index), item["arguments"]))
         return ops
 
-    def _done(self, index: int, item: dict[str, Any]) -> list[op.Op]:
+    def _done(self, index: Any, item: Any) -> list[op.Op]:
         if not op.is_index(index) or not isinstance(item, dict):
             raise ValueError("output_item.done without output_index or item")
         self._items[index] = _kept(item)
@@ -124,7 +127,7 @@ class OpenAIResponses:
         ops.append(op.CloseCall(key))
         return ops
 
-    def _index(self, event: dict[str, Any]) -> int:
+    def _index(self, event: dict[str, Any]) -> Any:  # an int, bool included
         index = event.get("output_index")
         if type(index) is int:  # an output index, not a bool
             return index

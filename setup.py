@@ -1,0 +1,90 @@
+"""Optional mypyc build of the pure core (``worker/core``); everything else is in pyproject.toml.
+
+``pip install .`` (or ``-e .``) compiles the modules in :data:`COMPILED` with mypyc into C
+extensions that sit next to their ``.py`` files and are imported in their place. The install
+is plain Python, and works the same, when:
+
+* ``LATCH_PURE_PYTHON=1`` is set;
+* mypyc is not importable (a build without isolation and without mypy);
+* mypyc refuses the code, or the C compiler is missing or fails.
+
+An editable install puts the extensions in the source tree (``worker/core/*.so``): they are
+imported instead of the ``.py`` files, so an edit to a compiled module takes effect only
+after a rebuild (``pip install -e .`` again) or after deleting them
+(``LATCH_PURE_PYTHON=1 pip install -e .`` does not delete them).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+#: What mypyc compiles. Left interpreted, each for a reason:
+#: settings.py (AssembleSettings is built by worker.config from YAML, deep-copied and
+#: pickled, which a compiled frozen dataclass does not survive), strictjson.py and tools.py
+#: (tests replace their functions and methods at run time, which compiled callers would not
+#: see; neither is on the per-event path), _mypyc.py (the decorator shim).
+COMPILED = [
+    "worker/core/__init__.py",
+    "worker/core/assembler.py",
+    "worker/core/envelope.py",
+    "worker/core/model.py",
+    "worker/core/ops.py",
+    "worker/core/outputs.py",
+    "worker/core/run.py",
+    "worker/core/providers/__init__.py",
+    "worker/core/providers/anthropic_messages.py",
+    "worker/core/providers/openai_chat.py",
+    "worker/core/providers/openai_responses.py",
+]
+
+
+def _pure(why: str) -> None:
+    print(f"latch: not compiling worker.core ({why}): installing it as pure Python",
+          file=sys.stderr)
+
+
+def _ext_modules() -> list[Any]:
+    if os.environ.get("LATCH_PURE_PYTHON", "") not in ("", "0"):
+        _pure("LATCH_PURE_PYTHON is set")
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        _pure("mypyc is not installed")
+        return []
+    try:
+        # One shared library, worker/core__mypyc*.so, inside the package (not top-level).
+        return list(mypycify(COMPILED, opt_level="3", group_name="worker.core"))
+    except (Exception, SystemExit) as exc:  # mypyc reports its errors and exits
+        _pure(f"mypyc failed: {exc!r}")
+        return []
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that falls back to pure Python when any extension fails to build: the shims
+    import the shared library, so the extensions are kept all or none."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # no compiler, a compile or link error
+            _pure(f"the C build failed: {exc}")
+            self._remove_outputs()
+            self.extensions = []
+
+    def _remove_outputs(self) -> None:
+        for ext in self.extensions:
+            built = Path(self.get_ext_fullpath(ext.name))
+            in_place = Path(self.get_ext_filename(ext.name))  # relative to the source tree
+            for path in {built, in_place}:
+                if path.is_file():
+                    path.unlink()
+
+
+setup(ext_modules=_ext_modules(), cmdclass={"build_ext": OptionalBuildExt})
