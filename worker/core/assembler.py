@@ -150,14 +150,14 @@ class Assembler:
         latest time seen, so that a capture without times never expires anything.
         """
         try:
-            doc = _loads(value)
+            doc: Any = _loads(value)
         except JSONDecodeError:
             doc = None
         # The common case, a provider event of an open run in order, is applied here without
         # building its envelope (bench/bench_core.py). Each test below is one that
         # ``envelope.decode`` and ``feed`` make of such a record; whatever fails one of them
         # takes the general path, which decodes the record again and says what is wrong.
-        if type(doc) is dict and doc.get("type") == "provider.event":
+        if isinstance(doc, dict) and doc.get("type") == "provider.event":
             run_id = doc.get("run_id")
             run = self._runs.get(run_id) if type(run_id) is str else None
             seq, ts, event = doc.get("seq"), doc.get("ts"), doc.get("event")

@@ -14,77 +14,129 @@ the adapter makes unique within the run:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 from worker.core.strictjson import MAX_DEPTH, nested_deeper
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
+# The ops are built for nearly every argument fragment, so they are written out by hand:
+# slotted classes whose attributes are ``Final``, frozen for the type checker. A frozen
+# dataclass sets each field through ``object.__setattr__`` and takes 8 times as long to build
+# once compiled (bench/bench_core.py, and "Compiled" in the README).
+
+
 class OpenCall:
     """A call starts at ``key``; ``index`` is the provider's order key."""
 
-    key: str
-    index: int
-    choice: int | None = None
-    call_id: str | None = None
-    name: str | None = None
+    __slots__ = ("call_id", "choice", "index", "key", "name")
+    __match_args__ = ("key", "index", "choice", "call_id", "name")
+
+    def __init__(self, key: str, index: int, choice: int | None = None,
+                 call_id: str | None = None, name: str | None = None) -> None:
+        self.key: Final = key
+        self.index: Final = index
+        self.choice: Final = choice
+        self.call_id: Final = call_id
+        self.name: Final = name
+
+    def __repr__(self) -> str:
+        return f"OpenCall({self.key!r}, {self.index!r}, {self.choice!r})"
 
 
-@dataclass(frozen=True, slots=True)
 class Identify:
     """An id or name seen again for ``key``: fills what is missing, never concatenates."""
 
-    key: str
-    call_id: str | None = None
-    name: str | None = None
+    __slots__ = ("call_id", "key", "name")
+    __match_args__ = ("key", "call_id", "name")
+
+    def __init__(self, key: str, call_id: str | None = None, name: str | None = None) -> None:
+        self.key: Final = key
+        self.call_id: Final = call_id
+        self.name: Final = name
+
+    def __repr__(self) -> str:
+        return f"Identify({self.key!r})"
 
 
-@dataclass(frozen=True, slots=True)
 class AppendArgs:
     """One fragment of argument text, appended as opaque text."""
 
-    key: str
-    text: str
+    __slots__ = ("key", "text")
+    __match_args__ = ("key", "text")
+
+    def __init__(self, key: str, text: str) -> None:
+        self.key: Final = key
+        self.text: Final = text
+
+    def __repr__(self) -> str:  # never the text: it may hold a secret
+        return f"AppendArgs({self.key!r}, <{len(self.text)} characters>)"
 
 
-@dataclass(frozen=True, slots=True)
 class SetArgs:
     """The provider's own full argument text (Responses ``.done``), which replaces the buffer."""
 
-    key: str
-    text: str
+    __slots__ = ("key", "text")
+    __match_args__ = ("key", "text")
+
+    def __init__(self, key: str, text: str) -> None:
+        self.key: Final = key
+        self.text: Final = text
+
+    def __repr__(self) -> str:  # never the text: it may hold a secret
+        return f"SetArgs({self.key!r}, <{len(self.text)} characters>)"
 
 
-@dataclass(frozen=True, slots=True)
 class CloseCall:
     """No more argument text will come for ``key`` (a block-level end)."""
 
-    key: str
+    __slots__ = ("key",)
+    __match_args__ = ("key",)
+
+    def __init__(self, key: str) -> None:
+        self.key: Final = key
+
+    def __repr__(self) -> str:
+        return f"CloseCall({self.key!r})"
 
 
-@dataclass(frozen=True, slots=True)
 class Truncated:
     """The provider cut the message short: calls of ``choice`` (all when None) fail."""
 
-    choice: int | None = None
+    __slots__ = ("choice",)
+    __match_args__ = ("choice",)
+
+    def __init__(self, choice: int | None = None) -> None:
+        self.choice: Final = choice
+
+    def __repr__(self) -> str:
+        return f"Truncated({self.choice!r})"
 
 
-@dataclass(frozen=True, slots=True)
 class Complete:
     """The provider's own end of the message (Anthropic ``message_stop``, Responses
     ``response.completed``): the run finalizes."""
 
+    __slots__ = ()
 
-@dataclass(frozen=True, slots=True)
+    def __repr__(self) -> str:
+        return "Complete()"
+
+
 class UpstreamError:
     """The provider reported an error: open calls fail ``upstream_error``."""
 
-    detail: str
+    __slots__ = ("detail",)
+    __match_args__ = ("detail",)
+
+    def __init__(self, detail: str) -> None:
+        self.detail: Final = detail
+
+    def __repr__(self) -> str:
+        return f"UpstreamError({self.detail!r})"
 
 
 class EventRefused(ValueError):
@@ -92,14 +144,16 @@ class EventRefused(ValueError):
     message names the problem and quotes no provider text."""
 
 
-def kept(value: T) -> T:
-    """A copy of ``value`` for the final message. Refuses (:class:`EventRefused`) a value
-    that nests arrays and objects deeper than ``strictjson.MAX_DEPTH`` levels: the copy and
-    the final message that writes it back must not depend on how much stack the caller has
-    left. Only what is kept is bounded: an event is read where it stands and dropped."""
+def bounded(value: T) -> T:
+    """``value`` itself, for an adapter to keep for the final message, once checked: a value
+    that nests arrays and objects deeper than ``strictjson.MAX_DEPTH`` levels is refused
+    (:class:`EventRefused`), since the final message that writes it back must not depend on how
+    much stack the caller has left. Only what is kept is bounded: the rest of an event is read
+    where it stands and dropped. What is kept is the event's own value, not a copy: an adapter
+    never changes it, and a caller never changes an event it has fed."""
     if nested_deeper(value):
         raise EventRefused(f"arrays and objects nested deeper than {MAX_DEPTH} levels")
-    return copy.deepcopy(value)
+    return value
 
 
 def is_index(value: Any) -> bool:
@@ -111,9 +165,6 @@ def is_index(value: Any) -> bool:
 FinalMessage = tuple[dict[str, Any], list[dict[str, Any]] | None]
 
 Op = OpenCall | Identify | AppendArgs | SetArgs | CloseCall | Truncated | Complete | UpstreamError
-
-#: What an event without ops returns.
-NO_OPS: tuple[Op, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,18 +179,20 @@ class CallView:
     parsed: bool
 
 
-class Adapter(Protocol):
-    """Per-run provider state: reads events, writes the final message."""
+class Adapter:
+    """Per-run provider state: reads events, writes the final message. One subclass per
+    provider (a base class rather than a ``Protocol``: compiled, ``feed`` is then a direct
+    call, and it is made for every event)."""
 
     #: Whether ``stream.end`` alone completes the message (chat), or the provider's own
     #: terminal event must have arrived first (Anthropic, Responses).
-    completes_on_stream_end: bool
+    completes_on_stream_end: ClassVar[bool] = False
 
-    def feed(self, event: dict[str, Any]) -> Sequence[Op]:
+    def feed(self, event: dict[str, Any]) -> list[Op]:
         """Read one raw provider event; may raise on a malformed one (the caller contains it).
-        Most events (text deltas) give no op: :data:`NO_OPS`, shared, never a new list."""
-        ...
+        Most events (text deltas) give no op."""
+        raise NotImplementedError
 
     def final(self, calls: Sequence[CallView]) -> FinalMessage:
         """The assistant message in the provider's format, and per-choice messages when n > 1."""
-        ...
+        raise NotImplementedError

@@ -24,9 +24,10 @@ How Latch reads it:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -48,27 +49,29 @@ class _Block:
     streamed: bool = False
 
 
-class AnthropicMessages:
+class AnthropicMessages(op.Adapter):
     """Adapter for ``anthropic.messages``."""
 
-    completes_on_stream_end = False
+    completes_on_stream_end: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._message: dict[str, Any] | None = None
         self._blocks: dict[int, _Block] = {}
         self._stop_reason: str | None = None
 
-    def feed(self, event: dict[str, Any]) -> Sequence[op.Op]:
+    def feed(self, event: dict[str, Any]) -> list[op.Op]:
         kind = event.get("type")
         if kind == "content_block_delta":  # first: nearly every event is one
             block = self._blocks[event["index"]]
             delta = event["delta"]
+            if not isinstance(delta, dict):  # checked, and then read as a dict when compiled
+                raise ValueError("content_block_delta without a delta object")
             if delta.get("type") == "text_delta":  # and nearly every delta this
                 text = delta["text"]
                 if type(text) is not str:  # the final message joins it: refuse it here
                     raise ValueError("text_delta is not a string")
                 block.text.append(text)
-                return op.NO_OPS
+                return []
             return self._delta(block, delta)
         if kind == "message_start":
             if self._message is None:
@@ -104,13 +107,13 @@ class AnthropicMessages:
         if kind in ("text", "thinking") and not isinstance(body.get(kind, ""), str):
             raise ValueError(f"a {kind} block whose {kind} is not a string")
         if kind != "tool_use":
-            self._blocks[index] = _Block(op.kept(body))
+            self._blocks[index] = _Block(copy.deepcopy(op.bounded(body)))
             return []
-        self._blocks[index] = _Block(op.kept(body), str(index))
+        self._blocks[index] = _Block(copy.deepcopy(op.bounded(body)), str(index))
         return [op.OpenCall(str(index), index, None, _text(body.get("id")),
                             _text(body.get("name")))]
 
-    def _delta(self, block: _Block, delta: Any) -> Sequence[op.Op]:
+    def _delta(self, block: _Block, delta: dict[str, Any]) -> list[op.Op]:
         kind = delta.get("type")
         if kind in _TEXT_DELTAS:
             text = delta[_TEXT_DELTAS[kind][1]]
@@ -118,9 +121,9 @@ class AnthropicMessages:
                 raise ValueError(f"{kind} is not a string")
             block.text.append(text)
         elif kind == "signature_delta":
-            block.body["signature"] = op.kept(delta["signature"])
+            block.body["signature"] = op.bounded(delta["signature"])
         elif kind == "citations_delta":
-            block.body.setdefault("citations", []).append(op.kept(delta["citation"]))
+            block.body.setdefault("citations", []).append(op.bounded(delta["citation"]))
         elif kind == "input_json_delta":
             fragment = delta["partial_json"]
             if not isinstance(fragment, str):
@@ -129,7 +132,7 @@ class AnthropicMessages:
             if block.key is not None:  # held (and counted) once, by the call
                 return [op.AppendArgs(block.key, fragment)]
             block.json.append(fragment)
-        return op.NO_OPS
+        return []
 
     def _stop(self, index: Any) -> list[op.Op]:
         block = self._blocks[index]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -43,6 +43,24 @@ class _Choice:
     keys: list[str] = field(default_factory=list)
 
 
+#: What a choice without a delta, or an entry without a function, reads as (never changed).
+_NO_DELTA: dict[str, Any] = {}
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """``value``, which must be a JSON object (else the event goes to the DLQ)."""
+    if not isinstance(value, dict):
+        raise ValueError("expected an object")
+    return value
+
+
+def _array(value: Any) -> list[Any]:
+    """``value``, which must be a JSON array (else the event goes to the DLQ)."""
+    if not isinstance(value, list):
+        raise ValueError("expected an array")
+    return value
+
+
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
@@ -57,34 +75,39 @@ def _index(value: Any) -> int | None:
     return value
 
 
-class OpenAIChat:
+class OpenAIChat(op.Adapter):
     """Adapter for ``openai.chat``."""
 
-    completes_on_stream_end = True
+    completes_on_stream_end: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._choices: dict[int, _Choice] = {}
 
-    def feed(self, event: dict[str, Any]) -> Sequence[op.Op]:
+    def feed(self, event: dict[str, Any]) -> list[op.Op]:
+        # Each value read is checked for its JSON type before it is used, which also lets the
+        # compiled core use dict and list operations on it (bench/bench_core.py).
         choices = event.get("choices")
         if not choices:
-            return op.NO_OPS
+            return []
         ops: list[op.Op] = []
-        for raw in choices:
+        for raw in _array(choices):
+            raw = _object(raw)
             ci = raw.get("index", 0)
             if type(ci) is not int or ci < 0:  # absent, odd or negative: rare, and refused
                 ci = _index(ci) or 0
             choice = self._choices.get(ci)
             if choice is None:  # not setdefault: that would build a _Choice for every chunk
                 choice = self._choices[ci] = _Choice()
-            delta = raw.get("delta") or {}
+            delta = _object(raw.get("delta") or _NO_DELTA)
             content = delta.get("content")  # nearly every chunk: a text delta
             if type(content) is str and content:
                 choice.content.append(content)
             if "reasoning_content" in delta or "refusal" in delta:
                 self._other_text(choice, delta)
-            for entry in delta.get("tool_calls") or ():
-                self._tool_call(ci, choice, entry, ops)
+            tool_calls = delta.get("tool_calls")
+            if tool_calls:
+                for entry in _array(tool_calls):
+                    self._tool_call(ci, choice, _object(entry), ops)
             finish = raw.get("finish_reason")
             if type(finish) is str:
                 choice.finish_reason = finish
@@ -99,11 +122,10 @@ class OpenAIChat:
             if isinstance(text, str) and text:
                 kept.append(text)
 
-    def _tool_call(self, ci: int, choice: _Choice, entry: Any, ops: list[op.Op]) -> None:
-        """Append the ops of one ``delta.tool_calls[]`` entry to ``ops``. ``entry`` is raw
-        JSON, typed Any: compiled by mypyc, a parameter typed dict would raise TypeError at the
-        call for a non-object, where the interpreter fails on ``.get``."""
-        fn = entry.get("function") or {}
+    def _tool_call(self, ci: int, choice: _Choice, entry: dict[str, Any],
+                   ops: list[op.Op]) -> None:
+        """Append the ops of one ``delta.tool_calls[]`` entry to ``ops``."""
+        fn = _object(entry.get("function") or _NO_DELTA)
         args = fn.get("arguments")
         index = entry.get("index")
         if (type(index) is int and type(args) is str and not entry.get("id")

@@ -26,9 +26,8 @@ unwrapped: the first are server-side (rule 6), the second is a call to a tool na
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from worker.core import ops as op
 
@@ -36,10 +35,10 @@ _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 _RESPONSE_EVENTS = frozenset({"response.created", "response.in_progress", *_TERMINAL})
 
 
-class OpenAIResponses:
+class OpenAIResponses(op.Adapter):
     """Adapter for ``openai.responses``."""
 
-    completes_on_stream_end = False
+    completes_on_stream_end: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._items: dict[int, dict[str, Any]] = {}
@@ -47,7 +46,7 @@ class OpenAIResponses:
         self._text: dict[int, list[str]] = {}
         self._response: dict[str, Any] = {}
 
-    def feed(self, event: dict[str, Any]) -> Sequence[op.Op]:
+    def feed(self, event: dict[str, Any]) -> list[op.Op]:
         kind = event.get("type")
         if kind == "response.output_text.delta":  # the deltas first: nearly every event
             index = event.get("output_index")
@@ -60,7 +59,7 @@ class OpenAIResponses:
             if text is None:  # not setdefault: that would build a list for every delta
                 text = self._text[index] = []
             text.append(delta)
-            return op.NO_OPS
+            return []
         if kind == "response.function_call_arguments.delta":
             return [op.AppendArgs(self._key(event), _str(event["delta"]))]
         if kind in _RESPONSE_EVENTS:
@@ -97,7 +96,7 @@ class OpenAIResponses:
         if isinstance(output, list):
             for position, item in enumerate(output):
                 if isinstance(item, dict):
-                    self._items[position] = op.kept(item)
+                    self._items[position] = op.bounded(item)
 
     def _added(self, index: Any, item: Any) -> list[op.Op]:
         if not op.is_index(index) or not isinstance(item, dict):
@@ -140,7 +139,7 @@ class OpenAIResponses:
         by_key = {c.key: c for c in calls}
         output = []
         for index, item in sorted(self._items.items()):
-            item = copy.deepcopy(item)
+            item = dict(item)  # a key or two is set below; the rest is the event's own
             call = by_key.get(str(index))
             if call is not None:
                 item["arguments"] = call.text or ""
@@ -153,12 +152,12 @@ class OpenAIResponses:
 
 
 def _kept(item: dict[str, Any]) -> dict[str, Any]:
-    """The copy of an output item kept for the final message. A function call's arguments are
+    """What is kept of an output item for the final message. A function call's arguments are
     its call's text, held (and counted against the budgets) once, by the assembler: the final
-    message writes them back, so the copy keeps the key and not the text."""
+    message writes them back, so what is kept has the key and not the text."""
     if item.get("type") == "function_call" and "arguments" in item:
         item = {**item, "arguments": ""}
-    return op.kept(item)
+    return op.bounded(item)
 
 
 def _str(value: Any) -> str:
