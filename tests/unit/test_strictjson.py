@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from worker.core import strictjson
 from worker.core.strictjson import ParseError, parse
 
 SECRET = "hunter2-SECRET"
@@ -148,3 +152,66 @@ def test_integers_beyond_64_bits_are_refused() -> None:
     assert parse(edges) == {"max": 2**64 - 1, "min": -(2**63)}
     assert parse('{"f": 1.5e300, "g": 12345678901234567890.0}') == {
         "f": 1.5e300, "g": 12345678901234567890.0}
+
+
+# -- the shortcut past the second pass ----------------------------------------------------------
+
+#: JSON pieces chosen to trip a count of quotes: escaped quotes and backslashes in keys and
+#: values, a key written with a \u escape that equals another key, floats and huge integers.
+_KEYS = ['"a"', '"b"', '"a\\\\"', '"a\\""', '"\\""', '"\\u0061"', '"\\\\\\""']
+_SCALARS = ['"a"', '"a\\\\"', '"a\\""', '"\\\\\\""', '"\\\\\\\\"', '"\\u0022"', '"\\n"', "1",
+            "2.5", "18446744073709551616", "-9223372036854775809", "true", "null"]
+
+
+def _texts() -> st.SearchStrategy[str]:
+    scalars = st.sampled_from(_SCALARS)
+
+    def nest(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        members = st.lists(st.tuples(st.sampled_from(_KEYS), children), max_size=4)
+        return (members.map(lambda ms: "{" + ",".join(f"{k}:{v}" for k, v in ms) + "}")
+                | st.lists(children, max_size=4).map(lambda xs: "[" + ",".join(xs) + "]"))
+    return st.recursive(scalars, nest, max_leaves=12)
+
+
+def _always_second_pass(text: str) -> Any:
+    """What ``parse`` decided before the shortcut: orjson, then always the standard library
+    pass with its duplicate-key and 64-bit hooks."""
+    value = orjson.loads(text)
+    try:
+        strictjson._SECOND_PASS.decode(text)
+    except ValueError:
+        return "refused"
+    return value
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_texts())
+def test_the_shortcut_decides_as_the_second_pass(text: str) -> None:
+    """``parse`` skips the standard library's pass when a count of the text's quoted strings
+    proves there is no repeated key and no float proves there is no integer beyond 64 bits.
+    Over texts built to fool a count (escaped quotes and backslashes in keys, a ``\\u`` key
+    equal to another, huge integers), it refuses and accepts exactly what the pass does."""
+    got = parse(text)
+    assert ("refused" if isinstance(got, ParseError) else got) == _always_second_pass(text)
+
+
+def test_the_shortcut_is_taken_for_plain_arguments() -> None:
+    """The common argument text (no float, no repeated key) is decided without the second
+    pass, escapes included; a repeated key still reaches it."""
+    calls: list[str] = []
+    second = strictjson._SECOND_PASS
+
+    class Spy:
+        def decode(self, text: str) -> Any:
+            calls.append(text)
+            return second.decode(text)
+
+    strictjson._SECOND_PASS = Spy()  # type: ignore[assignment]
+    try:
+        assert parse('{"path": "/tmp/a \\"b\\"", "content": "x\\\\y\\n"}') == {
+            "path": '/tmp/a "b"', "content": "x\\y\n"}
+        assert calls == []
+        assert isinstance(parse('{"a": "x", "a": "y"}'), ParseError)
+        assert len(calls) == 1
+    finally:
+        strictjson._SECOND_PASS = second

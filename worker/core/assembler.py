@@ -73,6 +73,8 @@ from worker.core.settings import AssembleSettings
 from worker.core.tools import ValidatorCache, client_tools
 
 _OPEN = CallState.OPEN
+#: What ``feed_record`` reads a record that is not a JSON object as (never changed).
+_NOT_AN_OBJECT: dict[str, Any] = {}
 
 #: A run may hold at most this many times ``max_tool_calls_in_flight_assemble`` calls,
 #: placeholders included (see "Memory budgets" in the module docstring).
@@ -127,14 +129,13 @@ class Assembler:
         self.stats: Counter[str] = Counter()
         #: Open runs, least recently active first.
         self._runs: OrderedDict[str, Run] = OrderedDict()
-        #: The open runs that hold argument bytes, in the same order.
-        self._holding: OrderedDict[str, Run] = OrderedDict()
         self._buffered = 0
         self._finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
         self._validators = ValidatorCache()
         self._pipelined = frozenset(self.settings.allow_pipelined_execute)
         # Read for every argument fragment: copied out of the settings once.
         self._max_argument_bytes = self.settings.max_tool_argument_bytes
+        self._max_buffered_bytes = self.settings.max_buffered_bytes
         self._emit_progress = self.settings.emit_progress
         self._clock = 0
 
@@ -150,30 +151,31 @@ class Assembler:
         latest time seen, so that a capture without times never expires anything.
         """
         try:
-            doc: Any = _loads(value)
+            parsed: Any = _loads(value)
         except JSONDecodeError:
-            doc = None
+            parsed = None
         # The common case, a provider event of an open run in order, is applied here without
         # building its envelope (bench/bench_core.py). Each test below is one that
         # ``envelope.decode`` and ``feed`` make of such a record; whatever fails one of them
         # takes the general path, which decodes the record again and says what is wrong.
-        if isinstance(doc, dict) and doc.get("type") == "provider.event":
-            run_id = doc.get("run_id")
-            run = self._runs.get(run_id) if type(run_id) is str else None
+        # (``doc`` is declared a dict so that the compiled core reads it with dict operations.)
+        doc: dict[str, Any] = parsed if isinstance(parsed, dict) else _NOT_AN_OBJECT
+        kind = doc.get("type")
+        if isinstance(kind, str) and kind == "provider.event":
+            run_id, version = doc.get("run_id"), doc.get("v")
+            run = self._runs.get(run_id) if isinstance(run_id, str) else None
             seq, ts, event = doc.get("seq"), doc.get("ts"), doc.get("event")
             if (run is not None and type(seq) is int and seq > run.last_seq
-                    and doc.get("v") == 1 and type(doc["v"]) is int
+                    and type(version) is int and version == 1
                     and (ts is None or (type(ts) is int and ts >= 0))
-                    and (key is None or key == run.key) and type(event) is dict):
+                    and (key is None or key == run.key) and isinstance(event, dict)):
                 if now_ms is None:
                     now_ms = max(self._clock, ts or 0)
                 if now_ms > self._clock:
                     self._clock = now_ms
                 run.last_seq, run.last_ms = seq, now_ms
                 self._runs.move_to_end(run.run_id)  # _touch(run), inline
-                if run.nbytes:
-                    self._holding.move_to_end(run.run_id)
-                return self._provider_event(run, event, (key, value, source))
+                return self._provider_event(run, event, key, value, source)
         return self._feed_general(key, value, now_ms, source)
 
     def _feed_general(self, key: bytes | None, value: bytes, now_ms: int | None,
@@ -211,7 +213,7 @@ class Assembler:
         run.last_seq, run.last_ms = envelope.seq, now_ms
         self._touch(run)
         if isinstance(envelope, ProviderEvent):
-            return self._provider_event(run, envelope.event, raw)
+            return self._provider_event(run, envelope.event, *self._raw(raw))
         if isinstance(envelope, StreamError):
             return self._finish(run, RunStatus.FAILED, Reason.STREAM_ERROR, "transport failed")
         return self._stream_end(run)
@@ -298,18 +300,19 @@ class Assembler:
         reject = Rejected(DlqReason.RUN_FINISHED, f"the run ended as {status}", envelope.run_id)
         return [self._reject(reject, *self._raw(raw))]
 
-    def _provider_event(self, run: Run, event: dict[str, Any], raw: Any) -> list[Emit]:
+    def _provider_event(self, run: Run, event: dict[str, Any], key: bytes | None,
+                        value: bytes, source: dict[str, Any] | None) -> list[Emit]:
         try:
             ops = run.adapter.feed(event)
-            if ops and (len(ops) > 1 or type(ops[0]) is not op.AppendArgs):  # a fragment alone
-                _check_order_keys(ops)  # opens no call: nothing to check
+            if ops and (len(ops) > 1 or not isinstance(ops[0], op.AppendArgs)):  # a fragment
+                _check_order_keys(ops)  # alone opens no call: nothing to check
         except Exception as exc:  # a malformed provider event: contained, never raised
-            return [self._unreadable(run, exc, raw)]
+            return [self._unreadable(run, exc, key, value, source)]
         if not ops:  # most events (text deltas) have none
             return []
         if len(ops) == 1:
             item = ops[0]
-            if type(item) is op.AppendArgs:  # _apply(run, item), inline: nearly every op
+            if isinstance(item, op.AppendArgs):  # _apply(run, item), inline: nearly every op
                 return self._args(run, item.key, item.text, replace=False)
             return self._apply(run, item)
         emits: list[Emit] = []
@@ -319,12 +322,13 @@ class Assembler:
                 break
         return emits
 
-    def _unreadable(self, run: Run, exc: Exception, raw: Any) -> Emit:
+    def _unreadable(self, run: Run, exc: Exception, key: bytes | None, value: bytes,
+                    source: dict[str, Any] | None) -> Emit:
         """The DLQ record of a provider event its adapter could not read or refused."""
         detail = (str(exc) if isinstance(exc, op.EventRefused)
                   else f"provider event could not be read ({type(exc).__name__})")
         reject = Rejected(DlqReason.INVALID_ENVELOPE, detail, run.run_id)
-        return self._reject(reject, *self._raw(raw))
+        return self._reject(reject, key, value, source)
 
     def _stream_end(self, run: Run) -> list[Emit]:
         if run.adapter.completes_on_stream_end:
@@ -336,7 +340,7 @@ class Assembler:
     # -- ops --------------------------------------------------------------------------
 
     def _apply(self, run: Run, item: op.Op) -> list[Emit]:
-        if type(item) is op.AppendArgs:  # the most frequent op by far: before the match
+        if isinstance(item, op.AppendArgs):  # the most frequent op by far: before the match
             return self._args(run, item.key, item.text, replace=False)
         match item:
             case op.SetArgs(key, text):
@@ -388,7 +392,7 @@ class Assembler:
             self._drop(run, call)
             call.fail(Reason.ARGUMENTS_EXCEED_MAX_BYTES, f"more than {limit} bytes of arguments")
             return []
-        growth, budget = total - held, self.settings.max_buffered_bytes
+        growth, budget = total - held, self._max_buffered_bytes
         emits: list[Emit] = []
         if growth > 0 and self._buffered + growth > budget:
             if run.nbytes + growth > budget:  # this run alone: fail the call, end nobody
@@ -402,11 +406,8 @@ class Assembler:
             call.parts.clear()
         call.parts.append(text)
         call.nbytes = total
-        if growth > 0 and run.nbytes:  # _hold(run, growth) for a run that already holds bytes
-            run.nbytes += growth
-            self._buffered += growth
-        else:
-            self._hold(run, growth)
+        run.nbytes += growth
+        self._buffered += growth
         if not self._emit_progress:
             return emits
         partial = "".join(call.parts) if self.settings.ui_forward_partial_args else None
@@ -443,7 +444,6 @@ class Assembler:
         emits = run.out.outcomes(calls)
         emits.append(run.out.final(run.adapter, calls, status))
         del self._runs[run.run_id]
-        self._holding.pop(run.run_id, None)
         self._buffered -= run.nbytes
         self._finished[run.run_id] = (run.last_seq, status)
         if len(self._finished) > self.settings.remember_finished_runs:
@@ -456,23 +456,11 @@ class Assembler:
     def _touch(self, run: Run) -> None:
         """``run`` had an envelope applied: it becomes the most recently active run."""
         self._runs.move_to_end(run.run_id)
-        if run.run_id in self._holding:
-            self._holding.move_to_end(run.run_id)
-
-    def _hold(self, run: Run, delta: int) -> None:
-        """``run`` holds ``delta`` more argument bytes (fewer when negative)."""
-        if not delta:
-            return
-        run.nbytes += delta
-        self._buffered += delta
-        if run.nbytes > 0:
-            self._holding.setdefault(run.run_id, run)  # new holders are the current run
-        else:
-            self._holding.pop(run.run_id, None)
 
     def _drop(self, run: Run, call: Call) -> None:
         """Drop ``call``'s argument text and release its bytes."""
-        self._hold(run, -call.nbytes)
+        run.nbytes -= call.nbytes
+        self._buffered -= call.nbytes
         call.parts.clear()
         call.nbytes = 0
 
@@ -482,8 +470,10 @@ class Assembler:
         detail = (f"the worker's argument byte budget ({budget} bytes) was exhausted; the least "
                   "recently active run was ended")
         emits: list[Emit] = []
-        while self._buffered + growth > budget:
-            victim = next(r for r in self._holding.values() if r is not run)
+        holders = [r for r in self._runs.values() if r.nbytes and r is not run]
+        for victim in holders:  # least recently active first
+            if self._buffered + growth <= budget:
+                break
             emits += self._evict(victim, detail, "evicted_buffered_bytes")
         return emits
 

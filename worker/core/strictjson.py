@@ -80,6 +80,11 @@ def _int64(literal: str) -> int:
     return value
 
 
+#: The standard library decoder of the second pass, built once (``json.loads`` with hooks
+#: builds one per call).
+_SECOND_PASS = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_int=_int64)
+
+
 def _orjson_message(exc: orjson.JSONDecodeError) -> str:
     # orjson's message quotes no input text, only a description and a position.
     return f"{exc.msg} at line {exc.lineno} column {exc.colno} (char {exc.pos})"
@@ -93,12 +98,60 @@ def parse(text: str) -> Any | ParseError:
         return ParseError(_orjson_message(exc))
     if value is None or isinstance(value, str | int):
         return value
-    if nested_deeper(value):
+    shape = _Shape(value)
+    if shape.too_deep:
         return ParseError(f"arrays and objects nested deeper than {MAX_DEPTH} levels")
+    if not shape.floats and shape.strings == _quoted_strings(text):
+        return value  # nothing orjson could have dropped or rounded: no second pass needed
     try:
-        json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_int64)
+        _SECOND_PASS.decode(text)
     except _Refused as exc:
         return ParseError(str(exc))
     except (ValueError, RecursionError) as exc:  # orjson accepted it; stay safe anyway
         return ParseError(f"rejected by the duplicate-key pass ({type(exc).__name__})")
     return value
+
+
+class _Shape:
+    """One walk over a decoded value (iterative, whatever the depth): whether it nests deeper
+    than :data:`MAX_DEPTH`, how many strings it holds (object keys and string values), and
+    whether it holds a float.
+
+    Together with :func:`_quoted_strings` this proves, for most texts, what the second pass
+    would find. A repeated key makes orjson drop a member, and with it at least its key: the
+    value then holds fewer strings than the text quotes. An integer beyond 64 bits becomes a
+    float. So a value without floats that holds as many strings as the text has neither, and
+    only the other texts pay for the standard library's slower pass."""
+
+    __slots__ = ("floats", "strings", "too_deep")
+
+    def __init__(self, value: Any) -> None:
+        self.too_deep = False
+        self.floats = isinstance(value, float)
+        self.strings = 0
+        stack: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list) else []
+        while stack:
+            node, depth = stack.pop()
+            if depth > MAX_DEPTH:
+                self.too_deep = True
+                return
+            if isinstance(node, dict):
+                self.strings += len(node)
+                children: Any = node.values()
+            else:
+                children = node
+            for child in children:
+                if isinstance(child, str):
+                    self.strings += 1
+                elif isinstance(child, dict | list):
+                    stack.append((child, depth + 1))
+                elif isinstance(child, float):
+                    self.floats = True
+
+
+def _quoted_strings(text: str) -> int:
+    """How many strings a strict JSON ``text`` holds: its unescaped quotes, halved. Once every
+    escaped backslash (a pair) is taken out, a backslash left before a quote escapes it."""
+    if "\\\\" in text:
+        text = text.replace("\\\\", "")
+    return (text.count('"') - text.count('\\"')) // 2

@@ -24,7 +24,6 @@ How Latch reads it:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -60,13 +59,13 @@ class AnthropicMessages(op.Adapter):
         self._stop_reason: str | None = None
 
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
-        kind = event.get("type")
+        kind = _str_or_empty(event.get("type"))
         if kind == "content_block_delta":  # first: nearly every event is one
             block = self._blocks[event["index"]]
             delta = event["delta"]
             if not isinstance(delta, dict):  # checked, and then read as a dict when compiled
                 raise ValueError("content_block_delta without a delta object")
-            if delta.get("type") == "text_delta":  # and nearly every delta this
+            if _str_or_empty(delta.get("type")) == "text_delta":  # and nearly every delta this
                 text = delta["text"]
                 if type(text) is not str:  # the final message joins it: refuse it here
                     raise ValueError("text_delta is not a string")
@@ -107,9 +106,9 @@ class AnthropicMessages(op.Adapter):
         if kind in ("text", "thinking") and not isinstance(body.get(kind, ""), str):
             raise ValueError(f"a {kind} block whose {kind} is not a string")
         if kind != "tool_use":
-            self._blocks[index] = _Block(copy.deepcopy(op.bounded(body)))
+            self._blocks[index] = _Block(_own(op.bounded(body)))
             return []
-        self._blocks[index] = _Block(copy.deepcopy(op.bounded(body)), str(index))
+        self._blocks[index] = _Block(_own(op.bounded(body)), str(index))
         return [op.OpenCall(str(index), index, None, _text(body.get("id")),
                             _text(body.get("name")))]
 
@@ -172,6 +171,20 @@ class AnthropicMessages(op.Adapter):
             # not be written back.
             body["input"] = {} if strictjson.nested_deeper(value) else value
         return body
+
+
+def _own(body: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a block's body that the adapter may change where it does: its top-level keys
+    (``signature``) and its ``citations`` list. The rest is the event's own, never changed."""
+    body = dict(body)
+    if isinstance(body.get("citations"), list):
+        body["citations"] = list(body["citations"])
+    return body
+
+
+def _str_or_empty(value: Any) -> str:
+    """A type field: the string, else "" (no event or delta type is empty)."""
+    return value if isinstance(value, str) else ""
 
 
 def _text(value: Any) -> str | None:

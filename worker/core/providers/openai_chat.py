@@ -99,15 +99,16 @@ class OpenAIChat(op.Adapter):
             if choice is None:  # not setdefault: that would build a _Choice for every chunk
                 choice = self._choices[ci] = _Choice()
             delta = _object(raw.get("delta") or _NO_DELTA)
-            content = delta.get("content")  # nearly every chunk: a text delta
+            content = delta.get("content")  # nearly every chunk: a text delta, and only that
             if type(content) is str and content:
                 choice.content.append(content)
-            if "reasoning_content" in delta or "refusal" in delta:
-                self._other_text(choice, delta)
-            tool_calls = delta.get("tool_calls")
-            if tool_calls:
-                for entry in _array(tool_calls):
-                    self._tool_call(ci, choice, _object(entry), ops)
+            if len(delta) > (content is not None):  # more than the content: look further
+                if "reasoning_content" in delta or "refusal" in delta:
+                    self._other_text(choice, delta)
+                tool_calls = delta.get("tool_calls")
+                if tool_calls:
+                    for entry in _array(tool_calls):
+                        self._tool_call(ci, choice, _object(entry), ops)
             finish = raw.get("finish_reason")
             if type(finish) is str:
                 choice.finish_reason = finish
