@@ -1,6 +1,6 @@
 """Optional mypyc build of the pure core (``worker/core``); everything else is in pyproject.toml.
 
-``pip install .`` (or ``-e .``) compiles the modules in :data:`COMPILED` with mypyc into C
+``pip install .`` (and a wheel build) compiles the modules in :data:`COMPILED` with mypyc into C
 extensions that sit next to their ``.py`` files and are imported in their place. The install
 is plain Python, and works the same, when:
 
@@ -8,10 +8,10 @@ is plain Python, and works the same, when:
 * mypyc is not importable (a build without isolation and without mypy);
 * mypyc refuses the code, or the C compiler is missing or fails.
 
-An editable install puts the extensions in the source tree (``worker/core/*.so``): they are
-imported instead of the ``.py`` files, so an edit to a compiled module takes effect only
-after a rebuild (``pip install -e .`` again) or after deleting them
-(``LATCH_PURE_PYTHON=1 pip install -e .`` does not delete them).
+An editable install (``pip install -e .``, a checkout being worked on) is pure Python unless
+``LATCH_COMPILE=1`` is set: compiled in place, the extensions sit in the source tree
+(``worker/core/*.so``) and are imported instead of the ``.py`` files, so an edit would take
+effect only after a rebuild. ``worker/__init__.py`` refuses to import such a stale build.
 """
 
 from __future__ import annotations
@@ -49,9 +49,18 @@ def _pure(why: str) -> None:
           file=sys.stderr)
 
 
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
 def _ext_modules() -> list[Any]:
-    if os.environ.get("LATCH_PURE_PYTHON", "") not in ("", "0"):
+    if _flag("LATCH_PURE_PYTHON"):
         _pure("LATCH_PURE_PYTHON is set")
+        return []
+    # setuptools runs this file with the command it builds: an editable install (a checkout
+    # being worked on) stays pure Python, so that an edit takes effect without a rebuild.
+    if "editable_wheel" in sys.argv and not _flag("LATCH_COMPILE"):
+        _pure("an editable install; set LATCH_COMPILE=1 to compile it in place")
         return []
     try:
         from mypyc.build import mypycify

@@ -299,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile one core pass")
     args = parser.parse_args(argv)
 
+    import worker
+
+    build = "compiled by mypyc" if worker.compiled_core() else "pure Python"
+    print(f"core: {build} ({worker.__file__})")
     records = corpus(args.fixtures, args.streams)
     count, size = len(records), sum(len(v) for _, v, _ in records)
     outcomes = check(records)

@@ -28,8 +28,7 @@ from typing import Any
 
 import orjson
 import pytest
-
-from tests.builders import (
+from builders import (
     ANTHROPIC,
     CHAT,
     PROVIDERS,
@@ -60,6 +59,7 @@ from tests.builders import (
     stream_error,
     tools_for,
 )
+
 from worker.core import Assembler, AssembleSettings, Emit, Topic
 from worker.core.envelope import MAX_RUN_ID_LENGTH
 from worker.core.strictjson import MAX_DEPTH

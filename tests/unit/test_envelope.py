@@ -15,8 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
-
-from tests.builders import (
+from builders import (
     ANTHROPIC,
     CHAT,
     EMPTY_SCHEMA,
@@ -34,6 +33,7 @@ from tests.builders import (
     stream_error,
     tools_for,
 )
+
 from worker.core import Assembler, AssembleSettings, DlqReason, Topic, decode
 from worker.core.envelope import Cancel, ProviderEvent, Rejected, RunStart, StreamEnd, Tick
 

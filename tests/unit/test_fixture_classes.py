@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from tests.builders import (
+from builders import (
     ANTHROPIC,
     CHAT,
     EMPTY_SCHEMA,
@@ -38,6 +37,7 @@ from tests.builders import (
     split,
     tools_for,
 )
+
 from worker.core import Assembler, AssembleSettings, Emit, Topic
 
 TOOLS = {"read_file": PATH_SCHEMA, "get_time": EMPTY_SCHEMA,

@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 import pytest
+from builders import PATH_SCHEMA, provider_run, stream_error, tick
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, TopicPartition
 
-from tests.builders import PATH_SCHEMA, provider_run, stream_error, tick
 from worker import replay, step
 from worker.config import load_config
 from worker.core import Assembler, Emit, Topic

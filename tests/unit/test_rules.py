@@ -14,8 +14,7 @@ from typing import Any, ClassVar
 
 import orjson
 import pytest
-
-from tests.builders import (
+from builders import (
     ANTHROPIC,
     CHAT,
     EMPTY_SCHEMA,
@@ -61,6 +60,7 @@ from tests.builders import (
     tick,
     tools_for,
 )
+
 from worker.core import Assembler, AssembleSettings, Emit, Reason, Topic
 from worker.core import run as run_module
 

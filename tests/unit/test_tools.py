@@ -12,8 +12,7 @@ import copy
 from typing import Any
 
 import pytest
-
-from tests.builders import (
+from builders import (
     ANTHROPIC,
     CHAT,
     PATH_SCHEMA,
@@ -31,6 +30,7 @@ from tests.builders import (
     run_envelopes,
     tools_for,
 )
+
 from worker.core import Assembler, AssembleSettings
 from worker.core import tools as tools_module
 from worker.core.tools import SchemaCheck, ValidatorCache, client_tools
