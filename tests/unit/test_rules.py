@@ -510,6 +510,24 @@ class TestRule4Completion:
                                   allow_pipelined_execute=("read_file",)), envs)
         assert first_position(per, Topic.COMMITTED) == len(envs) - 1
 
+    def test_early_outcomes_of_a_shared_id_have_their_own_keys(self) -> None:
+        """Two blocks that claim the same id, each ended early after the provider reported
+        truncation, get two error results with two idempotency keys: the second is emitted
+        knowing the run's other calls, not only itself (found by the outcome property)."""
+        events = [anthropic_message_start(),
+                  *anthropic_tool_block(0, "dup", "read_file", '{"path": "/a"}', stop=False),
+                  *anthropic_tool_block(1, "dup", "read_file", '{"path": "/b"}', stop=False),
+                  *anthropic_tail("max_tokens", message_stop=False),
+                  {"type": "content_block_stop", "index": 0},
+                  {"type": "content_block_stop", "index": 1}, {"type": "message_stop"}]
+        emits = feed(assembler(execute_before_stream_end=True,
+                               allow_pipelined_execute=("read_file",)),
+                     anthropic_run("r1", tools_for(ANTHROPIC, TOOLS), events))
+        check_outputs(emits)
+        keys = [e["idempotency_key"] for e in errors(emits)]
+        assert [e["reason"] for e in errors(emits)] == ["truncated", "truncated"]
+        assert len(set(keys)) == 2, keys
+
     def test_early_committed_call_is_not_emitted_again(self) -> None:
         """A call committed at its block's end gets no second outcome at the message end."""
         envs = provider_run(ANTHROPIC, "r1", TOOLS, [("call_1", "read_file", '{"path": "/a"}')])

@@ -259,7 +259,8 @@ def test_cache_returns_the_same_check_for_equal_schemas() -> None:
 
 
 def test_cache_compiles_once_per_schema(monkeypatch: pytest.MonkeyPatch) -> None:
-    """However many runs use a schema, it is compiled once per assembler."""
+    """However many runs use a schema, it is compiled once per cache; assemblers not given
+    a cache share the process's, so a second one compiles nothing."""
     compiled: list[Any] = []
     real = tools_module._compile
 
@@ -268,11 +269,17 @@ def test_cache_compiles_once_per_schema(monkeypatch: pytest.MonkeyPatch) -> None
         return real(schema)
 
     monkeypatch.setattr(tools_module, "_compile", spy)
-    asm = Assembler(AssembleSettings())
+    asm = Assembler(AssembleSettings(), ValidatorCache())
     for n in range(5):
         feed(asm, provider_run(PROVIDERS[n % 3], f"r{n}", {"read_file": PATH_SCHEMA},
                                [("c1", "read_file", '{"path": "/a"}')]))
     assert compiled == [PATH_SCHEMA]
+    compiled.clear()
+    schema = {**PATH_SCHEMA, "description": "only in this test"}
+    for _ in range(2):  # two assemblers, as two partitions of one worker
+        feed(Assembler(AssembleSettings()), provider_run(
+            CHAT, "r1", {"read_file": schema}, [("c1", "read_file", '{"path": "/a"}')]))
+    assert compiled == [schema]
 
 
 def test_cache_is_bounded_and_recompiles_after_eviction() -> None:

@@ -70,7 +70,7 @@ from worker.core.outputs import Outputs, dlq_record
 from worker.core.providers import adapter_for
 from worker.core.run import Call, Latch, utf8_len
 from worker.core.settings import AssembleSettings
-from worker.core.tools import ValidatorCache, client_tools
+from worker.core.tools import SHARED_VALIDATORS, ValidatorCache, client_tools
 
 _OPEN = CallState.OPEN
 #: What ``feed_record`` reads a record that is not a JSON object as (never changed).
@@ -124,14 +124,15 @@ class Run:
 class Assembler:
     """Assemble tool calls for many runs; see the module docstring."""
 
-    def __init__(self, settings: AssembleSettings | None = None) -> None:
+    def __init__(self, settings: AssembleSettings | None = None,
+                 validators: ValidatorCache | None = None) -> None:
         self.settings = settings or AssembleSettings()
         self.stats: Counter[str] = Counter()
         #: Open runs, least recently active first.
         self._runs: OrderedDict[str, Run] = OrderedDict()
         self._buffered = 0
         self._finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
-        self._validators = ValidatorCache()
+        self._validators = SHARED_VALIDATORS if validators is None else validators
         self._pipelined = frozenset(self.settings.allow_pipelined_execute)
         # Read for every argument fragment: copied out of the settings once.
         self._max_argument_bytes = self.settings.max_tool_argument_bytes
@@ -421,7 +422,7 @@ class Assembler:
         if not (self.settings.execute_before_stream_end and call.name in self._pipelined):
             return []
         self._decide(run, call)
-        return run.out.outcomes([call])
+        return run.out.outcomes([call], run.calls.values())
 
     # -- the end of a run -------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from worker.core.envelope import Rejected, RunStart
@@ -31,10 +31,12 @@ class Outputs:
             "v": 1, "run_id": start.run_id, "tenant": start.tenant, "provider": start.provider,
         }
 
-    def outcomes(self, calls: Sequence[Call]) -> list[Emit]:
-        """The committed call or error result of each terminal call not yet emitted."""
+    def outcomes(self, calls: Sequence[Call], every: Iterable[Call] | None = None) -> list[Emit]:
+        """The committed call or error result of each terminal call of ``calls`` not yet
+        emitted. ``every`` is all the run's calls (default: ``calls``), among which an error's
+        ``tool_call_id`` may be shared (see ``_error``)."""
         emits = []
-        seen = Counter(c.tool_call_id for c in calls)
+        seen = Counter(c.tool_call_id for c in (calls if every is None else every))
         for call in calls:
             if call.emitted or call.state not in (
                 CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED

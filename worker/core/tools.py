@@ -83,6 +83,12 @@ class ValidatorCache:
         return check
 
 
+#: The process's validators, shared by every assembler that is not given its own: a compiled
+#: validator never changes, and the worker makes an assembler for each partition it is
+#: assigned, again at every rebalance, all with the same tools.
+SHARED_VALIDATORS = ValidatorCache()
+
+
 def _compile(schema: Any) -> SchemaCheck:
     if not isinstance(schema, dict | bool):
         return SchemaCheck(None, "not an object")
