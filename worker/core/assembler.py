@@ -46,7 +46,6 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from orjson import JSONDecodeError
@@ -63,7 +62,9 @@ from worker.core.envelope import (
     StreamEnd,
     StreamError,
     Tick,
+    checked,
     decode,
+    undecodable,
 )
 from worker.core.model import CallState, DlqReason, Emit, Reason, RunStatus
 from worker.core.outputs import Outputs, dlq_record
@@ -98,23 +99,26 @@ def _order_key(value: Any) -> bool:
     return type(value) is int and 0 <= value <= MAX_ORDER_KEY
 
 
-@dataclass(slots=True)
 class Run:
     """The state of one open run."""
 
-    start: RunStart
-    run_id: str
-    #: The record key of the run's envelopes (its run id, UTF-8).
-    key: bytes
-    adapter: op.Adapter
-    latch: Latch
-    out: Outputs
-    last_seq: int
-    last_ms: int
-    calls: dict[str, Call] = field(default_factory=dict)
-    truncated: set[int | None] = field(default_factory=set)
-    #: Argument bytes this run's calls hold (its share of ``Assembler.buffered_bytes``).
-    nbytes: int = 0
+    __slots__ = ("adapter", "calls", "key", "last_ms", "last_seq", "latch", "nbytes", "out",
+                 "run_id", "start", "truncated")
+
+    def __init__(self, start: RunStart, adapter: op.Adapter, latch: Latch, now_ms: int) -> None:
+        self.start = start
+        self.run_id = start.run_id
+        #: The record key of the run's envelopes (its run id, UTF-8).
+        self.key = start.run_id.encode()
+        self.adapter = adapter
+        self.latch = latch
+        self.out = Outputs(start)
+        self.last_seq = start.seq
+        self.last_ms = now_ms
+        self.calls: dict[str, Call] = {}
+        self.truncated: set[int | None] = set()
+        #: Argument bytes this run's calls hold (its share of ``Assembler.buffered_bytes``).
+        self.nbytes = 0
 
     def in_flight(self) -> int:
         return sum(1 for c in self.calls.values() if c.state is CallState.OPEN)
@@ -153,8 +157,8 @@ class Assembler:
         """
         try:
             parsed: Any = _loads(value)
-        except JSONDecodeError:
-            parsed = None
+        except JSONDecodeError as exc:
+            return [self._reject(undecodable(exc), key, value, source)]
         # The common case, a provider event of an open run in order, is applied here without
         # building its envelope (bench/bench_core.py). Each test below is one that
         # ``envelope.decode`` and ``feed`` make of such a record; whatever fails one of them
@@ -177,12 +181,15 @@ class Assembler:
                 run.last_seq, run.last_ms = seq, now_ms
                 self._runs.move_to_end(run.run_id)  # _touch(run), inline
                 return self._provider_event(run, event, key, value, source)
-        return self._feed_general(key, value, now_ms, source)
+        return self._feed_envelope(checked(parsed, key, value), key, value, now_ms, source)
 
     def _feed_general(self, key: bytes | None, value: bytes, now_ms: int | None,
                       source: dict[str, Any] | None) -> list[Emit]:
-        """``feed_record`` for any record: decode it into its envelope, then ``feed`` it."""
-        envelope = decode(key, value)
+        """``feed_record`` without its fast path: decode the envelope, then ``feed`` it."""
+        return self._feed_envelope(decode(key, value), key, value, now_ms, source)
+
+    def _feed_envelope(self, envelope: Envelope | Rejected, key: bytes | None, value: bytes,
+                       now_ms: int | None, source: dict[str, Any] | None) -> list[Emit]:
         if isinstance(envelope, Rejected):
             return [self._reject(envelope, key, value, source)]
         if now_ms is None:
@@ -279,9 +286,7 @@ class Assembler:
         if start.max_tool_calls is not None:
             budget = min(budget, start.max_tool_calls)
         latch = Latch(self.settings, tools, budget)
-        self._runs[start.run_id] = Run(start, start.run_id, start.run_id.encode(),
-                                       adapter_for(start.provider), latch, Outputs(start),
-                                       start.seq, now_ms)
+        self._runs[start.run_id] = Run(start, adapter_for(start.provider), latch, now_ms)
         self.stats["runs_started"] += 1
         return emits
 

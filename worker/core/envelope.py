@@ -108,7 +108,17 @@ def decode(key: bytes | None, value: bytes | str) -> Envelope | Rejected:
     try:
         doc = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
-        return Rejected(DlqReason.UNDECODABLE, f"not JSON: {exc.msg} (char {exc.pos})")
+        return undecodable(exc)
+    return checked(doc, key, value)
+
+
+def undecodable(exc: orjson.JSONDecodeError) -> Rejected:
+    """What a record that is not JSON at all is (``exc`` quotes no input, only a position)."""
+    return Rejected(DlqReason.UNDECODABLE, f"not JSON: {exc.msg} (char {exc.pos})")
+
+
+def checked(doc: Any, key: bytes | None, value: bytes | str) -> Envelope | Rejected:
+    """``decode`` of a record already parsed into ``doc``: the envelope it is, or why not."""
     if not isinstance(doc, dict):
         return Rejected(DlqReason.INVALID_ENVELOPE, f"envelope is a {type(doc).__name__}")
     envelope = from_dict(doc, key)

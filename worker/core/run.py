@@ -20,7 +20,6 @@ Limits that can be known earlier fail the call earlier, while its text streams i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from worker.core import strictjson
@@ -29,25 +28,40 @@ from worker.core.settings import AssembleSettings
 from worker.core.tools import SchemaCheck
 
 
-@dataclass(slots=True)
 class Call:
-    """A tool call being assembled; ``parts`` is its opaque argument text."""
+    """A tool call being assembled; ``parts`` is its opaque argument text.
 
-    key: str
-    index: int
-    choice: int | None
-    order: int
-    call_id: str | None = None
-    name: str | None = None
-    parts: list[str] = field(default_factory=list)
-    nbytes: int = 0
-    state: CallState = CallState.OPEN
-    reason: Reason | None = None
-    detail: str = ""
-    arguments: Any = None
-    parsed: bool = False
-    emitted: bool = False
-    text: str | None = None
+    (A slotted class with its ``__init__`` written out, like the other per-call and per-run
+    state, rather than a dataclass: compiled, a dataclass is still built by the interpreter.)
+    """
+
+    __slots__ = ("arguments", "call_id", "choice", "detail", "emitted", "index", "key", "name",
+                 "nbytes", "order", "parsed", "parts", "reason", "state", "text")
+
+    def __init__(self, key: str, index: int, choice: int | None, order: int,
+                 call_id: str | None = None, name: str | None = None) -> None:
+        self.key = key
+        self.index = index
+        self.choice = choice
+        self.order = order
+        self.call_id = call_id
+        self.name = name
+        self.parts: list[str] = []
+        #: UTF-8 bytes of ``parts``.
+        self.nbytes = 0
+        self.state = CallState.OPEN
+        self.reason: Reason | None = None
+        self.detail = ""
+        #: The parsed value, once ``parsed``.
+        self.arguments: Any = None
+        self.parsed = False
+        #: Whether its outcome has been emitted.
+        self.emitted = False
+        #: The whole text, once decided.
+        self.text: str | None = None
+
+    def __repr__(self) -> str:  # never the text: it may hold a secret
+        return f"Call({self.key!r}, {self.call_id!r}, {self.name!r}, {self.state})"
 
     @property
     def tool_call_id(self) -> str:
@@ -72,14 +86,17 @@ def utf8_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
-@dataclass(slots=True)
 class Latch:
     """The checks of the completion latch for one run (see the module docstring)."""
 
-    settings: AssembleSettings
-    tools: dict[str, SchemaCheck]
-    budget: int
-    committed: int = 0
+    __slots__ = ("budget", "committed", "settings", "tools")
+
+    def __init__(self, settings: AssembleSettings, tools: dict[str, SchemaCheck],
+                 budget: int) -> None:
+        self.settings = settings
+        self.tools = tools
+        self.budget = budget
+        self.committed = 0
 
     def decide(self, call: Call, truncated: bool, duplicate: bool) -> None:
         """Move an ``ARGS_COMPLETE`` call to ``COMMITTED`` or ``FAILED``."""
