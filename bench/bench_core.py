@@ -7,8 +7,12 @@ process, over the same bytes:
 * the **core**: ``Assembler.feed_record(key, value, now_ms)`` for every record, on a fresh
   assembler each pass (decoding, run lookup, adapter, buffers, the latch, outputs).
 
-Each is timed ``--runs`` times and the best pass of each is kept. The target is a core at
-most twice the floor (``ratio core/orjson.loads`` <= 2.0).
+The two are timed in ``--runs`` pairs, a floor pass then a core pass, back to back; the
+headline is the median of the pairs' ratios, which a machine that speeds up or slows down
+between pairs moves little (the best pass of each is printed too). The target is a core at
+most twice the floor (``ratio core/orjson.loads`` <= 2.0). Validators are compiled once per
+process (``tools.SHARED_VALIDATORS``), before the timed passes. Whether the core runs
+compiled (mypyc, ``setup.py``) or as pure Python is printed first.
 
 The mix: runs of all three providers, interleaved eight at a time as a partition sees them,
 made of real event shapes taken from the recorded streams in ``../shared/fixtures/providers``
@@ -17,7 +21,7 @@ events, Responses ``output_text.delta`` events with their ``item_id`` and ``obfu
 mostly text deltas, two or three parallel tool calls per run in small argument fragments,
 and in one run in twenty a 64 KiB argument in small fragments.
 
-    python bench/bench_core.py               # 5 timed passes of each
+    python bench/bench_core.py               # 9 timed pairs
     python bench/bench_core.py --runs 9 --streams 400
     python bench/bench_core.py --profile     # and cProfile the core loop
 """
