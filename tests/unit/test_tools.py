@@ -30,6 +30,9 @@ from builders import (
     run_envelopes,
     tools_for,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jsonschema import validators as js_validators
 
 from worker.core import Assembler, AssembleSettings
 from worker.core import tools as tools_module
@@ -298,3 +301,50 @@ def test_tools_for_builder_matches_registration() -> None:
     for provider in PROVIDERS:
         assert client_tools(provider, tools_for(provider, {"x": PATH_SCHEMA})) == {
             "x": PATH_SCHEMA}
+
+
+# -- the quicker ``properties`` (tools._quick) --------------------------------------------------
+
+_SIMPLE_TYPES = ["string", "integer", "number", "boolean", "null", "array", "object"]
+_subschemas = st.one_of(
+    st.sampled_from(_SIMPLE_TYPES).map(lambda t: {"type": t}),
+    st.lists(st.sampled_from(_SIMPLE_TYPES), min_size=1, max_size=3, unique=True).map(
+        lambda ts: {"type": ts}),
+    st.sampled_from(_SIMPLE_TYPES).map(lambda t: {"type": t, "minLength": 2}),
+    st.just({"enum": ["a", 1, None]}), st.just(True), st.just(False), st.just({}),
+    st.just({"type": "array", "items": {"type": "integer"}}),
+    st.just({"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}),
+)
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False,
+                                                               allow_infinity=False)
+    | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["x", "a", "b", "c"]), inner, max_size=3),
+    max_leaves=6)
+_NAMES = ["a", "b", "c"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(props=st.dictionaries(st.sampled_from(_NAMES), _subschemas, max_size=3),
+       required=st.lists(st.sampled_from(_NAMES), max_size=3, unique=True),
+       extra=st.sampled_from([None, False, {"type": "integer"}]),
+       draft=st.sampled_from([None, "http://json-schema.org/draft-07/schema#",
+                              "https://json-schema.org/draft/2019-09/schema"]),
+       instance=st.one_of(_values, st.dictionaries(st.sampled_from([*_NAMES, "z"]), _values,
+                                                   max_size=4)))
+def test_quick_properties_decide_as_jsonschema(props: dict[str, Any], required: list[str],
+                                               extra: Any, draft: str | None,
+                                               instance: Any) -> None:
+    """A call's arguments get the same verdict, and an invalid one the same description
+    (keyword and schema path), from the extended validator as from jsonschema's own class,
+    over schemas mixing type-only subschemas with others, in three drafts."""
+    schema: dict[str, Any] = {"type": "object", "properties": props, "required": required}
+    if extra is not None:
+        schema["additionalProperties"] = extra
+    if draft is not None:
+        schema["$schema"] = draft
+    quick = ValidatorCache().get(schema)
+    stock = SchemaCheck(js_validators.validator_for(schema)(schema))
+    assert quick.validator is not None and type(quick.validator) is not type(stock.validator)
+    assert quick.errors(instance) == stock.errors(instance)
