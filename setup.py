@@ -26,9 +26,9 @@ from setuptools.command.build_ext import build_ext
 
 #: What mypyc compiles. Left interpreted, each for a reason:
 #: settings.py (AssembleSettings is built by worker.config from YAML, deep-copied and
-#: pickled, which a compiled frozen dataclass does not survive), strictjson.py and tools.py
-#: (tests replace their functions and methods at run time, which compiled callers would not
-#: see; neither is on the per-event path), _mypyc.py (the decorator shim).
+#: pickled, which a compiled frozen dataclass does not survive), tools.py (jsonschema's
+#: keyword callables and the tests' spies replace its functions at run time, which compiled
+#: callers would not see; it is not on the per-event path), _mypyc.py (the decorator shim).
 COMPILED = [
     "worker/core/__init__.py",
     "worker/core/assembler.py",
@@ -37,6 +37,7 @@ COMPILED = [
     "worker/core/ops.py",
     "worker/core/outputs.py",
     "worker/core/run.py",
+    "worker/core/strictjson.py",
     "worker/core/providers/__init__.py",
     "worker/core/providers/anthropic_messages.py",
     "worker/core/providers/openai_chat.py",

@@ -57,7 +57,7 @@ def test_the_core_is_compiled_all_or_none() -> None:
     step ``0``, and then the build must be the one expected."""
     import importlib
 
-    names = ["assembler", "envelope", "model", "ops", "outputs", "run",
+    names = ["assembler", "envelope", "model", "ops", "outputs", "run", "strictjson",
              "providers.openai_chat", "providers.openai_responses",
              "providers.anthropic_messages"]
     kinds = {not importlib.import_module(f"worker.core.{n}").__file__.endswith(".py")

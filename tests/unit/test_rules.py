@@ -62,7 +62,6 @@ from builders import (
 )
 
 from worker.core import Assembler, AssembleSettings, Emit, Reason, Topic
-from worker.core import run as run_module
 
 SECRET = "hunter2-SECRET"
 
@@ -148,16 +147,19 @@ class TestRule1OpaqueStrictArguments:
     @each_provider
     def test_text_is_parsed_once_and_only_at_completion(self, provider: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-        """No fragment is parsed while the call streams: the strict parser runs once per
-        call, on the whole text, only when the completion event arrives."""
+        """No fragment is parsed while the call streams: the argument text is parsed once per
+        call, whole, only when the completion event arrives. (The spy is orjson's ``loads``,
+        which the strict parser looks up at each call, compiled or not; records reach it as
+        bytes, argument text as a string.)"""
         seen: list[str] = []
-        real = run_module.strictjson.parse
+        real = orjson.loads
 
-        def spy(text: str) -> Any:
-            seen.append(text)
+        def spy(text: Any) -> Any:
+            if isinstance(text, str):
+                seen.append(text)
             return real(text)
 
-        monkeypatch.setattr(run_module.strictjson, "parse", spy)
+        monkeypatch.setattr(orjson, "loads", spy)
         text = '{"path": "/tmp/a"}'
         envs = provider_run(provider, "r1", TOOLS, [("call_1", "read_file", text)], pieces=5)
         asm = assembler()
