@@ -49,10 +49,14 @@ def test_the_corpus_covers_every_provider() -> None:
                for p in ("openai.chat", "anthropic.messages", "openai.responses"))
 
 
+#: The shape of one fuzzed sequence, as the tests below draw it.
+SEQUENCES = {"seed": st.integers(0, 2**32 - 1), "length": st.integers(0, 400),
+             "runs": st.integers(1, 4), "rate": st.sampled_from([0.0, 0.05, 0.2, 0.5, 1.0]),
+             "settings_name": st.sampled_from(sorted(SETTINGS))}
+
+
 @bounded(150)
-@given(seed=st.integers(0, 2**32 - 1), length=st.integers(0, 400), runs=st.integers(1, 4),
-       rate=st.sampled_from([0.0, 0.05, 0.2, 0.5, 1.0]), settings_name=st.sampled_from(
-           sorted(SETTINGS)))
+@given(**SEQUENCES)
 def test_mutated_sequences(seed: int, length: int, runs: int, rate: float,
                            settings_name: str) -> None:
     """Sequences of up to 400 records, from undamaged (rate 0) to every record damaged
@@ -72,9 +76,7 @@ def test_long_mutated_sequences(seed: int, settings_name: str) -> None:
 
 
 @bounded(60)
-@given(seed=st.integers(0, 2**32 - 1), length=st.integers(0, 400), runs=st.integers(1, 4),
-       rate=st.sampled_from([0.0, 0.05, 0.2, 0.5, 1.0]), settings_name=st.sampled_from(
-           sorted(SETTINGS)))
+@given(**SEQUENCES)
 def test_the_fast_path_changes_nothing(seed: int, length: int, runs: int, rate: float,
                                        settings_name: str) -> None:
     """``Assembler.feed_record`` applies an in-order provider event of an open run without

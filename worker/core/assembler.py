@@ -349,8 +349,8 @@ class Assembler:
         if isinstance(item, op.AppendArgs):  # the most frequent op by far: before the match
             return self._args(run, item.key, item.text, replace=False)
         match item:
-            case op.SetArgs(key, text):
-                return self._args(run, key, text, replace=True)
+            case op.SetArgs():
+                return self._args(run, item.key, item.text, replace=True)
             case op.OpenCall():
                 return self._open(run, item)
             case op.Identify(key, call_id, name):

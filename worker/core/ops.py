@@ -62,32 +62,30 @@ class Identify:
         return f"Identify({self.key!r})"
 
 
-class AppendArgs:
+class _Text:
+    """Argument text for the call at ``key`` (the base of the two ops that carry some)."""
+
+    __slots__ = ("key", "text")
+    __match_args__ = ("key", "text")
+
+    def __init__(self, key: str, text: str) -> None:
+        self.key: Final = key
+        self.text: Final = text
+
+    def __repr__(self) -> str:  # never the text: it may hold a secret
+        return f"{type(self).__name__}({self.key!r}, <{len(self.text)} characters>)"
+
+
+class AppendArgs(_Text):
     """One fragment of argument text, appended as opaque text."""
 
-    __slots__ = ("key", "text")
-    __match_args__ = ("key", "text")
-
-    def __init__(self, key: str, text: str) -> None:
-        self.key: Final = key
-        self.text: Final = text
-
-    def __repr__(self) -> str:  # never the text: it may hold a secret
-        return f"AppendArgs({self.key!r}, <{len(self.text)} characters>)"
+    __slots__ = ()
 
 
-class SetArgs:
+class SetArgs(_Text):
     """The provider's own full argument text (Responses ``.done``), which replaces the buffer."""
 
-    __slots__ = ("key", "text")
-    __match_args__ = ("key", "text")
-
-    def __init__(self, key: str, text: str) -> None:
-        self.key: Final = key
-        self.text: Final = text
-
-    def __repr__(self) -> str:  # never the text: it may hold a secret
-        return f"SetArgs({self.key!r}, <{len(self.text)} characters>)"
+    __slots__ = ()
 
 
 class CloseCall:
