@@ -3,8 +3,8 @@
 Feeds the mutation fuzzer's records (``tests/mutation_fuzz.py``: recorded provider streams,
 damaged, re-delivered, interleaved) to an assembler under every fuzz setting, and prints
 whether the core is compiled, the number of emits and a digest of all of them (DLQ details
-included). Run it once in an environment with the compiled core and once with the pure one
-(``LATCH_PURE_PYTHON=1 pip install -e .`` in another clone): the two digests must be equal.
+included). Run it once in an environment with the compiled core (``pip install .``) and once
+with the pure one (``pip install -e .``): the two digests must be equal. ``.ci/run`` does.
 
     python bench/compiled_equivalence.py --seeds 150
 """
