@@ -75,6 +75,12 @@ def _first(events: list[dict[str, Any]], test: Callable[[dict[str, Any]], bool])
     return copy.deepcopy(next(e for e in events if test(e)))
 
 
+def _first_of(events: list[dict[str, Any]], kind: str, field: str,
+              field_type: str) -> dict[str, Any]:
+    """The first event of type ``kind`` whose ``field`` is of type ``field_type``."""
+    return _first(events, lambda e: e["type"] == kind and e[field]["type"] == field_type)
+
+
 def _chat_delta(event: dict[str, Any]) -> dict[str, Any]:
     choices = event.get("choices") or [{}]
     delta: dict[str, Any] = choices[0].get("delta") or {}
@@ -95,14 +101,11 @@ class Templates:
         anthropic = _events(fixtures, ANTHROPIC_FILE)
         kind = self._by_type(anthropic)
         self.a_start, self.a_stop = kind["message_start"], kind["message_stop"]
-        self.a_text_block = _first(anthropic, lambda e: e["type"] == "content_block_start"
-                                   and e["content_block"]["type"] == "text")
-        self.a_tool_block = _first(anthropic, lambda e: e["type"] == "content_block_start"
-                                   and e["content_block"]["type"] == "tool_use")
-        self.a_text = _first(anthropic, lambda e: e["type"] == "content_block_delta"
-                             and e["delta"]["type"] == "text_delta")
-        self.a_json = _first(anthropic, lambda e: e["type"] == "content_block_delta"
-                             and e["delta"]["type"] == "input_json_delta")
+        self.a_text_block = _first_of(anthropic, "content_block_start", "content_block", "text")
+        self.a_tool_block = _first_of(anthropic, "content_block_start", "content_block",
+                                      "tool_use")
+        self.a_text = _first_of(anthropic, "content_block_delta", "delta", "text_delta")
+        self.a_json = _first_of(anthropic, "content_block_delta", "delta", "input_json_delta")
         self.a_block_stop, self.a_delta = kind["content_block_stop"], kind["message_delta"]
         responses = _events(fixtures, RESPONSES_FILE)
         kind = self._by_type(responses)
@@ -110,12 +113,10 @@ class Templates:
         self.r_text = kind["response.output_text.delta"]
         self.r_args = kind["response.function_call_arguments.delta"]
         self.r_args_done = kind["response.function_call_arguments.done"]
-        self.r_call = _first(responses, lambda e: e["type"] == "response.output_item.added"
-                             and e["item"]["type"] == "function_call")
-        self.r_message = _first(responses, lambda e: e["type"] == "response.output_item.added"
-                                and e["item"]["type"] == "message")
-        self.r_call_done = _first(responses, lambda e: e["type"] == "response.output_item.done"
-                                  and e["item"]["type"] == "function_call")
+        self.r_call = _first_of(responses, "response.output_item.added", "item", "function_call")
+        self.r_message = _first_of(responses, "response.output_item.added", "item", "message")
+        self.r_call_done = _first_of(responses, "response.output_item.done", "item",
+                                     "function_call")
         self.tool = {"name": "write_file", "description": "Write a file.", "parameters": {
             "type": "object", "properties": {"path": {"type": "string"},
                                              "content": {"type": "string"}},

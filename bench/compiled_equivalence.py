@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from mutation_fuzz import SETTINGS, records
 
-import worker.core.assembler as assembler_module
+import worker
 from worker.core import Assembler
 
 
@@ -44,7 +44,7 @@ def main() -> None:
                 count += len(out)
                 digest.update(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS, default=repr))
             digest.update(orjson.dumps(sorted(assembler.stats.items())))
-    compiled = (assembler_module.__file__ or "").endswith((".so", ".pyd"))
+    compiled = worker.compiled_core()
     print(f"compiled: {compiled}  emits: {count}  digest: {digest.hexdigest()}")
 
 

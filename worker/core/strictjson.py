@@ -35,20 +35,10 @@ import orjson
 MAX_DEPTH = 64
 
 
-def nested_deeper(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether ``value`` nests arrays and objects more than ``limit`` levels deep (iterative:
-    no recursion, whatever the depth)."""
-    if not isinstance(value, dict | list):
-        return False
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        for child in node.values() if isinstance(node, dict) else node:
-            if isinstance(child, dict | list):
-                stack.append((child, depth + 1))
-    return False
+def nested_deeper(value: Any) -> bool:
+    """Whether ``value`` nests arrays and objects more than :data:`MAX_DEPTH` levels deep
+    (iterative: no recursion, whatever the depth)."""
+    return _Shape(value).too_deep
 
 
 @dataclass(frozen=True, slots=True)
