@@ -43,8 +43,8 @@ from typing import Any
 
 import orjson
 
-from worker.capture import provider_events
 from worker.core import Assembler, AssembleSettings
+from worker.tools.capture import provider_events
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "providers"
 CHAT_FILE = "openai-python/.inline-snapshot/external/" \

@@ -6,7 +6,7 @@
 
 What it does:
 
-1. starts its own broker (``worker.broker`` in a temp dir, on spare ports) unless
+1. starts its own broker (``worker.tools.broker`` in a temp dir, on spare ports) unless
    ``--bootstrap`` is given, and creates a stack of uniquely named topics;
 2. starts worker A and publishes ``--runs`` runs of the three providers, each ``run.start``
    and ``--events-per-run`` provider events: the openings (message/response start, the call's
@@ -63,7 +63,7 @@ from confluent_kafka.admin import (  # noqa: E402
     ResourceType,
 )
 
-from tests.integration.worker_harness import (  # noqa: E402
+from tests.worker_harness import (  # noqa: E402
     FAST_FAUST,
     PROVIDERS,
     Reader,
@@ -73,8 +73,9 @@ from tests.integration.worker_harness import (  # noqa: E402
     make_stack,
     publish,
 )
-from worker import admin, chaos  # noqa: E402  (Broker.own: a broker in a temp dir on spare ports)
 from worker.core import Assembler, Topic  # noqa: E402
+from worker.runtime import admin  # noqa: E402
+from worker.tools.chaos import run as chaos  # noqa: E402  (Broker.own: a broker in a temp dir on spare ports)
 
 # --------------------------------------------------------------------------- the prelude
 
@@ -86,7 +87,7 @@ from worker.core import Assembler, Topic  # noqa: E402
 PRELUDE = r'''
 import json as _json, os as _os, time as _time
 _T0 = _time.time()
-import worker.app as _app, worker.kafka_io as _kio, worker.step as _step
+import worker.runtime.app as _app, worker.runtime.kafka_io as _kio, worker.runtime.step as _step
 _OUT = open(_os.environ["LATCH_BENCH_STATS"], "a", buffering=1)
 def _emit(**kw):
     _OUT.write(_json.dumps(kw) + "\n")
@@ -446,7 +447,7 @@ class TimedReader(Reader):
 
 
 def _out(role: str, msg: Any) -> Any:
-    from tests.integration.worker_harness import Out
+    from tests.worker_harness import Out
     return Out(role, msg.partition(), msg.key(), orjson.loads(msg.value()))
 
 

@@ -1,6 +1,6 @@
 """Run the core's mutation fuzzer for a wall-clock budget (long runs outside CI).
 
-The same fuzzer as ``tests/property/test_fuzz_bounded.py`` (``tests/mutation_fuzz.py``: real
+The same fuzzer as ``tests/core/property/test_fuzz_bounded.py`` (``tests/mutation_fuzz.py``: real
 envelopes from the shared provider fixtures, damaged by structure, bytes and order, fed through
 one ``Assembler`` per sequence), but for as long as asked instead of a bounded number of
 examples: for long runs outside CI. Each sequence has its own seed; a failure prints the seed

@@ -1,4 +1,4 @@
-"""The proposed "group confirm" change to ``worker/app.py`` as a prelude, to measure it
+"""The proposed "group confirm" change to ``worker/runtime/app.py`` as a prelude, to measure it
 without editing the worker (docs/recovery.md, "Proposed changes"):
 
     python bench/bench_recovery.py --prelude bench/recovery_group_confirm.py
@@ -6,10 +6,10 @@ without editing the worker (docs/recovery.md, "Proposed changes"):
 A finished run's ``done`` head waits until the partition's sends are known delivered
 (checked without waiting at each record), or ``_GMAX`` runs wait, or the partition's next
 tick; then one confirm serves all of them. Today the worker waits for a broker round trip
-after every finished run. Stale once the change is in ``worker/app.py``. Not a module: it is
+after every finished run. Stale once the change is in ``worker/runtime/app.py``. Not a module: it is
 pasted into worker B's ``-c`` code after the benchmark's instrumentation.
 """
-import worker.app as _gapp
+import worker.runtime.app as _gapp
 from worker.core import Topic as _GTopic
 
 _GPENDING = {}
@@ -43,7 +43,7 @@ _g_orig_process = _gapp.LatchWorker._process
 
 async def _g_process(self, state, record):
     await _g_orig_process(self, state, record)
-    if record[0] == _gapp._TICK:
+    if record[0] == _gapp.TICK:
         await _g_flush(self, state, record[3]["partition"])
 
 

@@ -20,7 +20,7 @@ import orjson
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from worker import capture  # noqa: E402
+from worker.tools import capture  # noqa: E402
 
 TENANT = "acme"
 

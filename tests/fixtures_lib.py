@@ -7,8 +7,9 @@ directory; :func:`fixture` turns a missing directory or file into a test *failur
 message, never a skip, so that a CI job without the fixtures cannot pass by testing nothing.
 
 :func:`run_capture` runs a capture through exactly the code path of
-``latch assemble --from-sse PROVIDER --tools FILE CAPTURE``: :func:`worker.capture.provider_events`,
-:func:`worker.capture.envelopes`, then :meth:`worker.core.Assembler.feed_record` on each
+``latch assemble --from-sse PROVIDER --tools FILE CAPTURE``:
+:func:`worker.tools.capture.provider_events`,
+:func:`worker.tools.capture.envelopes`, then :meth:`worker.core.Assembler.feed_record` on each
 envelope's JSON bytes, and returns the output lines (``{"topic", "key", "value"}``).
 """
 
@@ -21,8 +22,8 @@ from typing import Any
 import orjson
 import pytest
 
-from worker import capture
 from worker.core import Assembler, AssembleSettings
+from worker.tools import capture
 
 FIXTURES = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures" / "providers"
 

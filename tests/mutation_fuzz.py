@@ -1,9 +1,10 @@
 """A mutation fuzzer for the pure core, shared by the bounded hypothesis test
-(``tests/property/test_fuzz_bounded.py``) and the wall-clock runner (``bench/fuzz_core.py``).
+(``tests/core/property/test_fuzz_bounded.py``) and the wall-clock runner (``bench/fuzz_core.py``).
 
 It starts from *real* envelopes: the recorded provider streams of the shared fixtures
 (``../shared/fixtures/providers``, read as ``latch assemble --from-sse`` reads them), wrapped as
-a gateway wraps them (``worker.capture.envelopes``). One :func:`records` sequence interleaves a
+a gateway wraps them (``worker.tools.capture.envelopes``). One :func:`records` sequence
+interleaves a
 few runs of those captures and, at a given rate, damages them the ways real input goes bad:
 
 * **structure**: a field deleted anywhere in the envelope or its event, a value replaced by one
@@ -37,10 +38,10 @@ from typing import Any
 
 import orjson
 
-from worker import capture
 from worker.core import Assembler, AssembleSettings, Emit, Topic
 from worker.core.envelope import TICK_KEY
-from worker.schemas import validator
+from worker.runtime.schemas import validator
+from worker.tools import capture
 
 FIXTURES = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures" / "providers"
 _OPENAI = "openai-python/.inline-snapshot/external"

@@ -74,14 +74,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 _LAZY = [
-    ("worker", "worker.app:main", "run the Kafka worker"),
-    ("topics", "worker.admin:main", "provision the topics (topics create)"),
-    ("broker", "worker.broker:main", "a local Kafka broker: start, stop, status"),
-    ("publish", "worker.publisher:main", "publish JSON-Lines envelopes"),
-    ("tail", "worker.tail:main", "print the output topics"),
-    ("demo", "worker.demo:main", "run the end-to-end demo"),
-    ("replay", "worker.replay:main", "replay a range of the events topic"),
-    ("chaos", "worker.chaos:main", "kill workers, restart the broker, verify the promises"),
+    ("worker", "worker.runtime.app:main", "run the Kafka worker"),
+    ("topics", "worker.runtime.admin:main", "provision the topics (topics create)"),
+    ("broker", "worker.tools.broker:main", "a local Kafka broker: start, stop, status"),
+    ("publish", "worker.runtime.publisher:main", "publish JSON-Lines envelopes"),
+    ("tail", "worker.tools.tail:main", "print the output topics"),
+    ("demo", "worker.tools.demo:main", "run the end-to-end demo"),
+    ("replay", "worker.runtime.replay:main", "replay a range of the events topic"),
+    ("chaos", "worker.tools.chaos.run:main",
+     "kill workers, restart the broker, verify the promises"),
 ]
 
 
@@ -98,7 +99,7 @@ def _lazy(target: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _assemble(args: argparse.Namespace) -> int:
-    from worker.config import ConfigError, load_config
+    from worker.runtime.config import ConfigError, load_config
 
     try:
         config = load_config(args.config)
@@ -136,7 +137,7 @@ def _input_lines(name: str) -> Iterable[bytes]:
 
 
 def _capture_lines(args: argparse.Namespace) -> Iterable[bytes]:
-    from worker import capture
+    from worker.tools import capture
 
     if not args.tools:
         raise CliError("--from-sse needs --tools FILE (the JSON array of the run's tools)")

@@ -7,7 +7,7 @@ Public API::
     Assembler(settings).expire(now_ms) -> list[Emit]
 
 Nothing under ``worker.core`` imports faust, aiokafka, confluent_kafka, opentelemetry,
-asyncio or socket, or reads the time; ``tests/unit/test_core_purity.py`` holds it to that.
+asyncio or socket, or reads the time; ``tests/core/unit/test_core_purity.py`` holds it to that.
 """
 
 from worker.core.assembler import Assembler

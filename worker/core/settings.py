@@ -1,6 +1,6 @@
 """The assembler's settings: the ``agent_stream_assemble`` section of ``latch.yaml``.
 
-Frozen and plain so that the core never reads a file or the environment; ``worker.config``
+Frozen and plain so that the core never reads a file or the environment; ``worker.runtime.config``
 loads, validates and overrides them, then hands one instance to :class:`~worker.core.Assembler`.
 """
 

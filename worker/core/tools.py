@@ -111,7 +111,7 @@ def _compile(schema: Any) -> SchemaCheck:
 # a ``properties`` that first asks the class's own ``type`` keyword about a property whose
 # subschema is nothing but a ``type``, and skips ``descend`` when that passes. Anything else,
 # and every property that fails, goes through jsonschema's ``properties`` itself, so the
-# verdicts and the errors are jsonschema's (``tests/unit/test_tools.py`` compares them).
+# verdicts and the errors are jsonschema's (``tests/core/unit/test_tools.py`` compares them).
 
 _QUICK: dict[type[Any], type[Any]] = {}
 

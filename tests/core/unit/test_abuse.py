@@ -1,0 +1,666 @@
+"""Bad input and abuse: every kind has a defined result, and this file proves each one.
+
+One test per case; its docstring states the defined result. Two groups:
+
+* **Memory budgets** (``worker.core.assembler``, "Memory budgets"): a flood of open runs
+  (``max_open_runs``), argument text beyond the partition's byte budget
+  (``max_buffered_bytes``), and a flood of tool-call starts in one run. Running out never
+  refuses a record or drops a call: runs are ended, least recently active first, and every call
+  still gets exactly one outcome.
+* **Hostile records**: huge fragments, deep nesting, mismatched keys, unknown providers and
+  runs, late events, invalid UTF-8, non-object records, wrong versions and seqs, oversize run
+  ids, NUL characters and lone surrogates. Each goes to the DLQ with a named reason, or gets a
+  named outcome, and nothing raises.
+
+Every test feeds records through ``Assembler.feed_record`` as the worker does, and every output
+line is checked to serialize with orjson (what the worker publishes) and to validate against
+``schemas/output-line.schema.json``.
+"""
+
+from __future__ import annotations
+
+import base64
+import gc
+import tracemalloc
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+import pytest
+from builders import (
+    ANTHROPIC,
+    CHAT,
+    PROVIDERS,
+    RESPONSES,
+    anthropic_message_start,
+    anthropic_tail,
+    anthropic_text_block,
+    anthropic_tool_block,
+    cancel,
+    chat_chunk,
+    chat_tool,
+    chat_tool_delta,
+    committed,
+    dlq,
+    errors,
+    feed,
+    finals,
+    outcome_ids,
+    provider_event,
+    provider_run,
+    reasons,
+    responses_call,
+    responses_head,
+    responses_tail,
+    run_envelopes,
+    run_start,
+    stream_end,
+    stream_error,
+    tools_for,
+)
+
+from worker.core import Assembler, AssembleSettings, Emit, Topic
+from worker.core.envelope import MAX_RUN_ID_LENGTH
+from worker.core.strictjson import MAX_DEPTH
+from worker.runtime.schemas import validator
+
+OBJECT = {"type": "object"}
+TOOLS = {"f": OBJECT}
+MiB = 1024 * 1024
+
+OPEN_RUN_CONTENT = ("budget_exceeded: the worker's open-run budget (10 runs) was exhausted; "
+                    "the least recently active run was ended")
+
+
+def make(**settings: Any) -> Assembler:
+    return Assembler(AssembleSettings(**settings))
+
+
+def start(run_id: str, provider: str = CHAT, **kw: Any) -> dict[str, Any]:
+    return run_start(run_id, provider, tools_for(provider, TOOLS), **kw)
+
+
+def call_start(run_id: str, seq: int, call_id: str, index: int = 0) -> dict[str, Any]:
+    """A chat chunk that opens call ``call_id`` at tool ``index`` with empty arguments."""
+    return provider_event(run_id, seq, chat_chunk([chat_tool_delta(index, call_id, "f", "")]))
+
+
+def args(run_id: str, seq: int, text: str, index: int = 0) -> dict[str, Any]:
+    """A chat chunk with one argument fragment for tool ``index``."""
+    return provider_event(run_id, seq, chat_chunk([chat_tool_delta(index, arguments=text)]))
+
+
+def checked(emits: Iterable[Emit]) -> list[Emit]:
+    """``emits``, each asserted to serialize with orjson (as the worker publishes it) and to
+    validate as a ``latch assemble`` line."""
+    emits = list(emits)
+    schema = validator("output-line")
+    for emit in emits:
+        orjson.dumps(emit.value)
+        line = emit.as_line()
+        orjson.dumps(line)
+        assert schema.is_valid(line), line
+    return emits
+
+
+def one_outcome_each(emits: Iterable[Emit], call_ids: Iterable[str]) -> None:
+    """Every id in ``call_ids`` has exactly one committed call or error result, and nothing
+    else has one."""
+    assert Counter(outcome_ids(emits)) == Counter({c: 1 for c in call_ids})
+
+
+def the_dlq_record(emits: list[Emit]) -> dict[str, Any]:
+    """The only record of ``emits``, which must be a DLQ record."""
+    assert [e.topic for e in emits] == [Topic.DLQ], emits
+    return emits[0].value
+
+
+def nested(depth: int) -> str:
+    """An object holding arrays, ``depth`` levels in all (the object is level 1)."""
+    return '{"a":' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+
+
+# -- memory budget: open runs ------------------------------------------------------------------
+
+
+def test_open_run_flood_ends_the_least_recently_active_runs() -> None:
+    """100 runs against ``max_open_runs: 10``: every ``run.start`` is accepted (no DLQ record),
+    and each one beyond the tenth first ends the least recently active open run, whose call
+    fails ``budget_exceeded`` and whose final status is ``failed``. Activity, not age, decides:
+    r00 had an event after r01..r09 started, so r01..r09 end before it. The last ten runs stay
+    open and commit; all 100 calls get exactly one outcome."""
+    asm = make(max_open_runs=10)
+    rid = [f"r{i:02d}" for i in range(100)]
+    emits: list[Emit] = []
+    for i in range(10):
+        emits += feed(asm, [start(rid[i]), call_start(rid[i], 1, f"call_{i}")])
+    emits += feed(asm, [args("r00", 2, '{"n": 0')])
+    assert emits == []
+    for i in range(10, 100):
+        emits += feed(asm, [start(rid[i]), call_start(rid[i], 1, f"call_{i}")])
+    assert dlq(emits) == []
+    ended = [f["run_id"] for f in finals(emits)]
+    assert ended == [*rid[1:10], "r00", *rid[10:90]]
+    assert asm.open_run_ids() == rid[90:]
+    assert {f["status"] for f in finals(emits)} == {"failed"}
+    assert {e["content"] for e in errors(emits)} == {OPEN_RUN_CONTENT}
+    assert set(reasons(emits)) == {"budget_exceeded"} and len(errors(emits)) == 90
+    for i in range(90, 100):
+        emits += feed(asm, [args(rid[i], 2, "{}"), stream_end(rid[i], 3)])
+    assert [c["call_id"] for c in committed(emits)] == [f"call_{i}" for i in range(90, 100)]
+    one_outcome_each(checked(emits), [f"call_{i}" for i in range(100)])
+    assert asm.stats["evicted_open_runs"] == 90 and asm.open_runs == 0
+
+
+def test_run_ended_by_the_open_run_budget_is_finished() -> None:
+    """A run ended to make room is finished like any other: a later provider event of it goes
+    to the DLQ as ``run_finished``, and a later ``stream.end`` or cancel is ignored and
+    counted."""
+    asm = make(max_open_runs=1)
+    feed(asm, [start("a"), call_start("a", 1, "call_a"), start("b")])
+    assert dlq(feed(asm, [args("a", 2, "{}")]))[0]["reason"] == "run_finished"
+    before = asm.stats["ignored_after_end"]
+    assert feed(asm, [stream_end("a", 3), cancel("a")]) == []
+    assert asm.stats["ignored_after_end"] == before + 2
+
+
+def test_redelivered_envelopes_do_not_make_a_run_recently_active() -> None:
+    """Only applied envelopes count as activity: a re-delivered one (seq already applied) is
+    ignored and leaves the run where it was in the eviction order."""
+    asm = make(max_open_runs=2)
+    feed(asm, [start("a"), call_start("a", 1, "call_a"), start("b"), call_start("b", 1, "call_b")])
+    feed(asm, [call_start("a", 1, "call_a")])  # a duplicate of a's seq 1
+    emits = feed(asm, [start("c")])
+    assert [f["run_id"] for f in finals(emits)] == ["a"]
+
+
+# -- memory budget: buffered argument bytes ----------------------------------------------------
+
+
+def test_byte_budget_ends_least_recently_active_runs_holding_text() -> None:
+    """``max_buffered_bytes: 1000`` with runs buffering 300 bytes each: a fragment that would
+    cross the budget ends the least recently active run *holding text*, other than its own run,
+    until it fits; that run's call fails ``budget_exceeded`` (status ``failed``). A run holding
+    nothing (e) is never ended for bytes, however idle. The total is kept exactly, and the
+    surviving runs commit."""
+    asm = make(max_buffered_bytes=1000)
+    head = '{"p":"' + "x" * 294  # 300 bytes
+    emits = feed(asm, [start("e"), call_start("e", 1, "call_e")])
+    for run_id in ("a", "b", "c"):
+        emits += feed(asm, [start(run_id), call_start(run_id, 1, f"call_{run_id}"),
+                            args(run_id, 2, head)])
+    assert asm.buffered_bytes == 900 and emits == []
+    emits += feed(asm, [start("d"), call_start("d", 1, "call_d"), args("d", 2, head)])
+    assert [f["run_id"] for f in finals(emits)] == ["a"]
+    assert asm.buffered_bytes == 900
+    emits += feed(asm, [args("b", 3, "x" * 100)])  # exactly 1000: fits, and b is now recent
+    assert asm.buffered_bytes == 1000 and len(finals(emits)) == 1
+    emits += feed(asm, [args("c", 3, "x" * 100)])  # ends d (holding, least recent), not b or e
+    assert [f["run_id"] for f in finals(emits)] == ["a", "d"]
+    assert asm.buffered_bytes == 800 and sorted(asm.open_run_ids()) == ["b", "c", "e"]
+    content = ("budget_exceeded: the worker's argument byte budget (1000 bytes) was exhausted; "
+               "the least recently active run was ended")
+    assert [(e["tool_call_id"], e["content"]) for e in errors(emits)] == [
+        ("call_a", content), ("call_d", content)]
+    for run_id in ("b", "c"):
+        emits += feed(asm, [args(run_id, 4, '"}'), stream_end(run_id, 5)])
+    emits += feed(asm, [stream_end("e", 2)])
+    assert sorted(c["call_id"] for c in committed(emits)) == ["call_b", "call_c", "call_e"]
+    assert {f["run_id"]: f["status"] for f in finals(emits)} == {
+        "a": "failed", "d": "failed", "b": "completed", "c": "completed", "e": "completed"}
+    one_outcome_each(checked(emits), ["call_a", "call_b", "call_c", "call_d", "call_e"])
+    assert asm.buffered_bytes == 0 and asm.stats["evicted_buffered_bytes"] == 2
+
+
+def test_run_alone_over_the_byte_budget_fails_only_the_receiving_call() -> None:
+    """When the receiving run alone would cross ``max_buffered_bytes``, ending other runs
+    cannot help and none is ended: the call that received the fragment fails
+    ``budget_exceeded``, its buffer is dropped, its later fragments are ignored, and the run's
+    other calls commit."""
+    asm = make(max_buffered_bytes=1000)
+    emits = feed(asm, [start("a"), call_start("a", 1, "call_a"), args("a", 2, "{" + " " * 299)])
+    emits += feed(asm, [start("b"), call_start("b", 1, "call_b0", 0),
+                        call_start("b", 2, "call_b1", 1),
+                        args("b", 3, "{" + " " * 599, 0), args("b", 4, "{" + " " * 499, 1)])
+    assert finals(emits) == [] and asm.buffered_bytes == 900
+    assert asm.stats["calls_over_buffered_bytes"] == 1
+    emits += feed(asm, [args("b", 5, "}", 1), args("b", 6, "}", 0), stream_end("b", 7),
+                        args("a", 3, "}"), stream_end("a", 4)])
+    [error] = errors(emits)
+    assert error["tool_call_id"] == "call_b1" and error["content"] == (
+        "budget_exceeded: the worker's argument byte budget (1000 bytes) cannot hold this run's "
+        "calls; this call's text was dropped")
+    assert sorted(c["call_id"] for c in committed(emits)) == ["call_a", "call_b0"]
+    one_outcome_each(checked(emits), ["call_a", "call_b0", "call_b1"])
+    assert asm.buffered_bytes == 0
+
+
+def test_restated_arguments_replace_their_bytes() -> None:
+    """The Responses API restates a call's whole text (``arguments.done``, ``output_item.done``):
+    the restatement replaces the buffer, so the bytes are counted once, and they are released
+    when the run ends."""
+    asm = make()
+    text = '{"p": "' + "x" * 293 + '"}'  # 302 bytes
+    events = [*responses_head(), *responses_call(0, "call_1", "f", text)]
+    feed(asm, run_envelopes("r1", RESPONSES, tools_for(RESPONSES, TOOLS), events, end=False))
+    assert asm.buffered_bytes == 302
+    emits = feed(asm, [provider_event("r1", 99, responses_tail())])
+    assert [c["call_id"] for c in committed(emits)] == ["call_1"]
+    assert asm.buffered_bytes == 0
+
+
+# -- memory budget: calls per run --------------------------------------------------------------
+
+
+def test_flood_of_tool_call_starts_in_one_chunk_ends_the_run() -> None:
+    """One chat chunk that starts 10,000 calls: a run may hold ``4 *
+    max_tool_calls_in_flight_assemble`` calls (placeholders included), so the 129th call start
+    (defaults: 4 * 32 + 1) ends the whole run with status ``failed``. Exactly those 129 calls
+    get an outcome, each ``too_many_tool_calls``; the rest of the chunk is not read."""
+    asm = make()
+    chunk = chat_chunk([chat_tool_delta(i, f"call_{i}", "f", "{}") for i in range(10_000)])
+    emits = feed(asm, [start("r1"), provider_event("r1", 1, chunk)])
+    [final] = finals(emits)
+    assert final["status"] == "failed" and len(final["outcomes"]) == 129
+    assert set(reasons(emits)) == {"too_many_tool_calls"}
+    one_outcome_each(checked(emits), [f"call_{i}" for i in range(129)])
+    assert asm.open_runs == 0 and asm.stats["runs_ended_too_many_calls"] == 1
+
+
+def test_flood_of_tool_call_starts_across_events_ends_the_run() -> None:
+    """Anthropic ``tool_use`` blocks started one event each, with
+    ``max_tool_calls_in_flight_assemble: 2``: calls 0-1 are in flight, calls 2-7 get failed
+    placeholders (``at most 2 calls may be assembled at once``), and the start of call 8 ends the
+    run (status ``failed``): the in-flight calls and call 8 fail ``too_many_tool_calls`` naming
+    the run-level cap. The blocks that follow go to the DLQ as ``run_finished``."""
+    asm = make(max_tool_calls_in_flight_assemble=2)
+    events = [anthropic_message_start()]
+    for i in range(12):
+        events += anthropic_tool_block(i, f"toolu_{i}", "f", "{}", pieces=1, stop=False)[:1]
+    envs = run_envelopes("r1", ANTHROPIC, tools_for(ANTHROPIC, TOOLS), events)
+    emits = feed(asm, envs)
+    [final] = finals(emits)
+    assert final["status"] == "failed"
+    by_id = {e["tool_call_id"]: e["content"] for e in errors(emits)}
+    cap = "too_many_tool_calls: the run started more than 8 calls; the whole run was ended"
+    placeholder = "too_many_tool_calls: at most 2 calls may be assembled at once"
+    assert by_id == {**{f"toolu_{i}": cap for i in (0, 1, 8)},
+                     **{f"toolu_{i}": placeholder for i in range(2, 8)}}
+    assert [d["reason"] for d in dlq(emits)] == ["run_finished"] * 3  # blocks 9, 10, 11
+    one_outcome_each(checked(emits), [f"toolu_{i}" for i in range(9)])
+
+
+# -- huge and deep input -----------------------------------------------------------------------
+
+
+def huge_fragment_run(provider: str, size: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The envelopes before a call's huge fragment, and the envelope carrying it."""
+    text = '{"p": "' + "x" * size + '"}'
+    if provider == CHAT:
+        head = [chat_chunk([chat_tool_delta(0, "call_1", "f", "")])]
+        huge = chat_chunk([chat_tool_delta(0, arguments=text)])
+    elif provider == ANTHROPIC:
+        head = [anthropic_message_start(), *anthropic_tool_block(0, "call_1", "f", "", stop=False)]
+        huge = {"type": "content_block_delta", "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": text}}
+    else:
+        head = [*responses_head(), *responses_call(0, "call_1", "f", "", done=False)]
+        huge = {"type": "response.output_item.done", "output_index": 0, "item": {
+            "type": "function_call", "id": "fc_0", "call_id": "call_1", "name": "f",
+            "arguments": text, "status": "completed"}}
+    envs = run_envelopes("r1", provider, tools_for(provider, TOOLS), head, end=False)
+    return envs, provider_event("r1", len(envs), huge)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_huge_single_fragment_is_never_kept(provider: str) -> None:
+    """A 10 MiB argument fragment in one delta (for Responses: a 10 MiB restated item) fails
+    the call ``arguments_exceed_max_bytes`` at once, and nothing keeps the text: the buffered
+    byte total stays 0, the memory still allocated after the record is far below its size (the
+    adapter keeps no copy either), and the final message is small."""
+    asm = make()
+    envs, huge = huge_fragment_run(provider, 10 * MiB)
+    feed(asm, envs)
+    record = orjson.dumps(huge)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        emits = asm.feed_record(None, record)
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < MiB, f"{kept} bytes still allocated after a {len(record)}-byte record"
+    assert asm.buffered_bytes == 0
+    end = (stream_end("r1", 999) if provider == CHAT
+           else provider_event("r1", 999, anthropic_tail()[-1] if provider == ANTHROPIC
+                               else responses_tail()))
+    emits += feed(asm, [end])
+    [error] = errors(checked(emits))
+    assert error["reason"] == "arguments_exceed_max_bytes"
+    assert error["content"] == "arguments_exceed_max_bytes: more than 262144 bytes of arguments"
+    assert len(orjson.dumps(finals(emits)[0])) < 4096
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_arguments_nested_10000_levels_are_invalid_json(provider: str) -> None:
+    """Arguments nesting 10,000 arrays fail ``invalid_json``; nothing recurses that deep, so
+    no ``RecursionError``, and the content quotes no argument text."""
+    emits = feed(make(), provider_run(provider, "r1", TOOLS, [("call_1", "f", nested(10_000))]))
+    [error] = errors(checked(emits))
+    assert error["reason"] == "invalid_json" and "[[" not in error["content"]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 255, 600, 1000])
+def test_arguments_nested_deeper_than_the_limit_are_invalid_json(provider: str,
+                                                                 depth: int) -> None:
+    """Arguments nesting more than 64 levels fail ``invalid_json`` ("arrays and objects nested
+    deeper than 64 levels"), whatever the caller's stack depth. Before this limit, orjson read
+    such a text (it reads up to 1024 levels) but could not write the committed call back (it
+    writes up to 254): the worker could not publish it, stopped, and met the same record again
+    on restart."""
+    emits = feed(make(), provider_run(provider, "r1", TOOLS, [("call_1", "f", nested(depth))]))
+    [error] = errors(checked(emits))
+    assert error["content"].startswith(
+        f"invalid_json: arrays and objects nested deeper than {MAX_DEPTH} levels")
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_arguments_nested_to_the_limit_commit(provider: str) -> None:
+    """Arguments nesting exactly 64 levels are valid and commit, and every output record,
+    final message included, serializes."""
+    emits = feed(make(), provider_run(provider, "r1", TOOLS, [("call_1", "f", nested(MAX_DEPTH))]))
+    assert [c["call_id"] for c in committed(checked(emits))] == ["call_1"]
+
+
+def test_event_nested_10000_levels_is_undecodable() -> None:
+    """An envelope whose event nests 10,000 levels is beyond what orjson reads: the DLQ gets
+    it as ``undecodable`` with its bytes, and the run goes on."""
+    asm = make()
+    feed(asm, [start("r1")])
+    value = b'{"v":1,"run_id":"r1","seq":1,"type":"provider.event","event":{"a":' + (
+        b"[" * 10_000 + b"]" * 10_000 + b"}}")
+    record = the_dlq_record(asm.feed_record(b"r1", value))
+    assert record["reason"] == "undecodable"
+    assert base64.b64decode(record["original_b64"]) == value
+    assert asm.is_open("r1")
+
+
+DEEP = orjson.loads(nested(MAX_DEPTH))  # 64 levels on its own, one more inside anything
+
+#: Provider events that would make an adapter keep a value nesting 65 levels or more.
+DEEP_KEPT_EVENTS = {
+    "anthropic_content_block": (ANTHROPIC, {"type": "content_block_start", "index": 0,
+                                            "content_block": {"type": "text", "text": "",
+                                                              "x": DEEP}}),
+    "anthropic_citation": (ANTHROPIC, {"type": "content_block_delta", "index": 0, "delta": {
+        "type": "citations_delta", "citation": {"x": DEEP}}}),
+    "responses_output_item": (RESPONSES, {"type": "response.output_item.added",
+                                          "output_index": 0, "item": {"type": "message",
+                                                                      "x": DEEP}}),
+    "responses_terminal_output": (RESPONSES, {"type": "response.completed", "response": {
+        "output": [{"type": "message", "x": DEEP}]}}),
+}
+
+
+@pytest.mark.parametrize("name", list(DEEP_KEPT_EVENTS))
+def test_event_part_kept_deeper_than_the_limit_is_invalid_envelope(name: str) -> None:
+    """A provider event whose part that the adapter keeps for the final message nests more
+    than 64 levels, though orjson reads it, is ``invalid_envelope``: the kept copy and the
+    final message that writes it back must behave the same at any stack depth. Nothing of
+    it is kept: the run goes on and completes."""
+    provider, event = DEEP_KEPT_EVENTS[name]
+    asm = make()
+    head = {ANTHROPIC: [anthropic_message_start(),
+                        *anthropic_text_block(0, "hi")[:1]],
+            RESPONSES: responses_head()}[provider]
+    feed(asm, [start("r1", provider), *(provider_event("r1", n, e)
+                                        for n, e in enumerate(head, 1))])
+    bad = provider_event("r1", 10, event)
+    record = the_dlq_record(asm.feed_record(b"r1", orjson.dumps(bad)))
+    assert record["reason"] == "invalid_envelope"
+    assert record["detail"] == f"arrays and objects nested deeper than {MAX_DEPTH} levels"
+    assert asm.is_open("r1")
+    rest = provider_run(provider, "r1", TOOLS, [("call_1", "f", "{}")])[1:]
+    emits = feed(asm, [{**e, "seq": e["seq"] + 20} for e in rest])
+    assert [c["call_id"] for c in committed(checked(emits))] == ["call_1"]
+    assert b'"x"' not in orjson.dumps(finals(emits)[0])
+
+
+def test_event_part_not_kept_may_nest_deeper() -> None:
+    """A part of an event that no adapter keeps (a ping's fields, an unknown field of a
+    chunk) is not bounded: it is read where it stands and dropped, and the run goes on."""
+    asm = make()
+    feed(asm, [start("r1")])
+    ignored = provider_event("r1", 1, {**chat_chunk(content="hi"), "x": DEEP})
+    assert asm.feed_record(b"r1", orjson.dumps(ignored)) == []
+    ok = provider_event("r1", 2, chat_chunk([chat_tool_delta(0, "call_1", "f", "{}")]))
+    emits = feed(asm, [ok, stream_end("r1", 3)])
+    assert [c["call_id"] for c in committed(checked(emits))] == ["call_1"]
+    assert finals(emits)[0]["message"]["content"] == "hi"
+
+
+def test_run_start_nested_deeper_than_the_limit_is_invalid_envelope() -> None:
+    """A ``run.start`` nesting more than 64 levels is ``invalid_envelope``: its tools are kept
+    for the run and their schemas compiled, which must not depend on the caller's stack."""
+    asm = make()
+    bad = {**start("r1"), "tools": [chat_tool("f", {"type": "object", "x": DEEP})]}
+    record = the_dlq_record(asm.feed_record(b"r1", orjson.dumps(bad)))
+    assert record["reason"] == "invalid_envelope"
+    assert record["detail"] == f"arrays and objects nested deeper than {MAX_DEPTH} levels"
+    assert not asm.is_open("r1")
+
+
+ORDER_KEY_EVENTS = {
+    "chat_tool_index_2**64-1": (
+        CHAT, chat_chunk([chat_tool_delta(2**64 - 1, "call_1", "f", "{}")])),
+    "chat_choice_2**60": (CHAT, chat_chunk([chat_tool_delta(0, "call_1", "f", "{}")],
+                                           choice=2**60)),
+    "anthropic_block_-1": (ANTHROPIC, {"type": "content_block_start", "index": -1,
+                                       "content_block": {"type": "tool_use", "id": "call_1",
+                                                         "name": "f", "input": {}}}),
+    "anthropic_block_true": (ANTHROPIC, {"type": "content_block_start", "index": True,
+                                         "content_block": {"type": "tool_use", "id": "call_1",
+                                                           "name": "f", "input": {}}}),
+    "responses_output_index_2**63": (RESPONSES, {
+        "type": "response.output_item.added", "output_index": 2**63,
+        "item": {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f",
+                 "arguments": ""}}),
+}
+
+
+@pytest.mark.parametrize("name", ORDER_KEY_EVENTS)
+def test_call_index_out_of_range(name: str) -> None:
+    """A provider event that opens a call at an index that is not an integer (``true``), is
+    negative, or is beyond 2**53 - 1 (tool, content block or output index, or chat choice),
+    goes to the DLQ as ``invalid_envelope``:
+    every outcome repeats the index, JSON readers lose precision beyond 2**53, and orjson
+    cannot write an integer beyond 2**64 - 1 (which the next chat call without an index would
+    have got). The run goes on."""
+    provider, event = ORDER_KEY_EVENTS[name]
+    asm = make()
+    feed(asm, [start("r1", provider)])
+    record = the_dlq_record(feed(asm, [provider_event("r1", 1, event)]))
+    assert record["reason"] == "invalid_envelope" and asm.is_open("r1")
+    emits = feed(asm, [stream_end("r1", 2)])
+    assert errors(checked(emits)) == [] and committed(emits) == []
+
+
+def test_deep_server_tool_input_is_not_written_back() -> None:
+    """An Anthropic server tool block whose ``partial_json`` text nests 300 levels (one
+    string in the envelope, so the envelope is shallow) is shown in the final message with
+    ``input: {}``: the final message always serializes."""
+    events = [anthropic_message_start(),
+              *anthropic_tool_block(0, "srvtoolu_1", "web_search", nested(300),
+                                    kind="server_tool_use"),
+              *anthropic_tail("end_turn")]
+    emits = feed(make(), run_envelopes("r1", ANTHROPIC, tools_for(ANTHROPIC, TOOLS), events))
+    [final] = finals(checked(emits))
+    assert final["message"]["content"][0]["input"] == {}
+
+
+# -- contract breaks that go to the DLQ --------------------------------------------------------
+
+
+def test_key_and_run_id_differ() -> None:
+    """A record whose key is not its envelope's run_id goes to the DLQ as ``key_mismatch``
+    (naming the envelope's run), and does not touch either run."""
+    asm = make()
+    feed(asm, [start("r1"), start("r2")])
+    emits = asm.feed_record(b"r2", orjson.dumps(args("r1", 1, "{}")))
+    record = the_dlq_record(emits)
+    assert record["reason"] == "key_mismatch" and record["run_id"] == "r1"
+    assert sorted(asm.open_run_ids()) == ["r1", "r2"]
+
+
+def test_unknown_provider() -> None:
+    """A ``run.start`` naming a provider Latch does not know goes to the DLQ as
+    ``unknown_provider``, and no run is opened (its events are then ``unknown_run``)."""
+    asm = make()
+    record = the_dlq_record(feed(asm, [{**start("r1"), "provider": "google.gemini"}]))
+    assert record["reason"] == "unknown_provider"
+    assert dlq(feed(asm, [args("r1", 1, "{}")]))[0]["reason"] == "unknown_run"
+
+
+def test_cancel_for_an_unknown_run() -> None:
+    """A cancel for a run that never started goes to the DLQ as ``unknown_run``."""
+    assert the_dlq_record(feed(make(), [cancel("nobody")]))["reason"] == "unknown_run"
+
+
+def test_events_after_the_run_ended() -> None:
+    """After a run's end: a provider event or a ``stream.error`` with a new seq goes to the DLQ
+    as ``run_finished``; a ``stream.end`` or a cancel is ignored and counted
+    (``ignored_after_end``); a re-delivered envelope is ignored and counted (``duplicates``).
+    No outcome changes."""
+    asm = make()
+    envs = provider_run(CHAT, "r1", TOOLS, [("call_1", "f", "{}")])
+    first = feed(asm, envs)
+    assert [c["call_id"] for c in committed(first)] == ["call_1"]
+    late = feed(asm, [args("r1", 50, "{}"), stream_error("r1", 51)])
+    assert [d["reason"] for d in dlq(late)] == ["run_finished", "run_finished"]
+    before = Counter(asm.stats)
+    assert feed(asm, [stream_end("r1", 52), cancel("r1"), envs[1]]) == []
+    assert asm.stats - before == Counter({"ignored_after_end": 2, "duplicates": 1})
+
+
+@pytest.mark.parametrize("value", [
+    b'{"v":1,"run_id":"r1","seq":0,"type":"run.start","provider":"openai.chat","tenant":"\xff"}',
+    b'{"v":1,"run_id":"r1","seq":1,"type":"provider.event","event":{"x":"\xc3"}}',
+    b'\xef\xbb\xbf{"v":1,"run_id":"r1","seq":1,"type":"stream.end"}',
+], ids=["invalid_byte", "truncated_sequence", "byte_order_mark"])
+def test_invalid_utf8(value: bytes) -> None:
+    """A record that is not valid UTF-8 (an invalid byte, a truncated multi-byte sequence, a
+    byte order mark) goes to the DLQ as ``undecodable``, its bytes preserved exactly."""
+    record = the_dlq_record(make().feed_record(b"r1", value))
+    assert record["reason"] == "undecodable"
+    assert base64.b64decode(record["original_b64"]) == value
+
+
+@pytest.mark.parametrize("value", [b"[]", b'[{"v":1}]', b"7", b"-1.5e3", b'"run.start"',
+                                   b"null", b"true"])
+def test_json_that_is_not_an_object(value: bytes) -> None:
+    """A record that is JSON but not an object (array, number, string, null, boolean) goes to
+    the DLQ as ``invalid_envelope`` and names no run."""
+    record = the_dlq_record(make().feed_record(None, value))
+    assert record["reason"] == "invalid_envelope" and record["run_id"] is None
+
+
+@pytest.mark.parametrize("version", [2, 0, "1", 1.0, None])
+def test_unsupported_version(version: Any) -> None:
+    """``v`` other than the integer 1 (``2``, ``0``, ``"1"``, ``1.0``, ``null``) goes to the
+    DLQ as ``unsupported_version``."""
+    record = the_dlq_record(feed(make(), [{**start("r1"), "v": version}]))
+    assert record["reason"] == "unsupported_version"
+
+
+@pytest.mark.parametrize("seq", [b"-1", b"1.5", b"2.0", b"1e3", b"true", b"false", b'"3"',
+                                 b"null", b"18446744073709551616"])
+def test_bad_seq(seq: bytes) -> None:
+    """A seq that is not a non-negative integer (negative, a float even when integral, a
+    boolean, a string, null, or 2**64, which orjson reads as a float) goes to the DLQ as
+    ``invalid_envelope``, and the open run is untouched."""
+    asm = make()
+    feed(asm, [start("r1")])
+    value = b'{"v":1,"run_id":"r1","type":"stream.end","seq":' + seq + b"}"
+    record = the_dlq_record(asm.feed_record(b"r1", value))
+    assert record["reason"] == "invalid_envelope" and asm.is_open("r1")
+
+
+def test_enormous_seq_is_accepted_and_later_envelopes_are_duplicates() -> None:
+    """The largest seq orjson reads as an integer (2**64 - 1) is valid and applied; every later
+    envelope of the run then has a seq already passed, so it is a re-delivery, ignored and
+    counted. The run still ends, by a cancel (or the idle timeout), with one outcome per call."""
+    asm = make()
+    emits = feed(asm, [start("r1"), call_start("r1", 2**64 - 1, "call_1")])
+    before = asm.stats["duplicates"]
+    emits += feed(asm, [args("r1", 5, "{}"), stream_end("r1", 6)])
+    assert asm.stats["duplicates"] == before + 2 and asm.is_open("r1")
+    emits += feed(asm, [cancel("r1")])
+    assert reasons(checked(emits)) == ["cancelled"]
+
+
+def test_run_id_of_100_kb() -> None:
+    """A run_id longer than 256 characters (here 100 KB) goes to the DLQ as
+    ``invalid_envelope``; the DLQ record names no run (the id is in the original bytes), so no
+    output repeats it."""
+    run_id = "r" * 100_000
+    record = the_dlq_record(feed(make(), [start(run_id)]))
+    assert record["reason"] == "invalid_envelope" and record["run_id"] is None
+    assert record["detail"] == f"run_id has 100000 characters, more than {MAX_RUN_ID_LENGTH}"
+
+
+def test_run_id_at_the_limit() -> None:
+    """A run_id of exactly 256 characters (multi-byte ones included) is accepted; 257 is
+    ``invalid_envelope``, on cancels as on stream envelopes."""
+    asm = make()
+    longest = "é" * MAX_RUN_ID_LENGTH
+    emits = [e for env in provider_run(CHAT, longest, TOOLS, [("call_1", "f", "{}")])
+             for e in asm.feed_record(longest.encode(), orjson.dumps(env))]
+    assert [c["run_id"] for c in committed(checked(emits))] == [longest]
+    assert the_dlq_record(feed(asm, [cancel("x" * 257)]))["reason"] == "invalid_envelope"
+
+
+def test_nul_characters_in_strings() -> None:
+    """An escaped NUL (``\\u0000``) is an ordinary character: in a run_id (and its key) and in
+    argument strings it is kept exactly and the call commits. An unescaped NUL byte inside a
+    JSON string is not JSON: in argument text the call fails ``invalid_json``; in a record the
+    DLQ gets it as ``undecodable``."""
+    asm = make()
+    run_id = "r\x001"
+    envs = provider_run(CHAT, run_id, TOOLS, [("call_1", "f", '{"p": "a\\u0000b"}'),
+                                              ("call_2", "f", '{"p": "a\x00b"}')])
+    emits = [e for env in envs for e in asm.feed_record(run_id.encode(), orjson.dumps(env))]
+    [ok] = committed(checked(emits))
+    assert ok["arguments"] == {"p": "a\x00b"} and ok["run_id"] == run_id
+    assert reasons(emits) == ["invalid_json"]
+    raw = (b'{"v":1,"run_id":"r2","seq":0,"type":"run.start","provider":"openai.chat",'
+           b'"tenant":"a\x00"}')
+    assert the_dlq_record(asm.feed_record(b"r2", raw))["reason"] == "undecodable"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_lone_surrogate_escapes_in_arguments(provider: str) -> None:
+    """A lone surrogate escape (``\\ud800`` without its pair, or a low one alone) in argument
+    text is not strict JSON: the call fails ``invalid_json``. A valid pair split across two
+    fragments is just text, reassembled, and commits."""
+    calls = [("call_1", "f", '{"p": "\\ud800"}'), ("call_2", "f", '{"p": "\\udc00x"}'),
+             ("call_3", "f", '{"p": "\\ud83d\\ude00"}')]
+    emits = checked(feed(make(), provider_run(provider, "r1", TOOLS, calls, pieces=2)))
+    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [
+        ("call_1", "invalid_json"), ("call_2", "invalid_json")]
+    [ok] = committed(emits)
+    assert ok["arguments"] == {"p": "\U0001f600"}
+
+
+def test_lone_surrogate_escape_in_an_envelope() -> None:
+    """A lone surrogate escape anywhere in a record's JSON (here assistant text) is not valid
+    JSON text for orjson: the DLQ gets the record as ``undecodable``; the run goes on."""
+    asm = make()
+    feed(asm, [start("r1")])
+    value = b'{"v":1,"run_id":"r1","seq":1,"type":"provider.event","event":{"choices":[' \
+            b'{"index":0,"delta":{"content":"\\ud800"}}]}}'
+    assert the_dlq_record(asm.feed_record(b"r1", value))["reason"] == "undecodable"
+    assert asm.is_open("r1")

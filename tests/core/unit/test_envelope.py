@@ -1,0 +1,316 @@
+"""Envelopes that cannot be applied go to the dead-letter topic (rule 9).
+
+Every :class:`~worker.core.model.DlqReason` is reached through ``Assembler.feed_record``,
+as the worker reaches it, and each DLQ record keeps the original bytes (``original_b64``)
+and key (``source.key_b64``) so that nothing the gateway sent is lost. Envelopes that are
+merely late or repeated are not contract breaks: they are ignored and counted.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+from builders import (
+    ANTHROPIC,
+    CHAT,
+    EMPTY_SCHEMA,
+    PROVIDERS,
+    cancel,
+    chat_chunk,
+    chat_tool_delta,
+    committed,
+    dlq,
+    feed,
+    provider_event,
+    provider_run,
+    run_start,
+    stream_end,
+    stream_error,
+    tools_for,
+)
+
+from worker.core import Assembler, AssembleSettings, DlqReason, Topic, decode
+from worker.core.envelope import Cancel, ProviderEvent, Rejected, RunStart, StreamEnd, Tick
+
+TOOLS = {"noop": EMPTY_SCHEMA}
+SECRET = "hunter2-SECRET"
+
+
+def start(run_id: str = "r1", seq: int = 0, **kw: Any) -> dict[str, Any]:
+    return run_start(run_id, CHAT, tools_for(CHAT, TOOLS), seq=seq, **kw)
+
+
+def finished_run(asm: Assembler, run_id: str = "r1") -> list[dict[str, Any]]:
+    envs = provider_run(CHAT, run_id, TOOLS, [("c1", "noop", "{}")])
+    feed(asm, envs)
+    return envs
+
+
+def raw(doc: Any) -> bytes:
+    return orjson.dumps(doc)
+
+
+#: (reason, setup, key, value): feeding ``value`` under ``key`` after ``setup(assembler)``
+#: must give exactly one DLQ record with ``reason``.
+Setup = Callable[[Assembler], Any]
+
+
+def nothing(asm: Assembler) -> None:
+    return None
+
+
+def open_run(asm: Assembler) -> None:
+    feed(asm, [start()])
+
+
+def finished(asm: Assembler) -> None:
+    finished_run(asm)
+
+
+CASES: list[tuple[str, DlqReason, Setup, bytes | None, bytes]] = [
+    ("not_json", DlqReason.UNDECODABLE, nothing, None, b"not json"),
+    ("invalid_utf8", DlqReason.UNDECODABLE, nothing, b"r1", b'{"v": 1, "run_id": "\xff"}'),
+    ("truncated_json", DlqReason.UNDECODABLE, nothing, None, b'{"v": 1, "run_id": "r1"'),
+    ("empty", DlqReason.UNDECODABLE, nothing, None, b""),
+    ("array", DlqReason.INVALID_ENVELOPE, nothing, None, b"[1, 2]"),
+    ("string", DlqReason.INVALID_ENVELOPE, nothing, None, b'"run.start"'),
+    ("no_run_id", DlqReason.INVALID_ENVELOPE, nothing, None,
+     raw({"v": 1, "seq": 0, "type": "stream.end"})),
+    ("empty_run_id", DlqReason.INVALID_ENVELOPE, nothing, None,
+     raw({"v": 1, "run_id": "", "seq": 0, "type": "stream.end"})),
+    ("run_id_not_string", DlqReason.INVALID_ENVELOPE, nothing, None,
+     raw({"v": 1, "run_id": 7, "seq": 0, "type": "stream.end"})),
+    ("negative_seq", DlqReason.INVALID_ENVELOPE, open_run, None,
+     raw({"v": 1, "run_id": "r1", "seq": -1, "type": "stream.end"})),
+    ("string_seq", DlqReason.INVALID_ENVELOPE, open_run, None,
+     raw({"v": 1, "run_id": "r1", "seq": "1", "type": "stream.end"})),
+    ("bool_seq", DlqReason.INVALID_ENVELOPE, open_run, None,
+     raw({"v": 1, "run_id": "r1", "seq": True, "type": "stream.end"})),
+    ("float_seq", DlqReason.INVALID_ENVELOPE, open_run, None,
+     raw({"v": 1, "run_id": "r1", "seq": 1.5, "type": "stream.end"})),
+    ("no_seq", DlqReason.INVALID_ENVELOPE, open_run, None,
+     raw({"v": 1, "run_id": "r1", "type": "provider.event", "event": {}})),
+    ("unknown_type", DlqReason.INVALID_ENVELOPE, open_run, None,
+     raw({"v": 1, "run_id": "r1", "seq": 1, "type": "stream.pause"})),
+    ("event_not_object", DlqReason.INVALID_ENVELOPE, open_run, None,
+     raw({"v": 1, "run_id": "r1", "seq": 1, "type": "provider.event", "event": [SECRET]})),
+    ("tools_not_array", DlqReason.INVALID_ENVELOPE, nothing, None,
+     raw({**start(), "tools": {"noop": {}}})),
+    ("limits_not_object", DlqReason.INVALID_ENVELOPE, nothing, None,
+     raw({**start(), "limits": [8]})),
+    ("negative_limit", DlqReason.INVALID_ENVELOPE, nothing, None,
+     raw(start(limits={"max_tool_calls": -1}))),
+    ("tenant_not_string", DlqReason.INVALID_ENVELOPE, nothing, None, raw(start(tenant=None)
+                                                                          | {"tenant": 5})),
+    ("negative_ts", DlqReason.INVALID_ENVELOPE, nothing, None, raw({**start(), "ts": -5})),
+    ("string_ts", DlqReason.INVALID_ENVELOPE, nothing, None, raw({**start(), "ts": "now"})),
+    ("tick_without_ts", DlqReason.INVALID_ENVELOPE, nothing, None, raw({"v": 1, "type": "tick"})),
+    ("malformed_provider_event", DlqReason.INVALID_ENVELOPE, open_run, b"r1",
+     raw(provider_event("r1", 1, {"choices": [{"delta": {"tool_calls": [SECRET]}}]}))),
+    ("version_2", DlqReason.UNSUPPORTED_VERSION, nothing, None, raw({**start(), "v": 2})),
+    ("version_missing", DlqReason.UNSUPPORTED_VERSION, nothing, None,
+     raw({k: v for k, v in start().items() if k != "v"})),
+    ("version_string", DlqReason.UNSUPPORTED_VERSION, nothing, None, raw({**start(), "v": "1"})),
+    ("version_true", DlqReason.UNSUPPORTED_VERSION, nothing, None, raw({**start(), "v": True})),
+    ("key_mismatch", DlqReason.KEY_MISMATCH, nothing, b"r2", raw(start("r1"))),
+    ("key_mismatch_on_event", DlqReason.KEY_MISMATCH, open_run, b"r2",
+     raw(provider_event("r1", 1, chat_chunk(content="hi")))),
+    ("key_mismatch_on_cancel", DlqReason.KEY_MISMATCH, open_run, b"R1", raw(cancel("r1"))),
+    ("unknown_provider", DlqReason.UNKNOWN_PROVIDER, nothing, None,
+     raw({**start(), "provider": "google.gemini"})),
+    ("missing_provider", DlqReason.UNKNOWN_PROVIDER, nothing, None,
+     raw({k: v for k, v in start().items() if k != "provider"})),
+    ("unhashable_provider", DlqReason.UNKNOWN_PROVIDER, nothing, None,
+     raw({**start(), "provider": ["openai.chat"]})),
+    ("unknown_run_event", DlqReason.UNKNOWN_RUN, nothing, b"r9",
+     raw(provider_event("r9", 1, chat_chunk(content="hi")))),
+    ("unknown_run_end", DlqReason.UNKNOWN_RUN, open_run, None, raw(stream_end("r9", 1))),
+    ("unknown_run_error", DlqReason.UNKNOWN_RUN, nothing, None, raw(stream_error("r9", 1))),
+    ("unknown_run_cancel", DlqReason.UNKNOWN_RUN, nothing, None, raw(cancel("r9"))),
+    ("event_after_finish", DlqReason.RUN_FINISHED, finished, b"r1",
+     raw(provider_event("r1", 99, chat_chunk([chat_tool_delta(0, "c2", "noop", "{}")])))),
+    ("error_after_finish", DlqReason.RUN_FINISHED, finished, None, raw(stream_error("r1", 99))),
+    ("second_start_open", DlqReason.DUPLICATE_RUN_START, open_run, b"r1", raw(start(seq=5))),
+    ("second_start_finished", DlqReason.DUPLICATE_RUN_START, finished, None,
+     raw(start(seq=99))),
+]
+
+
+def make(settings: dict[str, Any] | None = None) -> Assembler:
+    return Assembler(AssembleSettings(**(settings or {"max_open_runs": 1})))
+
+
+@pytest.mark.parametrize("reason, setup, key, value", [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_dlq_record(reason: DlqReason, setup: Setup, key: bytes | None, value: bytes) -> None:
+    """The record goes to the DLQ, alone, with its reason, its original bytes in
+    ``original_b64`` and its key in ``source.key_b64`` (and as the record key), a detail that
+    quotes no provider text, and a ``dlq_<reason>`` count; the open run is untouched."""
+    asm = make()
+    setup(asm)
+    open_before = asm.open_run_ids()
+    before = Counter(asm.stats)
+    emits = asm.feed_record(key, value)
+    assert [e.topic for e in emits] == [Topic.DLQ]
+    [record] = dlq(emits)
+    assert record["reason"] == reason.value
+    assert base64.b64decode(record["original_b64"]) == value
+    expected_key = None if key is None else base64.b64encode(key).decode()
+    assert record["source"]["key_b64"] == expected_key
+    assert emits[0].key == (None if key is None else key.decode("utf-8", "replace"))
+    assert SECRET not in record["detail"]
+    assert record["v"] == 1
+    assert (asm.stats - before) == Counter({f"dlq_{reason.value}": 1})
+    assert asm.open_run_ids() == open_before
+
+
+#: Written by the worker (``worker.runtime.app``) when the core itself raises: the core must never
+#: produce it, so no input may reach it through ``feed_record``.
+WORKER_ONLY = {DlqReason.INTERNAL_ERROR}
+
+
+def test_every_dlq_reason_is_reached() -> None:
+    """Every DLQ reason the core can give has a case above: adding a reason without a case
+    fails this test."""
+    assert {c[1] for c in CASES} == set(DlqReason) - WORKER_ONLY
+    assert {c[1] for c in CASES}.isdisjoint(WORKER_ONLY)
+
+
+def test_dlq_record_names_the_run_when_known() -> None:
+    """A contract break in a readable envelope names its run; undecodable bytes cannot."""
+    asm = make()
+    [bad] = dlq(asm.feed_record(b"r2", raw(start("r1"))))
+    assert bad["run_id"] == "r1"
+    [junk] = dlq(asm.feed_record(None, b"\x00"))
+    assert junk["run_id"] is None
+
+
+def test_source_coordinates_are_kept() -> None:
+    """The caller's source coordinates (topic, partition, offset) are kept beside the key."""
+    asm = make()
+    source = {"topic": "llm.stream.events", "partition": 3, "offset": 42}
+    [record] = dlq(asm.feed_record(b"k", b"nope", source=source))
+    assert record["source"] == {**source, "key_b64": base64.b64encode(b"k").decode()}
+    assert source == {"topic": "llm.stream.events", "partition": 3, "offset": 42}
+
+
+def test_binary_key_is_preserved_exactly() -> None:
+    """A key that is not UTF-8 is preserved byte for byte in ``source.key_b64``."""
+    key = b"\xff\x00r1"
+    [record] = dlq(make().feed_record(key, raw(start("r1"))))
+    assert base64.b64decode(record["source"]["key_b64"]) == key
+    assert record["reason"] == "key_mismatch"
+
+
+def test_matching_key_is_accepted() -> None:
+    """A key equal to the run id (the normal case) is no mismatch."""
+    asm = make()
+    envs = provider_run(CHAT, "r1", TOOLS, [("c1", "noop", "{}")])
+    emits = [e for env in envs for e in asm.feed_record(b"r1", raw(env))]
+    assert dlq(emits) == [] and len(committed(emits)) == 1
+
+
+def test_open_run_limit_ends_the_oldest_run_instead_of_refusing() -> None:
+    """With ``max_open_runs: 1`` a second ``run.start`` is no DLQ record: it is accepted, and
+    the first run is ended (final status ``failed``) to make room (tests/core/unit/test_abuse.py
+    holds the whole policy)."""
+    asm = make()
+    feed(asm, [start("r1")])
+    emits = feed(asm, [start("r2")])
+    assert dlq(emits) == [] and [e.value["status"] for e in emits] == ["failed"]
+    assert asm.open_run_ids() == ["r2"]
+
+
+def test_run_ended_at_the_limit_is_finished() -> None:
+    """A run ended to make room is finished: its later events are ``run_finished``."""
+    asm = make()
+    feed(asm, [start("r1"), start("r2")])
+    [record] = dlq(feed(asm, [provider_event("r1", 1, chat_chunk(content="x"))]))
+    assert record["reason"] == "run_finished"
+
+
+# -- late and repeated envelopes are not contract breaks -------------------------------------
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_redelivered_run_start_is_a_duplicate(provider: str) -> None:
+    """``run.start`` delivered again with the same seq (open or finished run) is ignored
+    and counted, never a DLQ record."""
+    asm = make()
+    envs = provider_run(provider, "r1", TOOLS, [("c1", "noop", "{}")])
+    assert feed(asm, [envs[0], envs[0]]) == []
+    feed(asm, envs[1:])
+    assert feed(asm, [envs[0]]) == []
+    assert asm.stats["duplicates"] == 2
+
+
+def test_stream_end_after_finish_is_ignored() -> None:
+    """A ``stream.end`` with a new seq after the provider's own end is ignored, not DLQ'd."""
+    asm = make()
+    feed(asm, provider_run(ANTHROPIC, "r1", TOOLS, [("c1", "noop", "{}")], end=False))
+    before = sum(asm.stats.values())
+    assert feed(asm, [stream_end("r1", 50)]) == []
+    assert sum(asm.stats.values()) == before + 1
+
+
+def test_events_after_cancel_are_ignored() -> None:
+    """After a cancel, any envelope of the run is ignored (not DLQ'd) and counted."""
+    asm = make()
+    feed(asm, [start("r1"), cancel("r1")])
+    late = [provider_event("r1", 1, chat_chunk(content="x")), stream_end("r1", 2),
+            stream_error("r1", 3), cancel("r1")]
+    before = Counter(asm.stats)
+    assert feed(asm, late) == []
+    assert sum((asm.stats - before).values()) == len(late)
+
+
+def test_remembered_runs_are_bounded() -> None:
+    """Finished runs are remembered up to ``remember_finished_runs``; beyond that the
+    oldest is forgotten (its late events become ``unknown_run``)."""
+    asm = make({"remember_finished_runs": 2})
+    for run_id in ("a", "b", "c"):
+        finished_run(asm, run_id)
+    late = {run_id: dlq(feed(asm, [provider_event(run_id, 99, chat_chunk(content="x"))]))
+            for run_id in ("a", "b", "c")}
+    assert late["a"][0]["reason"] == "unknown_run"
+    assert late["b"][0]["reason"] == late["c"][0]["reason"] == "run_finished"
+
+
+# -- decode ----------------------------------------------------------------------------------
+
+
+def test_decode_types() -> None:
+    """``decode`` turns each envelope type into its value type, and never raises."""
+    assert isinstance(decode(None, raw(start())), RunStart)
+    assert isinstance(decode(None, raw(provider_event("r1", 1, {}))), ProviderEvent)
+    assert isinstance(decode(None, raw(stream_end("r1", 2))), StreamEnd)
+    assert isinstance(decode(None, raw(cancel("r1"))), Cancel)
+    assert decode(None, b'{"v": 1, "type": "tick", "ts": 5}') == Tick(5)
+    assert isinstance(decode(None, b"\xff"), Rejected)
+
+
+def test_run_start_fields() -> None:
+    """``run.start`` keeps provider, tenant, tools and the run's call limit."""
+    env = decode(b"r1", raw(start(limits={"max_tool_calls": 3}, ts=7)))
+    assert isinstance(env, RunStart)
+    assert (env.run_id, env.seq, env.ts, env.provider, env.tenant, env.max_tool_calls) == (
+        "r1", 0, 7, CHAT, "t1", 3)
+
+
+def test_cancel_reason_is_bounded() -> None:
+    """A cancel's reason (control input) is kept bounded, and a non-string one is replaced."""
+    env = decode(None, raw({**cancel("r1"), "reason": "x" * 10_000}))
+    assert isinstance(env, Cancel) and len(env.reason) <= 64
+    env = decode(None, raw({**cancel("r1"), "reason": {"a": 1}}))
+    assert isinstance(env, Cancel) and env.reason == "cancelled"
+
+
+def test_tick_needs_no_run_or_key_match() -> None:
+    """A tick is the worker's own marker: no run id, any key."""
+    asm = make()
+    assert asm.feed_record(b"__latch_tick__", b'{"v": 1, "type": "tick", "ts": 1}') == []

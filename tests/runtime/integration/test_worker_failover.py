@@ -1,0 +1,149 @@
+"""Two workers in one group: they share the partitions, and when one is killed (SIGKILL) the
+other rebuilds the argument buffers of its runs from the events log and finishes them."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from worker_harness import (
+    PROVIDERS,
+    Reader,
+    Stack,
+    WorkerProcess,
+    assert_same_outcomes,
+    expected,
+    finished,
+    make_stack,
+    provider_run,
+    publish_envelopes,
+    run_ids,
+)
+
+PARTITIONS = 4
+
+
+@pytest.fixture
+def stack(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    with make_stack(kafka_bootstrap, request.node.name, partitions=PARTITIONS) as made:
+        yield made
+
+
+@pytest.fixture
+def pair(stack: Stack, tmp_path: Path) -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
+    """Two workers that have settled on a split of the partitions."""
+    first = WorkerProcess(stack, tmp_path / "a.log")
+    second = None
+    try:
+        first.wait_ready()
+        second = WorkerProcess(stack, tmp_path / "b.log")
+        second.wait_ready()
+        _wait_for_split(first, second)
+        yield first, second
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.proc.poll() is None:
+                proc.kill()
+
+
+def assignments(worker: WorkerProcess) -> list[set[int]]:
+    """The events partitions of each assignment the worker logged, in order."""
+    return [set(map(int, re.findall(r"\d+", found)))
+            for found in re.findall(r"events partitions assigned: \[([\d, ]*)\]", worker.log())]
+
+
+def _wait_for_split(first: WorkerProcess, second: WorkerProcess, timeout: float = 40) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        a, b = assignments(first), assignments(second)
+        if a and b and a[-1] and b[-1] and a[-1] | b[-1] == set(range(PARTITIONS)) \
+                and not a[-1] & b[-1]:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no split: {assignments(first)} / {assignments(second)}")
+
+
+def _wait_committed(stack: Stack, timeout: float = 30) -> None:
+    """Wait until the worker group has committed everything now in the events topic."""
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": stack.app_id,
+                         "enable.auto.commit": False})
+    try:
+        tps = [TopicPartition(stack.topic("events"), p) for p in range(PARTITIONS)]
+        ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            committed = [tp.offset for tp in consumer.committed(tps, timeout=10)]
+            if all(c >= e for c, e in zip(committed, ends, strict=True)):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"committed {committed}, wanted {ends}")
+    finally:
+        consumer.close()
+
+
+def _runs(prefix: str) -> dict[str, list[dict[str, object]]]:
+    ids = run_ids(prefix, PARTITIONS, per_partition=2)
+    runs = {}
+    for n, run_id in enumerate(ids):
+        calls = [(f"call_{run_id}_{i}", "read_file", f'{{"path": "/data/{i}/{run_id}"}}')
+                 for i in range(2)]
+        runs[run_id] = provider_run(PROVIDERS[n % 3], run_id, calls, size=3)
+    return runs
+
+
+def test_two_workers_share_the_partitions(
+        stack: Stack, pair: tuple[WorkerProcess, WorkerProcess]) -> None:
+    """With two workers running, each owns some events partitions, each processes runs, and
+    every run is finished exactly as the offline core decides."""
+    runs = _runs("shared")
+    envelopes = [e for run in runs.values() for e in run]
+    publish_envelopes(stack.bootstrap, stack.topic("events"), envelopes)
+    reader = Reader(stack)
+    reader.collect(finished(runs))
+    assert_same_outcomes(reader, expected(envelopes, stack.config()))
+    for worker in pair:  # both still running: each owns its share
+        owned = assignments(worker)[-1]
+        rebuilt = {int(p) for p in re.findall(r"partition (\d+): rebuilt", worker.log())}
+        assert owned and owned <= rebuilt, f"{owned} not processed by {worker.log_path.name}"
+    for worker in pair:
+        assert worker.stop() == 0
+        assert worker.problems() == []
+
+
+def test_killed_worker_runs_finish_on_the_other(
+        stack: Stack, pair: tuple[WorkerProcess, WorkerProcess]) -> None:
+    """Runs half-streamed through a worker that is then killed with SIGKILL finish on the
+    other worker: it takes the partitions over, rebuilds their open runs' buffers from the
+    events log, and emits the same outcomes the offline core does (a repeated outcome is
+    byte-identical)."""
+    victim, survivor = pair
+    victims_partitions = assignments(victim)[-1]
+    runs = _runs("kill")
+    heads = {run_id: run[: len(run) // 2] for run_id, run in runs.items()}
+    tails = {run_id: run[len(run) // 2:] for run_id, run in runs.items()}
+    publish_envelopes(stack.bootstrap, stack.topic("events"),
+                      [e for head in heads.values() for e in head])
+    _wait_committed(stack)
+
+    ids = list(runs)
+    publish_envelopes(stack.bootstrap, stack.topic("events"),
+                      [e for run_id in ids[::2] for e in tails[run_id]])
+    victim.kill()  # while it may still be processing these tails
+    publish_envelopes(stack.bootstrap, stack.topic("events"),
+                      [e for run_id in ids[1::2] for e in tails[run_id]])
+
+    reader = Reader(stack)
+    reader.collect(finished(runs), timeout=50)
+    assert_same_outcomes(reader, expected([e for run in runs.values() for e in run],
+                                          stack.config()))
+    assert assignments(survivor)[-1] == set(range(PARTITIONS))
+    rebuilt = {int(p): int(n) for p, n in re.findall(
+        r"partition (\d+): rebuilt before offset \d+ from \d+ records; (\d+) runs open",
+        survivor.log())}
+    assert any(rebuilt.get(p, 0) > 0 for p in victims_partitions), survivor.tail()
+    assert survivor.stop() == 0
+    assert survivor.problems() == []

@@ -1,0 +1,62 @@
+"""``latch topics create`` against the real broker: it creates every topic the worker needs,
+is idempotent, and refuses an existing topic with the wrong partition count."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource
+from worker_harness import OUTPUTS, Stack
+
+from worker.runtime import admin
+
+
+@pytest.fixture
+def stack(kafka_bootstrap: str, kafka_admin: AdminClient,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+    """A stack whose topics do not exist yet, its LATCH_ variables set; deleted afterwards."""
+    made = Stack(kafka_bootstrap, f"latch-it-topics-{uuid.uuid4().hex[:6]}", partitions=3)
+    for name, value in made.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir("/")  # no ./latch.yaml
+    yield made
+    for future in kafka_admin.delete_topics(made.all_topics(), operation_timeout=30).values():
+        with contextlib.suppress(KafkaException):
+            future.result(timeout=60)
+
+
+def test_creates_every_topic_once(stack: Stack, kafka_admin: AdminClient,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The first run creates events, control, the five output topics and the compacted heads
+    changelog, all with the configured partition count; the second run changes nothing."""
+    assert admin.main(["create"]) == 0
+    first = capsys.readouterr().out.splitlines()
+    changelog = f"{stack.app_id}-heads-changelog"
+    names = [stack.topic(r) for r in ("events", "control", *OUTPUTS)] + [changelog]
+    assert [line.split()[:2] for line in first] == [["created", n] for n in names], first
+
+    assert {n: admin._partition_count(kafka_admin, n) for n in names} == dict.fromkeys(names, 3)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, changelog)
+    configs = kafka_admin.describe_configs([resource])[resource].result(timeout=30)
+    assert configs["cleanup.policy"].value == "compact"
+    assert configs["segment.ms"].value == "3600000"  # so compaction can reach old heads
+
+    assert admin.main(["create"]) == 0
+    second = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in second] == [["exists", n] for n in names], second
+
+
+def test_wrong_partition_count_is_an_error(stack: Stack, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """An existing events topic with another partition count stops the command with exit
+    status 2 and a message naming the topic, the expected and the actual count."""
+    assert admin.main(["create"]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("LATCH_TOPICS__PARTITIONS", "5")
+    assert admin.main(["create"]) == 2
+    err = capsys.readouterr().err
+    assert f"topic {stack.topic('events')} has 3 partitions, expected 5" in err

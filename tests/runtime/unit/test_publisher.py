@@ -1,0 +1,443 @@
+"""The gateway-side publisher, without a broker: a fake confluent-kafka producer records what
+it is given and plays back delivery reports. Also ``latch publish`` on files, ``latch tail``'s
+line format, and the shipped ``examples/demo.jsonl`` run offline through the core."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from worker.core import Assembler
+from worker.runtime import publisher as publisher_module
+from worker.runtime.config import Config, KafkaSettings, TopicNames
+from worker.runtime.publisher import FORCED_SETTINGS, Delivery, Publisher, PublishError
+from worker.tools import tail
+
+REPO = Path(__file__).resolve().parents[3]
+DEMO = REPO / "examples" / "demo.jsonl"
+SECRET = "sk-live-do-not-log-me"
+
+
+class FakeMessage:
+    def __init__(self, topic: str, key: bytes, value: bytes, partition: int, offset: int) -> None:
+        self._topic, self._key, self._value = topic, key, value
+        self._partition, self._offset = partition, offset
+
+    def topic(self) -> str:
+        return self._topic
+
+    def key(self) -> bytes:
+        return self._key
+
+    def value(self) -> bytes:
+        return self._value
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+
+class FakeProducer:
+    """Records produce() calls; delivers them (or fails them) on poll/flush."""
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.config = config or {}
+        self.produced: list[tuple[str, bytes, bytes]] = []
+        self.pending: list[tuple[Callable[..., None], FakeMessage]] = []
+        self.fail_with: KafkaError | None = None
+        self.raise_on_produce: Exception | None = None
+        self.full_times = 0
+        self.undelivered = 0
+
+    def produce(self, topic: str, value: bytes, key: bytes,
+                on_delivery: Callable[..., None]) -> None:
+        if self.raise_on_produce is not None:
+            raise self.raise_on_produce
+        if self.full_times:
+            self.full_times -= 1
+            raise BufferError("Local: Queue full")
+        self.produced.append((topic, key, value))
+        message = FakeMessage(topic, key, value, partition=len(key) % 3,
+                              offset=len(self.produced) - 1)
+        self.pending.append((on_delivery, message))
+
+    def poll(self, timeout: float = 0) -> int:
+        if not timeout:  # not acknowledged yet: reports come on a waiting poll or flush
+            return 0
+        served, self.pending = self.pending, []
+        for callback, message in served:
+            callback(self.fail_with, message)
+        return len(served)
+
+    def flush(self, timeout: float = 0) -> int:
+        self.poll(1)
+        return self.undelivered
+
+    def list_topics(self, timeout: float = 0) -> Any:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+
+
+def make_publisher(**kwargs: Any) -> tuple[Publisher, FakeProducer]:
+    fake = FakeProducer()
+    config = Config(topics=TopicNames(events="ev", control="ctl"))
+    clock = kwargs.pop("clock", lambda: 1_700_000_000_000)
+    return Publisher(config, producer=fake, clock=clock, **kwargs), fake  # type: ignore[arg-type]
+
+
+def sent(fake: FakeProducer) -> list[tuple[str, str, dict[str, Any]]]:
+    return [(topic, key.decode(), orjson.loads(value)) for topic, key, value in fake.produced]
+
+
+# -- envelopes ----------------------------------------------------------------------------
+
+
+def test_run_numbers_seq_from_zero_and_closes_once() -> None:
+    pub, fake = make_publisher()
+    tools = [{"type": "function", "function": {"name": "read_file"}}]
+    run = pub.run("r1", "openai.chat", tools, tenant="t1", limits={"max_tool_calls": 2})
+    assert run.event({"choices": []}) == 1
+    assert run.event({"choices": [{"index": 0, "delta": {}}]}) == 2
+    assert run.end() == 3
+    with pytest.raises(RuntimeError, match="already ended"):
+        run.event({"choices": []})
+    records = sent(fake)
+    assert [topic for topic, _, _ in records] == ["ev"] * 4
+    assert {key for _, key, _ in records} == {"r1"}
+    assert [v["seq"] for _, _, v in records] == [0, 1, 2, 3]
+    start, first, _, end = (v for _, _, v in records)
+    assert start == {"v": 1, "run_id": "r1", "seq": 0, "type": "run.start",
+                     "provider": "openai.chat", "tenant": "t1", "tools": tools,
+                     "limits": {"max_tool_calls": 2}, "ts": 1_700_000_000_000}
+    assert first == {"v": 1, "run_id": "r1", "seq": 1, "type": "provider.event",
+                     "event": {"choices": []}, "ts": 1_700_000_000_000}
+    assert end == {"v": 1, "run_id": "r1", "seq": 3, "type": "stream.end",
+                   "ts": 1_700_000_000_000}
+
+
+def test_runs_number_independently_and_optional_fields_are_left_out() -> None:
+    pub, fake = make_publisher(clock=None)
+    a = pub.run("a", "anthropic.messages", [])
+    b = pub.run("b", "openai.responses", [])
+    a.event({"type": "message_start"})
+    b.event({"type": "response.created"})
+    a.event({"type": "ping"})
+    assert b.error("connection reset") == 2
+    with pytest.raises(RuntimeError):
+        b.end()
+    records = sent(fake)
+    assert [(k, v["seq"]) for _, k, v in records] == [
+        ("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    assert records[0][2] == {"v": 1, "run_id": "a", "seq": 0, "type": "run.start",
+                             "provider": "anthropic.messages", "tools": []}
+    assert records[-1][2] == {"v": 1, "run_id": "b", "seq": 2, "type": "stream.error",
+                              "error": "connection reset"}
+
+
+def test_cancel_goes_to_the_control_topic_keyed_by_run_id() -> None:
+    pub, fake = make_publisher(clock=None)
+    run = pub.run("r9", "openai.chat", [])
+    run.cancel("user_stop")
+    pub.cancel("r10")
+    assert sent(fake)[1:] == [
+        ("ctl", "r9", {"v": 1, "run_id": "r9", "type": "cancel", "reason": "user_stop"}),
+        ("ctl", "r10", {"v": 1, "run_id": "r10", "type": "cancel", "reason": "user_stop"}),
+    ]
+
+
+def test_send_envelope_routes_by_type_and_keeps_the_envelope() -> None:
+    pub, fake = make_publisher()
+    assert pub.send_envelope({"v": 1, "run_id": "x", "seq": 4, "type": "stream.end",
+                              "ts": 5}) == "ev"
+    assert pub.send_envelope({"v": 1, "run_id": "x", "type": "cancel"}) == "ctl"
+    (_, _, end), (_, _, cancel) = sent(fake)
+    assert end["ts"] == 5  # an envelope's own ts is kept
+    assert cancel["ts"] == 1_700_000_000_000
+    for bad in ({"v": 1, "type": "stream.end"}, {"run_id": ""}, {"run_id": 7}):
+        with pytest.raises(ValueError, match="run_id"):
+            pub.send_envelope(bad)
+
+
+def test_bad_arguments_are_refused_before_anything_is_sent() -> None:
+    pub, fake = make_publisher()
+    with pytest.raises(ValueError, match="provider"):
+        pub.run("r1", "openai.completions", [])
+    with pytest.raises(ValueError, match="run_id"):
+        pub.run("", "openai.chat", [])
+    with pytest.raises(ValueError, match="run_id"):
+        pub.cancel("")
+    with pytest.raises(TypeError):
+        pub.run("r2", "openai.chat", []).event("data: {}")  # type: ignore[arg-type]
+    assert [v["type"] for _, _, v in sent(fake)] == ["run.start"]
+
+
+# -- producer settings and delivery ---------------------------------------------------------
+
+
+def test_producer_settings_force_the_java_compatible_partitioner() -> None:
+    kafka = KafkaSettings(bootstrap_servers="b:9092",
+                          extra={"partitioner": "consistent_random", "linger_ms": "20"})
+    pub = Publisher(Config(kafka=kafka), producer=FakeProducer())  # type: ignore[arg-type]
+    settings = pub.producer_config()
+    assert settings["partitioner"] == "murmur2_random" == FORCED_SETTINGS["partitioner"]
+    assert settings["enable.idempotence"] == "true"
+    assert settings["acks"] == "all"
+    assert settings["linger.ms"] == "20"  # the configuration may tune the rest
+    assert settings["bootstrap.servers"] == "b:9092"
+
+
+def test_a_failed_delivery_raises_with_topic_and_error_but_no_payload() -> None:
+    pub, fake = make_publisher()
+    fake.fail_with = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    run = pub.run("secret-run", "openai.chat", [{"api_key": SECRET}])
+    run.event({"choices": [{"delta": {"content": SECRET}}]})
+    with pytest.raises(PublishError) as caught:
+        pub.flush(1)
+    text = str(caught.value)
+    assert caught.value.topic == "ev"
+    assert caught.value.count == 2
+    assert "ev" in text and "Broker: Message size too large" in text
+    assert SECRET not in text and "secret-run" not in text and SECRET not in repr(caught.value)
+    pub.flush(1)  # reported once
+
+
+def test_a_failure_surfaces_on_the_next_send_too() -> None:
+    pub, fake = make_publisher()
+    fake.fail_with = KafkaError(KafkaError._MSG_TIMED_OUT)
+    run = pub.run("r1", "openai.chat", [])
+    fake.poll(1)  # the run.start is delivered (and fails) in the background
+    with pytest.raises(PublishError, match="Local: Message timed out"):
+        run.event({"choices": []})
+
+
+def test_produce_errors_and_leftovers_become_publish_errors() -> None:
+    pub, fake = make_publisher()
+    fake.raise_on_produce = KafkaException(KafkaError(KafkaError._UNKNOWN_TOPIC))
+    with pytest.raises(PublishError) as caught:
+        pub.send_envelope({"v": 1, "run_id": "r1", "type": "stream.end", "seq": 1,
+                           "secret": SECRET})
+    assert "ev" in str(caught.value) and SECRET not in str(caught.value)
+    fake.raise_on_produce = None
+    fake.undelivered = 3
+    with pytest.raises(PublishError, match="3 envelopes not acknowledged"):
+        pub.flush(0.1)
+
+
+def test_a_full_local_queue_is_waited_out() -> None:
+    pub, fake = make_publisher()
+    fake.full_times = 2
+    pub.cancel("r1")
+    assert len(fake.produced) == 1
+
+
+def test_deliveries_are_reported() -> None:
+    seen: list[Delivery] = []
+    pub, _ = make_publisher(on_delivery=seen.append)
+    pub.run("abc", "openai.chat", [])
+    pub.cancel("abc")
+    pub.flush(1)
+    assert seen == [Delivery("ev", 0, 0, "abc"), Delivery("ctl", 0, 1, "abc")]
+    assert pub.sent == {"ev": 1, "ctl": 1}
+
+
+def test_check_topics_names_the_cluster_when_it_does_not_answer() -> None:
+    pub, _ = make_publisher()
+    with pytest.raises(PublishError, match=r"no answer from 127\.0\.0\.1:9092"):
+        pub.check_topics(0.1)
+
+
+# -- latch publish ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> list[FakeProducer]:
+    made: list[FakeProducer] = []
+
+    def factory(config: dict[str, Any]) -> FakeProducer:
+        made.append(FakeProducer(config))
+        return made[-1]
+
+    monkeypatch.setattr(publisher_module, "Producer", factory)
+    monkeypatch.chdir(REPO / "tests")  # no latch.yaml here: defaults
+    return made
+
+
+def test_publish_sends_lines_unchanged_and_summarises(
+    tmp_path: Path, fake_kafka: list[FakeProducer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = [
+        b'{"v":1,"run_id":"r1","seq":0,"type":"run.start","provider":"openai.chat","tools":[]}',
+        b"",
+        b'{"v":1,"run_id":"r1","type":"cancel","reason":"user_stop"}',
+        b'  {"v":1,"run_id":"r2","seq":0,"type":"run.start","provider":"openai.chat"}  ',
+    ]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    assert publisher_module.main(["--no-check", str(path)]) == 0
+    (producer,) = fake_kafka
+    assert producer.config["partitioner"] == "murmur2_random"
+    assert producer.produced == [
+        ("llm.stream.events", b"r1", lines[0]),
+        ("llm.stream.control", b"r1", lines[2]),
+        ("llm.stream.events", b"r2", lines[3].strip()),
+    ]
+    out, err = capsys.readouterr()
+    assert out == ("sent 3 envelopes for 2 runs to llm.stream.control (1), "
+                   "llm.stream.events (2)\n")
+    assert err == ""
+
+
+def test_publish_reports_bad_lines_by_number_skips_them_and_exits_1(
+    tmp_path: Path, fake_kafka: list[FakeProducer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text(
+        '{"v":1,"run_id":"r1","seq":0,"type":"stream.end"}\n'
+        f'{{"v":1,"run_id":"r1","seq":1,"type":"stream.end","x":"{SECRET}"\n'
+        '{"v":1,"seq":2,"type":"stream.end"}\n'
+        '[1, 2]\n'
+        '{"v":1,"run_id":"","seq":3}\n'
+    )
+    assert publisher_module.main(["--no-check", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "sent 1 envelope for 1 run to llm.stream.events (1); skipped 4 lines\n"
+    assert "line 2: not valid JSON" in err
+    assert "line 3: no run_id" in err
+    assert "line 4: not a JSON object" in err
+    assert "line 5: no run_id" in err
+    assert SECRET not in err
+
+
+def test_publish_fails_cleanly_without_a_cluster(
+    tmp_path: Path, fake_kafka: list[FakeProducer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"v":1,"run_id":"r1","seq":0,"type":"stream.end"}\n')
+    assert publisher_module.main([str(path)]) == 2
+    assert "no answer from 127.0.0.1:9092" in capsys.readouterr().err
+    assert fake_kafka[0].produced == []
+    assert publisher_module.main(["--no-check", str(tmp_path / "missing.jsonl")]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
+
+
+# -- latch tail's lines ---------------------------------------------------------------------
+
+
+def rec(topic: str, value: Any, key: str | None = "r1") -> tail.Record:
+    return tail.Record(topic, key, value, timestamp_ms=None)
+
+
+def without_clock(line: str) -> str:
+    clock, _, rest = line.partition(" ")
+    assert len(clock) == 8 and clock[2] == clock[5] == ":"
+    return rest
+
+
+def test_tail_lines() -> None:
+    committed = {"v": 1, "run_id": "r1", "call_id": "call_abc", "name": "read_file",
+                 "index": 0, "arguments": {"path": "/tmp/a"}}
+    error = {"v": 1, "run_id": "r1", "tool_call_id": "call_x", "name": "read_file",
+             "state": "failed", "reason": "invalid_json",
+             "content": "invalid_json: trailing comma at char 46"}
+    final = {"v": 1, "run_id": "r1", "status": "completed",
+             "outcomes": [{"state": "committed"}, {"state": "failed"}]}
+    dlq = {"v": 1, "reason": "unknown_run", "detail": "no run.start\nfor this run"}
+    progress = {"run_id": "r1", "tool_call_id": None, "call_key": "0:1", "name": None,
+                "bytes": 12}
+    lines = [without_clock(tail.format_record(r)) for r in [
+        rec("committed", committed), rec("errors", error), rec("final", final),
+        rec("dlq", dlq, key="k1"), rec("progress", progress), rec("final", "not json"),
+        rec("events", {"run_id": "r1", "seq": 3, "type": "provider.event",
+                       "event": {"type": "ping"}}),
+        rec("control", {"run_id": "r1", "type": "cancel", "reason": "user_stop"}),
+    ]]
+    assert lines == [
+        'committed r1 call_abc read_file {"path": "/tmp/a"}',
+        "errors r1 call_x read_file failed invalid_json: trailing comma at char 46",
+        "final r1 completed 2 calls (1 committed, 1 failed)",
+        "dlq k1 unknown_run no run.start\\nfor this run",
+        "progress r1 0:1 - 12 bytes",
+        "final r1 <8 bytes, not a JSON object>",
+        "events r1 #3 provider.event ping",
+        "control r1 cancel user_stop",
+    ]
+    assert rec("final", final).as_line() == {"topic": "final", "key": "r1", "value": final}
+
+
+def test_tail_cuts_long_arguments() -> None:
+    committed = {"run_id": "r1", "call_id": "c", "name": "n", "arguments": {"a": "x" * 500}}
+    line = without_clock(tail.format_record(rec("committed", committed)))
+    assert line.endswith("...") and len(line) < 230
+
+
+def test_tail_topic_list() -> None:
+    assert tail.build_parser().parse_args(["--topics", "final, dlq,final"]).topics == [
+        "final", "dlq"]
+    with pytest.raises(SystemExit):
+        tail.build_parser().parse_args(["--topics", "committed,bogus"])
+
+
+# -- the shipped example ------------------------------------------------------------------
+
+
+def test_the_demo_file_publishes_and_assembles_to_the_documented_outcomes() -> None:
+    lines = [line for line in DEMO.read_bytes().splitlines() if line.strip()]
+    assert all(publisher_module._classify(line)[0] is None for line in lines)
+    assembler = Assembler()
+    emitted = [e for line in lines for e in assembler.feed_record(None, line)]
+    outcomes = {(e.key, e.value.get("name"), e.value.get("state", "committed"),
+                 e.value.get("reason")) for e in emitted if e.topic in ("committed", "errors")}
+    assert outcomes == {
+        ("chat-parallel", "GetWeatherArgs", "committed", None),
+        ("chat-parallel", "get_stock_price", "committed", None),
+        ("anthropic-tool-use", "get_weather", "committed", None),
+        ("responses-call", "get_capital", "committed", None),
+        ("chat-cancelled", "get_weather", "cancelled", "cancelled"),
+        ("anthropic-broken-stream", "updateIssueList", "failed", "stream_error"),
+        ("chat-invalid-json", "GetWeatherArgs", "failed", "invalid_json"),
+    }
+    finals = {e.key: e.value["status"] for e in emitted if e.topic == "final"}
+    assert finals == {"chat-parallel": "completed", "anthropic-tool-use": "completed",
+                      "responses-call": "completed", "chat-cancelled": "cancelled",
+                      "anthropic-broken-stream": "failed", "chat-invalid-json": "completed"}
+    assert not [e for e in emitted if e.topic == "dlq"]
+    assert assembler.open_runs == 0
+
+
+# -- latch demo stops what it started, whatever happens ------------------------------------
+
+
+def test_demo_stops_its_worker_when_a_step_raises_unexpectedly(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import subprocess
+    import sys
+
+    from worker.tools import demo
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    def broken_broker(config: Config, started: demo.Started) -> str:
+        started.worker = sleeper
+        started.workdir, started.log = tmp_path, tmp_path / "worker.log"
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(demo, "ensure_broker", broken_broker)
+    monkeypatch.chdir(REPO / "tests")
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            demo.main([])
+        assert sleeper.poll() is not None  # SIGTERMed, not left behind
+        out = capsys.readouterr().out
+        assert "[1/5] broker ... FAILED: unexpected error" in out
+        assert "stopping the worker ... exit status" in out
+        assert f"worker log kept: {tmp_path / 'worker.log'}" in out
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()

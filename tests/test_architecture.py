@@ -1,0 +1,76 @@
+"""The package's layers, as import-linter checks them (``[tool.importlinter]`` in
+pyproject.toml): ``worker.cli`` -> ``worker.tools`` -> ``worker.runtime`` -> ``worker.core``,
+imports flowing downward only, and a core that imports no client, framework or I/O library.
+
+The contracts are only worth something if they fail on a violation: each breaking test copies
+the package to a temporary directory, adds one forbidden import, and expects ``lint-imports``
+to name the broken contract.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` over the ``worker`` package found under ``root``."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--config", str(root / "pyproject.toml")],
+        cwd=root, env=env, text=True, capture_output=True, timeout=300, check=False)
+
+
+@pytest.fixture
+def copy_of_the_package(tmp_path: Path) -> Path:
+    shutil.copytree(REPO / "worker", tmp_path / "worker",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def add_import(module: Path, statement: str) -> None:
+    module.write_text(module.read_text(encoding="utf-8") + f"\n{statement}\n", encoding="utf-8")
+
+
+def test_the_layers_hold() -> None:
+    """The tree as committed keeps every contract."""
+    result = lint_imports(REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(("module", "statement", "edge"), [
+    # The runtime (what a platform deploys) may not depend on a development tool.
+    ("runtime/step.py", "import worker.tools.broker", "worker.runtime.step -> worker.tools.broker"),
+    # The core imports nothing of ours outside itself.
+    ("core/run.py", "from worker.runtime import config",
+     "worker.core.run -> worker.runtime.config"),
+])
+def test_an_upward_import_breaks_the_layers(copy_of_the_package: Path, module: str,
+                                            statement: str, edge: str) -> None:
+    """A runtime module importing a tool, or the core importing the runtime, is named as a
+    broken layers contract with the offending import."""
+    add_import(copy_of_the_package / "worker" / module, f"{statement}  # noqa")
+    result = lint_imports(copy_of_the_package)
+    assert result.returncode != 0
+    assert "Layers: cli -> tools -> runtime -> core BROKEN" in result.stdout
+    assert edge in result.stdout
+
+
+@pytest.mark.parametrize("library", ["confluent_kafka", "time", "socket"])
+def test_the_core_importing_io_breaks_purity(copy_of_the_package: Path, library: str) -> None:
+    """A Kafka client, a clock or a socket in the core breaks the pure-core contract."""
+    add_import(copy_of_the_package / "worker" / "core" / "ops.py", f"import {library}  # noqa")
+    result = lint_imports(copy_of_the_package)
+    assert result.returncode != 0
+    assert "The core imports no Kafka client, framework, telemetry or I/O library BROKEN" \
+        in result.stdout

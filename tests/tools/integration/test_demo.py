@@ -1,0 +1,185 @@
+"""``latch demo`` as a user runs it: a subprocess, a real broker, a real worker.
+
+The demo gets its own topic names and worker ``app_id`` (so its consumer group and changelog
+are fresh), provisions them itself, and must print the documented outcomes of
+``examples/demo.jsonl``: four committed calls, a cancelled call, a ``stream_error`` and an
+``invalid_json`` error, one final message per run. The topics are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from worker.tools import broker
+
+TOPICS = ("events", "control", "committed", "errors", "final", "progress", "dlq")
+
+
+def latch_demo(config: Path, *args: str, env: dict[str, str] | None = None,
+               timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker", "demo", "--config", str(config), *args],
+        cwd=config.parent, text=True, capture_output=True, timeout=timeout, check=False,
+        env=env,
+    )
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return not (status.is_file() and "State:\tZ" in status.read_text())
+
+
+def write_config(path: Path, bootstrap: str, partitions: int = 3) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:8]
+    topics: dict[str, Any] = {name: f"latch-test.demo.{tag}.{name}" for name in TOPICS}
+    topics["partitions"] = partitions
+    settings = {
+        "kafka": {"bootstrap_servers": bootstrap},
+        "topics": topics,
+        "worker": {"app_id": f"latch-test-demo-{tag}", "web_port": 0},
+    }
+    path.write_text(yaml.safe_dump(settings))
+    return settings
+
+
+def delete_topics(admin: AdminClient, settings: dict[str, Any]) -> None:
+    names = [settings["topics"][t] for t in TOPICS]
+    names.append(f"{settings['worker']['app_id']}-heads-changelog")
+    existing = set(admin.list_topics(timeout=10).topics)
+    doomed = [n for n in names if n in existing]
+    if doomed:
+        for future in admin.delete_topics(doomed, operation_timeout=30).values():
+            with contextlib.suppress(KafkaException):
+                future.result(timeout=60)
+
+
+@pytest.fixture
+def demo_config(kafka_bootstrap: str, kafka_admin: AdminClient,
+                tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "latch.yaml"
+    settings = write_config(path, kafka_bootstrap)
+    yield path
+    delete_topics(kafka_admin, settings)
+
+
+def check_outcomes(out: str) -> str:
+    """Assert the demo's documented outcomes; return the run id prefix it used."""
+    prefix = re.search(r"run ids under (demo-[0-9a-f]{6}/)", out)
+    assert prefix, out
+    p = re.escape(prefix.group(1))
+    expected = [
+        rf"committed {p}chat-parallel call_\w+ GetWeatherArgs "
+        r'\{"city": "Edinburgh", "country": "GB", "units": "c"\}',
+        rf'committed {p}chat-parallel call_\w+ get_stock_price \{{"ticker": "AAPL"',
+        rf'committed {p}anthropic-tool-use toolu_\w+ get_weather \{{"location": "Paris"\}}',
+        rf'committed {p}responses-call call_kL0PCQV7M2WMoVX8V8OtYSAL get_capital',
+        rf"errors {p}chat-cancelled call_\w+ get_weather cancelled cancelled: user_stop",
+        rf"errors {p}anthropic-broken-stream toolu_\w+ updateIssueList failed stream_error",
+        rf"errors {p}chat-invalid-json call_\w+ GetWeatherArgs failed invalid_json: ",
+        rf"final {p}chat-parallel completed 2 calls \(2 committed\)",
+        rf"final {p}chat-cancelled cancelled 1 call \(1 cancelled\)",
+        rf"final {p}anthropic-broken-stream failed 1 call",
+    ]
+    for pattern in expected:
+        assert re.search(pattern, out), f"{pattern!r} not in:\n{out}"
+    assert len(re.findall(rf" final {p}", out)) == 6, out
+    assert len(re.findall(r" committed demo-", out)) == 4, out
+    assert re.search(r"done in [\d.]+s: 6 runs, 4 committed calls, 3 error results "
+                     r"\(1 cancelled, 1 invalid_json, 1 stream_error\), 0 dead letters", out)
+    return prefix.group(1)
+
+
+def worker_pid(out: str) -> int:
+    found = re.search(r"\[3/5\] worker \.\.\. ok \(pid (\d+)", out)
+    assert found, out
+    return int(found.group(1))
+
+
+def test_demo_prints_every_outcome_and_stops_its_worker(demo_config: Path) -> None:
+    first = latch_demo(demo_config, "--timeout", "120")
+    assert first.returncode == 0, first.stdout + first.stderr
+    out = first.stdout
+    assert "[1/5] broker ... ok (using the cluster at" in out
+    assert re.search(r"\[2/5\] topics \.\.\. ok \(8 topics, 3 partitions each; 8 created", out)
+    assert "[4/5] publish ... ok (95 envelopes for 6 runs; 7 after a cancel held back" in out
+    prefix = check_outcomes(out)
+    # The envelopes after the cancel go out once the cancel has been applied; nothing follows.
+    cancelled_final = out.index(f"final {prefix}chat-cancelled")
+    assert out.index(f"(sent the 7 envelopes of {prefix}chat-cancelled") > cancelled_final
+    assert "stopping the worker ... exit status 0" in out
+    assert "stopping the broker" not in out  # it was running before the demo
+    assert not pid_alive(worker_pid(out))
+
+    # Again, on the same topics and group: a new prefix, the same outcomes, no collision.
+    second = latch_demo(demo_config, "--timeout", "120")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "0 created, 8 already there" in second.stdout
+    assert check_outcomes(second.stdout) != prefix
+    assert not pid_alive(worker_pid(second.stdout))
+
+
+def test_demo_explains_an_unreachable_cluster(tmp_path: Path) -> None:
+    path = tmp_path / "latch.yaml"
+    write_config(path, "192.0.2.1:9092")  # TEST-NET-1: never a broker
+    result = latch_demo(path, timeout=120)
+    assert result.returncode == 1
+    assert ("[1/5] broker ... FAILED: no Kafka cluster answers at 192.0.2.1:9092 "
+            "(kafka.bootstrap_servers)") in result.stdout
+    assert "[2/5]" not in result.stdout
+
+
+def _free_port_pair() -> int:
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+        if port < 65535 and not broker.port_open(f"127.0.0.1:{port + 1}") and not \
+                broker.port_open(f"127.0.0.1:{port}"):
+            return port
+    raise RuntimeError("no two free consecutive ports")
+
+
+@pytest.fixture
+def own_broker_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A broker data directory of this test's own; a broker left there is stopped after."""
+    path = tmp_path / "broker"
+    monkeypatch.setenv("LATCH_BROKER_DIR", str(path))
+    yield path
+    if broker.status()[0] is not None:  # the demo failed to stop it
+        broker.stop()
+
+
+def test_demo_starts_and_stops_a_local_broker_when_none_answers(
+    kafka_bootstrap: str, tmp_path: Path, own_broker_dir: Path
+) -> None:
+    """With nothing at a loopback address, the demo runs its own broker there (its own data
+    directory, so the session's broker is untouched) and stops it at the end."""
+    port = _free_port_pair()
+    path = tmp_path / "latch.yaml"
+    write_config(path, f"127.0.0.1:{port}", partitions=2)
+    result = latch_demo(path, "--timeout", "120", env=dict(os.environ))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"[1/5] broker ... ok (started the local broker, 127.0.0.1:{port})" in result.stdout
+    check_outcomes(result.stdout)
+    assert "stopping the broker ... ok" in result.stdout
+    assert not broker.port_open(f"127.0.0.1:{port}")
+    assert not (own_broker_dir / "broker.pid").exists()
+    assert broker.answers(kafka_bootstrap)  # the session's broker still runs

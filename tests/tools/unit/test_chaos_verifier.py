@@ -1,0 +1,181 @@
+"""The chaos verifier (``worker.verify``) without Kafka: it passes the outputs the offline
+core emits for a plan, and fails each kind of broken promise it exists to catch."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pytest
+
+from worker.core import DlqReason, Topic
+from worker.core.envelope import Rejected
+from worker.core.outputs import dlq_record
+from worker.runtime.config import load_config
+from worker.tools.chaos import run as chaos
+from worker.tools.chaos.plan import PROVIDERS, Plan, build_plan
+from worker.tools.chaos.verify import OutRecord, verify
+
+CONFIG = load_config(None, env={"LATCH_AGENT_STREAM_ASSEMBLE__ASSEMBLE_IDLE_TIMEOUT_S": "5"})
+Records = list[OutRecord]
+
+
+@pytest.fixture(scope="module")
+def plan() -> Plan:
+    return build_plan(seed=7, runs=60, config=CONFIG)
+
+
+def _records(plan: Plan) -> Records:
+    """What a correct worker writes: every expected record once, and each bad input's DLQ
+    record."""
+    out = []
+    for run in plan.runs:
+        out += [OutRecord(e.topic.value, 0, len(out), run.run_id.encode(),
+                                orjson.dumps(e.value)) for e in run.expected]
+    for bad in plan.bad:
+        emit = dlq_record(Rejected(DlqReason(bad.reason), "detail"), bad.key, bad.value,
+                          {"topic": "x", "partition": 0, "offset": len(out)})
+        out.append(OutRecord("dlq", 0, len(out), bad.key, orjson.dumps(emit.value)))
+    return out
+
+
+def _first(records: Records, role: str) -> tuple[int, dict[str, object]]:
+    index = next(i for i, r in enumerate(records) if r.role == role)
+    return index, orjson.loads(records[index].value)
+
+
+def _with(records: Records, role: str, value: dict[str, object]) -> Records:
+    return [*records, OutRecord(role, 0, len(records), None, orjson.dumps(value))]
+
+
+def test_plan_covers_every_kind_and_provider(plan: Plan) -> None:
+    """The plan mixes the kinds of runs and the providers, and its bad inputs go to the DLQ
+    for several reasons (the offline core agreed with every intent, or build_plan raised)."""
+    assert {r.provider for r in plan.runs} == set(PROVIDERS)
+    assert len({r.kind for r in plan.runs}) >= 9
+    assert {"undecodable", "key_mismatch", "unknown_run", "invalid_envelope"} <= {
+        b.reason for b in plan.bad}
+    assert any(b"\"tick\"" in b.value for b in plan.bad)
+    assert any(len(r.envelopes) > 200 for r in plan.runs if r.kind == "large")
+
+
+def test_plan_is_seeded() -> None:
+    """The same seed gives the same bytes; another seed other bytes."""
+    def digest(seed: int) -> list[bytes]:
+        return [v for r in build_plan(seed, 20, CONFIG).runs for v in r.envelopes]
+    assert digest(3) == digest(3)
+    assert digest(3) != digest(4)
+
+
+def test_correct_outputs_pass(plan: Plan) -> None:
+    """Every expected record once: PASS, nothing missing, no duplicates."""
+    verdict = verify(plan, _records(plan))
+    assert verdict.ok, verdict.failures
+    assert (verdict.committed + verdict.errors, verdict.duplicates) == (plan.calls, 0)
+    assert verdict.dlq == len(plan.bad)
+    assert verdict.summary(2, 1).endswith("missing=0 contradictions=0 mismatched=0 -> PASS")
+
+
+def test_byte_identical_duplicates_pass(plan: Plan) -> None:
+    """At least once: a record delivered twice with the same bytes is a counted duplicate."""
+    records = _records(plan)
+    verdict = verify(plan, records + records[:10])
+    assert verdict.ok, verdict.failures
+    assert verdict.duplicates == 10
+
+
+def test_a_lost_outcome_fails(plan: Plan) -> None:
+    """A committed call that never reached the topic is missing."""
+    records = _records(plan)
+    index, _ = _first(records, "committed")
+    verdict = verify(plan, records[:index] + records[index + 1:])
+    assert not verdict.ok
+    assert verdict.missing == 1
+
+
+def test_a_contradicting_error_fails(plan: Plan) -> None:
+    """An error result for a call that was committed is a contradiction."""
+    records = _records(plan)
+    _, committed = _first(records, "committed")
+    error = {"v": 1, "run_id": committed["run_id"], "tenant": committed["tenant"],
+             "provider": committed["provider"], "tool_call_id": committed["call_id"],
+             "name": committed["name"], "index": committed["index"], "is_error": True,
+             "state": "cancelled", "reason": "cancelled", "content": "cancelled: late",
+             "idempotency_key": committed["idempotency_key"]}
+    verdict = verify(plan, _with(records, "errors", error))
+    assert not verdict.ok
+    assert verdict.contradictions >= 2  # two outcomes for the call; the final disagrees
+    assert verdict.mismatched == 1  # an error record nobody expected
+
+
+def test_a_duplicate_with_other_bytes_fails(plan: Plan) -> None:
+    """Two records under one idempotency key must be byte-identical."""
+    records = _records(plan)
+    _, committed = _first(records, "committed")
+    other = {**committed, "arguments": {"path": "/somewhere/else"}}
+    verdict = verify(plan, _with(records, "committed", other))
+    assert not verdict.ok
+    assert verdict.contradictions == 2  # two records for the key, two outcomes for the call
+
+
+@pytest.mark.parametrize("change", [
+    lambda v: {**v, "arguments": {"path": "/tampered"}},
+    lambda v: {**v, "name": "write_file"},
+])
+def test_other_committed_arguments_fail(
+        plan: Plan, change: Callable[[dict[str, object]], dict[str, object]]) -> None:
+    """A committed call must carry exactly the expected arguments and name."""
+    records = _records(plan)
+    index, committed = _first(records, "committed")
+    records[index] = OutRecord("committed", 0, index, None, orjson.dumps(change(committed)))
+    verdict = verify(plan, records)
+    assert not verdict.ok
+    assert verdict.mismatched >= 1
+
+
+def test_a_final_that_disagrees_fails(plan: Plan) -> None:
+    """A run's final message must list the outcomes its records carry."""
+    records = _records(plan)
+    index, final = _first(records, "final")
+    outcomes = final["outcomes"]
+    assert isinstance(outcomes, list)
+    doctored = {**final, "outcomes": [{**o, "state": "cancelled"} for o in outcomes]}
+    records[index] = OutRecord("final", 0, index, None, orjson.dumps(doctored))
+    run = next(r for r in plan.runs if r.run_id == final["run_id"])
+    verdict = verify(plan, records)
+    assert not verdict.ok
+    assert verdict.mismatched == 1
+    assert verdict.contradictions == (1 if run.opened else 0)
+
+
+def test_the_dlq_holds_exactly_the_bad_inputs(plan: Plan) -> None:
+    """A bad input missing from the DLQ, or a DLQ record of something else, fails."""
+    records = _records(plan)
+    index, _ = _first(records, "dlq")
+    assert verify(plan, records[:index] + records[index + 1:]).missing == 1
+    stray = dlq_record(Rejected(DlqReason.UNKNOWN_RUN, "x"), b"k", b"{}", None)
+    verdict = verify(plan, _with(records, "dlq", stray.value))
+    assert verdict.mismatched == 1
+    changed = {**orjson.loads(records[index].value),
+               "original_b64": base64.b64encode(b"other bytes").decode()}
+    records[index] = OutRecord("dlq", 0, index, None, orjson.dumps(changed))
+    verdict = verify(plan, records)
+    assert (verdict.missing, verdict.mismatched) == (1, 1)
+
+
+def test_every_expected_run_has_one_final(plan: Plan) -> None:
+    """The plan's expectation itself: one final per run, outcomes for every opened call."""
+    for run in plan.runs:
+        assert [e.topic for e in run.expected].count(Topic.FINAL) == 1
+
+
+def test_the_command_line_parses() -> None:
+    """``python -m worker.tools.chaos.run`` takes the options the issue names."""
+    args = chaos.build_parser().parse_args(
+        ["--runs", "5", "--workers", "1", "--kills", "0", "--broker-restarts", "0",
+         "--seed", "9", "--bootstrap", "127.0.0.1:1"])
+    assert (args.runs, args.workers, args.kills, args.broker_restarts, args.seed) == (
+        5, 1, 0, 0, 9)
+    assert isinstance(args.work_dir, Path | None)

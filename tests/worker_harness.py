@@ -1,0 +1,387 @@
+"""Helpers for the worker's integration tests: a stack of topics, worker processes, a
+publisher, a reader, and runs built in each provider's streaming format.
+
+* :class:`Stack`: one test's app id and topic names (all unique), created with
+  ``worker.runtime.admin`` and deleted afterwards, and the ``LATCH_`` environment that points a
+  worker at them.
+* :class:`WorkerProcess`: ``python -m worker worker`` as a subprocess with test-friendly faust
+  timings; :meth:`~WorkerProcess.stop` sends SIGTERM and expects a clean exit,
+  :meth:`~WorkerProcess.kill` sends SIGKILL.
+* :func:`publish`: confluent-kafka with the Java-compatible ``murmur2_random`` partitioner, as a
+  gateway publishes.
+* :class:`Reader`: every record of the output topics from the beginning.
+* :func:`provider_run`, :func:`expected`: a run's envelopes, and what ``latch assemble`` (the
+  same core, offline) emits for them: the worker must emit the same values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka.partitioner import murmur2  # type: ignore[import-untyped]
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from worker.core import Assembler, Emit, Topic
+from worker.runtime import admin
+from worker.runtime.config import Config, load_config
+
+#: faust settings that make start-up, rebalances and failover quick on a local broker
+#: (6 s is the broker's minimum session timeout).
+FAST_FAUST = {
+    "broker_session_timeout": 6,
+    "broker_heartbeat_interval": 1,
+    "broker_rebalance_timeout": 20,
+    "broker_commit_interval": 0.5,
+}
+OUTPUTS = ("committed", "errors", "final", "progress", "dlq")
+
+# -- the topics of one test ------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    """One test's app id and topics; ``env()`` points a worker (or ``load_config``) at them."""
+
+    bootstrap: str
+    app_id: str
+    partitions: int
+    settings: dict[str, str] = field(default_factory=dict)
+
+    def topic(self, role: str) -> str:
+        return f"{self.app_id}.{role}"
+
+    def env(self) -> dict[str, str]:
+        env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role)
+               for role in ("events", "control", *OUTPUTS)}
+        env |= {"LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
+                "LATCH_TOPICS__PARTITIONS": str(self.partitions),
+                "LATCH_WORKER__APP_ID": self.app_id,
+                "LATCH_WORKER__WEB_PORT": "0",
+                "LATCH_WORKER__TICK_INTERVAL_S": "1"}
+        return env | self.settings
+
+    def config(self) -> Config:
+        return load_config(None, env=self.env())
+
+    def all_topics(self) -> list[str]:
+        return [s.name for s in admin.specs(self.config())] + [
+            f"{self.app_id}-__assignor-__leader"]
+
+
+@contextlib.contextmanager
+def make_stack(bootstrap: str, test_name: str, partitions: int = 3,
+               **settings: str) -> Iterator[Stack]:
+    """Create a stack's topics with ``latch topics create``'s code; delete them after."""
+    stem = re.sub(r"[^A-Za-z0-9]+", "-", test_name)[:40].strip("-")
+    stack = Stack(bootstrap, f"latch-it-{stem}-{uuid.uuid4().hex[:6]}", partitions,
+                  {f"LATCH_{k.upper()}": v for k, v in settings.items()})
+    client = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create(client, admin.specs(stack.config()))
+    try:
+        yield stack
+    finally:
+        futures = client.delete_topics(stack.all_topics(), operation_timeout=30)
+        for future in futures.values():
+            with contextlib.suppress(KafkaException):  # never created, or already gone
+                future.result(timeout=60)
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition Java's (and aiokafka's, and librdkafka's murmur2_random) partitioner picks."""
+    return int((murmur2(key.encode()) & 0x7FFFFFFF) % partitions)
+
+
+def run_ids(prefix: str, partitions: int, per_partition: int = 1) -> list[str]:
+    """Run ids that cover every partition ``per_partition`` times, in partition order."""
+    found: dict[int, list[str]] = defaultdict(list)
+    n = 0
+    while any(len(found[p]) < per_partition for p in range(partitions)):
+        run_id = f"{prefix}-{n}"
+        part = partition_of(run_id, partitions)
+        if len(found[part]) < per_partition:
+            found[part].append(run_id)
+        n += 1
+    return [r for p in range(partitions) for r in found[p]]
+
+
+# -- worker processes --------------------------------------------------------------------
+
+
+class WorkerProcess:
+    """``python -m worker worker`` for one stack, its output in ``log_path``."""
+
+    def __init__(self, stack: Stack, log_path: Path, prelude: str = "", **faust: Any) -> None:
+        """Start the worker; ``prelude`` is Python run first in the process (to inject a
+        fault), then ``worker.runtime.app.main`` runs as ``latch worker`` would."""
+        self.log_path = log_path
+        settings = FAST_FAUST | faust
+        args = [f"--faust-setting={k}={v}" for k, v in settings.items()]
+        env = os.environ | stack.env() | {"PYTHONUNBUFFERED": "1"}
+        command = [sys.executable, "-m", "worker", "worker", *args]
+        if prelude:
+            code = (f"{prelude}\nimport sys, worker.runtime.app\n"
+                    "sys.exit(worker.runtime.app.main(sys.argv[1:]))")
+            command = [sys.executable, "-c", code, *args]
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(command, env=env, cwd=log_path.parent, stdout=log,
+                                         stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float = 45.0, count: int = 1) -> None:
+        """Wait until ``pattern`` (a regex) occurs ``count`` times in the log."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(re.findall(pattern, self.log())) >= count:
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited {self.proc.returncode}:\n{self.tail()}")
+            time.sleep(0.2)
+        raise AssertionError(f"no {pattern!r} in the worker log after {timeout}s:\n{self.tail()}")
+
+    def wait_ready(self) -> None:
+        self.wait_for(r"\[\^Worker\]: Ready")
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then wait for the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"worker ignored SIGTERM for {timeout}s:\n{self.tail()}") from None
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def problems(self) -> list[str]:
+        """Log lines that no healthy run should have."""
+        return [line for line in self.log().splitlines()
+                if re.search(r"\[(ERROR|CRITICAL)\]|Traceback", line)]
+
+
+# -- in and out ----------------------------------------------------------------------------
+
+
+def publish(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes]]) -> None:
+    """Produce ``(key, value)`` records in order, as a gateway does."""
+    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random",
+                         "enable.idempotence": True, "linger.ms": 5})
+    for key, value in records:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def publish_envelopes(bootstrap: str, topic: str, envelopes: Iterable[dict[str, Any]]) -> None:
+    publish(bootstrap, topic, ((e["run_id"].encode(), orjson.dumps(e)) for e in envelopes))
+
+
+@dataclass(frozen=True)
+class Out:
+    """One output record: where it landed, its key and its decoded value."""
+
+    role: str
+    partition: int
+    key: bytes | None
+    value: dict[str, Any]
+
+
+class Reader:
+    """Reads the output topics of a stack from the beginning, without a consumer group."""
+
+    def __init__(self, stack: Stack, roles: Sequence[str] = OUTPUTS) -> None:
+        self.roles = {stack.topic(role): role for role in roles}
+        self.consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "unused",
+                                  "enable.auto.commit": False})
+        self.admin = AdminClient({"bootstrap.servers": stack.bootstrap})
+        meta = self.consumer.list_topics(timeout=10).topics
+        self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING)
+                              for t in self.roles for p in meta[t].partitions])
+        self.records: list[Out] = []
+        self.positions: dict[tuple[str, int], int] = {}
+
+    def collect(self, until: Callable[[list[Out]], bool], timeout: float = 45.0) -> list[Out]:
+        """Read until ``until(records so far)`` holds, then on to the end of every output
+        partition as it is at that moment (topics have no order between them: a run's final
+        message may be read before its committed calls); fail after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not until(self.records):
+            self._poll(deadline)
+        latest = self.admin.list_offsets(
+            {TopicPartition(tp.topic, tp.partition): OffsetSpec.latest()
+             for tp in self.consumer.assignment()}, request_timeout=10)
+        ends = {(tp.topic, tp.partition): f.result().offset for tp, f in latest.items()}
+        while any(self.positions.get(tp, 0) < end for tp, end in ends.items()):
+            self._poll(deadline)
+        return self.records
+
+    def _poll(self, deadline: float) -> None:
+        if time.monotonic() > deadline:
+            summary = {r: len(self.of(r)) for r in self.roles.values()}
+            raise AssertionError(f"outputs incomplete: {summary}")
+        for msg in self.consumer.consume(500, timeout=0.2):
+            if msg.error() is None:
+                self.positions[(msg.topic(), msg.partition())] = msg.offset() + 1
+                self.records.append(Out(self.roles[msg.topic()], msg.partition(),
+                                        msg.key(), orjson.loads(msg.value())))
+
+    def of(self, role: str) -> list[Out]:
+        return [r for r in self.records if r.role == role]
+
+    def finals(self) -> dict[str, dict[str, Any]]:
+        return {r.value["run_id"]: r.value for r in self.of("final")}
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def finished(run_ids: Iterable[str]) -> Callable[[list[Out]], bool]:
+    """``Reader.collect`` condition: every run has its final message."""
+    wanted = set(run_ids)
+    return lambda records: wanted <= {r.value["run_id"] for r in records if r.role == "final"}
+
+
+# -- runs --------------------------------------------------------------------------------
+
+PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}},
+               "required": ["path"], "additionalProperties": False}
+PROVIDERS = ("openai.chat", "anthropic.messages", "openai.responses")
+#: (call id, tool name, argument text)
+Call = tuple[str, str, str]
+
+
+def tools(provider: str, names: Sequence[str] = ("read_file",)) -> list[dict[str, Any]]:
+    """The tool list in the provider's own format, every tool taking ``{"path": str}``."""
+    if provider == "openai.chat":
+        return [{"type": "function", "function": {"name": n, "parameters": PATH_SCHEMA}}
+                for n in names]
+    if provider == "anthropic.messages":
+        return [{"name": n, "input_schema": PATH_SCHEMA} for n in names]
+    return [{"type": "function", "name": n, "parameters": PATH_SCHEMA} for n in names]
+
+
+def fragments(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+
+
+def _chat(calls: Sequence[Call], size: int) -> list[dict[str, Any]]:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    events = [chunk({"role": "assistant", "content": None})]
+    for i, (call_id, name, text) in enumerate(calls):
+        events.append(chunk({"tool_calls": [{"index": i, "id": call_id, "type": "function",
+                                             "function": {"name": name, "arguments": ""}}]}))
+        events += [chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+                   for piece in fragments(text, size)]
+    return [*events, chunk({}, "tool_calls")]
+
+
+def _anthropic(calls: Sequence[Call], size: int) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude",
+        "content": [], "stop_reason": None, "usage": {"input_tokens": 1, "output_tokens": 1}}}]
+    for i, (call_id, name, text) in enumerate(calls):
+        events.append({"type": "content_block_start", "index": i, "content_block": {
+            "type": "tool_use", "id": call_id, "name": name, "input": {}}})
+        events += [{"type": "content_block_delta", "index": i,
+                    "delta": {"type": "input_json_delta", "partial_json": piece}}
+                   for piece in fragments(text, size)]
+        events.append({"type": "content_block_stop", "index": i})
+    return [*events, {"type": "message_delta", "delta": {"stop_reason": "tool_use"},
+                      "usage": {"output_tokens": 9}}, {"type": "message_stop"}]
+
+
+def _responses(calls: Sequence[Call], size: int) -> list[dict[str, Any]]:
+    response = {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}
+    events: list[dict[str, Any]] = [{"type": "response.created", "response": response}]
+    items = []
+    for i, (call_id, name, text) in enumerate(calls):
+        item = {"type": "function_call", "id": f"fc_{i}", "call_id": call_id, "name": name,
+                "arguments": "", "status": "in_progress"}
+        events.append({"type": "response.output_item.added", "output_index": i, "item": item})
+        events += [{"type": "response.function_call_arguments.delta", "output_index": i,
+                    "item_id": f"fc_{i}", "delta": piece} for piece in fragments(text, size)]
+        done = {**item, "arguments": text, "status": "completed"}
+        events.append({"type": "response.output_item.done", "output_index": i, "item": done})
+        items.append(done)
+    completed = {**response, "status": "completed", "output": items}
+    return [*events, {"type": "response.completed", "response": completed}]
+
+
+_EVENTS = {"openai.chat": _chat, "anthropic.messages": _anthropic,
+           "openai.responses": _responses}
+
+
+def provider_run(provider: str, run_id: str, calls: Sequence[Call], *, size: int = 8,
+                 end: bool = True) -> list[dict[str, Any]]:
+    """The envelopes of one run: ``run.start``, the provider's events carrying ``calls``
+    (argument text in ``size``-character fragments), then ``stream.end`` if ``end``."""
+    names = sorted({name for _, name, _ in calls} | {"read_file"})
+    envelopes = [{"v": 1, "run_id": run_id, "seq": 0, "type": "run.start", "provider": provider,
+                  "tenant": "t1", "tools": tools(provider, names)}]
+    envelopes += [{"v": 1, "run_id": run_id, "seq": n, "type": "provider.event", "event": e}
+                  for n, e in enumerate(_EVENTS[provider](calls, size), start=1)]
+    if end:
+        envelopes.append({"v": 1, "run_id": run_id, "seq": len(envelopes), "type": "stream.end"})
+    return envelopes
+
+
+def expected(envelopes: Iterable[dict[str, Any]], config: Config) -> list[Emit]:
+    """What the core emits for these envelopes offline (``latch assemble``'s code path)."""
+    assembler = Assembler(config.assemble)
+    return [e for env in envelopes for e in assembler.feed_record(None, orjson.dumps(env))]
+
+
+def by_run(values: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Values grouped by run id, each run's in order, duplicates (same bytes) dropped."""
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for value in values:
+        if value not in runs[value["run_id"]]:
+            runs[value["run_id"]].append(value)
+    return dict(runs)
+
+
+def assert_same_outcomes(reader: Reader, wanted: Sequence[Emit]) -> None:
+    """The worker's committed calls, error results and final messages, per run and in
+    order, are those of the offline core; every repeated idempotency key repeats the same
+    value byte for byte."""
+    for topic in (Topic.COMMITTED, Topic.ERRORS, Topic.FINAL):
+        got = by_run(r.value for r in reader.of(topic.value))
+        want = by_run(e.value for e in wanted if e.topic is topic)
+        differ = {run: (got.get(run), want.get(run)) for run in set(got) | set(want)
+                  if got.get(run) != want.get(run)}
+        assert not differ, f"{topic}: worker and offline core differ (got, wanted): {differ}"
+    seen: dict[str, bytes] = {}
+    for record in reader.records:
+        key = record.value.get("idempotency_key")
+        if key is not None:
+            value = orjson.dumps(record.value, option=orjson.OPT_SORT_KEYS)
+            assert seen.setdefault(key, value) == value, f"two different values for {key}"

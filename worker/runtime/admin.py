@@ -1,0 +1,170 @@
+"""``latch topics create``: provision every topic the worker reads and writes.
+
+The events and control topics and the heads changelog (``<app_id>-heads-changelog``,
+compacted) must have the same partition count: a run's records, its cancels and its head
+live in partitions of the same number. The output topics take the same count. An existing
+topic with the right count is left alone, so the command is idempotent; one with another
+count is an error that names it (exit status 2), because repartitioning moves runs between
+partitions and must be done by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from worker.runtime.config import Config, ConfigError, load_config
+
+EXIT_OK, EXIT_USAGE, EXIT_KAFKA = 0, 2, 1
+_TIMEOUT_S = 30.0
+
+#: The largest record the worker may write to an output topic (``max.message.bytes`` of the
+#: output topics; the worker's producer takes the same limit). Kafka's default, 1 MiB, is too
+#: small: a DLQ record carries its input record in base64 (4/3 of a record that may itself be
+#: near 1 MiB), and a final message carries the argument text of all of a run's calls. A record
+#: over the limit could never be sent, and the worker would stop on it at every restart.
+OUTPUT_MAX_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    config: tuple[tuple[str, str], ...] = ()
+
+
+class TopicsError(Exception):
+    """An existing topic does not fit the configuration."""
+
+
+def heads_changelog(config: Config) -> str:
+    """The name faust gives the changelog of the ``heads`` table."""
+    return f"{config.worker.app_id}-heads-changelog"
+
+
+def copartitioned(config: Config) -> list[TopicSpec]:
+    """The topics whose partitions must match the events topic's: events, control, changelog."""
+    names = {config.topics.events, config.topics.control, heads_changelog(config)}
+    return [s for s in specs(config) if s.name in names]
+
+
+def specs(config: Config) -> list[TopicSpec]:
+    """Every topic the worker needs, as the configuration describes it."""
+    t = config.topics
+    inputs = [TopicSpec(name, t.partitions, t.replication_factor)
+              for name in (t.events, t.control)]
+    large = (("max.message.bytes", str(OUTPUT_MAX_BYTES)),)
+    outputs = [TopicSpec(name, t.partitions, t.replication_factor, large)
+               for name in (t.committed, t.errors, t.final, t.progress, t.dlq)]
+    # Compacted, with hourly segments and an eager cleaner: Kafka never compacts the active
+    # segment (7 days by default), and every takeover reads the whole changelog back
+    # (docs/recovery.md: 41,000 records took 5.4 s, 2.8 s once compacted).
+    hour_ms = "3600000"
+    compacted = (("cleanup.policy", "compact"), ("segment.ms", hour_ms),
+                 ("min.cleanable.dirty.ratio", "0.1"), ("delete.retention.ms", hour_ms))
+    return [*inputs, *outputs, TopicSpec(heads_changelog(config), t.partitions,
+                                         t.replication_factor, compacted)]
+
+
+def create(admin: AdminClient, wanted: Sequence[TopicSpec]) -> list[str]:
+    """Create the missing topics; return one line per topic saying what was done.
+
+    Raises :class:`TopicsError` when an existing topic has another partition count.
+    """
+    existing = _existing(admin, [s.name for s in wanted])
+    _check(wanted, existing)
+    missing = [s for s in wanted if s.name not in existing]
+    lines = {s.name: f"exists  {s.name} ({s.partitions} partitions)" for s in wanted
+             if s.name in existing}
+    if missing:
+        futures = admin.create_topics(
+            [NewTopic(s.name, num_partitions=s.partitions,
+                      replication_factor=s.replication_factor, config=dict(s.config))
+             for s in missing], operation_timeout=_TIMEOUT_S)
+        for spec in missing:
+            try:
+                futures[spec.name].result(timeout=_TIMEOUT_S * 2)
+            except KafkaException as exc:
+                if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                    raise
+                # created meanwhile, or missing from a stale metadata answer: check it
+                _check([spec], {spec.name: _partition_count(admin, spec.name)})
+                lines[spec.name] = f"exists  {spec.name} ({spec.partitions} partitions)"
+                continue
+            extra = "".join(f", {key} {value}" for key, value in spec.config)
+            lines[spec.name] = (f"created {spec.name} ({spec.partitions} partitions, "
+                                f"replication {spec.replication_factor}{extra})")
+    return [lines[s.name] for s in wanted]
+
+
+def verify(admin: AdminClient, required: Sequence[str], exact: Sequence[TopicSpec]) -> None:
+    """Raise :class:`TopicsError` unless the ``required`` topics exist and the ``exact``
+    ones that exist have their partition counts."""
+    existing = _existing(admin, [*required, *(s.name for s in exact)])
+    missing = [name for name in required if name not in existing]
+    if missing:
+        raise TopicsError(f"missing topics {', '.join(missing)} (create them with "
+                          f"`latch topics create`)")
+    _check(exact, existing)
+
+
+def _check(wanted: Sequence[TopicSpec], existing: dict[str, int]) -> None:
+    wrong = [f"topic {s.name} has {existing[s.name]} partitions, expected {s.partitions}"
+             for s in wanted if s.name in existing and existing[s.name] != s.partitions]
+    if wrong:
+        raise TopicsError("; ".join(wrong))
+
+
+def _existing(admin: AdminClient, names: Sequence[str]) -> dict[str, int]:
+    """The partition count of each of ``names`` that exists. A topic whose metadata is not
+    whole yet (just created: an error, or no partitions) is asked for again until it is."""
+    topics = admin.list_topics(timeout=_TIMEOUT_S).topics
+    return {name: len(meta.partitions) if meta.error is None and meta.partitions
+            else _partition_count(admin, name)
+            for name, meta in topics.items() if name in names}
+
+
+def _partition_count(admin: AdminClient, name: str) -> int:
+    """The partition count of an existing topic, waiting for metadata to show it."""
+    deadline = time.monotonic() + _TIMEOUT_S
+    while True:
+        meta = admin.list_topics(topic=name, timeout=_TIMEOUT_S).topics.get(name)
+        if meta is not None and meta.error is None and meta.partitions:
+            return len(meta.partitions)
+        if time.monotonic() > deadline:
+            raise TopicsError(f"topic {name} exists but its metadata never arrived")
+        time.sleep(0.2)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``latch topics create [--config FILE]``."""
+    parser = argparse.ArgumentParser(prog="latch topics", description="Provision the topics.")
+    sub = parser.add_subparsers(required=True, metavar="ACTION")
+    create_cmd = sub.add_parser("create", help="create every topic the worker needs")
+    create_cmd.add_argument("--config", help="latch.yaml (default: ./latch.yaml if present)")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"latch topics: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    settings: dict[str, str | int | float | bool] = {**config.kafka.confluent_config()}
+    admin = AdminClient(settings)
+    try:
+        for line in create(admin, specs(config)):
+            print(line)
+    except TopicsError as exc:
+        print(f"latch topics: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KafkaException as exc:
+        print(f"latch topics: Kafka error: {exc.args[0].str()}", file=sys.stderr)
+        return EXIT_KAFKA
+    return EXIT_OK

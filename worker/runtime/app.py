@@ -1,0 +1,365 @@
+"""The Kafka worker (``latch worker``): faust around the pure core.
+
+Four rules keep the promises of ``guarantees.md``; the reasons are in
+``docs/decisions/0001-state-in-the-events-log.md`` and ``0002-exactly-once.md``.
+
+* **One ordered history per run.** Everything that can change an outcome is a record in the
+  run's partition of the events topic: the gateway's envelopes, the cancels that the control
+  agent forwards there, and the ticks that a timer writes into each events partition this
+  worker owns. The core decides from that history and record times only.
+* **State lives in the events log; the table holds only run heads.** Each events partition
+  has an in-memory :class:`~worker.core.Assembler` holding the argument buffers. The table
+  ``heads`` (changelog-backed, co-partitioned with the events topic) holds per run
+  ``{"p", "start"}``, the offset of its ``run.start``, while it is open, and
+  ``{"p", "done", "seq", "status"}`` once it has finished: two small records per run, whatever
+  the size of the arguments. When a worker gets a partition, its first record rebuilds the
+  assembler: the open runs' records from the earliest ``start`` up to the group's committed
+  offset are read from the log with a plain consumer and fed again, their outputs discarded.
+* **Offset order, whatever faust delivers.** faust can skip or repeat records around a
+  rebalance; the worker applies each partition's records strictly in offset order from the
+  committed offset, reads a skipped range from the log itself, and drops a repeat.
+* **Emit, confirm, then record.** The outputs of a record are sent in order; when a run
+  finishes, every unconfirmed send of the partition is awaited before its ``done`` head is
+  written. A crash in between finalizes the run again after recovery, with the same bytes.
+
+Delivery is at least once (``processing_guarantee="at_least_once"``: faust flushes its
+producer before it commits offsets). Records are acked by hand, after their outputs are sent;
+a send that fails stops the worker so that the record is processed again after a restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import faust
+import orjson
+import yaml
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from faust.types import TP
+
+from worker.core import Assembler, Emit, Topic
+from worker.runtime import admin, control, kafka_io, step
+from worker.runtime import partition as partition_module
+from worker.runtime.config import Config, ConfigError, load_config
+from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.step import Record
+from worker.runtime.telemetry import Telemetry, TelemetryError
+
+log = logging.getLogger("latch.worker")
+
+_RAW: dict[str, Any] = {
+    "key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+
+
+class LatchWorker:
+    """The faust app, its topics and table, and the state of the partitions it owns."""
+
+    def __init__(self, config: Config, faust_settings: Mapping[str, Any] | None = None) -> None:
+        self.config = config
+        names = config.topics
+        self.app = faust.App(config.worker.app_id, **app_settings(config, faust_settings or {}))
+        self.events = self.app.topic(names.events, partitions=names.partitions, **_RAW)
+        self.control = self.app.topic(names.control, partitions=names.partitions, **_RAW)
+        self.outputs = {t: self.app.topic(getattr(names, t.value), **_RAW) for t in Topic}
+        # key_type bytes: raw run_id keys; no value_type: JSON values.
+        self.heads = self.app.Table("heads", partitions=names.partitions, key_type=bytes)
+        self.run_heads = Heads(self.heads, config.worker.finished_run_retention_s)
+        self.telemetry = Telemetry(config.worker.otel_exporter)
+        self.reader_options = kafka_io.aiokafka_options(config.kafka)
+        self.partitions: dict[int, PartitionState] = {}
+        #: The next offset to forward of each control partition this worker owns.
+        self.control_next: dict[int, int] = {}
+        self.revocations = 0
+        #: A record could not be processed: the worker is stopping, nothing more is handled.
+        self.failed = False
+        app_id = config.worker.app_id
+        self.app.agent(self.events, name=f"{app_id}.events", concurrency=1)(self._events_agent)
+        self.app.agent(self.control, name=f"{app_id}.control", concurrency=1)(
+            self._control_agent)
+        self.app.timer(config.worker.tick_interval_s, name=f"{app_id}.tick")(self._tick)
+        # mode's handler type (NamedArg/KwArg callables) rejects any bound async method:
+        self.app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
+        self.app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
+
+    # -- agents -----------------------------------------------------------------------
+
+    async def _events_agent(self, stream: Any) -> None:
+        await self._consume(stream, self._apply_event)
+
+    async def _control_agent(self, stream: Any) -> None:
+        await self._consume(stream, self._apply_control)
+
+    async def _consume(self, stream: Any, handle: Callable[[Any], Awaitable[None]]) -> None:
+        """Handle each record, then ack it; a failed send stops the worker unacked."""
+        stream = stream.noack()
+        async for event in stream.events():
+            if self.failed:  # faust restarts a crashed agent while the app stops: do nothing
+                return
+            try:
+                await handle(event.message)
+            except Exception as exc:
+                self.failed = True
+                message = event.message
+                log.error("cannot process %s[%d]@%d (%s: a send or a read failed); stopping, "
+                          "so that it is processed again after a restart", message.topic,
+                          message.partition, message.offset, type(exc).__name__)
+                await self.app.crash(exc)
+                raise
+            await stream.ack(event)
+
+    async def _apply_event(self, message: Any) -> None:
+        state = self.partitions.get(message.partition)
+        if state is None:
+            state = await self._take_over(message.topic, message.partition)
+        async for record in self._in_order(message, state.next_offset):
+            await self._process(state, record)
+
+    async def _apply_control(self, message: Any) -> None:
+        partition = message.partition
+        if partition not in self.control_next:
+            self.control_next[partition] = await kafka_io.resume_offset(
+                self.reader_options, self.config.worker.app_id, message.topic, partition)
+        async for record in self._in_order(message, self.control_next[partition]):
+            await self._forward_control(record)
+            self.control_next[partition] = record[3]["offset"] + 1
+
+    async def _in_order(self, message: Any, expected: int) -> AsyncIterator[Record]:
+        """The records to apply for ``message`` when ``expected`` is the partition's next
+        offset: faust can skip or repeat records around a rebalance, so a skipped range is
+        read from the log first, and a repeat yields nothing."""
+        if message.offset < expected:
+            return
+        if message.offset > expected:
+            log.warning("%s[%d]: records %d..%d were not delivered; reading them from the log",
+                        message.topic, message.partition, expected, message.offset - 1)
+            async for record in self._read(message.topic, message.partition, expected,
+                                           message.offset):
+                yield record
+            # faust never saw those offsets, and withholds every commit of the partition
+            # while the first acked offset is past the committed one: tell it they are done,
+            # as faust does for the gaps it sees itself (a private API: faust has no public
+            # one; pinned by tests/runtime/unit/test_worker_commit_gap.py).
+            tp = TP(message.topic, message.partition)
+            await self.app.consumer._add_gap(tp, expected, message.offset - 1)  # type: ignore[attr-defined]  # private, see above
+        yield _record(message)
+
+    async def _process(self, state: PartitionState, record: Record) -> None:
+        """Feed one record to the partition's assembler; publish, then record heads."""
+        key, source = record[0], record[3]
+        partition, offset = source["partition"], source["offset"]
+        run_id = key.decode("utf-8", "replace") if key else ""
+        was_open = state.assembler.is_open(run_id)
+        emits = state.apply(record)
+        self.telemetry.record(emits)
+        await self._publish(state, key, emits)
+        if not was_open and state.assembler.is_open(run_id):
+            self.run_heads.opened(key, partition, offset)  # type: ignore[arg-type]  # a run has a key
+        await self._record_finished(state, partition, emits)
+        if key == TICK:  # at a tick, so in stream context, and by record time
+            self.run_heads.forget_finished(state)
+        state.next_offset = offset + 1
+
+    async def _forward_control(self, record: Record) -> None:
+        """Forward a cancel into its run's events partition; anything else goes to the DLQ."""
+        routed = control.route(record)
+        if isinstance(routed, Emit):
+            self.telemetry.record([routed])
+            await self.outputs[Topic.DLQ].send(key=record[0], value=step.out_value(routed))
+            return
+        key, value = routed
+        await self.events.send(key=key, value=value)
+
+    async def _tick(self) -> None:
+        """Write a tick into each events partition this worker owns (the only clock read)."""
+        value = orjson.dumps({"v": 1, "type": "tick", "ts": int(time.time() * 1000)})
+        events = self.events.get_topic_name()
+        for tp in sorted(self.app.assignor.assigned_actives()):
+            if tp.topic == events:
+                await self.events.send(key=TICK, value=value, partition=tp.partition)
+
+    async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        """faust's ``on_partitions_revoked`` signal: ``(app, revoked: set[TP], signal=...)``.
+        Drop the assemblers; the next owner rebuilds them from the log."""
+        revoked: set[TP] = args[0]
+        self.revocations += 1
+        events, control = self.events.get_topic_name(), self.control.get_topic_name()
+        for tp in revoked:
+            if tp.topic == events:
+                self.partitions.pop(tp.partition, None)
+            elif tp.topic == control:
+                self.control_next.pop(tp.partition, None)
+
+    async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        """faust's ``on_partitions_assigned`` signal: log the events partitions we own."""
+        events = self.events.get_topic_name()
+        owned = sorted(tp.partition for tp in args[0] if tp.topic == events)
+        log.info("events partitions assigned: %s", owned)
+
+    # -- the core, and what it emits --------------------------------------------------
+
+    async def _publish(self, state: PartitionState, key: bytes | None,
+                       emits: Sequence[Emit]) -> None:
+        """Send each emit, in order; a DLQ record keeps the input record's key."""
+        for emit in emits:
+            sent = await self.outputs[emit.topic].send(key=step.out_key(emit, key),
+                                                       value=step.out_value(emit))
+            if emit.topic is not Topic.PROGRESS:
+                state.unconfirmed.append(sent)
+
+    async def _record_finished(self, state: PartitionState, partition_id: int,
+                               emits: Sequence[Emit]) -> None:
+        """After a run's outputs are delivered, write its ``done`` head."""
+        finished = partition_module.finished_runs(emits)
+        if finished:
+            await state.confirm()
+            self.run_heads.finished(state, partition_id, finished)
+
+    # -- recovery ---------------------------------------------------------------------
+
+    async def _take_over(self, topic: str, partition: int) -> PartitionState:
+        """A fresh assembler for ``partition``, in the state it had at the group's committed
+        offset: the open runs' records before it are read from the log and fed again, their
+        outputs discarded (they were flushed before that offset was committed)."""
+        revocations = self.revocations
+        resume = await kafka_io.resume_offset(self.reader_options, self.config.worker.app_id,
+                                              topic, partition)
+        state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
+        open_runs = self._load_heads(state, partition)
+        starts = [start for start in open_runs.values() if start < resume]
+        count, replayed = 0, list[Emit]()
+        if starts:
+            records = self._read(topic, partition, min(starts), resume)
+            count, replayed = await partition_module.rebuild(state, open_runs, records)
+        log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
+                 partition, resume, count, state.assembler.open_runs)
+        await self._refinish(state, partition, replayed)
+        if revocations == self.revocations:
+            self.partitions[partition] = state
+        return state
+
+    async def _read(self, topic: str, partition: int, start: int,
+                    end: int) -> AsyncIterator[Record]:
+        """The records ``start`` to ``end`` (excluded) of a partition, read from the log."""
+        async for rec in kafka_io.read_range(self.reader_options, topic, partition, start, end):
+            yield _reader_record(rec)
+
+    def _load_heads(self, state: PartitionState, partition: int) -> dict[bytes, int]:
+        """Register the partition's finished runs; return its open runs and their starts."""
+        return self.run_heads.load(state, partition)
+
+    async def _refinish(self, state: PartitionState, partition: int,
+                        replayed: list[Emit]) -> None:
+        """Runs that finished during a rebuild lost their ``done`` head: send their outputs
+        again (the same bytes) and record them. Expected never to happen; logged if it does."""
+        runs = {e.key for e in replayed if e.topic is Topic.FINAL}
+        if not runs:
+            return
+        log.warning("partition %d: %d runs finished during the rebuild without a done head; "
+                    "publishing their outcomes again", partition, len(runs))
+        outputs = [e for e in replayed if e.key in runs]
+        await self._publish(state, None, [e for e in outputs if e.topic is not Topic.DLQ])
+        await self._record_finished(state, partition, outputs)
+
+    # -- running ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until SIGTERM or SIGINT; return the exit status."""
+        ignored = kafka_io.ignored_settings(self.config.kafka)
+        if ignored:
+            log.warning("the worker's Kafka clients ignore these kafka settings (only `latch "
+                        "topics` passes them on): %s", ", ".join(ignored))
+        worker = faust.Worker(self.app, loglevel=self.config.worker.log_level, quiet=True)
+        try:
+            worker.execute_from_commandline()
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else 1
+        finally:
+            self.telemetry.shutdown()
+        return 0  # pragma: no cover  (execute_from_commandline always raises SystemExit)
+
+
+def _record(message: Any) -> Record:
+    """A faust message as the core takes it (faust keeps record times in seconds)."""
+    now_ms = None if message.timestamp is None else round(message.timestamp * 1000)
+    source = {"topic": message.topic, "partition": message.partition, "offset": message.offset}
+    return message.key, message.value or b"", now_ms, source
+
+
+def _reader_record(rec: Any) -> Record:
+    """An aiokafka record as the core takes it (aiokafka keeps record times in ms)."""
+    source = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}
+    return rec.key, rec.value or b"", rec.timestamp, source
+
+
+def app_settings(config: Config, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """faust settings from the configuration, then ``overrides`` (``--faust-setting``)."""
+    worker, kafka = config.worker, config.kafka
+    settings: dict[str, Any] = {
+        "broker": [f"kafka://{server}" for server in kafka_io.servers(kafka)],
+        "broker_credentials": kafka_io.faust_credentials(kafka),
+        "store": worker.store,
+        "topic_partitions": config.topics.partitions,
+        "topic_replication_factor": config.topics.replication_factor,
+        "processing_guarantee": "at_least_once",
+        "consumer_auto_offset_reset": "earliest",
+        "web_enabled": worker.web_port > 0,
+        "web_port": worker.web_port or 6066,
+        "autodiscover": False,
+        # A takeover rebuilds from the events log, so the heads table needs no standby; and
+        # faust's standby recovery can crash a worker after a broker restart (docs/chaos.md).
+        "table_standby_replicas": 0,
+        # faust's default is 60 s: that long before a killed worker's partitions move
+        # (docs/recovery.md). --faust-setting overrides it.
+        "broker_session_timeout": 15,
+        "producer_max_request_size": admin.OUTPUT_MAX_BYTES,
+    }
+    if kafka.client_id:
+        settings["broker_client_id"] = kafka.client_id
+    return settings | dict(overrides)
+
+
+def _parse_settings(pairs: Sequence[str]) -> dict[str, Any]:
+    settings = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name.isidentifier():
+            raise ValueError(f"--faust-setting {pair!r}: expected NAME=VALUE")
+        settings[name] = yaml.safe_load(text)
+    return settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``latch worker [--config FILE] [--faust-setting NAME=VALUE ...]``."""
+    parser = argparse.ArgumentParser(prog="latch worker", description="Run the Kafka worker.")
+    parser.add_argument("--config", help="latch.yaml (default: ./latch.yaml if present)")
+    parser.add_argument("--faust-setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="set a faust setting directly (advanced; value parsed as YAML), "
+                             "e.g. broker_session_timeout=10")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+        latch = LatchWorker(config, _parse_settings(args.faust_setting))
+        _check_topics(config)
+    except (ConfigError, kafka_io.KafkaSetupError, TelemetryError, admin.TopicsError,
+            ValueError) as exc:
+        print(f"latch worker: {exc}", file=sys.stderr)
+        return 2
+    except KafkaException as exc:
+        print(f"latch worker: Kafka error: {exc.args[0].str()}", file=sys.stderr)
+        return 1
+    return latch.run()
+
+
+def _check_topics(config: Config) -> None:
+    """Fail fast on a missing topic (a send to it would wait) or on events, control or heads
+    changelog partitions that differ (runs would not be co-partitioned). The changelog may
+    be missing: faust creates it."""
+    settings: dict[str, str | int | float | bool] = {**config.kafka.confluent_config()}
+    required = [s.name for s in admin.specs(config) if s.name != admin.heads_changelog(config)]
+    admin.verify(AdminClient(settings), required, admin.copartitioned(config))

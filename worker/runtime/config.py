@@ -1,0 +1,422 @@
+"""Load ``latch.yaml``: the file, then ``LATCH_<SECTION>__<KEY>`` overrides, then the schema.
+
+The result is one frozen :class:`Config`; nothing else in Latch reads the file or the
+environment for settings. ``schemas/config.schema.json`` is the single description of every
+key (type, bounds, default, meaning); the dataclasses below repeat the defaults, and a test
+holds the two equal. The steps of :func:`load_config`:
+
+1. read YAML (``latch.yaml`` in the working directory when no path is given and it exists;
+   pure defaults otherwise; an explicit path that does not exist is an error);
+2. check the shape: a mapping of known sections, each a mapping of known keys (``kafka``
+   also takes any librdkafka setting, written with ``_`` for ``.``);
+3. apply each ``LATCH_<SECTION>__<KEY>=value`` variable: string keys take the value as is,
+   list keys split it on commas, other keys parse it as YAML (``4``, ``2.5``, ``true``).
+   ``LATCH_`` variables without ``__`` belong to other tools and are ignored;
+4. validate against the schema, then build the dataclasses (absent keys take defaults).
+
+Errors::
+
+    ValueError
+     └── ConfigError   the configuration is unusable; the message names the file, the key
+                       as a dotted path and, for an override, the LATCH_ variable
+
+Secrets: ``kafka.sasl_password`` and pass-through settings whose name looks secret never
+appear in a ``repr`` or in an error message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from functools import cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, NoReturn
+
+import yaml
+
+from worker.core.settings import AssembleSettings
+from worker.runtime.schemas import load_schema, validator
+
+__all__ = [
+    "DEFAULT_PATH",
+    "Config",
+    "ConfigError",
+    "KafkaSettings",
+    "TopicNames",
+    "WorkerSettings",
+    "dump_defaults",
+    "load_config",
+]
+
+#: The file :func:`load_config` reads when it is given no path (relative to the cwd).
+DEFAULT_PATH = "latch.yaml"
+
+_ENV_PREFIX = "LATCH_"
+_KAFKA_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
+_SECRET_KEY = re.compile(r"password|secret|token|credential|jaas|pem")
+_REDACTED = "***"
+
+#: Named ``kafka`` keys and the librdkafka setting each becomes.
+_LIBRDKAFKA_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        "bootstrap_servers": "bootstrap.servers",
+        "security_protocol": "security.protocol",
+        "sasl_mechanism": "sasl.mechanism",
+        "sasl_username": "sasl.username",
+        "sasl_password": "sasl.password",
+        "ssl_cafile": "ssl.ca.location",
+        "ssl_certfile": "ssl.certificate.location",
+        "ssl_keyfile": "ssl.key.location",
+        "client_id": "client.id",
+    }
+)
+_NAMED_BY_LIBRDKAFKA = MappingProxyType({v: k for k, v in _LIBRDKAFKA_NAMES.items()})
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used. ``str()`` names the file (or says there was none),
+    each bad key as a dotted path, and the ``LATCH_`` variable when one set it."""
+
+    def __init__(self, source: Path | None, problems: list[str]) -> None:
+        self.source = source
+        self.problems = tuple(problems)
+        where = str(source) if source is not None else "configuration (no file)"
+        if len(problems) == 1:
+            message = f"{where}: {problems[0]}"
+        else:
+            message = "\n  ".join([f"{where}: {len(problems)} problems:", *problems])
+        super().__init__(message)
+
+
+class _FrozenDict(dict[str, str]):
+    """A dict that refuses changes, yet copies, pickles and ``asdict``s like a dict."""
+
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("configuration values are read-only")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple[type[_FrozenDict], tuple[dict[str, str]]]:
+        return (type(self), (dict(self),))
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class KafkaSettings:
+    """The ``kafka`` section: how the worker's Kafka clients connect."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: str | None = None
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    client_id: str | None = None
+    #: Pass-through librdkafka settings, keyed as written (``_``), values as strings.
+    extra: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "extra", _FrozenDict(self.extra))
+
+    def confluent_config(self) -> dict[str, str]:
+        """librdkafka settings for confluent-kafka clients: the named keys that are set,
+        then every pass-through key with ``_`` replaced by ``.``."""
+        named = {
+            rdkafka: value
+            for key, rdkafka in _LIBRDKAFKA_NAMES.items()
+            if (value := getattr(self, key)) is not None
+        }
+        return named | {key.replace("_", "."): value for key, value in self.extra.items()}
+
+    def __repr__(self) -> str:
+        shown = [
+            f"{f.name}={_REDACTED!r}"
+            if f.name == "sasl_password" and self.sasl_password is not None
+            else f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+            if f.name != "extra"
+        ]
+        extra = {k: _REDACTED if _SECRET_KEY.search(k) else v for k, v in self.extra.items()}
+        return f"KafkaSettings({', '.join(shown)}, extra={extra!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    """The ``topics`` section: topic names and how the worker creates the topics."""
+
+    events: str = "llm.stream.events"
+    control: str = "llm.stream.control"
+    committed: str = "tool.calls.committed"
+    errors: str = "tool.calls.errors"
+    final: str = "llm.messages.final"
+    progress: str = "llm.stream.progress"
+    dlq: str = "llm.stream.dlq"
+    partitions: int = 12
+    replication_factor: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """The ``worker`` section: the worker process."""
+
+    app_id: str = "latch"
+    tick_interval_s: float = 5.0
+    finished_run_retention_s: float = 3600.0
+    web_port: int = 6066
+    log_level: str = "info"
+    store: str = "memory://"
+    otel_exporter: str = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole configuration; ``source`` is the file it was read from (None: no file)."""
+
+    assemble: AssembleSettings = field(default_factory=AssembleSettings)
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    topics: TopicNames = field(default_factory=TopicNames)
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    source: Path | None = None
+
+
+#: YAML section name -> the dataclass it becomes and the Config field holding it.
+_SECTIONS: Mapping[str, tuple[type[Any], str]] = MappingProxyType(
+    {
+        "agent_stream_assemble": (AssembleSettings, "assemble"),
+        "kafka": (KafkaSettings, "kafka"),
+        "topics": (TopicNames, "topics"),
+        "worker": (WorkerSettings, "worker"),
+    }
+)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> Config:
+    """Read, override, validate and freeze the configuration (see the module docstring).
+
+    ``env`` defaults to ``os.environ``. Raises :class:`ConfigError`.
+    """
+    source = _resolve(path)
+    data = _read(source) if source is not None else {}
+    problems = _check_shape(data)
+    origins, env_problems = _apply_env(data, os.environ if env is None else env)
+    problems += env_problems
+    if not problems:
+        problems = _validate(data, origins)
+    if problems:
+        raise ConfigError(source, problems)
+    return _build(data, source)
+
+
+def _resolve(path: str | os.PathLike[str] | None) -> Path | None:
+    if path is None:
+        default = Path(DEFAULT_PATH)
+        return default if default.is_file() else None
+    explicit = Path(path)
+    if not explicit.is_file():
+        raise ConfigError(explicit, ["no such file"])
+    return explicit
+
+
+def _read(source: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, [f"cannot read: {exc}"]) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [f"invalid YAML: {exc}"]) from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(
+            source, [f"the top level must be a mapping of sections, not {_kind(loaded)}"]
+        )
+    return loaded
+
+
+def _check_shape(data: dict[str, Any]) -> list[str]:
+    """Sections known and mappings (an empty ``section:`` is an empty one), keys known."""
+    problems: list[str] = []
+    for section in list(data):
+        if section not in _SECTIONS:
+            problems.append(f"unknown section {section}")
+            continue
+        if data[section] is None:
+            data[section] = {}
+        if not isinstance(data[section], dict):
+            problems.append(f"{section}: must be a mapping, not {_kind(data[section])}")
+            continue
+        problems += [
+            f"{p} {section}.{key}" for key in data[section] if (p := _bad_key(section, key))
+        ]
+    return problems
+
+
+def _bad_key(section: str, key: object) -> str | None:
+    """Why ``key`` cannot be in ``section`` ("unknown key", "invalid key"), or None."""
+    if section == "kafka":
+        if not isinstance(key, str) or _KAFKA_KEY.match(key) is None:
+            return "invalid key (lower case letters, digits and _ only)"
+        named = _NAMED_BY_LIBRDKAFKA.get(key.replace("_", "."))
+        return f"use kafka.{named} instead of" if named not in (None, key) else None
+    return None if key in _properties(section) else "unknown key"
+
+
+def _apply_env(
+    data: dict[str, Any], env: Mapping[str, str]
+) -> tuple[dict[tuple[str, str], str], list[str]]:
+    """Apply ``LATCH_<SECTION>__<KEY>`` variables in name order; return where each came from."""
+    origins: dict[tuple[str, str], str] = {}
+    problems: list[str] = []
+    for name in sorted(env):
+        if not name.startswith(_ENV_PREFIX) or "__" not in name:
+            continue
+        section, _, key = name.removeprefix(_ENV_PREFIX).lower().partition("__")
+        if section not in _SECTIONS:
+            problems.append(f"unknown section {section} (from {name})")
+        elif bad := _bad_key(section, key):
+            problems.append(f"{bad} {section}.{key} (from {name})")
+        elif isinstance(target := data.setdefault(section, {}), dict):
+            prop = _properties(section).get(key, {"type": "string"})
+            target[key] = _parse_env(env[name], prop)
+            origins[(section, key)] = name
+    return origins, problems
+
+
+def _parse_env(value: str, prop: Mapping[str, Any]) -> Any:
+    """A variable's value as the key's schema type expects it."""
+    kind = prop.get("type", "string")
+    if kind == "string":  # also enums of strings, which declare no type
+        return value
+    if kind == "array" and not value.lstrip().startswith("["):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value  # the schema reports the wrong type
+
+
+def _validate(data: dict[str, Any], origins: Mapping[tuple[str, str], str]) -> list[str]:
+    errors = sorted(
+        validator("config").iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path]
+    )
+    problems = []
+    for error in errors:
+        path = [str(part) for part in error.absolute_path]
+        message = error.message
+        if path[:1] == ["kafka"] and _SECRET_KEY.search(".".join(path[1:])):
+            message = f"invalid value (fails {error.validator}: {error.validator_value!r})"
+        origin = origins.get((path[0], path[1])) if len(path) >= 2 else None
+        suffix = f" (from {origin})" if origin else ""
+        problems.append(f"{'.'.join(path) or '(top level)'}: {message}{suffix}")
+    return problems
+
+
+def _build(data: Mapping[str, Any], source: Path | None) -> Config:
+    built: dict[str, Any] = {}
+    for section, (cls, attribute) in _SECTIONS.items():
+        values = dict(data.get(section, {}))
+        props = _properties(section)
+        if section == "kafka":
+            extra = {k: _kafka_value(values.pop(k)) for k in list(values) if k not in props}
+            values["extra"] = extra
+        built[attribute] = cls(**{k: _convert(v, props.get(k, {})) for k, v in values.items()})
+    return Config(**built, source=source)
+
+
+def _convert(value: Any, prop: Mapping[str, Any]) -> Any:
+    """A validated value as its dataclass field holds it."""
+    kind = prop.get("type")
+    if kind == "array":
+        return tuple(value)
+    if kind == "number":
+        return float(value)
+    if kind == "integer":
+        return int(value)  # JSON Schema counts 3.0 as an integer
+    return value
+
+
+def _kafka_value(value: str | float | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@cache
+def _config_schema() -> dict[str, Any]:
+    """config.schema.json, parsed once; read only."""
+    return load_schema("config")
+
+
+def _properties(section: str) -> dict[str, Any]:
+    props: dict[str, Any] = _config_schema()["properties"][section]["properties"]
+    return props
+
+
+def _kind(value: object) -> str:
+    """``a list``, ``a string``, ``an int``: for messages about a value of the wrong kind."""
+    names: dict[type, str] = {list: "list", str: "string", dict: "mapping"}
+    name = names.get(type(value), type(value).__name__)
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+# ---------------------------------------------------------------------------------------
+# The commented default file (``latch config init``; ``latch.example.yaml`` is a copy).
+
+_HEADER = """\
+# Latch configuration (latch.yaml). Generated by worker.runtime.config.dump_defaults().
+# Every section and key is optional; the values shown are the defaults, and commented-out
+# keys are unset. Schema: schemas/config.schema.json.
+#
+# Any key can be overridden from the environment as LATCH_<SECTION>__<KEY>=value, e.g.
+#   LATCH_KAFKA__BOOTSTRAP_SERVERS=broker:9092
+#   LATCH_AGENT_STREAM_ASSEMBLE__MAX_TOOL_CALLS_PER_RUN=4
+#   LATCH_AGENT_STREAM_ASSEMBLE__ALLOW_PIPELINED_EXECUTE=read_file,search
+"""
+
+_KAFKA_PASS_THROUGH_EXAMPLE = [
+    "  # Any other librdkafka setting, with _ for . (passed through as a string):",
+    "  # enable_idempotence: true",
+]
+
+
+def dump_defaults() -> str:
+    """A commented ``latch.yaml`` holding every default, generated from the schema."""
+    schema = _config_schema()
+    lines = [_HEADER.rstrip("\n")]
+    for section, section_schema in schema["properties"].items():
+        cls, _ = _SECTIONS[section]
+        defaults = cls()
+        lines += ["", *_comment(section_schema["description"], ""), f"{section}:"]
+        for key, prop in section_schema["properties"].items():
+            lines += _comment(prop["description"], "  ")
+            value = getattr(defaults, key)
+            if value is not None:
+                lines.append(f"  {key}: {_yaml_scalar(value)}")
+            else:
+                lines.append(f"  # {key}: {_yaml_scalar(prop['examples'][0])}")
+        if section == "kafka":
+            lines += _KAFKA_PASS_THROUGH_EXAMPLE
+    return "\n".join(lines) + "\n"
+
+
+def _comment(text: str, indent: str) -> list[str]:
+    return textwrap.wrap(
+        text, width=92, initial_indent=f"{indent}# ", subsequent_indent=f"{indent}# "
+    )
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, tuple):
+        value = list(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    dumped = yaml.safe_dump(value, default_flow_style=True, width=1_000)
+    return dumped.removesuffix("\n").removesuffix("\n...").strip()

@@ -1,0 +1,414 @@
+"""The chaos driver's plan (``latch chaos``): runs, their envelopes, and their expected outcomes.
+
+Pure: no Kafka, no clock. :func:`build_plan` draws M runs from a seeded RNG across the three
+providers, in each provider's own streaming format: parallel calls (chat chunks of parallel
+calls sometimes interleaved), large arguments (tens of KiB in small fragments, escapes and
+multi-byte characters split anywhere), calls without arguments, invalid JSON, unknown tools,
+schema violations, runs without calls, broken streams (``stream.error``), cancelled runs
+(events without any end, then a cancel) and idle runs (no end, no cancel). It adds a few bad
+input records that must reach the DLQ with their bytes.
+
+Each run's expected records are what the offline core (:class:`~worker.core.Assembler`, the
+code path of ``latch assemble``) emits for the very bytes the driver publishes, its cancel
+appended for a cancelled run and one tick past the idle timeout for an idle run. The plan
+also knows what each call is *meant* to get (commit with these arguments, or a reason);
+:func:`check_intent` holds the core to it, so a plan is a conformance test of the core too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from worker.core import Assembler, Emit, Topic, decode
+from worker.core.envelope import TICK_KEY, Rejected
+from worker.runtime.config import Config
+
+PROVIDERS = ("openai.chat", "anthropic.messages", "openai.responses")
+
+_PATH = {"type": "string", "minLength": 1}
+TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
+    "read_file": {"type": "object", "properties": {"path": _PATH}, "required": ["path"],
+                  "additionalProperties": False},
+    "write_file": {"type": "object", "properties": {"path": _PATH, "content": {"type": "string"}},
+                   "required": ["path", "content"], "additionalProperties": False},
+    "ping": {"type": "object", "properties": {}, "additionalProperties": False},
+}
+#: Kinds of runs and how often each is drawn.
+KINDS: dict[str, int] = {
+    "ok": 24, "parallel": 12, "large": 6, "no_args": 6, "text_only": 3, "invalid_json": 7,
+    "unknown_tool": 6, "schema_violation": 7, "mixed": 10, "broken": 6, "cancel": 8, "idle": 5,
+}
+#: Argument texts that are not strict JSON objects, and the reason each fails with.
+BAD_TEXTS: list[tuple[str, str]] = [
+    ('{"path": "/etc/a",}', "invalid_json"),
+    ('{"path": "/etc/a"', "invalid_json"),
+    ("{'path': '/etc/a'}", "invalid_json"),
+    ('{"path": "/a", "path": "/b"}', "invalid_json"),
+    ('{"path": NaN}', "invalid_json"),
+    ('{"path": "/a"} // done', "invalid_json"),
+    ('["/etc/a"]', "arguments_not_object"),
+    ('"/etc/a"', "arguments_not_object"),
+]
+#: Argument objects that break ``read_file``'s schema.
+SCHEMA_BREAKERS: list[dict[str, Any]] = [
+    {"path": 42}, {}, {"path": ""}, {"path": "/a", "mode": "w"}, {"path": ["/a"]},
+]
+_ALPHABET = string.ascii_letters + string.digits + " /._-\"\\\n\t" + "éß中文🙂ø€"
+
+
+@dataclass(slots=True)
+class CallSpec:
+    """One tool call the driver puts in a stream, and the outcome it means it to get."""
+
+    call_id: str
+    name: str
+    text: str
+    #: ``"commit"`` or a reason code.
+    intent: str
+    args: Any = None
+    #: Fragment sizes (characters) for the argument text.
+    fragment: tuple[int, int] = (1, 12)
+
+
+@dataclass(slots=True)
+class RunPlan:
+    run_id: str
+    provider: str
+    kind: str
+    envelopes: list[bytes]
+    #: A cancel goes to the control topic once every envelope is acknowledged.
+    cancel: bytes | None
+    #: What the calls that the stream opened mean to get (call id -> CallSpec).
+    opened: dict[str, CallSpec]
+    expected: list[Emit] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class BadInput:
+    """A record that must reach the DLQ unchanged."""
+
+    key: bytes
+    value: bytes
+    control: bool
+    reason: str
+
+
+@dataclass(slots=True)
+class Plan:
+    seed: int
+    runs: list[RunPlan]
+    bad: list[BadInput]
+
+    @property
+    def calls(self) -> int:
+        return sum(len(r.opened) for r in self.runs)
+
+    @property
+    def events(self) -> int:
+        return sum(len(r.envelopes) + (r.cancel is not None) for r in self.runs) + len(self.bad)
+
+
+class PlanError(Exception):
+    """The offline core decides a run otherwise than the driver meant: a bug in one of them."""
+
+
+def build_plan(seed: int, runs: int, config: Config, tag: str = "") -> Plan:
+    """M runs and a few bad inputs, each with the outcome the offline core gives it."""
+    rng = random.Random(seed)
+    kinds, weights = zip(*KINDS.items(), strict=True)
+    prefix = f"chaos{tag}-{seed}"
+    plans = [_run(rng, f"{prefix}-{n:05d}", PROVIDERS[n % 3], rng.choices(kinds, weights)[0])
+             for n in range(runs)]
+    for run in plans:
+        run.expected = expected_emits(run, config)
+        check_intent(run)
+    return Plan(seed, plans, _bad_inputs(rng, prefix, max(BAD_VARIANTS, runs // 150), config))
+
+
+def _text(rng: random.Random, size: int) -> str:
+    return "".join(rng.choices(_ALPHABET, k=size))
+
+
+def _good_call(rng: random.Random, cid: str, large: bool = False) -> CallSpec:
+    if large:
+        args: dict[str, Any] = {"path": f"/out/{_text(rng, 12)}",
+                                "content": _text(rng, rng.randint(10_000, 60_000))}
+        return CallSpec(cid, "write_file", _dumps(rng, args), "commit", args, (16, 256))
+    args = {"path": f"/data/{_text(rng, rng.randint(1, 40))}"}
+    return CallSpec(cid, "read_file", _dumps(rng, args), "commit", args)
+
+
+def _dumps(rng: random.Random, args: dict[str, Any]) -> str:
+    """JSON text of ``args``, compact or spaced (the latch must not care)."""
+    text = orjson.dumps(args).decode()
+    return text.replace('":', '": ').replace(',"', ', "') if rng.random() < 0.5 else text
+
+
+def _bad_call(rng: random.Random, cid: str, kind: str) -> CallSpec:
+    if kind == "invalid_json":
+        text, reason = rng.choice(BAD_TEXTS)
+        return CallSpec(cid, "read_file", text, reason)
+    if kind == "unknown_tool":
+        return CallSpec(cid, rng.choice(["delete_all", "exec", "parallel"]),
+                        '{"path": "/x"}', "unknown_tool")
+    if kind == "no_args":
+        text = rng.choice(["", "", "{}", " {} "])
+        return CallSpec(cid, "ping", text, "commit", {})
+    return CallSpec(cid, "read_file", orjson.dumps(rng.choice(SCHEMA_BREAKERS)).decode(),
+                    "schema_invalid")
+
+
+def _calls(rng: random.Random, kind: str, ids: Callable[[], str]) -> list[CallSpec]:
+    if kind == "text_only":
+        return []
+    if kind in ("ok", "broken", "cancel", "idle"):
+        return [_good_call(rng, ids()) for _ in range(rng.randint(1, 3))]
+    if kind == "parallel":
+        return [_good_call(rng, ids()) for _ in range(rng.randint(3, 6))]
+    if kind == "large":
+        return [_good_call(rng, ids(), large=True) for _ in range(rng.randint(1, 2))]
+    if kind == "mixed":
+        pick = ["good", "invalid_json", "unknown_tool", "schema_violation", "no_args"]
+        return [_good_call(rng, ids()) if k == "good" else _bad_call(rng, ids(), k)
+                for k in rng.choices(pick, k=rng.randint(2, 5))]
+    return [_bad_call(rng, ids(), kind) for _ in range(rng.randint(1, 2))]
+
+
+def _run(rng: random.Random, run_id: str, provider: str, kind: str) -> RunPlan:
+    counter = itertools.count()
+    stem = {"openai.chat": "call", "anthropic.messages": "toolu", "openai.responses": "call"}
+    calls = _calls(rng, kind, lambda: f"{stem[provider]}_{rng.getrandbits(48):012x}"
+                   f"{next(counter)}")
+    complete = kind not in ("broken", "cancel", "idle")
+    events = PROVIDER_EVENTS[provider](rng, calls, complete)
+    if not complete:  # cut the stream somewhere after its first call opened
+        first = next(i for i, (_, opens) in enumerate(events) if opens is not None)
+        events = events[: rng.randint(first + 1, len(events))]
+    opened_ids = [opens for _, opens in events if opens is not None]
+    reason = {"broken": "stream_error", "cancel": "cancelled", "idle": "assemble_idle_timeout"}
+    opened = {}
+    for call in calls:
+        if call.call_id in opened_ids:
+            opened[call.call_id] = call
+            if kind in reason:
+                call.intent = reason[kind]
+    tools = [_tool(provider, name) for name in TOOL_SCHEMAS]
+    docs: list[dict[str, Any]] = [{"v": 1, "run_id": run_id, "seq": 0, "type": "run.start",
+                                   "provider": provider, "tenant": "chaos", "tools": tools}]
+    docs += [{"v": 1, "run_id": run_id, "seq": n, "type": "provider.event", "event": event}
+             for n, (event, _) in enumerate(events, start=1)]
+    if complete:
+        docs.append({"v": 1, "run_id": run_id, "seq": len(docs), "type": "stream.end"})
+    elif kind == "broken":
+        docs.append({"v": 1, "run_id": run_id, "seq": len(docs), "type": "stream.error",
+                     "error": "connection reset by peer"})
+    cancel = None
+    if kind == "cancel":
+        cancel = orjson.dumps({"v": 1, "run_id": run_id, "type": "cancel", "reason": "user_stop"})
+    return RunPlan(run_id, provider, kind, [orjson.dumps(d) for d in docs], cancel, opened)
+
+
+def _tool(provider: str, name: str) -> dict[str, Any]:
+    schema = TOOL_SCHEMAS[name]
+    if provider == "openai.chat":
+        return {"type": "function", "function": {"name": name, "parameters": schema}}
+    if provider == "anthropic.messages":
+        return {"name": name, "input_schema": schema}
+    return {"type": "function", "name": name, "parameters": schema}
+
+
+def _pieces(rng: random.Random, call: CallSpec) -> list[str]:
+    """The call's argument text in fragments of random sizes (escapes and characters split
+    anywhere)."""
+    text, low, high = call.text, *call.fragment
+    pieces, at = [], 0
+    while at < len(text):
+        step = rng.randint(low, high)
+        pieces.append(text[at:at + step])
+        at += step
+    return pieces
+
+
+#: A provider event, and the id of the call it opens (None: it opens none).
+Event = tuple[dict[str, Any], str | None]
+
+
+def _chat_events(rng: random.Random, calls: Sequence[CallSpec], complete: bool) -> list[Event]:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"id": "chatcmpl-chaos", "object": "chat.completion.chunk", "model": "gpt-chaos",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    streams: list[list[Event]] = []
+    for i, call in enumerate(calls):
+        opening = {"index": i, "id": call.call_id, "type": "function",
+                   "function": {"name": call.name, "arguments": ""}}
+        stream: list[Event] = [(chunk({"tool_calls": [opening]}), call.call_id)]
+        stream += [(chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}), None)
+                   for piece in _pieces(rng, call)]
+        streams.append(stream)
+    head: list[Event] = [(chunk({"role": "assistant", "content": None}), None)]
+    if not calls:
+        head.append((chunk({"content": "Nothing to do."}), None))
+    body = _interleave(rng, streams) if rng.random() < 0.3 else [e for s in streams for e in s]
+    tail: list[Event] = [(chunk({}, "tool_calls" if calls else "stop"), None)] if complete else []
+    return head + body + tail
+
+
+def _interleave(rng: random.Random, streams: list[list[Event]]) -> list[Event]:
+    """Parallel calls' chunks mixed (each call's own order kept): keys, not positions."""
+    queues = [list(reversed(s)) for s in streams]
+    out = []
+    while any(queues):
+        queue = rng.choice([q for q in queues if q])
+        out.append(queue.pop())
+    return out
+
+
+def _anthropic_events(rng: random.Random, calls: Sequence[CallSpec],
+                      complete: bool) -> list[Event]:
+    events: list[Event] = [({"type": "message_start", "message": {
+        "id": "msg_chaos", "type": "message", "role": "assistant", "model": "claude-chaos",
+        "content": [], "stop_reason": None, "usage": {"input_tokens": 5, "output_tokens": 1}}},
+        None)]
+    offset = 0
+    if not calls or rng.random() < 0.3:
+        offset = 1
+        events += [({"type": "content_block_start", "index": 0,
+                     "content_block": {"type": "text", "text": ""}}, None),
+                   ({"type": "content_block_delta", "index": 0,
+                     "delta": {"type": "text_delta", "text": "Let me look."}}, None),
+                   ({"type": "content_block_stop", "index": 0}, None)]
+    for i, call in enumerate(calls, start=offset):
+        events.append(({"type": "content_block_start", "index": i, "content_block": {
+            "type": "tool_use", "id": call.call_id, "name": call.name, "input": {}}},
+            call.call_id))
+        events += [({"type": "content_block_delta", "index": i,
+                     "delta": {"type": "input_json_delta", "partial_json": piece}}, None)
+                   for piece in _pieces(rng, call)]
+        events.append(({"type": "content_block_stop", "index": i}, None))
+    if complete:
+        stop = "tool_use" if calls else "end_turn"
+        events += [({"type": "message_delta", "delta": {"stop_reason": stop},
+                     "usage": {"output_tokens": 9}}, None), ({"type": "message_stop"}, None)]
+    return events
+
+
+def _responses_events(rng: random.Random, calls: Sequence[CallSpec],
+                      complete: bool) -> list[Event]:
+    response = {"id": "resp_chaos", "object": "response", "status": "in_progress", "output": []}
+    events: list[Event] = [({"type": "response.created", "response": response}, None)]
+    items = []
+    for i, call in enumerate(calls):
+        item = {"type": "function_call", "id": f"fc_{call.call_id}", "call_id": call.call_id,
+                "name": call.name, "arguments": "", "status": "in_progress"}
+        events.append(({"type": "response.output_item.added", "output_index": i,
+                        "item": item}, call.call_id))
+        events += [({"type": "response.function_call_arguments.delta", "output_index": i,
+                     "item_id": item["id"], "delta": piece}, None) for piece in _pieces(rng, call)]
+        events.append(({"type": "response.function_call_arguments.done", "output_index": i,
+                        "item_id": item["id"], "arguments": call.text}, None))
+        done = {**item, "arguments": call.text, "status": "completed"}
+        events.append(({"type": "response.output_item.done", "output_index": i, "item": done},
+                       None))
+        items.append(done)
+    if complete:
+        events.append(({"type": "response.completed",
+                        "response": {**response, "status": "completed", "output": items}}, None))
+    return events
+
+
+PROVIDER_EVENTS: dict[str, Callable[[random.Random, Sequence[CallSpec], bool], list[Event]]] = {
+    "openai.chat": _chat_events,
+    "anthropic.messages": _anthropic_events,
+    "openai.responses": _responses_events,
+}
+
+
+def expected_emits(run: RunPlan, config: Config) -> list[Emit]:
+    """What the offline core emits for the run's bytes (progress aside): its envelopes, then
+    its cancel; an idle run gets one tick past the idle timeout."""
+    assembler = Assembler(config.assemble)
+    emits = [e for value in run.envelopes for e in assembler.feed_record(None, value)]
+    if run.cancel is not None:
+        emits += assembler.feed_record(None, run.cancel)
+    if run.kind == "idle":
+        ts = int(config.assemble.assemble_idle_timeout_s * 1000) + 1
+        emits += assembler.feed_record(TICK_KEY.encode(),
+                                       orjson.dumps({"v": 1, "type": "tick", "ts": ts}))
+    return [e for e in emits if e.topic is not Topic.PROGRESS]
+
+
+def check_intent(run: RunPlan) -> None:
+    """Raise :class:`PlanError` unless the core gives every opened call the outcome the driver
+    meant, and the run exactly one final message."""
+    problems = []
+    outcomes = {}
+    for emit in run.expected:
+        if emit.topic is Topic.COMMITTED:
+            outcomes[emit.value["call_id"]] = ("commit", emit.value["arguments"])
+        elif emit.topic is Topic.ERRORS:
+            outcomes[emit.value["tool_call_id"]] = (emit.value["reason"], None)
+    for call in run.opened.values():
+        want = ("commit", call.args) if call.intent == "commit" else (call.intent, None)
+        if outcomes.get(call.call_id) != want:
+            problems.append(f"{call.call_id}: meant {want[0]}, core gives "
+                            f"{outcomes.get(call.call_id, ('nothing',))[0]}")
+    if set(outcomes) != set(run.opened):
+        problems.append(f"outcomes for {sorted(set(outcomes) ^ set(run.opened))}")
+    finals = [e for e in run.expected if e.topic is Topic.FINAL]
+    if len(finals) != 1 or any(e.topic is Topic.DLQ for e in run.expected):
+        problems.append(f"{len(finals)} final messages and DLQ records")
+    if problems:
+        raise PlanError(f"run {run.run_id} ({run.provider}, {run.kind}): {'; '.join(problems)}")
+
+
+def _bad_inputs(rng: random.Random, prefix: str, count: int, config: Config) -> list[BadInput]:
+    """Records that must reach the DLQ with their bytes: garbage, a key that is not the
+    run_id, a non-object, an event of a run that never started, a tick far in the future
+    under a run's key (it must expire nothing), garbage on the control topic."""
+    out = []
+    for n in range(count):
+        key = f"{prefix}-bad-{n}".encode()
+        variant = n % BAD_VARIANTS
+        control = variant == BAD_VARIANTS - 1
+        value = _bad_value(rng, variant, key, f"{prefix}-other-{n}")
+        out.append(BadInput(key, value, control, _dlq_reason(key, value, control, config)))
+    return out
+
+
+#: The kinds of bad input records, the last one on the control topic.
+BAD_VARIANTS = 6
+
+
+def _bad_value(rng: random.Random, variant: int, key: bytes, other_run: str) -> bytes:
+    if variant == 0:
+        return b"\xff\xfe" + rng.randbytes(rng.randint(1, 64))
+    if variant == 1:
+        return orjson.dumps({"v": 1, "run_id": other_run, "seq": 0, "type": "run.start",
+                             "provider": "openai.chat", "tools": []})
+    if variant == 2:
+        return b'["not", "an", "envelope"]'
+    if variant == 3:
+        return orjson.dumps({"v": 1, "run_id": key.decode(), "seq": 3,
+                             "type": "provider.event", "event": {"type": "message_stop"}})
+    if variant == 4:
+        return orjson.dumps({"v": 1, "type": "tick", "ts": 99_999_999_999_999})
+    return b"cancel " + rng.randbytes(8).hex().encode()
+
+
+def _dlq_reason(key: bytes, value: bytes, control: bool, config: Config) -> str:
+    if control:
+        envelope = decode(key, value)
+        return str(envelope.reason) if isinstance(envelope, Rejected) else "invalid_envelope"
+    emits = Assembler(config.assemble).feed_record(key, value)
+    if len(emits) != 1 or emits[0].topic is not Topic.DLQ:
+        raise PlanError(f"bad input {key!r} does not go to the DLQ offline")
+    return str(emits[0].value["reason"])
+
+

@@ -1,0 +1,847 @@
+"""``python -m worker.tools.chaos.run`` (``latch chaos``): Latch's promises under faults.
+
+Modelled on Kafka Streams' EOS system test (``streams_eos_test.py``: a driver, ``kill -9``
+and a verifier that reads only what was written), with Latch's own promises
+(``guarantees.md``) as the properties to verify:
+
+* **driver**: a seeded plan (:mod:`worker.tools.chaos.plan`) of M runs across the three providers,
+  each with the outcome the offline core (:class:`~worker.core.Assembler`, the code path of
+  ``latch assemble``) gives the very bytes that are published: parallel calls, large
+  arguments in small fragments, calls without arguments, invalid JSON, unknown tools, schema
+  violations, broken streams, cancelled runs (events without an end, then a cancel on the
+  control topic), idle runs (no end, no cancel: the ticks expire them) and a few bad input
+  records whose bytes must reach the DLQ. :class:`Driver` publishes the runs interleaved,
+  keyed by ``run_id``, at a steady rate, with :class:`~worker.runtime.publisher.Publisher`; a run's
+  cancel goes out once its envelopes are acknowledged.
+* **faults**, while the driver publishes: N worker processes, K of them killed with SIGKILL at
+  random moments and restarted after a short random delay; R broker restarts (SIGTERM through
+  ``latch broker stop`` and SIGKILL of the broker's pid, alternately) with the broker's data
+  kept, in their own thread so that kills go on meanwhile. A worker that exits on its own is
+  restarted too (the supervisor a deployment has, systemd or Kubernetes): those restarts are
+  counted and reported as ``respawns``.
+* **verifier** (:mod:`worker.tools.chaos.verify`), once every run has its final message and the
+  worker group has committed past every input record: reads every output topic from the
+  beginning and counts ``missing`` outcomes, ``contradictions`` (two outcomes for a call, or
+  two different records under one idempotency key, or a final message that disagrees) and
+  ``mismatched`` records (not what the offline core emits, committed arguments included; or
+  in the DLQ without being a bad input).
+
+The idle timeout must be longer than the longest broker outage: while the broker is away
+the publisher buffers the runs' events, and the first tick a worker writes after the restart
+can land in a partition before them, so a run that straddles the outage has, in its log, a
+gap as long as the outage, and expires by design. ``--idle-timeout`` defaults to 45 s (an
+outage here lasts 15 to 25 s); the notes name every outage.
+
+One summary line goes to stdout (exit 0 on PASS, 1 on FAIL, 2 when the chaos could not be
+set up); progress, the first failures and details go to stderr. Without ``--bootstrap`` the
+chaos starts its own broker (``latch broker`` in the work directory, on free ports) and stops
+it at the end; broker restarts need that broker, or ``--broker-dir`` for a managed one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import heapq
+import itertools
+import logging
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from worker.runtime.config import Config, load_config
+from worker.tools.chaos.plan import Plan, PlanError, RunPlan, build_plan
+from worker.tools.chaos.verify import OutRecord, Verdict, verify
+
+OUTPUT_ROLES = ("committed", "errors", "final", "dlq")
+#: faust timings that make rebalances and failover quick on a local broker (the broker's
+#: minimum session timeout is 6 s), as ``tests/worker_harness.py`` uses them.
+FAST_FAUST = {
+    "broker_session_timeout": 6,
+    "broker_heartbeat_interval": 1,
+    "broker_rebalance_timeout": 20,
+    "broker_commit_interval": 0.5,
+}
+#: Seconds the broker stays up between two restarts, so that the publisher and the workers
+#: catch up (restarts back to back would add up to one long outage).
+MIN_BROKER_UP_S = 20.0
+EXIT_PASS, EXIT_FAIL, EXIT_SETUP = 0, 1, 2
+
+
+def _say(message: str) -> None:
+    print(f"chaos: {message}", file=sys.stderr, flush=True)
+
+
+# =========================================================================================
+# Kafka: topics, reading, waiting
+# =========================================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """One chaos run's app id and topics; ``env()`` points a worker or ``load_config`` there."""
+
+    bootstrap: str
+    app_id: str
+    partitions: int
+    idle_timeout_s: float
+    tick_interval_s: float
+
+    def topic(self, role: str) -> str:
+        return f"{self.app_id}.{role}"
+
+    def env(self) -> dict[str, str]:
+        roles = ("events", "control", "committed", "errors", "final", "progress", "dlq")
+        env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role) for role in roles}
+        return env | {
+            "LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
+            "LATCH_TOPICS__PARTITIONS": str(self.partitions),
+            "LATCH_WORKER__APP_ID": self.app_id,
+            "LATCH_WORKER__WEB_PORT": "0",
+            "LATCH_WORKER__TICK_INTERVAL_S": str(self.tick_interval_s),
+            "LATCH_AGENT_STREAM_ASSEMBLE__ASSEMBLE_IDLE_TIMEOUT_S": str(self.idle_timeout_s),
+        }
+
+    def config(self, **kafka: str) -> Config:
+        extra = {f"LATCH_KAFKA__{k.upper()}": v for k, v in kafka.items()}
+        return load_config(None, env=self.env() | extra)
+
+    def create_topics(self) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        from worker.runtime import admin
+
+        client = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin.create(client, admin.specs(self.config()))
+
+
+def read_outputs(stack: Stack, roles: Sequence[str] = OUTPUT_ROLES,
+                 timeout: float = 120.0) -> list[OutRecord]:
+    """Every record of the output topics, from the beginning to their end as of now."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    topics = {stack.topic(role): role for role in roles}
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "chaos-verifier",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    try:
+        meta = consumer.list_topics(timeout=30).topics
+        tps = [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in meta[t].partitions]
+        ends = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=30)[1]
+                for tp in tps}
+        left = {tp for tp, end in ends.items() if end > 0}
+        consumer.assign(tps)
+        records: list[OutRecord] = []
+        deadline = time.monotonic() + timeout
+        while left:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading the outputs: {len(left)} partitions unfinished")
+            for msg in consumer.consume(1000, timeout=0.5):
+                if msg.error() is not None:
+                    continue
+                topic, partition = msg.topic() or "", msg.partition() or 0
+                offset, where = msg.offset() or 0, (topic, partition)
+                if offset < ends[where]:
+                    records.append(OutRecord(topics[topic], partition, offset, msg.key(),
+                                             msg.value() or b""))
+                if offset + 1 >= ends[where]:
+                    left.discard(where)
+        return records
+    finally:
+        consumer.close()
+
+
+def wait_for_finals(stack: Stack, run_ids: Iterable[str], timeout: float,
+                    on_tick: Callable[[], None] = lambda: None) -> set[str]:
+    """Wait until every run has a final message; return the runs still without one."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from tqdm import tqdm
+
+    wanted = set(run_ids)
+    topic = stack.topic("final")
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "chaos-finals",
+                         "enable.auto.commit": False})
+    bar = tqdm(total=len(wanted), desc="finals", unit="run", file=sys.stderr, leave=False)
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
+                         for p in range(stack.partitions)])
+        seen: set[str] = set()
+        deadline = time.monotonic() + timeout
+        while seen < wanted and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, timeout=0.5):
+                if msg.error() is None:
+                    run_id = (msg.key() or b"").decode("utf-8", "replace")
+                    if run_id in wanted and run_id not in seen:
+                        seen.add(run_id)
+                        bar.update(1)
+            on_tick()
+        return wanted - seen
+    finally:
+        bar.close()
+        consumer.close()
+
+
+def wait_committed(stack: Stack, timeout: float, on_tick: Callable[[], None] = lambda: None
+                   ) -> list[str]:
+    """Wait until the worker group has committed past every record that is now in the events
+    and control topics: every output of those records is then delivered (faust flushes its
+    producer before it commits). Return the partitions that lag behind after ``timeout``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": stack.app_id,
+                         "enable.auto.commit": False})
+    try:
+        tps = [TopicPartition(stack.topic(role), p) for role in ("events", "control")
+               for p in range(stack.partitions)]
+        ends = [consumer.get_watermark_offsets(tp, timeout=30)[1] for tp in tps]
+        deadline = time.monotonic() + timeout
+        lagging = ["no answer from the group coordinator"]
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # the broker may be restarting
+                done = [tp.offset for tp in consumer.committed(tps, timeout=10)]
+                lagging = [f"{tp.topic}[{tp.partition}] committed {c}, end {e}"
+                           for tp, c, e in zip(tps, done, ends, strict=True) if e and c < e]
+                if not lagging:
+                    return []
+            on_tick()
+            time.sleep(0.5)
+        return lagging
+    finally:
+        consumer.close()
+
+
+# =========================================================================================
+# Processes: the broker and the workers
+# =========================================================================================
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Broker:
+    """A broker that ``latch broker`` manages in ``data_dir``: start, stop (SIGTERM), kill."""
+
+    def __init__(self, data_dir: Path, port: int, controller_port: int) -> None:
+        self.data_dir = data_dir
+        self.port, self.controller_port = port, controller_port
+        self.bootstrap = f"127.0.0.1:{port}"
+        #: (how, began, ended) of each restart, in monotonic seconds.
+        self.outages: list[tuple[str, float, float]] = []
+
+    @classmethod
+    def own(cls, work_dir: Path) -> Broker:
+        port = free_port()
+        controller = free_port()
+        while controller == port:
+            controller = free_port()
+        return cls(work_dir / "broker", port, controller)
+
+    @classmethod
+    def managed(cls, data_dir: Path) -> Broker:
+        state = orjson.loads((data_dir / "broker.json").read_bytes())
+        return cls(data_dir, int(state["port"]), int(state["controller_port"]))
+
+    def _cli(self, *args: str) -> None:
+        env = os.environ | {"LATCH_BROKER_DIR": str(self.data_dir)}
+        out = subprocess.run([sys.executable, "-m", "worker.tools.broker", *args], env=env,
+                             capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"latch broker {' '.join(args)} failed: {out.stderr.strip()}")
+
+    def start(self) -> None:
+        self._cli("start", "--port", str(self.port), "--controller-port",
+                  str(self.controller_port), "--timeout", "120")
+
+    def stop(self) -> None:
+        self._cli("stop")
+
+    def pid(self) -> int | None:
+        try:
+            return int((self.data_dir / "broker.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL the broker's JVM and wait until it is gone."""
+        pid = self.pid()
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if b"kafka.Kafka" not in cmdline.read_bytes():
+                    return
+            except OSError:
+                return
+            time.sleep(0.1)
+
+    def restart(self, how: str, down_s: float) -> float:
+        """Stop the broker (``how``: ``sigterm`` or ``sigkill``), wait ``down_s``, start it
+        again with its data; return how long it did not answer."""
+        began = time.monotonic()
+        if how == "sigterm":
+            self.stop()
+        else:
+            self.kill()
+        time.sleep(down_s)
+        self.start()
+        ended = time.monotonic()
+        self.outages.append((how, began, ended))
+        return ended - began
+
+    def longest_outage(self, between: float = MIN_BROKER_UP_S) -> float:
+        """The longest time without a usable broker: outages less than ``between`` seconds
+        apart count as one (the clients had no time to catch up in between)."""
+        longest, current = 0.0, None
+        for _, began, ended in sorted(self.outages, key=lambda o: o[1]):
+            if current is not None and began - current[1] < between:
+                current = (current[0], ended)
+            else:
+                current = (began, ended)
+            longest = max(longest, current[1] - current[0])
+        return longest
+
+
+class Workers:
+    """N worker processes (``python -m worker worker``), each slot restartable."""
+
+    def __init__(self, stack: Stack, count: int, log_dir: Path,
+                 faust: dict[str, str] | None = None) -> None:
+        self.stack, self.log_dir = stack, log_dir
+        self.faust = {k: str(v) for k, v in FAST_FAUST.items()} | (faust or {})
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * count
+        self.logs: list[Path] = [log_dir / "none"] * count
+        self.generation = itertools.count()
+        self.exits: list[str] = []
+
+    def spawn(self, slot: int) -> None:
+        args = [f"--faust-setting={k}={v}" for k, v in self.faust.items()]
+        env = os.environ | self.stack.env() | {"PYTHONUNBUFFERED": "1"}
+        self.logs[slot] = self.log_dir / f"worker-{slot}.{next(self.generation)}.log"
+        with open(self.logs[slot], "wb") as log:
+            self.procs[slot] = subprocess.Popen(
+                [sys.executable, "-m", "worker", "worker", *args], env=env, cwd=self.log_dir,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def alive(self) -> list[int]:
+        return [i for i, p in enumerate(self.procs) if p is not None and p.poll() is None]
+
+    def kill(self, slot: int) -> None:
+        proc = self.procs[slot]
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+
+    def dead(self) -> list[int]:
+        """Slots whose process exited on its own since the last call (and forget them)."""
+        found = []
+        for slot, proc in enumerate(self.procs):
+            if proc is not None and proc.poll() is not None:
+                self.exits.append(f"{self.logs[slot].name} exited {proc.returncode}: "
+                                  f"{_last_error(self.logs[slot])}")
+                self.procs[slot] = None
+                found.append(slot)
+        return found
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        pending = set(range(len(self.procs)))
+        while pending and time.monotonic() < deadline:
+            for slot in list(pending):
+                if "[^Worker]: Ready" in self.logs[slot].read_text(errors="replace"):
+                    pending.discard(slot)
+                elif (proc := self.procs[slot]) is not None and proc.poll() is not None:
+                    raise RuntimeError(f"worker {slot} exited {proc.returncode} at start: "
+                                       f"{_last_error(self.logs[slot])}")
+            time.sleep(0.2)
+        if pending:
+            raise RuntimeError(f"workers {sorted(pending)} not ready after {timeout:.0f}s")
+
+    def stop_all(self, timeout: float = 30.0) -> list[str]:
+        """SIGTERM every worker; return a line for each that did not exit cleanly."""
+        problems = []
+        live = [(s, p) for s, p in enumerate(self.procs) if p is not None and p.poll() is None]
+        for _, proc in live:
+            proc.send_signal(signal.SIGTERM)
+        for slot, proc in live:
+            try:
+                code = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                code = -9
+            if code != 0:
+                problems.append(f"{self.logs[slot].name} exited {code} on SIGTERM")
+            self.procs[slot] = None
+        return problems
+
+    def takeovers(self) -> str:
+        """What the worker logs say about partition takeovers (rebuilds from the log)."""
+        rebuilt = refinished = 0
+        open_runs: list[int] = []
+        for path in self.log_dir.glob("worker-*.log"):
+            text = path.read_text(errors="replace")
+            found = re.findall(r"partition \d+: rebuilt before offset \d+ from \d+ records; "
+                               r"(\d+) runs open", text)
+            rebuilt += len(found)
+            open_runs += [int(n) for n in found if int(n) > 0]
+            refinished += len(re.findall(r"finished during the rebuild", text))
+        return (f"takeovers: {rebuilt} partition rebuilds, {len(open_runs)} of them with open "
+                f"runs ({sum(open_runs)} runs rebuilt from the log); {refinished} re-finalized "
+                "runs without a done head")
+
+    def log_problems(self) -> Counter[str]:
+        """Counts of ERROR/CRITICAL/WARNING messages over every worker log (numbers masked)."""
+        found: Counter[str] = Counter()
+        for path in self.log_dir.glob("worker-*.log"):
+            for line in path.read_text(errors="replace").splitlines():
+                match = re.search(r"\[(ERROR|CRITICAL|WARNING)\] (.*)", line)
+                if match:
+                    found[f"{match.group(1)} {re.sub(r'[0-9]+', 'N', match.group(2))[:120]}"] += 1
+        return found
+
+
+def _last_error(path: Path) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines()
+             if re.search(r"ERROR|CRITICAL|Error|Exception", line)]
+    return lines[-1][-200:] if lines else "(no error in its log)"
+
+
+# =========================================================================================
+# Faults: kills, broker restarts, and the supervisor
+# =========================================================================================
+
+
+class Faults(threading.Thread):
+    """Runs the fault schedule against the workers and the broker, and restarts any worker
+    that died on its own (the deployment's supervisor)."""
+
+    def __init__(self, workers: Workers, broker: Broker | None, rng: random.Random,
+                 kills: Sequence[float], restarts: Sequence[float]) -> None:
+        super().__init__(name="chaos-faults", daemon=True)
+        self.workers, self.broker, self.rng = workers, broker, rng
+        self.t0 = time.monotonic()
+        self.queue: list[tuple[float, int, str, int]] = []
+        self.order = itertools.count()
+        for at in kills:
+            self._at(at, "kill")
+        for n, at in enumerate(restarts):
+            self._at(at, "sigterm" if n % 2 == 0 else "sigkill")
+        self.kills = self.broker_restarts = self.respawns = 0
+        self.down: set[int] = set()
+        self.log: list[str] = []
+        self.errors: list[str] = []
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.broker_lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+
+    def _at(self, at: float, action: str, slot: int = -1) -> None:
+        heapq.heappush(self.queue, (at, next(self.order), action, slot))
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def run(self) -> None:
+        try:
+            while not (self.stopping.is_set() and not self.queue):
+                while self.queue and self.queue[0][0] <= self.now():
+                    _, _, action, slot = heapq.heappop(self.queue)
+                    self._do(action, slot)
+                self.supervise()
+                time.sleep(0.2)
+        except Exception as exc:  # reported by the driver
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def _do(self, action: str, slot: int) -> None:
+        if action == "kill":
+            alive = self.workers.alive()
+            if not alive:
+                return
+            victim = self.rng.choice(alive)
+            with self.lock:
+                self.workers.kill(victim)
+                self.down.add(victim)
+            self.kills += 1
+            delay = self.rng.uniform(0.5, 5.0)
+            self.log.append(f"{self.now():7.1f}s SIGKILL worker {victim}; restart in {delay:.1f}s")
+            self._at(self.now() + delay, "restart", victim)
+        elif action == "restart":
+            with self.lock:
+                self.workers.spawn(slot)
+                self.down.discard(slot)
+            self.log.append(f"{self.now():7.1f}s restarted worker {slot}")
+        elif self.broker is not None:
+            down = self.rng.uniform(1.0, 3.0)
+            thread = threading.Thread(target=self._restart_broker, args=(action, down),
+                                      name=f"chaos-broker-{action}", daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _restart_broker(self, how: str, down: float) -> None:
+        """In its own thread, so that kills go on while the broker is away."""
+        assert self.broker is not None
+        with self.broker_lock:
+            if self.broker.outages:  # let the clients catch up after the previous restart
+                time.sleep(max(0.0, self.broker.outages[-1][2] + MIN_BROKER_UP_S
+                               - time.monotonic()))
+            self.log.append(f"{self.now():7.1f}s broker {how} (down {down:.1f}s, then start)")
+            try:
+                outage = self.broker.restart(how, down)
+            except Exception as exc:
+                self.errors.append(f"broker {how} restart failed: {exc}")
+                return
+            self.broker_restarts += 1
+            self.log.append(f"{self.now():7.1f}s broker answers again after {outage:.1f}s")
+
+    def supervise(self) -> None:
+        with self.lock:
+            for slot in self.workers.dead():
+                if slot in self.down:
+                    continue
+                self.respawns += 1
+                self.log.append(f"{self.now():7.1f}s worker {slot} exited on its own; respawned")
+                self.workers.spawn(slot)
+
+    def finish(self, timeout: float = 300.0) -> None:
+        """Let the pending actions (restarts) run, then stop."""
+        self.stopping.set()
+        self.join(timeout)
+        for thread in self.threads:
+            thread.join(timeout)
+
+
+# =========================================================================================
+# The driver
+# =========================================================================================
+
+
+@dataclass(slots=True)
+class Options:
+    runs: int = 2000
+    workers: int = 3
+    kills: int = 5
+    broker_restarts: int = 2
+    seed: int = 1
+    partitions: int = 6
+    rate: float = 400.0
+    window: int = 32
+    idle_timeout_s: float = 45.0
+    tick_interval_s: float = 1.0
+    drain_timeout_s: float = 600.0
+    #: faust settings for the workers, over :data:`FAST_FAUST`.
+    faust: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Result:
+    verdict: Verdict
+    plan: Plan
+    stack: Stack
+    kills: int
+    broker_restarts: int
+    respawns: int
+    durations: dict[str, float]
+    notes: list[str]
+
+    @property
+    def summary(self) -> str:
+        return self.verdict.summary(self.kills, self.broker_restarts)
+
+
+class Driver:
+    """Publishes the plan's runs interleaved, at a steady rate; sends each cancel once the
+    run's envelopes are acknowledged."""
+
+    def __init__(self, plan: Plan, stack: Stack, rng: random.Random, options: Options,
+                 log_path: Path) -> None:
+        from confluent_kafka import Producer
+
+        from worker.runtime.publisher import FORCED_SETTINGS, PRODUCER_DEFAULTS, Delivery, Publisher
+
+        self.plan, self.rng, self.options = plan, rng, options
+        self.delivered: Counter[str] = Counter()
+        delivered = self.delivered
+
+        def count(delivery: Delivery) -> None:
+            delivered[delivery.key] += 1
+
+        # Publishing goes on while the broker restarts: keep messages and reconnect quickly;
+        # librdkafka's complaints about the missing broker go to a log file, not the terminal.
+        config = stack.config(message_timeout_ms="600000", reconnect_backoff_max_ms="1000")
+        producer = Producer({**PRODUCER_DEFAULTS, **config.kafka.confluent_config(),
+                             **FORCED_SETTINGS, "logger": _file_logger(log_path)})
+        self.publisher = Publisher(config, on_delivery=count, clock=None, producer=producer)
+
+    def publish(self) -> None:
+        from tqdm import tqdm
+
+        pending = list(self.plan.runs)
+        self.rng.shuffle(pending)
+        bad = list(self.plan.bad)
+        active: list[tuple[RunPlan, Iterator[bytes]]] = []
+        cancels: dict[str, RunPlan] = {}
+        total = self.plan.events
+        chance_bad = len(bad) / max(1, total)
+        bar = tqdm(total=total, desc="publishing", unit="rec", file=sys.stderr, leave=False)
+        started, sent = time.monotonic(), 0
+        while pending or active or cancels or bad:
+            while pending and len(active) < self.options.window:
+                run = pending.pop()
+                active.append((run, iter(run.envelopes)))
+            if active:
+                slot = self.rng.randrange(len(active))
+                run, rest = active[slot]
+                value = next(rest, None)
+                if value is None:
+                    active.pop(slot)
+                    if run.cancel is not None:
+                        cancels[run.run_id] = run
+                    continue
+                self.publisher.send_raw(run.run_id, value)
+            elif bad:
+                chance_bad = 1.0
+            if bad and self.rng.random() < chance_bad:
+                item = bad.pop()
+                self.publisher.send_raw(item.key.decode(), item.value, control=item.control)
+                sent += 1
+            sent += 1 + self._cancels(cancels)
+            bar.update(sent - bar.n)
+            if not active and not pending and cancels:
+                self.publisher.poll(0.05)
+            ahead = sent / self.options.rate - (time.monotonic() - started)
+            if ahead > 0:
+                self.publisher.poll(ahead)
+        bar.close()
+
+    def _cancels(self, cancels: dict[str, RunPlan]) -> int:
+        """Send the cancels of runs whose envelopes are all acknowledged."""
+        ready = [r for r in cancels.values() if self.delivered[r.run_id] >= len(r.envelopes)]
+        for run in ready:
+            assert run.cancel is not None
+            self.publisher.send_raw(run.run_id, run.cancel, control=True)
+            del cancels[run.run_id]
+        return len(ready)
+
+    def flush(self, timeout: float) -> None:
+        from worker.runtime.publisher import PublishError
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.publisher.flush(5.0)
+                return
+            except PublishError as exc:
+                if exc.topic is not None or time.monotonic() > deadline:
+                    raise
+
+
+def _file_logger(path: Path) -> logging.Logger:
+    logger = logging.getLogger(f"latch.chaos.{path}")
+    logger.propagate = False
+    if not logger.handlers:
+        logger.addHandler(logging.FileHandler(path))
+    return logger
+
+
+def schedule(rng: random.Random, span: float, count: int, low: float = 0.1,
+             high: float = 0.85) -> list[float]:
+    """``count`` moments spread at random over ``[low, high] * span`` seconds."""
+    if count <= 0:
+        return []
+    step = (high - low) * span / count
+    return [span * low + step * (n + rng.random()) for n in range(count)]
+
+
+def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir: Path,
+              tag: str = "") -> Result:
+    """Create the topics, start the workers, publish under faults, wait, verify."""
+    durations: dict[str, float] = {}
+    notes: list[str] = []
+    began = time.monotonic()
+    stack = Stack(bootstrap, f"chaos{tag}-{uuid.uuid4().hex[:8]}", options.partitions,
+                  options.idle_timeout_s, options.tick_interval_s)
+    plan = build_plan(options.seed, options.runs, stack.config(), tag)
+    durations["plan"] = time.monotonic() - began
+    _say(f"{len(plan.runs)} runs, {plan.calls} calls, {len(plan.bad)} bad inputs, "
+         f"{plan.events} records; app {stack.app_id}; work dir {work_dir}")
+    stack.create_topics()
+    workers = Workers(stack, options.workers, work_dir, options.faust)
+    for slot in range(options.workers):
+        workers.spawn(slot)
+    faults: Faults | None = None
+    try:
+        workers.wait_ready()
+        faults = _start_faults(options, plan, workers, broker, notes)
+        t = time.monotonic()
+        driver = Driver(plan, stack, random.Random(options.seed + 2), options,
+                        work_dir / "publisher.log")
+        driver.publish()
+        driver.flush(options.drain_timeout_s)
+        durations["publish"] = time.monotonic() - t
+        t = time.monotonic()
+        notes += _drain(options, plan, stack, faults)
+        durations["drain"] = time.monotonic() - t
+    finally:
+        if faults is not None:
+            faults.stopping.set()
+        notes += workers.stop_all()
+    t = time.monotonic()
+    verdict = verify(plan, read_outputs(stack))
+    durations["verify"] = time.monotonic() - t
+    durations["total"] = time.monotonic() - began
+    assert faults is not None
+    notes += _what_happened(options, faults, workers, broker)
+    return Result(verdict, plan, stack, faults.kills, faults.broker_restarts, faults.respawns,
+                  durations, notes)
+
+
+def _start_faults(options: Options, plan: Plan, workers: Workers, broker: Broker | None,
+                  notes: list[str]) -> Faults:
+    """Schedule the kills and broker restarts over the publishing span, and start them."""
+    rng = random.Random(options.seed + 1)
+    span = plan.events / options.rate
+    restarts = options.broker_restarts if broker is not None else 0
+    if options.broker_restarts and broker is None:
+        notes.append("no broker to restart (--bootstrap without --broker-dir)")
+    faults = Faults(workers, broker, rng, schedule(rng, span, options.kills),
+                    schedule(rng, span, restarts, 0.25, 0.75))
+    faults.start()
+    return faults
+
+
+def _drain(options: Options, plan: Plan, stack: Stack, faults: Faults) -> list[str]:
+    """End the faults, then wait for every run's final message and for the group's commits
+    to pass the inputs; what did not happen in time, as notes."""
+    notes = []
+    faults.finish()
+    left = wait_for_finals(stack, (r.run_id for r in plan.runs), options.drain_timeout_s,
+                           faults.supervise)
+    if left:
+        notes.append(f"{len(left)} runs had no final message after "
+                     f"{options.drain_timeout_s:.0f}s, e.g. {sorted(left)[:3]}")
+    lagging = wait_committed(stack, 120.0, faults.supervise)
+    if lagging:
+        notes.append(f"the worker group did not commit past the inputs within 120s: "
+                     f"{'; '.join(lagging)}")
+    return notes
+
+
+def _what_happened(options: Options, faults: Faults, workers: Workers,
+                   broker: Broker | None) -> list[str]:
+    """The faults, exits, takeovers, log problems and broker outages of a run, as notes."""
+    notes = faults.errors + faults.log + workers.exits
+    notes.append(workers.takeovers())
+    notes += [f"{n} x {line}" for line, n in workers.log_problems().most_common(12)]
+    if broker is None:
+        return notes
+    notes += [f"broker {how} outage {ended - began:.1f}s" for how, began, ended
+              in broker.outages]
+    if broker.longest_outage() >= options.idle_timeout_s - 5:
+        notes.append(f"the broker was away for {broker.longest_outage():.1f}s, within 5 s of "
+                     f"the idle timeout ({options.idle_timeout_s:g}s): runs that straddle "
+                     "the outage may expire (see the module docstring)")
+    return notes
+
+
+# =========================================================================================
+# The command line
+# =========================================================================================
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = Options()
+    parser = argparse.ArgumentParser(
+        prog="latch chaos", description="Publish runs while killing workers and restarting the "
+        "broker, then verify every promise on the output topics.")
+    add = parser.add_argument
+    add("--runs", type=int, default=defaults.runs, help="runs to publish (M)")
+    add("--workers", type=int, default=defaults.workers, help="worker processes (N)")
+    add("--kills", type=int, default=defaults.kills, help="SIGKILLs of a random worker (K)")
+    add("--broker-restarts", type=int, default=defaults.broker_restarts,
+        help="broker restarts, SIGTERM and SIGKILL alternately (R)")
+    add("--seed", type=int, default=defaults.seed, help="seed of the plan and the faults")
+    add("--bootstrap", help="use the broker there (default: start an own broker)")
+    add("--broker-dir", type=Path,
+        help="with --bootstrap: the `latch broker` data dir of that broker, to restart it")
+    add("--partitions", type=int, default=defaults.partitions)
+    add("--rate", type=float, default=defaults.rate, help="records published per second")
+    add("--idle-timeout", type=float, default=defaults.idle_timeout_s,
+        help="assemble_idle_timeout_s; keep it above the longest broker outage")
+    add("--tick-interval", type=float, default=defaults.tick_interval_s)
+    add("--drain-timeout", type=float, default=defaults.drain_timeout_s,
+        help="seconds to wait for every final message after publishing")
+    add("--faust-setting", action="append", default=[], metavar="NAME=VALUE",
+        help="a faust setting for the workers (over the fast timings), e.g. "
+        "table_standby_replicas=0")
+    add("--work-dir", type=Path, help="logs (and the own broker); default: a temp dir, kept "
+        "when the verdict is FAIL")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    options = Options(args.runs, args.workers, args.kills, args.broker_restarts, args.seed,
+                      args.partitions, args.rate, idle_timeout_s=args.idle_timeout,
+                      tick_interval_s=args.tick_interval, drain_timeout_s=args.drain_timeout,
+                      faust=dict(pair.partition("=")[::2] for pair in args.faust_setting))
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="latch-chaos-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    broker: Broker | None = None
+    own = args.bootstrap is None
+    try:
+        if own:
+            broker = Broker.own(work_dir)
+            _say(f"starting an own broker at {broker.bootstrap} in {broker.data_dir}")
+            broker.start()
+            bootstrap = broker.bootstrap
+        else:
+            bootstrap = args.bootstrap
+            broker = Broker.managed(args.broker_dir) if args.broker_dir else None
+        result = run_chaos(options, broker, bootstrap, work_dir)
+    except (PlanError, RuntimeError, OSError) as exc:
+        _say(f"could not run: {exc} (work dir {work_dir})")
+        return EXIT_SETUP
+    finally:
+        if own and broker is not None:
+            with contextlib.suppress(RuntimeError):
+                broker.stop()
+    for note in result.notes:
+        _say(note)
+    _say("durations: " + ", ".join(f"{k} {v:.1f}s" for k, v in result.durations.items())
+         + f"; respawns={result.respawns}")
+    for failure in result.verdict.failures[:20]:
+        print(f"  {failure}")
+    if len(result.verdict.failures) > 20:
+        print(f"  ... and {len(result.verdict.failures) - 20} more")
+    print(result.summary, flush=True)
+    if result.verdict.ok and args.work_dir is None:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    elif not result.verdict.ok:
+        _say(f"logs kept in {work_dir}")
+    return EXIT_PASS if result.verdict.ok else EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

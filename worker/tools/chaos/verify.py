@@ -1,0 +1,185 @@
+"""The chaos verifier (``latch chaos``): checks Latch's promises on every output record.
+
+Pure: :func:`verify` takes the plan and the records read from the output topics (committed,
+errors, final, DLQ), from the beginning, and counts
+
+* ``missing``: an expected committed call, error result or final message, or a bad input's
+  DLQ record, that is not there (promise 1, no lost outcome; promise 5);
+* ``contradictions``: a call with two different outcomes, two records with one
+  ``idempotency_key`` that are not byte-identical, a final message whose outcomes disagree
+  with the run's records (promises 2 and 3);
+* ``mismatched``: a record that is not the one the offline core emits for the run (committed
+  arguments included), a record nobody expected, a DLQ record of no bad input or with
+  another reason.
+
+Byte-identical repeats are counted as ``duplicates`` (delivery is at least once).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from worker.tools.chaos.plan import BadInput, Plan
+
+#: run_id -> tool call id -> the (state, reason) pairs its records carry.
+States = dict[str, dict[str, set[tuple[Any, Any]]]]
+
+
+@dataclass(frozen=True, slots=True)
+class OutRecord:
+    role: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+
+
+@dataclass(slots=True)
+class Verdict:
+    runs: int = 0
+    calls: int = 0
+    committed: int = 0
+    errors: int = 0
+    duplicates: int = 0
+    dlq: int = 0
+    missing: int = 0
+    contradictions: int = 0
+    mismatched: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.contradictions or self.mismatched)
+
+    def fail(self, counter: str, message: str) -> None:
+        setattr(self, counter, getattr(self, counter) + 1)
+        self.failures.append(f"{counter}: {message}")
+
+    def summary(self, kills: int, broker_restarts: int) -> str:
+        return (f"chaos: runs={self.runs} calls={self.calls} committed={self.committed} "
+                f"errors={self.errors} duplicates={self.duplicates} kills={kills} "
+                f"broker_restarts={broker_restarts} dlq={self.dlq} missing={self.missing} "
+                f"contradictions={self.contradictions} mismatched={self.mismatched} -> "
+                f"{'PASS' if self.ok else 'FAIL'}")
+
+
+def _outcome(value: dict[str, Any]) -> tuple[Any, ...]:
+    """What a committed call or error result decides, for the contradiction check."""
+    if "call_id" in value and not value.get("is_error"):
+        return ("committed", orjson.dumps(value.get("arguments"), option=orjson.OPT_SORT_KEYS))
+    return (value.get("state"), value.get("reason"))
+
+
+def verify(plan: Plan, records: Iterable[OutRecord]) -> Verdict:
+    """Check the promises on ``records`` (every output record) against the plan."""
+    verdict = Verdict(runs=len(plan.runs), calls=plan.calls)
+    expected = {(e.topic.value, e.value["idempotency_key"]): orjson.dumps(e.value)
+                for run in plan.runs for e in run.expected}
+    by_key: dict[tuple[str, str], list[bytes]] = defaultdict(list)
+    by_call: dict[tuple[str, str], set[tuple[Any, ...]]] = defaultdict(set)
+    dlq: dict[tuple[bytes | None, bytes], list[dict[str, Any]]] = defaultdict(list)
+    decoded: dict[tuple[str, str], dict[str, Any]] = {}
+    states: States = defaultdict(lambda: defaultdict(set))
+    for record in records:
+        try:
+            value = orjson.loads(record.value)
+        except orjson.JSONDecodeError:
+            verdict.fail("mismatched", f"{record.role}[{record.partition}]@{record.offset} is "
+                         "not JSON")
+            continue
+        if record.role == "dlq":
+            raw_key = value.get("source", {}).get("key_b64")
+            key = None if raw_key is None else base64.b64decode(raw_key)
+            dlq[(key, base64.b64decode(value.get("original_b64") or ""))].append(value)
+            continue
+        ikey = (record.role, str(value.get("idempotency_key")))
+        by_key[ikey].append(record.value)
+        decoded.setdefault(ikey, value)
+        if record.role in ("committed", "errors"):
+            call = value.get("call_id") if record.role == "committed" else value.get(
+                "tool_call_id")
+            by_call[(str(value.get("run_id")), str(call))].add(_outcome(value))
+            state = ("committed", None) if record.role == "committed" else (
+                value.get("state"), value.get("reason"))
+            states[str(value.get("run_id"))][str(call)].add(state)
+    _check_records(verdict, expected, by_key)
+    _check_calls(verdict, by_call)
+    _check_finals(verdict, plan, decoded, states)
+    _check_dlq(verdict, plan, dlq)
+    verdict.committed = sum(1 for role, _ in by_key if role == "committed")
+    verdict.errors = sum(1 for role, _ in by_key if role == "errors")
+    verdict.duplicates += sum(len(v) - 1 for v in by_key.values())
+    return verdict
+
+
+def _check_records(verdict: Verdict, expected: dict[tuple[str, str], bytes],
+                   by_key: dict[tuple[str, str], list[bytes]]) -> None:
+    for key, want in expected.items():
+        got = by_key.get(key)
+        if got is None:
+            verdict.fail("missing", f"no {key[0]} record for {key[1]}")
+        elif got[0] != want:
+            verdict.fail("mismatched", f"{key[0]} {key[1]}: got {_short(got[0])}, expected "
+                         f"{_short(want)}")
+    for key, got in by_key.items():
+        if key not in expected:
+            verdict.fail("mismatched", f"unexpected {key[0]} record {key[1]}: {_short(got[0])}")
+        if len(set(got)) > 1:
+            verdict.fail("contradictions", f"{len(set(got))} different {key[0]} records for "
+                         f"{key[1]}")
+
+
+def _check_calls(verdict: Verdict, by_call: dict[tuple[str, str], set[tuple[Any, ...]]]) -> None:
+    for (run_id, call_id), outcomes in by_call.items():
+        if len(outcomes) > 1:
+            shown = ", ".join(sorted(str(o[0]) + ("/" + str(o[1]) if o[0] != "committed" else "")
+                                     for o in outcomes))
+            verdict.fail("contradictions", f"{run_id} {call_id} has {len(outcomes)} outcomes: "
+                         f"{shown}")
+
+
+def _check_finals(verdict: Verdict, plan: Plan,
+                  decoded: dict[tuple[str, str], dict[str, Any]], states: States) -> None:
+    """Each run's final message lists the outcomes that its records carry, call by call."""
+    for run in plan.runs:
+        final = decoded.get(("final", f"{run.run_id}:final"))
+        if final is None:
+            continue  # counted as missing by _check_records
+        said: dict[str, set[tuple[Any, Any]]] = defaultdict(set)
+        for outcome in final.get("outcomes", []):
+            said[outcome.get("tool_call_id")].add((outcome.get("state"), outcome.get("reason")))
+        records = states.get(run.run_id, {})
+        if said != records:
+            verdict.fail("contradictions", f"the final message of {run.run_id} says "
+                         f"{dict(said)}, its records say {dict(records)}")
+
+
+def _check_dlq(verdict: Verdict, plan: Plan,
+               dlq: dict[tuple[bytes | None, bytes], list[dict[str, Any]]]) -> None:
+    wanted: dict[tuple[bytes | None, bytes], BadInput] = {(b.key, b.value): b for b in plan.bad}
+    for key, bad in wanted.items():
+        got = dlq.get(key)
+        if not got:
+            verdict.fail("missing", f"bad input {bad.key!r} ({bad.reason}) is not in the DLQ")
+        elif {g.get("reason") for g in got} != {bad.reason}:
+            verdict.fail("mismatched", f"bad input {bad.key!r}: DLQ reason "
+                         f"{sorted({str(g.get('reason')) for g in got})}, expected {bad.reason}")
+    for key, got in dlq.items():
+        if key not in wanted:
+            verdict.fail("mismatched", f"unexpected DLQ record ({got[0].get('reason')}: "
+                         f"{got[0].get('detail')}) for key {key[0]!r}")
+        verdict.duplicates += len(got) - 1
+    verdict.dlq = len(dlq)
+
+
+def _short(value: bytes, limit: int = 160) -> str:
+    text = value.decode("utf-8", "replace")
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(value)} bytes)"
+
+
