@@ -101,6 +101,8 @@ class Stack:
     partitions: int
     idle_timeout_s: float
     tick_interval_s: float
+    #: The topics' replication factor (3 on a cluster of three nodes).
+    replication: int = 1
 
     def topic(self, role: str) -> str:
         return f"{self.app_id}.{role}"
@@ -111,6 +113,7 @@ class Stack:
         return env | {
             "LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
             "LATCH_TOPICS__PARTITIONS": str(self.partitions),
+            "LATCH_TOPICS__REPLICATION_FACTOR": str(self.replication),
             "LATCH_WORKER__APP_ID": self.app_id,
             "LATCH_WORKER__WEB_PORT": "0",
             "LATCH_WORKER__TICK_INTERVAL_S": str(self.tick_interval_s),
@@ -321,6 +324,80 @@ class Broker:
                 current = (began, ended)
             longest = max(longest, current[1] - current[0])
         return longest
+
+
+class ClusterBroker(Broker):
+    """A cluster of nodes that ``latch broker start --nodes N`` manages in ``data_dir``. Its
+    faults kill one node at a time with SIGKILL: the leader of a partition of
+    :attr:`watch_topic` (``how`` = ``sigterm`` in the schedule's alternation) or the active
+    KRaft controller (``sigkill``), then start that node again with its data. The cluster
+    stays available throughout (replication 3, ``min.insync.replicas`` 2)."""
+
+    def __init__(self, data_dir: Path, port: int, nodes: int) -> None:
+        super().__init__(data_dir, port, port + 1)
+        self.nodes = nodes
+        self.bootstrap = ",".join(f"127.0.0.1:{port + 2 * n}" for n in range(nodes))
+        self.watch_topic: str | None = None
+        self.rng = random.Random(nodes)
+
+    @classmethod
+    def own_cluster(cls, work_dir: Path, nodes: int) -> ClusterBroker:
+        """A cluster on a free block of 2N ports."""
+        while True:
+            port = free_port()
+            if port % 2 == 0 and port + 2 * nodes < 65536 and not any(
+                    _port_taken(port + n) for n in range(2 * nodes)):
+                return cls(work_dir / "cluster", port, nodes)
+
+    def start(self) -> None:
+        self._cli("start", "--nodes", str(self.nodes), "--port", str(self.port),
+                  "--timeout", "180")
+
+    def restart(self, how: str, down_s: float) -> float:
+        """SIGKILL the chosen node, wait ``down_s``, start it again; return how long it was
+        away (the cluster itself answers throughout)."""
+        node, role = (self._leader(), "partition leader") if how == "sigterm" else (
+            self._controller(), "active controller")
+        began = time.monotonic()
+        self._cli("kill", "--node", str(node))
+        time.sleep(down_s)
+        self._cli("start", "--node", str(node), "--timeout", "180")
+        ended = time.monotonic()
+        self.outages.append((f"SIGKILL of node {node}, the {role},", began, ended))
+        return ended - began
+
+    def _leader(self) -> int:
+        """The node leading a random partition of the watched topic (any node without one)."""
+        from confluent_kafka.admin import AdminClient
+
+        if self.watch_topic is not None:
+            meta = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(
+                self.watch_topic, timeout=10).topics.get(self.watch_topic)
+            leaders = [p.leader for p in (meta.partitions.values() if meta else [])
+                       if p.leader > 0]
+            if leaders:
+                return int(self.rng.choice(leaders))
+        return self.rng.randint(1, self.nodes)
+
+    def _controller(self) -> int:
+        from worker.tools import broker
+
+        cluster = broker.Cluster.load(broker.Paths(Path("."), self.data_dir))
+        found = cluster.active_controller() if cluster is not None else None
+        return found if found is not None else self.rng.randint(1, self.nodes)
+
+    def longest_outage(self, between: float = MIN_BROKER_UP_S) -> float:
+        """A cluster never goes away: only the leader elections cost time, not the outage."""
+        return 0.0
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 class Workers:
@@ -550,6 +627,8 @@ class Options:
     idle_timeout_s: float = 45.0
     tick_interval_s: float = 1.0
     drain_timeout_s: float = 600.0
+    #: Broker nodes: 1, or a cluster (``latch broker start --nodes N``, replication 3).
+    cluster: int = 1
     #: faust settings for the workers, over :data:`FAST_FAUST`.
     faust: dict[str, str] = field(default_factory=dict)
 
@@ -681,7 +760,10 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
     notes: list[str] = []
     began = time.monotonic()
     stack = Stack(bootstrap, f"chaos{tag}-{uuid.uuid4().hex[:8]}", options.partitions,
-                  options.idle_timeout_s, options.tick_interval_s)
+                  options.idle_timeout_s, options.tick_interval_s,
+                  replication=min(3, options.cluster))
+    if isinstance(broker, ClusterBroker):
+        broker.watch_topic = stack.topic("events")
     plan = build_plan(options.seed, options.runs, stack.config(), tag)
     durations["plan"] = time.monotonic() - began
     _say(f"{len(plan.runs)} runs, {plan.calls} calls, {len(plan.bad)} bad inputs, "
@@ -785,6 +867,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--bootstrap", help="use the broker there (default: start an own broker)")
     add("--broker-dir", type=Path,
         help="with --bootstrap: the `latch broker` data dir of that broker, to restart it")
+    add("--cluster", type=int, default=defaults.cluster, metavar="NODES",
+        help="run an own cluster of NODES brokers (replication 3, min.insync.replicas 2); "
+        "its faults kill a partition leader and the active controller, alternately")
     add("--partitions", type=int, default=defaults.partitions)
     add("--rate", type=float, default=defaults.rate, help="records published per second")
     add("--idle-timeout", type=float, default=defaults.idle_timeout_s,
@@ -805,13 +890,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = Options(args.runs, args.workers, args.kills, args.broker_restarts, args.seed,
                       args.partitions, args.rate, idle_timeout_s=args.idle_timeout,
                       tick_interval_s=args.tick_interval, drain_timeout_s=args.drain_timeout,
-                      faust=dict(pair.partition("=")[::2] for pair in args.faust_setting))
+                      faust=dict(pair.partition("=")[::2] for pair in args.faust_setting),
+                      cluster=args.cluster)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="latch-chaos-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     broker: Broker | None = None
     own = args.bootstrap is None
     try:
-        if own:
+        if own and options.cluster > 1:
+            broker = ClusterBroker.own_cluster(work_dir, options.cluster)
+            _say(f"starting an own cluster of {options.cluster} at {broker.bootstrap}")
+            broker.start()
+            bootstrap = broker.bootstrap
+        elif own:
             broker = Broker.own(work_dir)
             _say(f"starting an own broker at {broker.bootstrap} in {broker.data_dir}")
             broker.start()
