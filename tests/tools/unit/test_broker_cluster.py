@@ -1,0 +1,67 @@
+"""``latch broker start --nodes N`` without starting anything: each node's configuration, the
+cluster's ports, and how the active controller is found on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from worker.tools import broker
+
+
+def _props(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line
+                and not line.startswith("#"))
+
+
+def _cluster(tmp_path: Path, nodes: int = 3, port: int = 20000) -> broker.Cluster:
+    return broker.Cluster(broker.Paths(tmp_path / "home", tmp_path / "data"), nodes, port, "id")
+
+
+def test_a_node_of_three_names_every_voter_and_replicates(tmp_path: Path) -> None:
+    """Node 2 of three: its own id, the three voters' controller ports, replication 3 with
+    two in sync, and no dynamic-quorum bootstrap (the quorum is static)."""
+    cluster = _cluster(tmp_path)
+    props = _props(broker.server_properties(cluster.paths(2), cluster.ports(2),
+                                            cluster.quorum(2)))
+    assert props["node.id"] == "2"
+    assert props["controller.quorum.voters"] == (
+        "1@127.0.0.1:20001,2@127.0.0.1:20003,3@127.0.0.1:20005")
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:20002,CONTROLLER://127.0.0.1:20003"
+    for key in ("default.replication.factor", "offsets.topic.replication.factor",
+                "transaction.state.log.replication.factor"):
+        assert props[key] == "3", key
+    assert props["min.insync.replicas"] == props["transaction.state.log.min.isr"] == "2"
+    assert "controller.quorum.bootstrap.servers" not in props
+    assert cluster.bootstrap == "127.0.0.1:20000,127.0.0.1:20002,127.0.0.1:20004"
+
+
+def test_the_single_broker_keeps_its_standalone_settings(tmp_path: Path) -> None:
+    """Without a quorum, the one node is its own voter and nothing is replicated."""
+    paths = broker.Paths(tmp_path / "home", tmp_path / "data")
+    props = _props(broker.server_properties(paths, broker.Ports(9092, 9093)))
+    assert props["node.id"] == "1"
+    assert props["controller.quorum.bootstrap.servers"] == "127.0.0.1:9093"
+    assert props["default.replication.factor"] == props["min.insync.replicas"] == "1"
+    assert "controller.quorum.voters" not in props
+
+
+def test_the_active_controller_is_the_leader_of_the_latest_epoch(tmp_path: Path) -> None:
+    """A node that was away remembers an old leader; the highest epoch any node saw wins."""
+    cluster = _cluster(tmp_path)
+    assert cluster.active_controller() is None  # nothing on disk yet
+    for node, (leader, epoch) in {1: (3, 4), 2: (1, 2), 3: (3, 4)}.items():
+        state = cluster.paths(node).kraft_dir / "__cluster_metadata-0" / "quorum-state"
+        state.parent.mkdir(parents=True)
+        state.write_text(json.dumps({"leaderId": leader, "leaderEpoch": epoch}))
+    assert cluster.active_controller() == 3
+
+
+def test_a_cluster_is_described_in_its_data_dir(tmp_path: Path) -> None:
+    """What start writes, stop, status, kill and start --node read back."""
+    cluster = _cluster(tmp_path, nodes=5, port=21000)
+    cluster.save()
+    loaded = broker.Cluster.load(cluster.root)
+    assert loaded == cluster
+    assert loaded is not None and loaded.quorum(5).replication == 3
+    assert broker.Cluster.load(broker.Paths(tmp_path, tmp_path / "elsewhere")) is None
