@@ -109,6 +109,13 @@ def message_call_ids(provider: str, final: dict[str, Any]) -> list[str]:
         return [tc["id"] for m in messages for tc in m.get("tool_calls") or ()]
     if provider == "anthropic.messages":
         return [b["id"] for b in final["message"]["content"] if b.get("type") == "tool_use"]
+    if provider == "bedrock.converse":
+        return [b["toolUse"]["toolUseId"] for b in final["message"]["content"]
+                if "toolUse" in b and b["toolUse"].get("type", "tool_use") == "tool_use"]
+    if provider == "google.gemini":
+        messages = [c["message"] for c in final.get("choices") or [{"message": final["message"]}]]
+        return [p["functionCall"]["id"] for m in messages for p in m["parts"]
+                if "functionCall" in p]
     return [i["call_id"] for i in final["message"]["output"] if i.get("type") == "function_call"]
 
 

@@ -14,9 +14,8 @@ the final message's text, status and stop reason, and the final record's ``outco
 * ``openai.responses``: vercel-ai's three responses captures and pydantic-ai's Responses
   cassette.
 
-vercel-ai's ``amazon-bedrock`` and ``google`` captures are deliberately *not* tested: Bedrock
-ConverseStream and Gemini are not Latch providers (``worker.core.envelope.PROVIDERS``), so no
-gateway may publish them, and a ``run.start`` naming them goes to the DLQ.
+vercel-ai's ``amazon-bedrock`` and ``google`` captures, and pydantic-ai's Bedrock error
+cassette, are tested in ``test_fixtures_bedrock_gemini.py``.
 
 Besides each file as recorded, *derived* variants change one thing in a real stream to reach
 an outcome no recording shows (a schema the arguments violate, a tool left unregistered, a

@@ -39,7 +39,8 @@ CONTRACT_REASONS = [
     "assemble_idle_timeout", "duplicate_call_id",
 ]  # fmt: skip
 
-PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages"]
+PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages", "bedrock.converse",
+             "google.gemini"]
 
 RUN_START = {
     "v": 1, "run_id": "r1", "seq": 0, "type": "run.start", "provider": "openai.chat",
@@ -234,7 +235,7 @@ def test_stream_envelope_accepts(envelope: dict[str, Any]) -> None:
         ({"run_id": ""}, "run_id must be non-empty"),
         ({"seq": -1}, "seq is >= 0"),
         ({"type": "run.stop"}, "unknown type"),
-        ({"provider": "google.gemini"}, "unknown provider"),
+        ({"provider": "cohere.chat"}, "unknown provider"),
         ({"tools": {"read_file": {}}}, "tools is an array"),
         ({"limits": {"max_tool_calls": -1}}, "limits are >= 0"),
         ({"tenant": 7}, "tenant is a string"),
