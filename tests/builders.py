@@ -450,9 +450,11 @@ def partial_args(arguments: Any, pieces: int = 3, path: str = "$") -> list[dict[
     """``partialArgs`` for a JSON value (object members and array elements in order), each
     string cut into ``pieces`` parts that say ``willContinue`` but the last."""
     if isinstance(arguments, dict):
-        return [p for k, v in arguments.items() for p in partial_args(v, pieces, f"{path}.{k}")]
+        return [p for k, v in arguments.items()
+                for p in partial_args(v, pieces, _member(path, k))]
     if isinstance(arguments, list):
-        return [p for i, v in enumerate(arguments) for p in partial_args(v, pieces, f"{path}[{i}]")]
+        return [p for i, v in enumerate(arguments)
+                for p in partial_args(v, pieces, f"{path}[{i}]")]
     if isinstance(arguments, str):
         texts = split(arguments, pieces) or [""]
         return [{"jsonPath": path, "stringValue": t, **({"willContinue": True}
@@ -462,6 +464,14 @@ def partial_args(arguments: Any, pieces: int = 3, path: str = "$") -> list[dict[
         return [{"jsonPath": path, "nullValue": "NULL_VALUE"}]
     kind = "boolValue" if isinstance(arguments, bool) else "numberValue"
     return [{"jsonPath": path, kind: arguments}]
+
+
+def _member(path: str, key: str) -> str:
+    """``path`` extended by member ``key``: ``.key`` when RFC 9535's shorthand allows it, else
+    ``['key']`` with ``\\`` and ``'`` escaped."""
+    if key and (key[0].isalpha() or key[0] == "_") and all(c.isalnum() or c == "_" for c in key):
+        return f"{path}.{key}"
+    return "{}['{}']".format(path, key.replace("\\", "\\\\").replace("'", "\\'"))
 
 
 def gemini_call_chunks(call_id: str | None, name: str | None, arguments: str, *,

@@ -96,6 +96,18 @@ def topic(lines: Iterable[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [line["value"] for line in lines if line["topic"] == name]
 
 
+def summary(lines: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """(topic, id, name, index, arguments-or-reason) of each outcome record, in order."""
+    out: list[tuple[Any, ...]] = []
+    for line in lines:
+        v = line["value"]
+        if line["topic"] == "committed":
+            out.append(("committed", v["call_id"], v["name"], v["index"], v["arguments"]))
+        elif line["topic"] == "errors":
+            out.append(("error", v["tool_call_id"], v["name"], v["index"], v["reason"]))
+    return out
+
+
 def only_final(lines: Sequence[dict[str, Any]]) -> dict[str, Any]:
     finals = topic(lines, "final")
     assert len(finals) == 1, f"expected one final record, got {len(finals)}"

@@ -56,6 +56,7 @@ from fixtures_lib import (
     run_capture,
     run_events,
     split_responses,
+    summary,
     topic,
 )
 
@@ -150,18 +151,6 @@ def committed(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def errors(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return topic(lines, "errors")
-
-
-def summary(lines: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """(topic, id, name, index, arguments-or-reason) of each outcome record, in order."""
-    out: list[tuple[Any, ...]] = []
-    for line in lines:
-        v = line["value"]
-        if line["topic"] == "committed":
-            out.append(("committed", v["call_id"], v["name"], v["index"], v["arguments"]))
-        elif line["topic"] == "errors":
-            out.append(("error", v["tool_call_id"], v["name"], v["index"], v["reason"]))
-    return out
 
 
 def leaves(value: Any) -> list[Any]:

@@ -42,6 +42,7 @@ from fixtures_lib import (
     only_final,
     run_capture,
     run_events,
+    summary,
     topic,
 )
 
@@ -76,18 +77,6 @@ def gemini_tools(schemas: dict[str, Any]) -> list[dict[str, Any]]:
     """A Gemini ``tools`` array: the declarations, plus a built-in tool."""
     return [{"functionDeclarations": [{"name": n, "parametersJsonSchema": s}
                                       for n, s in schemas.items()]}, {"googleSearch": {}}]
-
-
-def summary(lines: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """(topic, id, name, index, arguments-or-reason) of each outcome record, in order."""
-    out: list[tuple[Any, ...]] = []
-    for line in lines:
-        v = line["value"]
-        if line["topic"] == "committed":
-            out.append(("committed", v["call_id"], v["name"], v["index"], v["arguments"]))
-        elif line["topic"] == "errors":
-            out.append(("error", v["tool_call_id"], v["name"], v["index"], v["reason"]))
-    return out
 
 
 def test_every_file_is_present() -> None:

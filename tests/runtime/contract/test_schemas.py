@@ -37,6 +37,8 @@ CONTRACT_REASONS = [
     "too_many_tool_calls", "missing_id_or_name", "unknown_tool", "schema_invalid",
     "budget_exceeded", "truncated", "stream_error", "upstream_error", "cancelled",
     "assemble_idle_timeout", "duplicate_call_id",
+    # issue 11: the Bedrock and Gemini stops for content and for malformed output
+    "content_filtered", "malformed_output",
 ]  # fmt: skip
 
 PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages", "bedrock.converse",
@@ -150,8 +152,11 @@ def test_provider_enums_agree() -> None:
     assert found >= 5
 
 
-def test_reason_codes_are_the_contracts_fourteen() -> None:
-    """The error result and the final message's outcomes use exactly the contract's codes."""
+def test_reason_codes_are_the_contracts() -> None:
+    """The error result and the final message's outcomes use exactly the contract's codes
+    (its fourteen, and the two that issue 11 added), and so does ``Reason``."""
+    from worker.core import Reason
+    assert [r.value for r in Reason] == CONTRACT_REASONS
     assert load_schema("error-result")["$defs"]["reason"]["enum"] == CONTRACT_REASONS
     assert load_schema("final-message")["$defs"]["reason"]["enum"] == CONTRACT_REASONS
 
