@@ -40,6 +40,9 @@ COMPILED = [
     "worker/core/strictjson.py",
     "worker/core/providers/__init__.py",
     "worker/core/providers/anthropic_messages.py",
+    "worker/core/providers/bedrock_converse.py",
+    "worker/core/providers/gemini.py",
+    "worker/core/providers/gemini_args.py",
     "worker/core/providers/openai_chat.py",
     "worker/core/providers/openai_responses.py",
 ]

@@ -30,6 +30,11 @@ CHAT = "openai.chat"
 ANTHROPIC = "anthropic.messages"
 RESPONSES = "openai.responses"
 PROVIDERS = (CHAT, ANTHROPIC, RESPONSES)
+BEDROCK = "bedrock.converse"
+GEMINI = "google.gemini"
+#: The providers added by issue 11, built by the same helpers (``tools_for``,
+#: ``provider_calls``, ``provider_run``).
+NEW_PROVIDERS = (BEDROCK, GEMINI)
 
 #: An object schema with one required string property ``path`` and nothing else allowed.
 PATH_SCHEMA: dict[str, Any] = {
@@ -164,9 +169,23 @@ def responses_tool(name: str, parameters: Any = None) -> dict[str, Any]:
     return tool
 
 
+def bedrock_tool(name: str, schema: Any = None) -> dict[str, Any]:
+    """A Bedrock ``toolConfig.tools`` entry (``toolSpec``)."""
+    spec: dict[str, Any] = {"name": name, "description": f"the {name} tool"}
+    if schema is not None:
+        spec["inputSchema"] = {"json": schema}
+    return {"toolSpec": spec}
+
+
 def tools_for(provider: str, schemas: dict[str, Any]) -> list[dict[str, Any]]:
     """Tool definitions for ``provider`` from ``{name: schema}``."""
-    make = {CHAT: chat_tool, ANTHROPIC: anthropic_tool, RESPONSES: responses_tool}[provider]
+    if provider == GEMINI:
+        return [{"functionDeclarations": [
+            {"name": name, "description": f"the {name} tool",
+             **({} if schema is None else {"parametersJsonSchema": schema})}
+            for name, schema in schemas.items()]}]
+    make = {CHAT: chat_tool, ANTHROPIC: anthropic_tool, RESPONSES: responses_tool,
+            BEDROCK: bedrock_tool}[provider]
     return [make(name, schema) for name, schema in schemas.items()]
 
 
@@ -379,6 +398,112 @@ def responses_run(run_id: str, tools: list[Any], events: Iterable[dict[str, Any]
     return run_envelopes(run_id, RESPONSES, tools, events, **kwargs)
 
 
+# -- Bedrock ConverseStream events (as the AWS SDKs yield them) ------------------------------
+
+
+def bedrock_tool_block(index: int, call_id: str | None, name: str | None, arguments: str,
+                       *, pieces: int = 3, stop: bool = True) -> list[dict[str, Any]]:
+    """A ``toolUse`` content block: start, ``input`` fragments, stop."""
+    tool: dict[str, Any] = {}
+    if call_id is not None:
+        tool["toolUseId"] = call_id
+    if name is not None:
+        tool["name"] = name
+    events: list[dict[str, Any]] = [
+        {"contentBlockStart": {"contentBlockIndex": index, "start": {"toolUse": tool}}}]
+    events += [{"contentBlockDelta": {"contentBlockIndex": index,
+                                      "delta": {"toolUse": {"input": part}}}}
+               for part in split(arguments, pieces) or [""]]
+    if stop:
+        events.append({"contentBlockStop": {"contentBlockIndex": index}})
+    return events
+
+
+def bedrock_calls(calls: Sequence[tuple[str | None, str | None, str]], *,
+                  stop_reason: str | None = "tool_use", pieces: int = 3
+                  ) -> list[dict[str, Any]]:
+    """A whole message whose content blocks 0, 1, ... are ``toolUse`` blocks for ``calls``;
+    ``messageStop`` (unless ``stop_reason`` is None), then ``metadata``."""
+    events: list[dict[str, Any]] = [{"messageStart": {"role": "assistant"}}]
+    for index, (call_id, name, arguments) in enumerate(calls):
+        events += bedrock_tool_block(index, call_id, name, arguments, pieces=pieces)
+    if stop_reason is not None:
+        events.append({"messageStop": {"stopReason": stop_reason}})
+    events.append({"metadata": {"usage": {"inputTokens": 10, "outputTokens": 20,
+                                          "totalTokens": 30}, "metrics": {"latencyMs": 100}}})
+    return events
+
+
+# -- Gemini streamGenerateContent chunks ----------------------------------------------------
+
+
+def gemini_chunk(parts: list[dict[str, Any]], *, finish_reason: str | None = None,
+                 candidate: int = 0) -> dict[str, Any]:
+    """One ``GenerateContentResponse`` with one candidate."""
+    body: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": candidate}
+    if finish_reason is not None:
+        body["finishReason"] = finish_reason
+    return {"candidates": [body], "modelVersion": "gemini-3-pro-preview", "responseId": "resp-1"}
+
+
+def partial_args(arguments: Any, pieces: int = 3, path: str = "$") -> list[dict[str, Any]]:
+    """``partialArgs`` for a JSON value (object members and array elements in order), each
+    string cut into ``pieces`` parts that say ``willContinue`` but the last."""
+    if isinstance(arguments, dict):
+        return [p for k, v in arguments.items()
+                for p in partial_args(v, pieces, _member(path, k))]
+    if isinstance(arguments, list):
+        return [p for i, v in enumerate(arguments)
+                for p in partial_args(v, pieces, f"{path}[{i}]")]
+    if isinstance(arguments, str):
+        texts = split(arguments, pieces) or [""]
+        return [{"jsonPath": path, "stringValue": t, **({"willContinue": True}
+                                                         if i < len(texts) - 1 else {})}
+                for i, t in enumerate(texts)]
+    if arguments is None:
+        return [{"jsonPath": path, "nullValue": "NULL_VALUE"}]
+    kind = "boolValue" if isinstance(arguments, bool) else "numberValue"
+    return [{"jsonPath": path, kind: arguments}]
+
+
+def _member(path: str, key: str) -> str:
+    """``path`` extended by member ``key``: ``.key`` when RFC 9535's shorthand allows it, else
+    ``['key']`` with ``\\`` and ``'`` escaped."""
+    if key and (key[0].isalpha() or key[0] == "_") and all(c.isalnum() or c == "_" for c in key):
+        return f"{path}.{key}"
+    return "{}['{}']".format(path, key.replace("\\", "\\\\").replace("'", "\\'"))
+
+
+def gemini_call_chunks(call_id: str | None, name: str | None, arguments: str, *,
+                       pieces: int = 3, streamed: bool = True) -> list[dict[str, Any]]:
+    """A call as Gemini streams it: ``{name, id, willContinue}``, then one chunk per
+    ``PartialArg``, then ``functionCall: {}``; or, not ``streamed``, one whole part."""
+    head: dict[str, Any] = {"name": name} if name is not None else {}
+    if call_id is not None:
+        head["id"] = call_id
+    value = orjson.loads(arguments) if arguments.strip() else {}
+    if not streamed:
+        return [gemini_chunk([{"functionCall": {**head, "args": value}}])]
+    first = gemini_chunk([{"functionCall": {**head, "willContinue": True}}])
+    body = [gemini_chunk([{"functionCall": {"partialArgs": [p], "willContinue": True}}])
+            for p in partial_args(value, pieces)]
+    return [first, *body, gemini_chunk([{"functionCall": {}}])]
+
+
+def gemini_calls(calls: Sequence[tuple[str | None, str | None, str]], *,
+                 finish_reason: str | None = "STOP", pieces: int = 3,
+                 streamed: bool = True) -> list[dict[str, Any]]:
+    """Chunks for ``calls`` in order, then the finishing chunk (unless ``finish_reason`` is
+    None) and a usage-only chunk."""
+    chunks: list[dict[str, Any]] = []
+    for call_id, name, arguments in calls:
+        chunks += gemini_call_chunks(call_id, name, arguments, pieces=pieces, streamed=streamed)
+    if finish_reason is not None:
+        chunks.append(gemini_chunk([{"text": ""}], finish_reason=finish_reason))
+    chunks.append({"usageMetadata": {"promptTokenCount": 10, "totalTokenCount": 30}})
+    return chunks
+
+
 # -- the same calls for any provider -------------------------------------------------------
 
 
@@ -391,6 +516,10 @@ def provider_calls(provider: str, calls: Sequence[tuple[str | None, str | None, 
         return chunks if complete else chunks[:-1]
     if provider == ANTHROPIC:
         return anthropic_calls(calls, message_stop=complete, pieces=pieces)
+    if provider == BEDROCK:
+        return bedrock_calls(calls, stop_reason="tool_use" if complete else None, pieces=pieces)
+    if provider == GEMINI:
+        return gemini_calls(calls, finish_reason="STOP" if complete else None, pieces=pieces)
     return responses_calls(calls, terminal="response.completed" if complete else None,
                            pieces=pieces)
 

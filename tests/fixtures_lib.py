@@ -96,6 +96,18 @@ def topic(lines: Iterable[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [line["value"] for line in lines if line["topic"] == name]
 
 
+def summary(lines: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """(topic, id, name, index, arguments-or-reason) of each outcome record, in order."""
+    out: list[tuple[Any, ...]] = []
+    for line in lines:
+        v = line["value"]
+        if line["topic"] == "committed":
+            out.append(("committed", v["call_id"], v["name"], v["index"], v["arguments"]))
+        elif line["topic"] == "errors":
+            out.append(("error", v["tool_call_id"], v["name"], v["index"], v["reason"]))
+    return out
+
+
 def only_final(lines: Sequence[dict[str, Any]]) -> dict[str, Any]:
     finals = topic(lines, "final")
     assert len(finals) == 1, f"expected one final record, got {len(finals)}"
@@ -109,6 +121,13 @@ def message_call_ids(provider: str, final: dict[str, Any]) -> list[str]:
         return [tc["id"] for m in messages for tc in m.get("tool_calls") or ()]
     if provider == "anthropic.messages":
         return [b["id"] for b in final["message"]["content"] if b.get("type") == "tool_use"]
+    if provider == "bedrock.converse":
+        return [b["toolUse"]["toolUseId"] for b in final["message"]["content"]
+                if "toolUse" in b and b["toolUse"].get("type", "tool_use") == "tool_use"]
+    if provider == "google.gemini":
+        messages = [c["message"] for c in final.get("choices") or [{"message": final["message"]}]]
+        return [p["functionCall"]["id"] for m in messages for p in m["parts"]
+                if "functionCall" in p]
     return [i["call_id"] for i in final["message"]["output"] if i.get("type") == "function_call"]
 
 

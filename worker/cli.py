@@ -27,6 +27,7 @@ from typing import IO, Any
 import orjson
 
 from worker.core import Assembler
+from worker.core.envelope import PROVIDERS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -59,8 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     asm = sub.add_parser("assemble", help="run envelopes through the latch offline")
     asm.add_argument("--config", help="latch.yaml (default: ./latch.yaml if present)")
     asm.add_argument("--from-sse", metavar="PROVIDER",
-                     choices=["openai.chat", "openai.responses", "anthropic.messages"],
-                     help="read a raw capture (SSE, JSON-Lines chunks or a VCR cassette)")
+                     choices=sorted(PROVIDERS),
+                     help="read a raw capture (SSE, JSON Lines, a JSON array, a binary AWS "
+                          "event stream or a VCR cassette)")
     asm.add_argument("--tools", metavar="FILE", help="with --from-sse: the tools JSON array")
     asm.add_argument("--run-id", default="capture", help="with --from-sse: the run id to use")
     asm.add_argument("input", nargs="?", default="-", help="input file, - for stdin")
@@ -144,8 +146,8 @@ def _capture_lines(args: argparse.Namespace) -> Iterable[bytes]:
     try:
         tools = orjson.loads(Path(args.tools).read_bytes())
         name = args.input
-        text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
-        events, _ = capture.provider_events(text, name)
+        data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+        events, _ = capture.provider_events(data, name)
     except OSError as exc:
         raise CliError(f"cannot read {exc.filename}: {exc.strerror}") from exc
     except (orjson.JSONDecodeError, ValueError, KeyError) as exc:

@@ -285,8 +285,9 @@ class Assembler:
         budget = self.settings.max_tool_calls_per_run
         if start.max_tool_calls is not None:
             budget = min(budget, start.max_tool_calls)
-        latch = Latch(self.settings, tools, budget)
-        self._runs[start.run_id] = Run(start, adapter_for(start.provider), latch, now_ms)
+        adapter = adapter_for(start.provider, start.run_id)
+        latch = Latch(self.settings, tools, budget, adapter.parse_arguments)
+        self._runs[start.run_id] = Run(start, adapter, latch, now_ms)
         self.stats["runs_started"] += 1
         return emits
 
@@ -337,11 +338,16 @@ class Assembler:
         return self._reject(reject, key, value, source)
 
     def _stream_end(self, run: Run) -> list[Emit]:
+        emits: list[Emit] = []
+        for item in run.adapter.end():  # a stop reason decided at the stream's end
+            emits += self._apply(run, item)
+            if run.run_id not in self._runs:
+                return emits
         if run.adapter.completes_on_stream_end:
             status = RunStatus.TRUNCATED if run.truncated else RunStatus.COMPLETED
-            return self._finish(run, status, None, "")
+            return emits + self._finish(run, status, None, "")
         detail = "the stream ended before the provider's end-of-message event"
-        return self._finish(run, RunStatus.FAILED, Reason.STREAM_ERROR, detail)
+        return emits + self._finish(run, RunStatus.FAILED, Reason.STREAM_ERROR, detail)
 
     # -- ops --------------------------------------------------------------------------
 
@@ -367,8 +373,8 @@ class Assembler:
             case op.Complete():
                 status = RunStatus.TRUNCATED if run.truncated else RunStatus.COMPLETED
                 return self._finish(run, status, None, "")
-            case op.UpstreamError(detail):
-                return self._finish(run, RunStatus.FAILED, Reason.UPSTREAM_ERROR, detail)
+            case op.UpstreamError(detail, reason):
+                return self._finish(run, RunStatus.FAILED, reason, detail)
         raise AssertionError(f"unhandled op {item!r}")  # pragma: no cover
 
     def _open(self, run: Run, item: op.OpenCall) -> list[Emit]:

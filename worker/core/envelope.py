@@ -34,7 +34,8 @@ import orjson
 from worker.core.model import DlqReason
 from worker.core.strictjson import MAX_DEPTH, nested_deeper
 
-PROVIDERS: frozenset[str] = frozenset({"openai.chat", "openai.responses", "anthropic.messages"})
+PROVIDERS: frozenset[str] = frozenset({"openai.chat", "openai.responses", "anthropic.messages",
+                                       "bedrock.converse", "google.gemini"})
 TICK_KEY = "__latch_tick__"
 _TICK_KEY_BYTES = TICK_KEY.encode()
 #: The longest run id accepted, in characters (``maxLength`` in the envelope schemas). Every

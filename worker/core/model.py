@@ -86,6 +86,13 @@ class Reason(StrEnum):
     CANCELLED = "cancelled"
     ASSEMBLE_IDLE_TIMEOUT = "assemble_idle_timeout"
     DUPLICATE_CALL_ID = "duplicate_call_id"
+    #: The provider stopped the message for its content (Bedrock ``guardrail_intervened``,
+    #: ``content_filtered``; Gemini ``SAFETY``, ``RECITATION``, ``BLOCKLIST``...).
+    CONTENT_FILTERED = "content_filtered"
+    #: The provider said the model's output, or a tool call in it, was malformed (Bedrock
+    #: ``malformed_tool_use``, ``malformed_model_output``; Gemini ``MALFORMED_FUNCTION_CALL``,
+    #: ``UNEXPECTED_TOOL_CALL``, ``MALFORMED_RESPONSE``).
+    MALFORMED_OUTPUT = "malformed_output"
 
 
 class DlqReason(StrEnum):

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, TypeVar
 
+from worker.core import strictjson
+from worker.core.model import Reason
 from worker.core.strictjson import MAX_DEPTH, nested_deeper
 
 T = TypeVar("T")
@@ -125,16 +127,27 @@ class Complete:
 
 
 class UpstreamError:
-    """The provider reported an error: open calls fail ``upstream_error``."""
+    """The provider reported an error, or a stop that fails the message: the run ends
+    ``failed`` and its open calls fail ``reason`` (``upstream_error`` unless the adapter names
+    a closer one: ``content_filtered``, ``malformed_output``, ``stream_error`` for a stream
+    that broke its own protocol...)."""
 
-    __slots__ = ("detail",)
-    __match_args__ = ("detail",)
+    __slots__ = ("detail", "reason")
+    __match_args__ = ("detail", "reason")
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: str, reason: Reason = Reason.UPSTREAM_ERROR) -> None:
         self.detail: Final = detail
+        self.reason: Final = reason
 
     def __repr__(self) -> str:
-        return f"UpstreamError({self.detail!r})"
+        return f"UpstreamError({self.detail!r}, {self.reason!r})"
+
+
+def broken(detail: str) -> list[Op]:
+    """The ops of a stream that broke its own protocol (a block started twice, content after
+    the message's end...): the run fails ``stream_error``, every call it opened still gets its
+    one outcome, and nothing of what follows is joined to what came before."""
+    return [UpstreamError(f"the stream broke its protocol: {detail}", Reason.STREAM_ERROR)]
 
 
 class EventRefused(ValueError):
@@ -194,3 +207,16 @@ class Adapter:
     def final(self, calls: Sequence[CallView]) -> FinalMessage:
         """The assistant message in the provider's format, and per-choice messages when n > 1."""
         raise NotImplementedError
+
+    def end(self) -> list[Op]:
+        """Ops to apply when ``stream.end`` arrives, before the run is finished: for a provider
+        whose stop reason comes in an event that is not the stream's last (Bedrock's
+        ``messageStop`` before ``metadata``, Gemini's ``finishReason`` before a usage chunk),
+        the stop is decided here, once the stream is over. Default: none."""
+        return []
+
+    def parse_arguments(self, text: str) -> Any | strictjson.ParseError:
+        """A complete call's argument text as a value, or why it is not one. Default: strict
+        JSON (contract rule 1). An adapter that buffers another encoding of the arguments
+        (Gemini's streamed ``partialArgs``) builds the value from it here, as strictly."""
+        return strictjson.parse(text)

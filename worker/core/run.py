@@ -20,6 +20,7 @@ Limits that can be known earlier fail the call earlier, while its text streams i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from worker.core import strictjson
@@ -89,14 +90,17 @@ def utf8_len(text: str) -> int:
 class Latch:
     """The checks of the completion latch for one run (see the module docstring)."""
 
-    __slots__ = ("budget", "committed", "settings", "tools")
+    __slots__ = ("budget", "committed", "parse", "settings", "tools")
 
     def __init__(self, settings: AssembleSettings, tools: dict[str, SchemaCheck],
-                 budget: int) -> None:
+                 budget: int,
+                 parse: Callable[[str], Any | strictjson.ParseError] = strictjson.parse) -> None:
         self.settings = settings
         self.tools = tools
         self.budget = budget
         self.committed = 0
+        #: Argument text to value: strict JSON, or the adapter's own (``Adapter.parse_arguments``).
+        self.parse = parse
 
     def decide(self, call: Call, truncated: bool, duplicate: bool) -> None:
         """Move an ``ARGS_COMPLETE`` call to ``COMMITTED`` or ``FAILED``."""
@@ -125,7 +129,7 @@ class Latch:
         return self._check_value(call, text, check)
 
     def _check_value(self, call: Call, text: str, check: SchemaCheck) -> tuple[Reason, str] | None:
-        value = strictjson.parse(text) if text.strip() else {}
+        value = self.parse(text) if text.strip() else {}
         if isinstance(value, strictjson.ParseError):
             return Reason.INVALID_JSON, f"{value.message}; {utf8_len(text)} bytes received"
         call.arguments, call.parsed = value, True

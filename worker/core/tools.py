@@ -14,6 +14,16 @@ A gateway sends the model a tool list; the same list arrives on ``run.start``. O
   ``tool_search_tool_...``) run at Anthropic and are not registered (contract rule 6);
   their blocks are ``server_tool_use``, never ``tool_use``, in any case.
 
+* ``bedrock.converse``: the request's ``toolConfig.tools`` array: ``{"toolSpec": {"name",
+  "inputSchema": {"json": schema}}}``; ``systemTool`` entries (and ``cachePoint`` markers)
+  are not client tools.
+* ``google.gemini``: the request's ``tools`` array of ``Tool`` objects; each
+  ``functionDeclarations[]`` entry is a client tool, its schema ``parametersJsonSchema`` (plain
+  JSON Schema) or ``parameters`` (Google's OpenAPI subset, converted by :func:`openapi_schema`);
+  the built-in tools (``googleSearch``, ``codeExecution``, ``urlContext``...) run at Google.
+  Both JSON spellings are read: camelCase, and the snake_case that the proto JSON mapping also
+  accepts (``function_declarations``, ``parameters_json_schema``).
+
 A missing ``parameters`` / ``input_schema`` registers the tool with the empty schema.
 Validators are compiled once per distinct schema text and shared by every run through a
 :class:`ValidatorCache`; a schema that is not itself a valid JSON Schema registers the tool
@@ -153,6 +163,8 @@ def client_tools(provider: str, tools: Any) -> dict[str, Any]:
     found: dict[str, Any] = {}
     if not isinstance(tools, list):
         return found
+    if provider == "google.gemini":
+        tools = _gemini_declarations(tools)
     for tool in tools:
         if not isinstance(tool, Mapping):
             continue
@@ -163,7 +175,14 @@ def client_tools(provider: str, tools: Any) -> dict[str, Any]:
 
 
 def _client_tool(provider: str, tool: Mapping[str, Any]) -> tuple[str, Any] | None:
-    if provider == "openai.chat":
+    if provider == "bedrock.converse":
+        spec = tool.get("toolSpec")
+        if not isinstance(spec, Mapping):
+            return None
+        holder = spec.get("inputSchema")
+        name = spec.get("name")
+        schema = holder.get("json", {}) if isinstance(holder, Mapping) else {}
+    elif provider == "openai.chat":
         fn = tool.get("function")
         if tool.get("type", "function") != "function" or not isinstance(fn, Mapping):
             return None
@@ -172,6 +191,12 @@ def _client_tool(provider: str, tool: Mapping[str, Any]) -> tuple[str, Any] | No
         if tool.get("type") != "function":
             return None
         name, schema = tool.get("name"), tool.get("parameters", {})
+    elif provider == "google.gemini":
+        name = tool.get("name")
+        schema = _first(tool, "parametersJsonSchema", "parameters_json_schema")
+        if schema is None:
+            parameters = tool.get("parameters")
+            schema = {} if parameters is None else openapi_schema(parameters)
     else:
         kind = tool.get("type", "custom")
         if not isinstance(kind, str) or kind.startswith(ANTHROPIC_SERVER_TOOLS):
@@ -180,3 +205,86 @@ def _client_tool(provider: str, tool: Mapping[str, Any]) -> tuple[str, Any] | No
     if not isinstance(name, str) or not name:
         return None
     return name, ({} if schema is None else schema)
+
+
+# -- Gemini ------------------------------------------------------------------------------------
+
+
+def _first(mapping: Mapping[str, Any], *names: str) -> Any:
+    """The value of the first of ``names`` that ``mapping`` holds (not None), else None."""
+    for name in names:
+        if mapping.get(name) is not None:
+            return mapping[name]
+    return None
+
+
+def _gemini_declarations(tools: list[Any]) -> list[Any]:
+    """The function declarations of a Gemini ``tools`` array, in order."""
+    found: list[Any] = []
+    for tool in tools:
+        if isinstance(tool, Mapping):
+            declarations = _first(tool, "functionDeclarations", "function_declarations")
+            if isinstance(declarations, list):
+                found += declarations
+    return found
+
+
+#: Google's ``Schema`` (an OpenAPI 3.0 subset) keywords that JSON Schema spells the same way
+#: or in snake_case, and what they are in JSON Schema.
+_SCHEMA_KEYWORDS = {
+    "format": "format", "title": "title", "description": "description", "pattern": "pattern",
+    "default": "default", "minimum": "minimum", "maximum": "maximum",
+    "minItems": "minItems", "min_items": "minItems", "maxItems": "maxItems",
+    "max_items": "maxItems", "minLength": "minLength", "min_length": "minLength",
+    "maxLength": "maxLength", "max_length": "maxLength", "minProperties": "minProperties",
+    "min_properties": "minProperties", "maxProperties": "maxProperties",
+    "max_properties": "maxProperties",
+}
+_COUNTS = frozenset({"minItems", "maxItems", "minLength", "maxLength", "minProperties",
+                     "maxProperties"})
+
+
+def openapi_schema(schema: Any) -> Any:
+    """Google's OpenAPI-subset ``Schema`` as the JSON Schema it means.
+
+    ``type`` names are upper case (``STRING``, ``OBJECT``...; ``TYPE_UNSPECIFIED`` is no type);
+    ``nullable: true`` adds ``"null"`` to the type (and ``None`` to an ``enum``); ``properties``,
+    ``items`` and ``anyOf`` are converted in turn; ``required``, ``enum`` and the keywords of
+    :data:`_SCHEMA_KEYWORDS` carry over (counts that the proto JSON mapping writes as strings,
+    ``"5"``, become integers). Keywords JSON Schema does not have (``example``,
+    ``propertyOrdering``) are left out. ``run.start`` is at most ``strictjson.MAX_DEPTH`` levels
+    deep, which bounds the recursion. A value that is not a schema object is passed through, for
+    the validator to refuse (the tool's calls then fail ``schema_invalid``)."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    kind = schema.get("type")
+    if isinstance(kind, str) and kind.upper() != "TYPE_UNSPECIFIED":
+        out["type"] = kind.lower()
+    elif kind is not None and not isinstance(kind, str):
+        out["type"] = kind  # not a type name: the validator refuses the schema
+    for key, value in schema.items():
+        target = _SCHEMA_KEYWORDS.get(key)
+        if target is None:
+            continue
+        if target in _COUNTS and isinstance(value, str) and value.isascii() and value.isdigit():
+            value = int(value)
+        out[target] = value
+    if isinstance(schema.get("enum"), list):
+        out["enum"] = list(schema["enum"])
+    if isinstance(schema.get("required"), list):
+        out["required"] = list(schema["required"])
+    properties = schema.get("properties")
+    if isinstance(properties, Mapping):
+        out["properties"] = {k: openapi_schema(v) for k, v in properties.items()}
+    if "items" in schema:
+        out["items"] = openapi_schema(schema["items"])
+    any_of = _first(schema, "anyOf", "any_of")
+    if isinstance(any_of, list):
+        out["anyOf"] = [openapi_schema(s) for s in any_of]
+    if schema.get("nullable") is True:
+        if isinstance(out.get("type"), str):
+            out["type"] = [out["type"], "null"]
+        if "enum" in out and None not in out["enum"]:
+            out["enum"].append(None)
+    return out

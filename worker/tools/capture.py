@@ -10,17 +10,24 @@ Formats (``../shared/fixtures/providers/README.md``):
 * raw SSE: OpenAI chat (``data: {...}`` and ``data: [DONE]``) and Anthropic
   (``event:`` + ``data:`` lines);
 * JSON Lines: one decoded ``data`` payload per line;
-* a VCR cassette (``.yaml``): the SSE body in ``interactions[].response.body.string``.
+* a VCR cassette (``.yaml``): the SSE body in ``interactions[].response.body.string``, or
+  the binary AWS event stream (``!!binary``) of a Bedrock ``ConverseStream``; an answer with an
+  HTTP error status (Bedrock's 400 with a JSON body) is a ``stream.error``;
+* a binary AWS event stream (Bedrock, :mod:`worker.tools.eventstream`), CRCs checked;
+* Gemini's ``streamGenerateContent`` as SSE (``alt=sse``), JSON Lines, or one JSON array.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import yaml
+
+from worker.tools import eventstream
+from worker.tools.eventstream import StreamFailed
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,20 +72,62 @@ def sse_payloads(lines: Iterable[str]) -> Iterator[str]:
             yield event.data
 
 
-def provider_events(text: str, name: str = "") -> tuple[list[dict[str, Any] | bytes], bool]:
+#: One item of a capture: a provider event, a raw payload that is not one (kept as its bytes,
+#: so that it reaches the assembler as an undecodable record, a DLQ line, instead of
+#: vanishing), or the end of a stream that failed (an HTTP error answer, an event stream
+#: ``error`` message), which becomes a ``stream.error`` envelope.
+CaptureItem = dict[str, Any] | bytes | StreamFailed
+
+
+def provider_events(data: str | bytes, name: str = "") -> tuple[list[CaptureItem], bool]:
     """The provider events in a capture, and whether it carried OpenAI's ``[DONE]``.
 
-    A payload that is not a JSON object is kept as its raw bytes, so that it reaches the
-    assembler as an undecodable record (a DLQ line) instead of vanishing.
+    ``data`` is SSE or JSON Lines text, a JSON array of responses (Gemini without
+    ``alt=sse``), a binary AWS event stream (Bedrock), or a VCR cassette (``name`` ends in
+    ``.yaml``) whose bodies are any of those; a cassette answer with an HTTP error status
+    ends the capture with a :class:`StreamFailed`.
     """
     if name.endswith((".yaml", ".yml")):
-        bodies = [i["response"]["body"]["string"] for i in yaml.safe_load(text)["interactions"]]
-        text = "\n".join(bodies)
-    if text.lstrip().startswith(("{", "[")) and "\ndata:" not in text:
+        return _cassette(data)
+    if isinstance(data, bytes):
+        if eventstream.looks_like(data):
+            return eventstream.sdk_events(data), False
+        data = data.decode("utf-8")
+    return _text_events(data)
+
+
+def _cassette(data: str | bytes) -> tuple[list[CaptureItem], bool]:
+    events: list[CaptureItem] = []
+    done = False
+    for interaction in yaml.safe_load(data)["interactions"]:
+        response = interaction["response"]
+        code = (response.get("status") or {}).get("code", 200)
+        if not isinstance(code, int) or code >= 400:
+            events.append(StreamFailed(f"HTTP {code}"))
+            break
+        body = response["body"]["string"]
+        found, found_done = provider_events(body)
+        events += found
+        done = done or found_done
+        if found and isinstance(found[-1], StreamFailed):
+            break
+    return events, done
+
+
+def _text_events(text: str) -> tuple[list[CaptureItem], bool]:
+    stripped = text.lstrip()
+    if stripped.startswith("["):  # a JSON array of responses (Gemini streaming without SSE)
+        try:
+            whole = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            whole = None
+        if isinstance(whole, list):
+            return [e if isinstance(e, dict) else orjson.dumps(e) for e in whole], False
+    if stripped.startswith(("{", "[")) and "\ndata:" not in text:
         payloads: Iterable[str] = (line for line in text.splitlines() if line.strip())
     else:
         payloads = sse_payloads(text.splitlines())
-    events: list[dict[str, Any] | bytes] = []
+    events: list[CaptureItem] = []
     done = False
     for payload in payloads:
         if payload.strip() == "[DONE]":
@@ -93,12 +142,13 @@ def provider_events(text: str, name: str = "") -> tuple[list[dict[str, Any] | by
 
 
 def envelopes(
-    provider: str, events: list[dict[str, Any] | bytes], tools: list[Any],
+    provider: str, events: Sequence[CaptureItem], tools: list[Any],
     run_id: str = "capture", tenant: str | None = None,
 ) -> list[dict[str, Any] | bytes]:
     """The stream envelopes a gateway would publish for one captured response.
 
-    Raw (undecodable) payloads pass through as they are, between the envelopes.
+    Raw (undecodable) payloads pass through as they are, between the envelopes. The stream
+    ends with ``stream.end``, or with ``stream.error`` at a :class:`StreamFailed`.
     """
     start: dict[str, Any] = {"v": 1, "run_id": run_id, "seq": 0, "type": "run.start",
                              "provider": provider, "tools": tools}
@@ -110,6 +160,10 @@ def envelopes(
         if isinstance(event, bytes):
             out.append(event)
             continue
+        if isinstance(event, StreamFailed):
+            out.append({"v": 1, "run_id": run_id, "seq": seq + 1, "type": "stream.error",
+                        "error": event.error})
+            return out
         seq += 1
         out.append({"v": 1, "run_id": run_id, "seq": seq, "type": "provider.event",
                     "event": event})

@@ -14,9 +14,8 @@ the final message's text, status and stop reason, and the final record's ``outco
 * ``openai.responses``: vercel-ai's three responses captures and pydantic-ai's Responses
   cassette.
 
-vercel-ai's ``amazon-bedrock`` and ``google`` captures are deliberately *not* tested: Bedrock
-ConverseStream and Gemini are not Latch providers (``worker.core.envelope.PROVIDERS``), so no
-gateway may publish them, and a ``run.start`` naming them goes to the DLQ.
+vercel-ai's ``amazon-bedrock`` and ``google`` captures, and pydantic-ai's Bedrock error
+cassette, are tested in ``test_fixtures_bedrock_gemini.py``.
 
 Besides each file as recorded, *derived* variants change one thing in a real stream to reach
 an outcome no recording shows (a schema the arguments violate, a tool left unregistered, a
@@ -57,6 +56,7 @@ from fixtures_lib import (
     run_capture,
     run_events,
     split_responses,
+    summary,
     topic,
 )
 
@@ -151,18 +151,6 @@ def committed(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def errors(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return topic(lines, "errors")
-
-
-def summary(lines: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """(topic, id, name, index, arguments-or-reason) of each outcome record, in order."""
-    out: list[tuple[Any, ...]] = []
-    for line in lines:
-        v = line["value"]
-        if line["topic"] == "committed":
-            out.append(("committed", v["call_id"], v["name"], v["index"], v["arguments"]))
-        elif line["topic"] == "errors":
-            out.append(("error", v["tool_call_id"], v["name"], v["index"], v["reason"]))
-    return out
 
 
 def leaves(value: Any) -> list[Any]:

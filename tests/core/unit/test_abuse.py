@@ -520,7 +520,7 @@ def test_unknown_provider() -> None:
     """A ``run.start`` naming a provider Latch does not know goes to the DLQ as
     ``unknown_provider``, and no run is opened (its events are then ``unknown_run``)."""
     asm = make()
-    record = the_dlq_record(feed(asm, [{**start("r1"), "provider": "google.gemini"}]))
+    record = the_dlq_record(feed(asm, [{**start("r1"), "provider": "cohere.chat"}]))
     assert record["reason"] == "unknown_provider"
     assert dlq(feed(asm, [args("r1", 1, "{}")]))[0]["reason"] == "unknown_run"
 

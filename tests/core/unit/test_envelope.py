@@ -122,7 +122,7 @@ CASES: list[tuple[str, DlqReason, Setup, bytes | None, bytes]] = [
      raw(provider_event("r1", 1, chat_chunk(content="hi")))),
     ("key_mismatch_on_cancel", DlqReason.KEY_MISMATCH, open_run, b"R1", raw(cancel("r1"))),
     ("unknown_provider", DlqReason.UNKNOWN_PROVIDER, nothing, None,
-     raw({**start(), "provider": "google.gemini"})),
+     raw({**start(), "provider": "cohere.chat"})),
     ("missing_provider", DlqReason.UNKNOWN_PROVIDER, nothing, None,
      raw({k: v for k, v in start().items() if k != "provider"})),
     ("unhashable_provider", DlqReason.UNKNOWN_PROVIDER, nothing, None,

@@ -16,8 +16,10 @@ import orjson
 import pytest
 from builders import (
     ANTHROPIC,
+    BEDROCK,
     CHAT,
     EMPTY_SCHEMA,
+    GEMINI,
     PATH_SCHEMA,
     PROVIDERS,
     RESPONSES,
@@ -28,6 +30,7 @@ from builders import (
     anthropic_text_block,
     anthropic_tool,
     anthropic_tool_block,
+    bedrock_calls,
     cancel,
     chat_call_chunks,
     chat_calls,
@@ -41,6 +44,7 @@ from builders import (
     errors,
     feed,
     finals,
+    gemini_calls,
     lines,
     outcome_ids,
     provider_calls,
@@ -1366,6 +1370,42 @@ class TestReasonAssembleIdleTimeout:
         assert asm.open_run_ids() == ["busy"]
 
 
+class TestReasonContentFiltered:
+    """``content_filtered``: the provider stopped the message for its content."""
+
+    @pytest.mark.parametrize(("provider", "events"), [
+        (BEDROCK, bedrock_calls([("c1", "read_file", '{"path": "/a"}')],
+                                stop_reason="guardrail_intervened")),
+        (GEMINI, gemini_calls([("c1", "read_file", '{"path": "/a"}')], finish_reason="SAFETY")),
+    ], ids=[BEDROCK, GEMINI])
+    def test_a_filtering_stop_fails_a_complete_call(self, provider: str,
+                                                    events: list[dict[str, Any]]) -> None:
+        """A call whose arguments are complete and valid still fails when the provider
+        stopped the message for its content; the run fails."""
+        emits = feed(assembler(), run_envelopes("r1", provider, tools_for(provider, TOOLS),
+                                                events))
+        assert reasons(emits) == ["content_filtered"]
+        assert finals(emits)[0]["status"] == "failed"
+
+
+class TestReasonMalformedOutput:
+    """``malformed_output``: the provider found the model's output or call malformed."""
+
+    @pytest.mark.parametrize(("provider", "events"), [
+        (BEDROCK, bedrock_calls([("c1", "read_file", '{"path": "/a"}')],
+                                stop_reason="malformed_tool_use")),
+        (GEMINI, gemini_calls([("c1", "read_file", '{"path": "/a"}')],
+                              finish_reason="MALFORMED_FUNCTION_CALL")),
+    ], ids=[BEDROCK, GEMINI])
+    def test_a_malformed_stop_fails_a_complete_call(self, provider: str,
+                                                    events: list[dict[str, Any]]) -> None:
+        """A provider's own verdict that the output was malformed fails the call, even when
+        the text Latch holds parses and fits the schema."""
+        emits = feed(assembler(), run_envelopes("r1", provider, tools_for(provider, TOOLS),
+                                                events))
+        assert reasons(emits) == ["malformed_output"]
+
+
 class TestReasonDuplicateCallId:
     """``duplicate_call_id``: two calls of one run claim the same id."""
 
@@ -1410,6 +1450,10 @@ def scenarios() -> dict[Reason, tuple[dict[str, Any], list[dict[str, Any]]]]:
     def chat(calls: list[tuple[str | None, str | None, str]], **kw: Any) -> list[dict[str, Any]]:
         return chat_run("r1", tools, chat_calls(calls), **kw)
 
+    def bedrock(stop: str) -> list[dict[str, Any]]:
+        return run_envelopes("r1", BEDROCK, tools_for(BEDROCK, TOOLS),
+                             bedrock_calls([("c1", "read_file", good)], stop_reason=stop))
+
     open_calls = chat_calls([("c1", "read_file", good)])[:-1]
     return {
         Reason.INVALID_JSON: ({}, chat([("c1", "read_file", fill('{"path": "@",}'))])),
@@ -1436,6 +1480,8 @@ def scenarios() -> dict[Reason, tuple[dict[str, Any], list[dict[str, Any]]]]:
                                            tick(60_000)]),
         Reason.DUPLICATE_CALL_ID: ({}, chat([("c1", "read_file", good),
                                              ("c1", "read_file", good)])),
+        Reason.CONTENT_FILTERED: ({}, bedrock("content_filtered")),
+        Reason.MALFORMED_OUTPUT: ({}, bedrock("malformed_model_output")),
     }
 
 

@@ -37,9 +37,12 @@ CONTRACT_REASONS = [
     "too_many_tool_calls", "missing_id_or_name", "unknown_tool", "schema_invalid",
     "budget_exceeded", "truncated", "stream_error", "upstream_error", "cancelled",
     "assemble_idle_timeout", "duplicate_call_id",
+    # issue 11: the Bedrock and Gemini stops for content and for malformed output
+    "content_filtered", "malformed_output",
 ]  # fmt: skip
 
-PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages"]
+PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages", "bedrock.converse",
+             "google.gemini"]
 
 RUN_START = {
     "v": 1, "run_id": "r1", "seq": 0, "type": "run.start", "provider": "openai.chat",
@@ -149,8 +152,11 @@ def test_provider_enums_agree() -> None:
     assert found >= 5
 
 
-def test_reason_codes_are_the_contracts_fourteen() -> None:
-    """The error result and the final message's outcomes use exactly the contract's codes."""
+def test_reason_codes_are_the_contracts() -> None:
+    """The error result and the final message's outcomes use exactly the contract's codes
+    (its fourteen, and the two that issue 11 added), and so does ``Reason``."""
+    from worker.core import Reason
+    assert [r.value for r in Reason] == CONTRACT_REASONS
     assert load_schema("error-result")["$defs"]["reason"]["enum"] == CONTRACT_REASONS
     assert load_schema("final-message")["$defs"]["reason"]["enum"] == CONTRACT_REASONS
 
@@ -234,7 +240,7 @@ def test_stream_envelope_accepts(envelope: dict[str, Any]) -> None:
         ({"run_id": ""}, "run_id must be non-empty"),
         ({"seq": -1}, "seq is >= 0"),
         ({"type": "run.stop"}, "unknown type"),
-        ({"provider": "google.gemini"}, "unknown provider"),
+        ({"provider": "cohere.chat"}, "unknown provider"),
         ({"tools": {"read_file": {}}}, "tools is an array"),
         ({"limits": {"max_tool_calls": -1}}, "limits are >= 0"),
         ({"tenant": 7}, "tenant is a string"),

@@ -1,0 +1,297 @@
+"""Google Gemini (Gemini API and Vertex AI) ``streamGenerateContent``.
+
+What the API sends (Gemini API reference, ``GenerateContentResponse``; Vertex AI the same
+JSON): a sequence of responses, each with ``candidates[]`` (``index``, ``content.parts[]``,
+``finishReason`` on the candidate's last chunk), ``usageMetadata``, ``modelVersion`` and
+``responseId``; a blocked prompt answers with ``promptFeedback.blockReason`` and no candidate;
+an error mid-stream is an ``{"error": {"code", "message", "status"}}`` chunk.
+
+A part is text (``thought: true`` for a thought summary), any other kind Gemini defines
+(``executableCode``, ``codeExecutionResult``, ``inlineData``...: kept for the final message),
+or a ``functionCall``, which comes in one of two shapes:
+
+* **whole**: ``{"name", "args", "id"?}`` in one part (``args`` already parsed; missing means
+  ``{}``, rule 3);
+* **streamed** (``streamFunctionCallArguments``): a part ``{"name", "willContinue": true}``,
+  then parts ``{"partialArgs": [...], "willContinue": ...}`` without a name. The call ends at a
+  part without ``willContinue``, at an empty ``functionCall: {}``, at the next named call of
+  the candidate, or at the end of the stream. Its arguments are held opaque, as records, and
+  built and checked when the call is complete (:mod:`worker.core.providers.gemini_args`).
+
+Keys and ids: a call is keyed ``"<candidate>.<n>"``, its ``index`` is ``n`` (its position among
+the candidate's calls) and its ``choice`` the candidate's index. Gemini sends no call id unless
+asked (Vertex's ``id``); a call without one gets ``latch-<candidate>-<n>-<run_id>``: the same
+on every replay, and written into the final message's ``functionCall.id`` so that the runner's
+``functionResponse`` can carry it. Gemini pairs a ``functionResponse`` with its call by
+``name`` and by order (the responses in the order of the calls), and by ``id`` when the call
+had one: a runner answers each committed call or error result with a ``functionResponse`` of
+the same ``name`` and ``id``, in ``index`` order.
+
+The ``thoughtSignature`` of a part is kept on that part in the final message (Gemini 3 refuses
+a function call sent back without the signature it came with).
+
+Ends: ``finishReason`` arrives on a chunk that a usage chunk may follow, so the run ends at
+``stream.end`` (``Adapter.end``), which reads each candidate's reason: ``STOP`` completes;
+``MAX_TOKENS`` truncates that candidate's calls (rule 5); ``SAFETY``, ``RECITATION``,
+``BLOCKLIST``, ``PROHIBITED_CONTENT``, ``SPII`` and the ``IMAGE_*`` filters fail the open calls
+``content_filtered``; ``MALFORMED_FUNCTION_CALL``, ``UNEXPECTED_TOOL_CALL`` and
+``MALFORMED_RESPONSE`` fail them ``malformed_output``; ``TOO_MANY_TOOL_CALLS`` fails them
+``too_many_tool_calls``; any other reason fails them ``upstream_error``. A stream that ends
+without a ``finishReason`` for each candidate fails ``stream_error``; so does a part after its
+candidate's ``finishReason``, or ``partialArgs`` with no call streaming (a broken protocol).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import orjson
+
+from worker.core import ops as op
+from worker.core import strictjson
+from worker.core.model import Reason
+from worker.core.providers import gemini_args
+
+_FILTERED = frozenset({"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII",
+                       "IMAGE_SAFETY", "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION"})
+_MALFORMED = frozenset({"MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL", "MALFORMED_RESPONSE"})
+_TEXT_KEYS = frozenset({"text", "thought", "thoughtSignature"})
+
+
+class _Text:
+    """Consecutive text parts of one kind (thought or not), joined for the final message."""
+
+    __slots__ = ("pieces", "signature", "thought")
+
+    def __init__(self, thought: bool) -> None:
+        self.thought = thought
+        self.pieces: list[str] = []
+        self.signature: str | None = None
+
+    def render(self) -> dict[str, Any]:
+        part: dict[str, Any] = {"text": "".join(self.pieces)}
+        if self.thought:
+            part["thought"] = True
+        if self.signature is not None:
+            part["thoughtSignature"] = self.signature
+        return part
+
+
+class _Candidate:
+    __slots__ = ("calls", "finish", "parts", "signatures", "streaming")
+
+    def __init__(self) -> None:
+        #: The parts in stream order: text runs, other parts as sent, a call's buffer key.
+        self.parts: list[_Text | dict[str, Any] | str] = []
+        self.calls = 0
+        #: The key of the streamed call still taking ``partialArgs``, if any.
+        self.streaming: str | None = None
+        self.finish: str | None = None
+        self.signatures: dict[str, str] = {}
+
+
+class Gemini(op.Adapter):
+    """Adapter for ``google.gemini``."""
+
+    completes_on_stream_end: ClassVar[bool] = False
+
+    def __init__(self, run_id: str = "") -> None:
+        self._run_id = run_id
+        self._candidates: dict[int, _Candidate] = {}
+
+    def feed(self, event: dict[str, Any]) -> list[op.Op]:
+        candidates = event.get("candidates")
+        if candidates is None:
+            return self._other(event)
+        if not isinstance(candidates, list):
+            raise ValueError("candidates is not an array")
+        ops: list[op.Op] = []
+        for position, candidate in enumerate(candidates):
+            if not isinstance(candidate, dict):
+                raise ValueError("a candidate that is not an object")
+            index = candidate.get("index", position)
+            if not op.is_index(index):
+                raise ValueError("a candidate index that is not an integer >= 0")
+            ops += self._candidate(int(index), candidate)
+        return ops
+
+    def _other(self, event: dict[str, Any]) -> list[op.Op]:
+        error = event.get("error")
+        if isinstance(error, dict):
+            return [op.UpstreamError(f"provider error: {_safe(error.get('status'))}")]
+        feedback = event.get("promptFeedback")
+        block = feedback.get("blockReason") if isinstance(feedback, dict) else None
+        if isinstance(block, str):
+            return [op.UpstreamError(f"the prompt was blocked: {_safe(block)}",
+                                     Reason.CONTENT_FILTERED)]
+        return []  # a usage-only chunk
+
+    def _candidate(self, index: int, body: dict[str, Any]) -> list[op.Op]:
+        candidate = self._candidates.get(index)
+        if candidate is None:
+            candidate = self._candidates[index] = _Candidate()
+        content = body.get("content")
+        parts = content.get("parts") if isinstance(content, dict) else None
+        ops: list[op.Op] = []
+        if parts:
+            if not isinstance(parts, list):
+                raise ValueError("parts is not an array")
+            if candidate.finish is not None:
+                return op.broken(f"content for candidate {index} after its finishReason")
+            for part in parts:
+                ops += self._part(index, candidate, part)
+        finish = body.get("finishReason")
+        if isinstance(finish, str):
+            candidate.finish = finish
+        return ops
+
+    def _part(self, index: int, candidate: _Candidate, part: Any) -> list[op.Op]:
+        if not isinstance(part, dict):
+            raise ValueError("a part that is not an object")
+        call = part.get("functionCall")
+        if call is None:
+            self._keep(candidate, part)
+            return []
+        if not isinstance(call, dict):
+            raise ValueError("functionCall is not an object")
+        partial = call.get("partialArgs")
+        if partial is not None and not isinstance(partial, list):
+            raise ValueError("partialArgs is not an array")
+        more = call.get("willContinue") is True
+        name = _text(call.get("name"))
+        ops: list[op.Op] = []
+        if candidate.streaming is not None:
+            key = candidate.streaming
+            if name is None:  # the streamed call goes on, or ends here
+                ops += [op.AppendArgs(key, gemini_args.record(p)) for p in partial or ()]
+                if not more:
+                    candidate.streaming = None
+                    ops.append(op.CloseCall(key))
+                return ops
+            candidate.streaming = None  # a new call: the streamed one ended before it
+            ops.append(op.CloseCall(key))
+        if name is None:
+            if call:  # partialArgs, or an id, with no call streaming
+                return op.broken("a functionCall part without a name while no call streams")
+            return ops  # an empty functionCall {} that ends nothing
+        return ops + self._open(index, candidate, part, call, name, partial, more)
+
+    def _open(self, index: int, candidate: _Candidate, part: dict[str, Any],
+              call: dict[str, Any], name: str, partial: list[Any] | None,
+              more: bool) -> list[op.Op]:
+        n = candidate.calls
+        candidate.calls += 1
+        key = f"{index}.{n}"
+        call_id = _text(call.get("id")) or f"latch-{index}-{n}-{self._run_id}"
+        candidate.parts.append(key)
+        signature = part.get("thoughtSignature")
+        if isinstance(signature, str):
+            candidate.signatures[key] = signature
+        ops: list[op.Op] = [op.OpenCall(key, n, index, call_id, name)]
+        if partial is not None or more:  # streamed
+            ops += [op.AppendArgs(key, gemini_args.record(p)) for p in partial or ()]
+            if more:
+                candidate.streaming = key
+                return ops
+        elif call.get("args") is not None:  # whole: the parsed args, as JSON text
+            ops.append(op.SetArgs(key, orjson.dumps(call["args"]).decode()))
+        ops.append(op.CloseCall(key))
+        return ops
+
+    @staticmethod
+    def _keep(candidate: _Candidate, part: dict[str, Any]) -> None:
+        """Keep a part that is not a call for the final message; text runs are joined."""
+        text = part.get("text")
+        if not isinstance(text, str) or not part.keys() <= _TEXT_KEYS:
+            candidate.parts.append(op.bounded(part))
+            return
+        thought = part.get("thought") is True
+        signature = part.get("thoughtSignature")
+        last = candidate.parts[-1] if candidate.parts else None
+        if not (isinstance(last, _Text) and last.thought == thought and last.signature is None):
+            if not text and not isinstance(signature, str):
+                return  # an empty text part carries nothing
+            last = _Text(thought)
+            candidate.parts.append(last)
+        last.pieces.append(text)
+        if isinstance(signature, str):
+            last.signature = signature
+
+    def parse_arguments(self, text: str) -> Any | strictjson.ParseError:
+        if gemini_args.is_records(text):
+            return gemini_args.build(text)
+        return strictjson.parse(text)
+
+    def end(self) -> list[op.Op]:
+        if not self._candidates:
+            return []  # nothing finished: the run fails stream_error
+        ops: list[op.Op] = []
+        for index, candidate in sorted(self._candidates.items()):
+            reason = candidate.finish
+            if reason is None:
+                return []
+            if reason == "MAX_TOKENS":
+                ops.append(op.Truncated(index))
+            elif reason != "STOP":
+                return [_failure(index, reason)]
+        return [*ops, op.Complete()]
+
+    def final(self, calls: Sequence[op.CallView]) -> op.FinalMessage:
+        by_key = {c.key: c for c in calls}
+        contents = {index: {"role": "model", "parts": self._render(c, by_key)}
+                    for index, c in sorted(self._candidates.items())}
+        message = next(iter(contents.values()), {"role": "model", "parts": []})
+        if len(contents) <= 1:
+            return message, None
+        choices = [{"index": index, "message": content,
+                    "finish_reason": self._candidates[index].finish}
+                   for index, content in contents.items()]
+        return contents.get(0, message), choices
+
+    def _render(self, candidate: _Candidate, calls: dict[str, op.CallView]
+                ) -> list[dict[str, Any]]:
+        parts: list[dict[str, Any]] = []
+        for item in candidate.parts:
+            if isinstance(item, _Text):
+                parts.append(item.render())
+            elif isinstance(item, dict):
+                parts.append(item)
+            else:
+                parts.append(self._call_part(item, calls.get(item), candidate))
+        return parts
+
+    def _call_part(self, key: str, call: op.CallView | None,
+                   candidate: _Candidate) -> dict[str, Any]:
+        body: dict[str, Any] = {}
+        if call is not None:
+            value = call.arguments if call.parsed else (
+                self.parse_arguments(call.text) if call.text else {})
+            body = {"id": call.tool_call_id, "name": call.name,
+                    "args": value if isinstance(value, dict) else {}}
+        part: dict[str, Any] = {"functionCall": body}
+        if key in candidate.signatures:
+            part["thoughtSignature"] = candidate.signatures[key]
+        return part
+
+
+def _failure(index: int, reason: str) -> op.UpstreamError:
+    detail = f"finishReason {_safe(reason)} on candidate {index}"
+    if reason in _FILTERED:
+        return op.UpstreamError(f"{detail}: the provider stopped it for its content",
+                                Reason.CONTENT_FILTERED)
+    if reason in _MALFORMED:
+        return op.UpstreamError(f"{detail}: the provider found a function call malformed",
+                                Reason.MALFORMED_OUTPUT)
+    if reason == "TOO_MANY_TOOL_CALLS":
+        return op.UpstreamError(detail, Reason.TOO_MANY_TOOL_CALLS)
+    return op.UpstreamError(detail)
+
+
+def _text(value: Any) -> str | None:
+    """A non-empty string, else None: an id or name of another type is no id or name."""
+    return value if isinstance(value, str) and value else None
+
+
+def _safe(value: Any) -> str:
+    return value if isinstance(value, str) and len(value) <= 64 else "unknown"
