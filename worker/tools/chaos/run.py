@@ -343,11 +343,12 @@ class ClusterBroker(Broker):
     @classmethod
     def own_cluster(cls, work_dir: Path, nodes: int) -> ClusterBroker:
         """A cluster on a free block of 2N ports."""
-        while True:
+        for _ in range(1000):
             port = free_port()
-            if port % 2 == 0 and port + 2 * nodes < 65536 and not any(
-                    _port_taken(port + n) for n in range(2 * nodes)):
+            if port + 2 * nodes < 65536 and not any(_port_taken(port + n)
+                                                    for n in range(2 * nodes)):
                 return cls(work_dir / "cluster", port, nodes)
+        raise RuntimeError(f"no {2 * nodes} consecutive free ports on 127.0.0.1")
 
     def start(self) -> None:
         self._cli("start", "--nodes", str(self.nodes), "--port", str(self.port),
