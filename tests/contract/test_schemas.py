@@ -36,7 +36,7 @@ CONTRACT_REASONS = [
     "invalid_json", "arguments_not_object", "arguments_exceed_max_bytes",
     "too_many_tool_calls", "missing_id_or_name", "unknown_tool", "schema_invalid",
     "budget_exceeded", "truncated", "stream_error", "upstream_error", "cancelled",
-    "assemble_idle_timeout", "duplicate_call_id",
+    "assemble_idle_timeout", "duplicate_call_id", "protocol_error",
 ]  # fmt: skip
 
 PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages"]
@@ -149,7 +149,7 @@ def test_provider_enums_agree() -> None:
     assert found >= 5
 
 
-def test_reason_codes_are_the_contracts_fourteen() -> None:
+def test_reason_codes_are_the_contracts() -> None:
     """The error result and the final message's outcomes use exactly the contract's codes."""
     assert load_schema("error-result")["$defs"]["reason"]["enum"] == CONTRACT_REASONS
     assert load_schema("final-message")["$defs"]["reason"]["enum"] == CONTRACT_REASONS
