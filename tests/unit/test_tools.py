@@ -106,7 +106,7 @@ def test_responses_function_tools_register_builtins_do_not() -> None:
     register under a key of their kind, never a bare name (decision 0004)."""
     tools = [responses_tool("read_file", PATH_SCHEMA), *RESPONSES_BUILTINS]
     assert client_tools(RESPONSES, tools) == {
-        "read_file": PATH_SCHEMA, "computer_call": {}, "mcp_approval_request:deepwiki": {}}
+        "read_file": PATH_SCHEMA, "computer_call:": {}, "mcp_approval_request:deepwiki": {}}
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

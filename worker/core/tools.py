@@ -8,8 +8,8 @@ A gateway sends the model a tool list; the same list arrives on ``run.start``. O
   as ``web_search`` run at OpenAI and are not registered. The tools whose items a client
   answers register under a key of their kind (see :func:`responses_tool_key`), never a bare
   name: ``{"type": "custom", "name", "format"?}`` as ``custom:<name>`` (the format, text or
-  grammar, is not enforced), ``computer_use_preview`` / ``computer`` as ``computer_call``,
-  ``local_shell`` as ``local_shell_call``, and ``{"type": "mcp", "server_label"}`` as
+  grammar, is not enforced), ``computer_use_preview`` / ``computer`` as ``computer_call:``,
+  ``local_shell`` as ``local_shell_call:``, and ``{"type": "mcp", "server_label"}`` as
   ``mcp_approval_request:<server_label>``, all with the empty schema
   (``docs/decisions/0004-responses-client-items.md``).
 * ``anthropic.messages``: ``{"name", "input_schema"}`` with no ``type`` or
@@ -195,11 +195,12 @@ RESPONSES_CLIENT_TOOLS = {"computer_use_preview": "computer_call", "computer": "
                           "local_shell": "local_shell_call"}
 
 
-def responses_tool_key(kind: str, detail: str | None = None) -> str:
+def responses_tool_key(kind: str, detail: str = "") -> str:
     """The key a Responses tool of item kind ``kind`` registers under: ``custom:<name>``,
-    ``mcp_approval_request:<server_label>``, or the item type alone. The ``:`` keeps these
-    apart from function names, which OpenAI allows only letters, digits, ``_`` and ``-``."""
-    return kind if detail is None else f"{kind}:{detail}"
+    ``mcp_approval_request:<server_label>``, ``computer_call:``, ``local_shell_call:``. The
+    ``:`` keeps these apart from function names, which OpenAI allows only letters, digits,
+    ``_`` and ``-`` (a function named ``computer_call`` registers no computer use)."""
+    return f"{kind}:{detail}"
 
 
 def _responses_other_tool(kind: Any, tool: Mapping[str, Any]) -> str | None:

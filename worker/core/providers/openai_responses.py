@@ -249,7 +249,8 @@ class OpenAIResponses(op.Adapter):
             label = _text(item.get("server_label"))
             tool = None if label is None else responses_tool_key(kind, label)
             return op.OpenCall(key, index, None, call_id, name, kind, tool)
-        return op.OpenCall(key, index, None, call_id, _CLIENT_ITEM_NAMES[kind], kind, kind)
+        return op.OpenCall(key, index, None, call_id, _CLIENT_ITEM_NAMES[kind], kind,
+                           responses_tool_key(kind))
 
     def _open_index(self, event: dict[str, Any]) -> int | None:
         """The output index an item event names (by ``output_index``, else by ``item_id``),
