@@ -13,7 +13,6 @@ from typing import Any
 import orjson
 import pytest
 from builders import (
-    CHAT,
     RESPONSES,
     chat_call_chunks,
     chat_chunk,
