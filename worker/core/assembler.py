@@ -392,6 +392,9 @@ class Assembler:
     def _open(self, run: Run, item: op.OpenCall) -> list[Emit]:
         if item.key in run.calls:
             return self._apply(run, op.Identify(item.key, item.call_id, item.name))
+        if run.broken is not None and item.call_id is not None and any(
+                c.call_id == item.call_id for c in run.calls.values()):
+            return []  # after a break, an id the run holds already has its one outcome
         call = Call(item.key, item.index, item.choice, len(run.calls), item.call_id, item.name,
                     item.kind, item.tool)
         limit = self.settings.max_tool_calls_in_flight_assemble
@@ -503,9 +506,8 @@ class Assembler:
         self.stats["protocol_errors"] += 1
         failed = []
         for call in sorted(run.calls.values(), key=Call.sort_key):
-            if call.state is _OPEN or call.state is _COMPLETE:
-                self._drop(run, call)
-                call.fail(Reason.PROTOCOL_ERROR, detail)
+            if call.state is _OPEN or call.state is _COMPLETE:  # its text stays for the
+                call.fail(Reason.PROTOCOL_ERROR, detail)  # final message, like a latch failure
                 failed.append(call)
         return run.out.outcomes(failed, run.calls.values())
 
