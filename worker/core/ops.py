@@ -9,7 +9,9 @@ the adapter makes unique within the run:
 * chat: ``"<choice>.<tool index>"``, and ``"<choice>.<tool index>#<n>"`` when a new id
   reuses an index (contract rule 2);
 * Anthropic: ``"<content block index>"``;
-* Responses: ``"<output_index>"``.
+* Responses: ``"<output_index>"``;
+* a call started after a protocol break: ``"!<n>"`` (:meth:`Adapter.late_key`);
+* a call unwrapped from the parallel wrapper at key ``k``: ``"k/<position>"`` (the assembler).
 """
 
 from __future__ import annotations
