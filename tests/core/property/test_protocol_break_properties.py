@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-import orjson
 from builders import (
     ANTHROPIC,
     CHAT,
@@ -32,6 +31,7 @@ from builders import (
     RESPONSES,
     chat_chunk,
     chat_tool_delta,
+    check_schemas,
     feed,
     provider_calls,
     run_envelopes,
@@ -41,9 +41,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.core import Assembler, Emit, Topic
-from worker.schemas import validator
 
-OUTPUT_LINE = validator("output-line")
 KINDS = ("repeat", "delta", "stop", "after")
 ARGS = st.sampled_from(['{"a": 1}', "{}", '{"path": "/x", "n": [1, 2]}', "{bad"])
 
@@ -131,10 +129,7 @@ def test_a_broken_stream_gives_each_carried_id_one_outcome(
     """See the module docstring: the properties every injected break keeps."""
     provider, kind, envelopes = case
     emits = feed(Assembler(), envelopes)
-    for e in emits:
-        problem = next(iter(OUTPUT_LINE.iter_errors(orjson.loads(orjson.dumps(e.as_line())))),
-                       None)
-        assert problem is None, f"{problem.message}: {e.as_line()}"
+    check_schemas(emits)
     finals = [e.value for e in emits if e.topic is Topic.FINAL]
     assert len(finals) == 1
     carried: list[str] = []

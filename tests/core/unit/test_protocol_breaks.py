@@ -22,6 +22,7 @@ from builders import (
     anthropic_tool,
     anthropic_tool_block,
     check_outputs,
+    check_schemas,
     committed,
     dlq,
     errors,
@@ -39,9 +40,7 @@ from builders import (
 from fixtures_lib import VERCEL, fixture, load_events
 
 from worker.core import Assembler, Emit
-from worker.schemas import validator
 
-OUTPUT_LINE = validator("output-line")
 TOOLS_A = [anthropic_tool("f", {"type": "object"})]
 TOOLS_R = [responses_tool("f", {"type": "object"})]
 DUP_START = f"{VERCEL}/anthropic/src/__fixtures__/duplicate-message-start.chunks.txt"
@@ -50,9 +49,7 @@ DUP_START = f"{VERCEL}/anthropic/src/__fixtures__/duplicate-message-start.chunks
 def run(provider: str, tools: list[Any], events: list[dict[str, Any]],
         end: bool = True) -> list[Emit]:
     emits = feed(Assembler(), run_envelopes("r1", provider, tools, events, end=end))
-    for e in emits:
-        problem = next(iter(OUTPUT_LINE.iter_errors(e.as_line())), None)
-        assert problem is None, f"{problem.message}: {e.as_line()}"
+    check_schemas(emits)
     check_outputs(emits)
     return emits
 
