@@ -405,9 +405,9 @@ class Assembler:
             detail = f"the run started more than {cap} calls; the whole run was ended"
             return self._finish(run, RunStatus.FAILED, Reason.TOO_MANY_TOOL_CALLS, detail)
         run.calls[item.key] = call
-        if run.broken is not None:  # its one outcome, now: nothing of the stream is trusted
+        if run.broken is not None:  # nothing of the stream is trusted (outcome at the end)
             call.fail(Reason.PROTOCOL_ERROR, f"started after the stream broke: {run.broken}")
-            return run.out.outcomes([call], run.calls.values())
+            return []
         if run.in_flight() > limit:
             call.fail(Reason.TOO_MANY_TOOL_CALLS, f"at most {limit} calls may be assembled at once")
         return []
@@ -498,18 +498,18 @@ class Assembler:
 
     def _break(self, run: Run, detail: str) -> list[Emit]:
         """The stream broke its protocol: every call not yet decided fails
-        ``protocol_error`` now; later call starts fail at once (``_open``); the run ends
-        ``failed`` (``_finish``). A second break changes nothing."""
+        ``protocol_error`` now (its text stays for the final message, as after any failed
+        check), later call starts fail at once (``_open``), and the run ends ``failed``
+        (``_finish``), which emits the outcomes, in provider order like every run's. A second
+        break changes nothing."""
         if run.broken is not None:
             return []
         run.broken = detail
         self.stats["protocol_errors"] += 1
-        failed = []
-        for call in sorted(run.calls.values(), key=Call.sort_key):
-            if call.state is _OPEN or call.state is _COMPLETE:  # its text stays for the
-                call.fail(Reason.PROTOCOL_ERROR, detail)  # final message, like a latch failure
-                failed.append(call)
-        return run.out.outcomes(failed, run.calls.values())
+        for call in run.calls.values():
+            if call.state is _OPEN or call.state is _COMPLETE:
+                call.fail(Reason.PROTOCOL_ERROR, detail)
+        return []
 
     def _restated(self, run: Run, key: str, text: str) -> list[Emit]:
         """The provider restated a call's whole text at its end: a different text than the

@@ -155,16 +155,16 @@ def test_misplaced_block_event_fails_the_run(event: dict[str, Any]) -> None:
     assert finals(emits)[0]["status"] == "failed"
 
 
-def test_break_outcomes_are_emitted_at_the_break() -> None:
-    """The failed calls' error results come with the event that broke the stream, not at
-    the end: a runner learns at once."""
-    events = spliced("msg_2")
-    asm = Assembler()
-    envs = run_envelopes("r1", ANTHROPIC, TOOLS_A, events, end=False)
+def test_break_outcomes_come_at_the_run_end_in_provider_order() -> None:
+    """The break decides the calls at once, but their error results go out with the run's
+    end, in provider order (block index, then start order) like every run's outcomes: the
+    event that broke the stream emits nothing."""
+    envs = run_envelopes("r1", ANTHROPIC, TOOLS_A, spliced("msg_2"), end=False)
     cut = next(n for n, e in enumerate(envs)
                if e.get("event", {}).get("type") == "message_start" and n > 1)
-    feed(asm, envs[:cut])
-    assert outcome_ids(feed(asm, envs[cut:cut + 1])) == ["toolu_a"]
+    asm = Assembler()
+    assert feed(asm, envs[:cut + 1]) == []
+    assert outcome_ids(feed(asm, envs[cut + 1:])) == ["toolu_a", "toolu_b"]
 
 
 def test_an_event_after_the_end_changes_nothing() -> None:
