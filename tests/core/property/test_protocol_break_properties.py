@@ -21,9 +21,11 @@ any break before the end leaves the run ``failed`` with nothing committed after 
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from typing import Any
 
+import orjson
 from builders import (
     ANTHROPIC,
     CHAT,
@@ -153,3 +155,70 @@ def test_a_broken_stream_gives_each_carried_id_one_outcome(
         broke_at = next((n for n, e in enumerate(emits)
                          if e.value.get("reason") == "protocol_error"), final_at)
         assert all(e.topic is not Topic.COMMITTED for e in emits[broke_at:])
+
+
+# -- re-chunking: the same text in any fragments gives the same records -----------------------
+
+
+def cut(text: str, points: list[int]) -> list[str]:
+    """``text`` cut at ``points`` (positions, any order, repeats allowed): no fragment lost."""
+    bounds = sorted({0, len(text), *(p % (len(text) + 1) for p in points)})
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+CUSTOM = {"type": "custom", "name": "run_code"}
+
+
+def custom_run(text: str, pieces: list[str]) -> list[dict[str, Any]]:
+    item = {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_c", "name": "run_code",
+            "input": ""}
+    where = {"item_id": "ctc_1", "output_index": 0}
+    done = {**item, "input": text, "status": "completed"}
+    events = [{"type": "response.output_item.added", "output_index": 0, "item": item},
+              *({"type": "response.custom_tool_call_input.delta", **where, "delta": p}
+                for p in pieces),
+              {"type": "response.output_item.done", "output_index": 0, "item": done},
+              {"type": "response.completed", "response": {"id": "resp_1", "output": [done]}}]
+    return run_envelopes("r1", RESPONSES, [CUSTOM], events)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(max_size=80), points=st.lists(st.integers(0, 100), max_size=6))
+def test_custom_input_in_any_fragments_commits_the_same_text(text: str,
+                                                             points: list[int]) -> None:
+    """A custom tool call's input, streamed in any fragments and restated by the finished
+    item and ``response.completed``: the same records as in one piece, its ``input`` the text
+    exactly (never parsed, whatever it holds), run ``completed``."""
+    whole = feed(Assembler(), custom_run(text, [text] if text else []))
+    check_schemas(whole)
+    [call] = [e.value for e in whole if e.topic is Topic.COMMITTED]
+    assert call["input"] == text and call["kind"] == "custom"
+    chunked = feed(Assembler(), custom_run(text, cut(text, points)))
+    assert [e.as_line() for e in chunked] == [e.as_line() for e in whole]
+
+
+@settings(max_examples=150, deadline=None)
+@given(entries=st.lists(st.tuples(st.sampled_from(["functions.f", "functions.g", "f", 7]),
+                                  st.sampled_from([{}, {"k": 1}, {"k": "x"}, [1], None])),
+                        min_size=1, max_size=4),
+       points=st.lists(st.integers(0, 400), max_size=6))
+def test_parallel_wrapper_in_any_fragments_gives_the_same_calls(
+        entries: list[tuple[Any, Any]], points: list[int]) -> None:
+    """A chat ``multi_tool_use.parallel`` wrapper whose text streams in any fragments: the
+    same records as in one piece, one outcome per entry, ids ``call_w#<n>``."""
+    text = orjson.dumps({"tool_uses": [{"recipient_name": r, "parameters": p}
+                                       for r, p in entries]}).decode()
+    tools = tools_for(CHAT, {"f": {"type": "object"},
+                             "g": {"type": "object", "required": ["k"]}})
+
+    def chunks(pieces: list[str]) -> list[dict[str, Any]]:
+        first = chat_chunk([chat_tool_delta(0, "call_w", "multi_tool_use.parallel", "")])
+        rest = [chat_chunk([chat_tool_delta(0, arguments=p)]) for p in pieces]
+        return run_envelopes("r1", CHAT, tools,
+                             [first, *rest, chat_chunk(finish_reason="tool_calls")])
+
+    whole = feed(Assembler(), chunks([text]))
+    check_schemas(whole)
+    assert outcome_ids(whole) == [f"call_w#{n}" for n in range(len(entries))]
+    chunked = feed(Assembler(), chunks(cut(text, points)))
+    assert [e.as_line() for e in chunked] == [e.as_line() for e in whole]
