@@ -227,6 +227,16 @@ class CallView:
     parent: str | None = None
 
 
+def unwrapped_calls(calls: Sequence[CallView]) -> dict[str, list[CallView]]:
+    """The calls unwrapped from each parallel wrapper, by the wrapper's key, in order: what a
+    final message shows in the wrapper's place."""
+    found: dict[str, list[CallView]] = {}
+    for view in calls:
+        if view.parent is not None:
+            found.setdefault(view.parent, []).append(view)
+    return found
+
+
 class Adapter:
     """Per-run provider state: reads events, writes the final message. One subclass per
     provider (a base class rather than a ``Protocol``: compiled, ``feed`` is then a direct

@@ -194,10 +194,7 @@ class OpenAIChat(op.Adapter):
 
     def final(self, calls: Sequence[op.CallView]) -> op.FinalMessage:
         by_key = {c.key: c for c in calls}
-        children: dict[str, list[op.CallView]] = {}
-        for view in calls:
-            if view.parent is not None:
-                children.setdefault(view.parent, []).append(view)
+        children = op.unwrapped_calls(calls)
         messages: list[dict[str, Any]] = []
         for ci in sorted(self._choices) or [0]:
             choice = self._choices.get(ci, _Choice())

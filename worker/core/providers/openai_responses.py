@@ -266,10 +266,7 @@ class OpenAIResponses(op.Adapter):
     def final(self, calls: Sequence[op.CallView]) -> op.FinalMessage:
         by_key = {c.key: c for c in calls}
         output = []
-        children: dict[str, list[op.CallView]] = {}
-        for view in calls:
-            if view.parent is not None:
-                children.setdefault(view.parent, []).append(view)
+        children = op.unwrapped_calls(calls)
         for index, item in sorted(self._items.items()):
             item = dict(item)  # a key or two is set below; the rest is the event's own
             call = by_key.get(str(index))
