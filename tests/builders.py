@@ -644,3 +644,15 @@ def check_outputs(emits: Sequence[Emit]) -> None:
             for (run_id, call_id), kind in seen.items():
                 if run_id == v["run_id"] and kind == "committed":
                     assert (call_id, "committed") in states
+
+
+def check_schemas(emits: Iterable[Emit]) -> None:
+    """Assert that every emitted record, as its ``latch assemble`` line, fits
+    ``schemas/output-line.schema.json`` (which references each topic's schema)."""
+    from worker.runtime.schemas import validator
+
+    output_line = validator("output-line")
+    for e in emits:
+        line = orjson.loads(orjson.dumps(e.as_line()))
+        problem = next(iter(output_line.iter_errors(line)), None)
+        assert problem is None, f"{problem.message} at {list(problem.absolute_path)}"

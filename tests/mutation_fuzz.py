@@ -336,9 +336,12 @@ class SpyAssembler(Assembler):
         self.started: set[str] = set()
 
     def _open(self, run: Any, item: Any) -> list[Emit]:
-        if item.key not in run.calls:
-            self.opened[run.start.run_id] += 1
-        return super()._open(run, item)
+        # Counted by what the run holds after: a start the assembler reads as no new call
+        # (an id it holds already, after a protocol break) opens none.
+        before = len(run.calls)
+        emits = super()._open(run, item)
+        self.opened[run.start.run_id] += len(run.calls) - before
+        return emits
 
     def _start(self, start: Any, run: Any, now_ms: int, raw: Any) -> list[Emit]:
         emits = super()._start(start, run, now_ms, raw)

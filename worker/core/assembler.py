@@ -49,9 +49,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from orjson import JSONDecodeError
+from orjson import dumps as _dumps
 from orjson import loads as _loads
 
 from worker.core import ops as op
+from worker.core import strictjson
 from worker.core._mypyc import mypyc_attr
 from worker.core.envelope import (
     Cancel,
@@ -74,6 +76,12 @@ from worker.core.settings import AssembleSettings
 from worker.core.tools import SHARED_VALIDATORS, ValidatorCache, client_tools
 
 _OPEN = CallState.OPEN
+_COMPLETE = CallState.ARGS_COMPLETE
+#: Between a parallel wrapper's call id and an entry's position in the ids of the calls it is
+#: unwrapped into (``call_abc`` -> ``call_abc#0``, ``call_abc#1``; README, "The parallel
+#: wrapper"). OpenAI's call ids are ``call_`` and letters and digits, never ``#``; an id that
+#: equals a derived one anyway is shared by two calls, and both fail ``duplicate_call_id``.
+WRAPPED_ID_SEPARATOR = "#"
 #: What ``feed_record`` reads a record that is not a JSON object as (never changed).
 _NOT_AN_OBJECT: dict[str, Any] = {}
 
@@ -102,8 +110,8 @@ def _order_key(value: Any) -> bool:
 class Run:
     """The state of one open run."""
 
-    __slots__ = ("adapter", "calls", "key", "last_ms", "last_seq", "latch", "nbytes", "out",
-                 "run_id", "start", "truncated")
+    __slots__ = ("adapter", "broken", "calls", "key", "last_ms", "last_seq", "latch", "nbytes",
+                 "out", "run_id", "start", "truncated")
 
     def __init__(self, start: RunStart, adapter: op.Adapter, latch: Latch, now_ms: int) -> None:
         self.start = start
@@ -119,6 +127,8 @@ class Run:
         self.truncated: set[int | None] = set()
         #: Argument bytes this run's calls hold (its share of ``Assembler.buffered_bytes``).
         self.nbytes = 0
+        #: How the stream broke its protocol, once it did (see ``Assembler._break``).
+        self.broken: str | None = None
 
     def in_flight(self) -> int:
         return sum(1 for c in self.calls.values() if c.state is CallState.OPEN)
@@ -338,6 +348,8 @@ class Assembler:
         return self._reject(reject, key, value, source)
 
     def _stream_end(self, run: Run) -> list[Emit]:
+        if run.broken is not None:
+            return self._finish(run, RunStatus.FAILED, Reason.PROTOCOL_ERROR, run.broken)
         emits: list[Emit] = []
         for item in run.adapter.end():  # a stop reason decided at the stream's end
             emits += self._apply(run, item)
@@ -371,16 +383,26 @@ class Assembler:
                 run.truncated.add(choice)
                 return []
             case op.Complete():
+                if run.broken is not None:
+                    return self._finish(run, RunStatus.FAILED, Reason.PROTOCOL_ERROR, run.broken)
                 status = RunStatus.TRUNCATED if run.truncated else RunStatus.COMPLETED
                 return self._finish(run, status, None, "")
             case op.UpstreamError(detail, reason):
                 return self._finish(run, RunStatus.FAILED, reason, detail)
+            case op.ProtocolError(detail):
+                return self._break(run, detail)
+            case op.Restated(key, text):
+                return self._restated(run, key, text)
         raise AssertionError(f"unhandled op {item!r}")  # pragma: no cover
 
     def _open(self, run: Run, item: op.OpenCall) -> list[Emit]:
         if item.key in run.calls:
             return self._apply(run, op.Identify(item.key, item.call_id, item.name))
-        call = Call(item.key, item.index, item.choice, len(run.calls), item.call_id, item.name)
+        if run.broken is not None and item.call_id is not None and any(
+                c.call_id == item.call_id for c in run.calls.values()):
+            return []  # after a break, an id the run holds already has its one outcome
+        call = Call(item.key, item.index, item.choice, len(run.calls), item.call_id, item.name,
+                    item.kind, item.tool)
         limit = self.settings.max_tool_calls_in_flight_assemble
         cap = CALLS_PER_RUN_FACTOR * limit
         if len(run.calls) >= cap:  # a flood of call starts: end the run (module docstring)
@@ -388,9 +410,12 @@ class Assembler:
             self.stats["runs_ended_too_many_calls"] += 1
             detail = f"the run started more than {cap} calls; the whole run was ended"
             return self._finish(run, RunStatus.FAILED, Reason.TOO_MANY_TOOL_CALLS, detail)
-        if run.in_flight() >= limit:
-            call.fail(Reason.TOO_MANY_TOOL_CALLS, f"at most {limit} calls may be assembled at once")
         run.calls[item.key] = call
+        if run.broken is not None:  # nothing of the stream is trusted (outcome at the end)
+            call.fail(Reason.PROTOCOL_ERROR, f"started after the stream broke: {run.broken}")
+            return []
+        if run.in_flight() > limit:
+            call.fail(Reason.TOO_MANY_TOOL_CALLS, f"at most {limit} calls may be assembled at once")
         return []
 
     def _args(self, run: Run, key: str, text: str, replace: bool) -> list[Emit]:
@@ -430,10 +455,84 @@ class Assembler:
         if call is None or call.state is not CallState.OPEN:
             return []
         call.move(CallState.ARGS_COMPLETE)
-        if not (self.settings.execute_before_stream_end and call.name in self._pipelined):
+        ready = self._unwrap(run, call) or [call]
+        if not self.settings.execute_before_stream_end:
             return []
-        self._decide(run, call)
-        return run.out.outcomes([call], run.calls.values())
+        ready = [c for c in ready if c.name in self._pipelined and c.state is _COMPLETE]
+        for each in ready:
+            self._decide(run, each)
+        return run.out.outcomes(ready, run.calls.values()) if ready else []
+
+    # -- the parallel wrapper (README, "The parallel wrapper") --------------------------
+
+    def _unwrap(self, run: Run, call: Call) -> list[Call] | None:
+        """Replace an ``ARGS_COMPLETE`` ``multi_tool_use.parallel`` wrapper by one
+        ``ARGS_COMPLETE`` call per ``tool_uses[]`` entry and return those; None (and nothing
+        changed) when ``call`` is not such a wrapper: another kind or name, a name the run
+        registered, no id, or a text that is not a strict JSON object whose ``tool_uses`` is a
+        non-empty array. A wrapper with more entries than the run may still hold calls fails
+        ``too_many_tool_calls`` instead (and returns [])."""
+        if (call.kind != op.FUNCTION or call.name not in run.adapter.wrapper_names
+                or call.name in run.latch.tools or not call.call_id):
+            return None
+        text = "".join(call.parts)
+        value = strictjson.parse(text)
+        uses = value.get("tool_uses") if isinstance(value, dict) else None
+        if not isinstance(uses, list) or not uses:
+            return None
+        room = CALLS_PER_RUN_FACTOR * self.settings.max_tool_calls_in_flight_assemble
+        if len(run.calls) + len(uses) > room:
+            call.fail(Reason.TOO_MANY_TOOL_CALLS, f"the parallel wrapper holds {len(uses)} "
+                      f"calls; the run may hold at most {room}")
+            return []
+        call.text, call.parts = text, []
+        call.move(CallState.UNWRAPPED)
+        children = []
+        for n, use in enumerate(uses):
+            name, arguments = _tool_use(use)
+            child = Call(f"{call.key}/{n}", call.index, call.choice, len(run.calls),
+                         f"{call.call_id}{WRAPPED_ID_SEPARATOR}{n}", name)
+            child.parent = call.key
+            child.parts.append(arguments)
+            child.move(CallState.ARGS_COMPLETE)
+            run.calls[child.key] = child
+            children.append(child)
+        self.stats["parallel_wrappers_unwrapped"] += 1
+        return children
+
+    # -- protocol breaks (README, "Protocol breaks") ---------------------------------------
+
+    def _break(self, run: Run, detail: str) -> list[Emit]:
+        """The stream broke its protocol: every call not yet decided fails
+        ``protocol_error`` now (its text stays for the final message, as after any failed
+        check), later call starts fail at once (``_open``), and the run ends ``failed``
+        (``_finish``), which emits the outcomes, in provider order like every run's. A second
+        break changes nothing."""
+        if run.broken is not None:
+            return []
+        run.broken = detail
+        self.stats["protocol_errors"] += 1
+        for call in run.calls.values():
+            if call.state is _OPEN or call.state is _COMPLETE:
+                call.fail(Reason.PROTOCOL_ERROR, detail)
+        return []
+
+    def _restated(self, run: Run, key: str, text: str) -> list[Emit]:
+        """The provider restated a call's whole text at its end: a different text than the
+        one streamed (and decided on) is a protocol break."""
+        call = run.calls.get(key)
+        if call is None:
+            return []
+        if call.text is not None:  # decided (or unwrapped): the text it was decided on
+            held = call.text
+        elif call.state is _OPEN or call.state is _COMPLETE:
+            held = "".join(call.parts)
+        else:  # failed before it was decided (oversize, too many...): no text was kept
+            return []
+        if held == text:
+            return []
+        return self._break(run, "the terminal event restates a call with another text than "
+                                "the one streamed")
 
     # -- the end of a run -------------------------------------------------------------
 
@@ -445,10 +544,13 @@ class Assembler:
     def _finish(self, run: Run, status: RunStatus, reason: Reason | None,
                 detail: str) -> list[Emit]:
         """End the run: every call gets its outcome, then the final message."""
+        if reason is None:
+            for call in list(run.calls.values()):
+                if call.state is CallState.OPEN:
+                    call.move(CallState.ARGS_COMPLETE)
+                    self._unwrap(run, call)
         calls = sorted(run.calls.values(), key=Call.sort_key)
         for call in calls:
-            if call.state is CallState.OPEN and reason is None:
-                call.move(CallState.ARGS_COMPLETE)
             if call.state is CallState.ARGS_COMPLETE and reason is None:
                 self._decide(run, call)
             elif call.state in (CallState.OPEN, CallState.ARGS_COMPLETE):
@@ -505,3 +607,19 @@ class Assembler:
                 source: dict[str, Any] | None) -> Emit:
         self.stats[f"dlq_{rejected.reason}"] += 1
         return dlq_record(rejected, key, value, source)
+
+
+def _tool_use(use: Any) -> tuple[str | None, str]:
+    """The name and argument text of one ``tool_uses[]`` entry: ``recipient_name`` without
+    its ``functions.`` namespace (None when it is not a non-empty string, so the call fails
+    ``missing_id_or_name``), and ``parameters`` written back as JSON (empty when absent, which
+    the latch reads as ``{}``)."""
+    if not isinstance(use, dict):
+        return None, ""
+    recipient = use.get("recipient_name")
+    name = None
+    if isinstance(recipient, str):
+        name = recipient.removeprefix("functions.") or None
+    parameters = use.get("parameters")
+    arguments = "" if "parameters" not in use else _dumps(parameters).decode()
+    return name, arguments

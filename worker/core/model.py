@@ -17,6 +17,10 @@ three terminal states:
 * ``FAILED``: a rule broke (a :class:`Reason` other than ``cancelled``).
 * ``CANCELLED``: a cancel marker reached the run first.
 
+One more terminal state has no outcome of its own: ``UNWRAPPED``, a ``multi_tool_use.parallel``
+wrapper whose text was read as ``tool_uses[]`` and replaced by one ``ARGS_COMPLETE`` call per
+entry (README, "The parallel wrapper"); those calls get the outcomes, the wrapper none.
+
 A call may also fail or be cancelled while still ``OPEN`` (oversize text, too many calls in
 flight, a stream error, a cancel). Terminal states have no way out: whatever arrives for a
 terminal call changes nothing, which is what makes a re-delivered or late event harmless.
@@ -40,18 +44,20 @@ class CallState(StrEnum):
     COMMITTED = "committed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    UNWRAPPED = "unwrapped"
 
 
 TERMINAL: frozenset[CallState] = frozenset(
-    {CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED}
+    {CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED, CallState.UNWRAPPED}
 )
 
 TRANSITIONS: dict[CallState, frozenset[CallState]] = {
     CallState.OPEN: frozenset({CallState.ARGS_COMPLETE, CallState.FAILED, CallState.CANCELLED}),
     CallState.ARGS_COMPLETE: frozenset(
-        {CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED}
+        {CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED, CallState.UNWRAPPED}
     ),
     CallState.COMMITTED: frozenset(),
+    CallState.UNWRAPPED: frozenset(),
     CallState.FAILED: frozenset(),
     CallState.CANCELLED: frozenset(),
 }
@@ -93,6 +99,10 @@ class Reason(StrEnum):
     #: ``malformed_tool_use``, ``malformed_model_output``; Gemini ``MALFORMED_FUNCTION_CALL``,
     #: ``UNEXPECTED_TOOL_CALL``, ``MALFORMED_RESPONSE``).
     MALFORMED_OUTPUT = "malformed_output"
+    #: The provider stream broke its own protocol (a second message spliced in, a block
+    #: started twice, a delta or stop for a block never started, a terminal event whose
+    #: output contradicts the streamed calls): nothing of the run is trusted any more.
+    PROTOCOL_ERROR = "protocol_error"
 
 
 class DlqReason(StrEnum):

@@ -9,7 +9,9 @@ the adapter makes unique within the run:
 * chat: ``"<choice>.<tool index>"``, and ``"<choice>.<tool index>#<n>"`` when a new id
   reuses an index (contract rule 2);
 * Anthropic: ``"<content block index>"``;
-* Responses: ``"<output_index>"``.
+* Responses: ``"<output_index>"``;
+* a call started after a protocol break: ``"!<n>"`` (:meth:`Adapter.late_key`);
+* a call unwrapped from the parallel wrapper at key ``k``: ``"k/<position>"`` (the assembler).
 """
 
 from __future__ import annotations
@@ -31,19 +33,32 @@ T = TypeVar("T")
 # once compiled (bench/bench_core.py, and "Compiled" in the README).
 
 
-class OpenCall:
-    """A call starts at ``key``; ``index`` is the provider's order key."""
+#: The kinds of client call (``OpenCall.kind``). A ``function`` call's text is JSON arguments
+#: checked against the tool's schema; a ``custom`` call's text is free-form input, committed as
+#: text; the Responses items a client must answer (``computer_call``, ``local_shell_call``,
+#: ``mcp_approval_request``) carry their item's own fields as a JSON object.
+FUNCTION = "function"
+CUSTOM = "custom"
+CALL_KINDS = (FUNCTION, CUSTOM, "computer_call", "local_shell_call", "mcp_approval_request")
 
-    __slots__ = ("call_id", "choice", "index", "key", "name")
+
+class OpenCall:
+    """A call starts at ``key``; ``index`` is the provider's order key. ``tool`` is the key
+    the run's tools register it under (``tools.client_tools``), when that is not ``name``."""
+
+    __slots__ = ("call_id", "choice", "index", "key", "kind", "name", "tool")
     __match_args__ = ("key", "index", "choice", "call_id", "name")
 
     def __init__(self, key: str, index: int, choice: int | None = None,
-                 call_id: str | None = None, name: str | None = None) -> None:
+                 call_id: str | None = None, name: str | None = None,
+                 kind: str = FUNCTION, tool: str | None = None) -> None:
         self.key: Final = key
         self.index: Final = index
         self.choice: Final = choice
         self.call_id: Final = call_id
         self.name: Final = name
+        self.kind: Final = kind
+        self.tool: Final = tool
 
     def __repr__(self) -> str:
         return f"OpenCall({self.key!r}, {self.index!r}, {self.choice!r})"
@@ -150,6 +165,37 @@ def broken(detail: str) -> list[Op]:
     return [UpstreamError(f"the stream broke its protocol: {detail}", Reason.STREAM_ERROR)]
 
 
+class ProtocolError:
+    """The stream broke its provider's protocol (``detail`` says how, quoting no provider
+    text): every call not yet decided fails ``protocol_error``, every call started later fails
+    at its start, and the run ends ``failed`` at its end (see "Protocol breaks" in the README)."""
+
+    __slots__ = ("detail",)
+    __match_args__ = ("detail",)
+
+    def __init__(self, detail: str) -> None:
+        self.detail: Final = detail
+
+    def __repr__(self) -> str:
+        return f"ProtocolError({self.detail!r})"
+
+
+class Restated:
+    """The provider's terminal event restates the whole text of the call at ``key``
+    (Responses ``response.completed``): a text that differs from the streamed one is a
+    protocol break. Never the source of the call's text."""
+
+    __slots__ = ("key", "text")
+    __match_args__ = ("key", "text")
+
+    def __init__(self, key: str, text: str) -> None:
+        self.key: Final = key
+        self.text: Final = text
+
+    def __repr__(self) -> str:  # never the text
+        return f"Restated({self.key!r}, <{len(self.text)} characters>)"
+
+
 class EventRefused(ValueError):
     """A provider event an adapter refuses (it goes to the DLQ as ``invalid_envelope``); the
     message names the problem and quotes no provider text."""
@@ -175,7 +221,8 @@ def is_index(value: Any) -> bool:
 #: What ``Adapter.final`` returns: the message, and per-choice messages when n > 1.
 FinalMessage = tuple[dict[str, Any], list[dict[str, Any]] | None]
 
-Op = OpenCall | Identify | AppendArgs | SetArgs | CloseCall | Truncated | Complete | UpstreamError
+Op = (OpenCall | Identify | AppendArgs | SetArgs | CloseCall | Truncated | Complete
+      | UpstreamError | ProtocolError | Restated)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +235,19 @@ class CallView:
     text: str | None
     arguments: Any
     parsed: bool
+    #: The buffer key of the ``multi_tool_use.parallel`` wrapper this call was unwrapped
+    #: from, else None (the wrapper itself is never shown to an adapter).
+    parent: str | None = None
+
+
+def unwrapped_calls(calls: Sequence[CallView]) -> dict[str, list[CallView]]:
+    """The calls unwrapped from each parallel wrapper, by the wrapper's key, in order: what a
+    final message shows in the wrapper's place."""
+    found: dict[str, list[CallView]] = {}
+    for view in calls:
+        if view.parent is not None:
+            found.setdefault(view.parent, []).append(view)
+    return found
 
 
 class Adapter:
@@ -198,6 +258,27 @@ class Adapter:
     #: Whether ``stream.end`` alone completes the message (chat), or the provider's own
     #: terminal event must have arrived first (Anthropic, Responses).
     completes_on_stream_end: ClassVar[bool] = False
+    #: Names of the ``multi_tool_use.parallel`` wrapper that the assembler unwraps into one
+    #: call per ``tool_uses[]`` entry when the run registered no tool of that name.
+    wrapper_names: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self) -> None:
+        #: Whether the stream broke its protocol (the adapter said :class:`ProtocolError`).
+        self.broken = False
+        self._late = 0
+
+    def protocol_error(self, detail: str) -> ProtocolError:
+        """Mark the stream broken and say so; from now on the adapter keeps no content and
+        opens each call it still sees under its own :meth:`late_key`."""
+        self.broken = True
+        return ProtocolError(detail)
+
+    def late_key(self) -> str:
+        """A buffer key for a call seen after a protocol break: ``"!<n>"``, which no adapter's
+        own keys (digits, ``.``, ``#``, ``/``) can equal, so each such call id keeps its own
+        call and its own outcome."""
+        self._late += 1
+        return f"!{self._late}"
 
     def feed(self, event: dict[str, Any]) -> list[Op]:
         """Read one raw provider event; may raise on a malformed one (the caller contains it).

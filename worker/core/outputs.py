@@ -16,7 +16,7 @@ from typing import Any
 
 from worker.core.envelope import Rejected, RunStart
 from worker.core.model import CallState, Emit, Reason, RunStatus, Topic
-from worker.core.ops import Adapter, CallView
+from worker.core.ops import CUSTOM, FUNCTION, Adapter, CallView
 from worker.core.run import Call
 
 
@@ -48,15 +48,22 @@ class Outputs:
         return emits
 
     def _where(self, call: Call) -> dict[str, Any]:
+        """``index`` and ``choice``, then ``kind`` for a call that is not a function call
+        (absent for those, so that their records stay as they were before kinds existed)."""
         where: dict[str, Any] = {"index": call.index}
         if call.choice is not None:
             where["choice"] = call.choice
+        if call.kind != FUNCTION:
+            where["kind"] = call.kind
         return where
 
     def _committed(self, call: Call) -> Emit:
-        value = {**self._head, "call_id": call.call_id, "name": call.name, **self._where(call),
-                 "arguments": call.arguments,
-                 "idempotency_key": f"{self._run_id}:{call.call_id}"}
+        value = {**self._head, "call_id": call.call_id, "name": call.name, **self._where(call)}
+        if call.kind == CUSTOM:  # free-form input, as the provider sent it
+            value["input"] = call.text
+        else:
+            value["arguments"] = call.arguments
+        value["idempotency_key"] = f"{self._run_id}:{call.call_id}"
         return Emit(Topic.COMMITTED, self._run_id, value)
 
     def _error(self, call: Call, shared: bool) -> Emit:
@@ -75,9 +82,10 @@ class Outputs:
 
     def final(self, adapter: Adapter, calls: Sequence[Call], status: RunStatus) -> Emit:
         """The run's canonical assistant message and each call's outcome."""
+        calls = [c for c in calls if c.state is not CallState.UNWRAPPED]
         views = [CallView(c.key, c.tool_call_id, c.name or "unknown",
                           c.text if c.text is not None else "".join(c.parts),
-                          c.arguments, c.parsed) for c in calls]
+                          c.arguments, c.parsed, c.parent) for c in calls]
         message, choices = adapter.final(views)
         value: dict[str, Any] = {**self._head, "status": str(status), "message": message}
         if choices is not None:

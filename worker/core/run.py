@@ -13,6 +13,12 @@ these hold, checked in this order, the first failure naming the reason:
 7. the value is valid against the tool's JSON Schema (``schema_invalid``);
 8. the run's call budget has room (``budget_exceeded``, rule 7, counted at enqueue).
 
+A call's ``kind`` (``ops.CALL_KINDS``) says what its text is. ``function`` calls take every
+step. A ``custom`` call (Responses ``custom_tool_call``) takes 1 to 4 against the custom tools
+the run registered, then 8: its text is free-form input, committed as text, never parsed (a
+``grammar`` format is not enforced). The Responses items a client answers take every step
+against the tool of their type (``tools.client_tools``), whose schema is empty.
+
 Limits that can be known earlier fail the call earlier, while its text streams in:
 ``arguments_exceed_max_bytes`` (the buffer is dropped at once) and ``too_many_tool_calls``
 (a placeholder that keeps the call's place so that it still gets its one outcome).
@@ -25,6 +31,7 @@ from typing import Any
 
 from worker.core import strictjson
 from worker.core.model import CallState, Reason, check_transition
+from worker.core.ops import CUSTOM, FUNCTION
 from worker.core.settings import AssembleSettings
 from worker.core.tools import SchemaCheck
 
@@ -36,17 +43,25 @@ class Call:
     state, rather than a dataclass: compiled, a dataclass is still built by the interpreter.)
     """
 
-    __slots__ = ("arguments", "call_id", "choice", "detail", "emitted", "index", "key", "name",
-                 "nbytes", "order", "parsed", "parts", "reason", "state", "text")
+    __slots__ = ("arguments", "call_id", "choice", "detail", "emitted", "index", "key", "kind",
+                 "name", "nbytes", "order", "parent", "parsed", "parts", "reason", "state",
+                 "text", "tool")
 
     def __init__(self, key: str, index: int, choice: int | None, order: int,
-                 call_id: str | None = None, name: str | None = None) -> None:
+                 call_id: str | None = None, name: str | None = None,
+                 kind: str = FUNCTION, tool: str | None = None) -> None:
         self.key = key
         self.index = index
         self.choice = choice
         self.order = order
         self.call_id = call_id
         self.name = name
+        #: What its text is (``ops.CALL_KINDS``), and the key its tool is registered under
+        #: when that is not its name.
+        self.kind = kind
+        self.tool = tool
+        #: The buffer key of the parallel wrapper it was unwrapped from, else None.
+        self.parent: str | None = None
         self.parts: list[str] = []
         #: UTF-8 bytes of ``parts``.
         self.nbytes = 0
@@ -123,10 +138,19 @@ class Latch:
             return Reason.MISSING_ID_OR_NAME, f"the provider sent no {missing} for this call"
         if duplicate:
             return Reason.DUPLICATE_CALL_ID, "another call of this run has the same id"
-        check = self.tools.get(call.name)
+        check = self.tools.get(call.name if call.tool is None else call.tool)
         if check is None:
-            return Reason.UNKNOWN_TOOL, "the tool name is not among the run's tools"
+            if call.kind == FUNCTION:
+                return Reason.UNKNOWN_TOOL, "the tool name is not among the run's tools"
+            return Reason.UNKNOWN_TOOL, f"the run registered no tool for this {call.kind} call"
+        if call.kind == CUSTOM:  # free-form input: committed as text, never parsed
+            return self._check_budget()
         return self._check_value(call, text, check)
+
+    def _check_budget(self) -> tuple[Reason, str] | None:
+        if self.committed >= self.budget:
+            return Reason.BUDGET_EXCEEDED, f"the run may commit at most {self.budget} calls"
+        return None
 
     def _check_value(self, call: Call, text: str, check: SchemaCheck) -> tuple[Reason, str] | None:
         value = self.parse(text) if text.strip() else {}
@@ -138,9 +162,7 @@ class Latch:
         problem = check.errors(value)
         if problem is not None:
             return Reason.SCHEMA_INVALID, problem
-        if self.committed >= self.budget:
-            return Reason.BUDGET_EXCEEDED, f"the run may commit at most {self.budget} calls"
-        return None
+        return self._check_budget()
 
 
 def _json_type(value: Any) -> str:

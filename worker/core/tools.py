@@ -5,7 +5,13 @@ A gateway sends the model a tool list; the same list arrives on ``run.start``. O
 
 * ``openai.chat``: ``{"type": "function", "function": {"name", "parameters"}}``.
 * ``openai.responses``: ``{"type": "function", "name", "parameters"}``; built-in tools such
-  as ``web_search`` run at OpenAI and are not registered.
+  as ``web_search`` run at OpenAI and are not registered. The tools whose items a client
+  answers register under a key of their kind (see :func:`responses_tool_key`), never a bare
+  name: ``{"type": "custom", "name", "format"?}`` as ``custom:<name>`` (the format, text or
+  grammar, is not enforced), ``computer_use_preview`` / ``computer`` as ``computer_call:``,
+  ``local_shell`` as ``local_shell_call:``, and ``{"type": "mcp", "server_label"}`` as
+  ``mcp_approval_request:<server_label>``, all with the empty schema
+  (``docs/decisions/0004-responses-client-items.md``).
 * ``anthropic.messages``: ``{"name", "input_schema"}`` with no ``type`` or
   ``"type": "custom"``, and Anthropic-defined client tools with a dated ``type``
   (``bash_20250124``, ``text_editor_...``, ``computer_...``, ``memory_...``: the client
@@ -188,8 +194,10 @@ def _client_tool(provider: str, tool: Mapping[str, Any]) -> tuple[str, Any] | No
             return None
         name, schema = fn.get("name"), fn.get("parameters", {})
     elif provider == "openai.responses":
-        if tool.get("type") != "function":
-            return None
+        kind = tool.get("type")
+        if kind != "function":
+            key = _responses_other_tool(kind, tool)
+            return None if key is None else (key, {})
         name, schema = tool.get("name"), tool.get("parameters", {})
     elif provider == "google.gemini":
         name = tool.get("name")
@@ -288,3 +296,27 @@ def openapi_schema(schema: Any) -> Any:
         if "enum" in out and None not in out["enum"]:
             out["enum"].append(None)
     return out
+#: Responses tool types whose items a client answers, and the item type each one answers.
+RESPONSES_CLIENT_TOOLS = {"computer_use_preview": "computer_call", "computer": "computer_call",
+                          "local_shell": "local_shell_call"}
+
+
+def responses_tool_key(kind: str, detail: str = "") -> str:
+    """The key a Responses tool of item kind ``kind`` registers under: ``custom:<name>``,
+    ``mcp_approval_request:<server_label>``, ``computer_call:``, ``local_shell_call:``. The
+    ``:`` keeps these apart from function names, which OpenAI allows only letters, digits,
+    ``_`` and ``-`` (a function named ``computer_call`` registers no computer use)."""
+    return f"{kind}:{detail}"
+
+
+def _responses_other_tool(kind: Any, tool: Mapping[str, Any]) -> str | None:
+    if kind == "custom":
+        name = tool.get("name")
+        return responses_tool_key("custom", name) if isinstance(name, str) and name else None
+    if kind == "mcp":
+        label = tool.get("server_label")
+        if isinstance(label, str) and label:
+            return responses_tool_key("mcp_approval_request", label)
+        return None
+    item = RESPONSES_CLIENT_TOOLS.get(kind) if isinstance(kind, str) else None
+    return None if item is None else responses_tool_key(item)

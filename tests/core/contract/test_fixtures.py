@@ -86,6 +86,8 @@ ANTHROPIC_DUP_START = f"{VERCEL}/anthropic/src/__fixtures__/duplicate-message-st
 ANTHROPIC_REDACTED = (
     f"{PYDANTIC}/test_anthropic/test_anthropic_model_thinking_part_redacted_stream.yaml")
 
+RESPONSES_PARALLEL_19067 = (
+    f"{VERCEL}/openai/src/responses/__fixtures__/issue-19067-parallel-tool-call-wrapper.chunks.txt")
 RESPONSES_ID_ROTATION = (
     f"{VERCEL}/openai/src/responses/__fixtures__/github-copilot-id-rotation.1.chunks.txt")
 RESPONSES_FOUR = (
@@ -1032,24 +1034,66 @@ PARALLEL_ARGS = ('{"tool_uses":[{"recipient_name":"functions.weather","parameter
                  '"parameters":{"city":"Rome"}}]}')
 
 
-def test_responses_parallel_wrapper_is_an_unknown_tool() -> None:
+def test_responses_parallel_wrapper_is_unwrapped() -> None:
     """vercel-ai parallel-tool-call-wrapper (repaired, see ``_parallel_events_repaired``): the
     model's ``multi_tool_use.parallel`` wrapper arrives as a function call named
-    ``parallel``. Latch does not unwrap it (documented in
-    ``worker/core/providers/openai_responses.py``): with ``weather`` and ``cityAttractions``
-    registered, the wrapper fails ``unknown_tool`` and neither inner call runs."""
+    ``parallel``, which the run did not register. Latch unwraps it (README, "The parallel
+    wrapper"): ``functions.weather`` and ``functions.cityAttractions`` become two calls with
+    ids ``call_parallel#0`` and ``call_parallel#1``, each checked on its own and committed. The
+    ``response.completed`` output is empty: the streamed items stay the final message
+    (decision 0005), the wrapper's item replaced by the two calls' items (no item id)."""
     tools = [responses_tool("weather", LOCATION),
              responses_tool("cityAttractions", CITY_ONLY)]
     lines = run_events("openai.responses", _parallel_events_repaired(), tools)
     check_run("openai.responses", lines)
-    assert summary(lines) == [("error", "call_parallel", "parallel", 0, "unknown_tool")]
+    assert summary(lines) == [
+        ("committed", "call_parallel#0", "weather", 0, {"location": "San Francisco"}),
+        ("committed", "call_parallel#1", "cityAttractions", 0, {"city": "Rome"})]
     final = only_final(lines)
     assert final["status"] == "completed"
     assert final["message"]["id"] == "resp_parallel"
     assert final["message"]["output"] == [
-        {"type": "function_call", "id": "fc_parallel", "call_id": "call_parallel",
-         "name": "parallel", "arguments": PARALLEL_ARGS, "status": "completed"}]
-    assert "San Francisco" not in errors(lines)[0]["content"]
+        {"type": "function_call", "call_id": "call_parallel#0", "name": "weather",
+         "arguments": '{"location":"San Francisco"}', "status": "completed"},
+        {"type": "function_call", "call_id": "call_parallel#1", "name": "cityAttractions",
+         "arguments": '{"city":"Rome"}', "status": "completed"}]
+
+
+def test_responses_parallel_wrapper_one_inner_call_unregistered() -> None:
+    """The same wrapper with only ``weather`` registered: each unwrapped call is checked on
+    its own, so ``weather`` commits and ``cityAttractions`` fails ``unknown_tool``, whose
+    error never quotes its arguments."""
+    lines = run_events("openai.responses", _parallel_events_repaired(),
+                       [responses_tool("weather", LOCATION)])
+    check_run("openai.responses", lines)
+    assert summary(lines) == [
+        ("committed", "call_parallel#0", "weather", 0, {"location": "San Francisco"}),
+        ("error", "call_parallel#1", "cityAttractions", 0, "unknown_tool")]
+    assert "Rome" not in errors(lines)[0]["content"]
+
+
+def test_responses_parallel_wrapper_registered_name_is_not_unwrapped() -> None:
+    """A run that registered a tool named ``parallel`` gets the wrapper as the call it is:
+    one call ``call_parallel`` to ``parallel`` with the whole ``tool_uses`` object."""
+    lines = run_events("openai.responses", _parallel_events_repaired(),
+                       [responses_tool("parallel", OBJ)])
+    check_run("openai.responses", lines)
+    assert summary(lines) == [("committed", "call_parallel", "parallel", 0,
+                               orjson.loads(PARALLEL_ARGS))]
+
+
+def test_responses_parallel_wrapper_issue_19067_is_unwrapped() -> None:
+    """vercel-ai issue-19067-parallel-tool-call-wrapper (well-formed JSON, the same events as
+    the older file): unwrapped into ``call_parallel#0`` (``weather``, San Francisco) and
+    ``call_parallel#1`` (``cityAttractions``, Rome), both committed; run ``completed``."""
+    tools = [responses_tool("weather", LOCATION),
+             responses_tool("cityAttractions", CITY_ONLY)]
+    lines = run_capture("openai.responses", fixture(RESPONSES_PARALLEL_19067), tools)
+    check_run("openai.responses", lines)
+    assert summary(lines) == [
+        ("committed", "call_parallel#0", "weather", 0, {"location": "San Francisco"}),
+        ("committed", "call_parallel#1", "cityAttractions", 0, {"city": "Rome"})]
+    assert only_final(lines)["status"] == "completed"
 
 
 def test_responses_parallel_wrapper_verbatim_never_completes() -> None:
@@ -1210,7 +1254,8 @@ def test_cli_assemble_split_responses_run(tmp_path: Path) -> None:
 def test_cli_assemble_dead_letters_the_malformed_parallel_lines(tmp_path: Path) -> None:
     """parallel-tool-call-wrapper as recorded has two lines that are not JSON: the CLI still
     exits 0 (the input could be read), writes each unreadable line as a DLQ record with its
-    original bytes, and, with no ``response.completed`` left, fails the call stream_error."""
+    original bytes, and, with no ``response.completed`` left, fails the two calls unwrapped
+    from the wrapper (its item was done, so it was unwrapped) ``stream_error``."""
     tools_file = tmp_path / "tools.json"
     tools_file.write_bytes(b"[]")
     path = fixture(RESPONSES_PARALLEL)
@@ -1223,4 +1268,5 @@ def test_cli_assemble_dead_letters_the_malformed_parallel_lines(tmp_path: Path) 
     assert [base64.b64decode(d["original_b64"]).decode() for d in dlq] == [raw[0], raw[5]]
     assert {d["reason"] for d in dlq} == {"undecodable"}
     errors = [line["value"] for line in lines if line["topic"] == "errors"]
-    assert [(e["tool_call_id"], e["reason"]) for e in errors] == [("call_parallel", "stream_error")]
+    assert [(e["tool_call_id"], e["reason"]) for e in errors] == [
+        ("call_parallel#0", "stream_error"), ("call_parallel#1", "stream_error")]

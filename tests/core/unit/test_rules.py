@@ -783,9 +783,10 @@ class TestRule8CommittedArgumentsOnly:
 MALFORMED_EVENTS: dict[str, list[dict[str, Any]]] = {
     CHAT: [{"choices": 5}, {"choices": ["x"]}, {"choices": [{"delta": {"tool_calls": [7]}}]},
            {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": "x"}]}}]}],
-    ANTHROPIC: [{"type": "content_block_delta", "index": 9,
-                 "delta": {"type": "input_json_delta", "partial_json": "{"}},
-                {"type": "content_block_start", "index": "0", "content_block": {}},
+    # A well-formed event in the wrong place (a delta for a block never started, for an item
+    # never added) is no malformed event but a protocol break, which fails the run:
+    # tests/core/unit/test_protocol_breaks.py.
+    ANTHROPIC: [{"type": "content_block_start", "index": "0", "content_block": {}},
                 {"type": "content_block_start"},
                 {"type": "content_block_delta", "index": 0,
                  "delta": {"type": "input_json_delta", "partial_json": 5}},
@@ -794,8 +795,6 @@ MALFORMED_EVENTS: dict[str, list[dict[str, Any]]] = {
                 {"type": "content_block_delta", "index": 0,
                  "delta": {"type": "thinking_delta", "thinking": ["x"]}}],
     RESPONSES: [{"type": "response.output_item.added", "output_index": "0", "item": {}},
-                {"type": "response.function_call_arguments.delta", "item_id": "nope",
-                 "delta": "x"},
                 {"type": "response.function_call_arguments.delta", "output_index": 0,
                  "delta": 5},
                 {"type": "response.output_text.delta", "output_index": 0, "delta": None}],
@@ -833,9 +832,10 @@ class TestRule9BadInputNeverStops:
     def test_anthropic_non_string_text_never_crashes_finalization(self) -> None:
         """A text delta whose ``text`` is not a string must not make the run's end raise
         (the final message joins the text): it goes to the DLQ and the call still commits."""
-        events = [anthropic_message_start(), *anthropic_text_block(0, "hi"),
+        text = anthropic_text_block(0, "hi")  # the bad delta while block 0 is still open
+        events = [anthropic_message_start(), *text[:-1],
                   {"type": "content_block_delta", "index": 0,
-                   "delta": {"type": "text_delta", "text": {"a": 1}}},
+                   "delta": {"type": "text_delta", "text": {"a": 1}}}, text[-1],
                   *anthropic_tool_block(1, "toolu_1", "read_file", '{"path": "/a"}'),
                   *anthropic_tail()]
         emits = feed(assembler(), anthropic_run("r1", tools_for(ANTHROPIC, TOOLS), events))
@@ -1436,6 +1436,20 @@ class TestReasonDuplicateCallId:
         assert reasons(emits) == []
 
 
+class TestReasonProtocolError:
+    """``protocol_error``: the stream broke its provider's own protocol (the full set of
+    breaks, per provider: ``tests/core/unit/test_protocol_breaks.py``)."""
+
+    def test_spliced_anthropic_message_fails_the_open_call_and_the_run(self) -> None:
+        """A second ``message_start`` with another id while a call is complete but undecided:
+        the call fails ``protocol_error`` (never committed) and the run ends ``failed``."""
+        settings, envs = SCENARIOS[Reason.PROTOCOL_ERROR]
+        emits = feed(assembler(**settings), envs)
+        check_outputs(emits)
+        assert committed(emits) == [] and reasons(emits) == ["protocol_error"]
+        assert finals(emits)[0]["status"] == "failed"
+
+
 # ===========================================================================================
 # Across all reasons: shape, secrecy, redelivery, order and determinism.
 # ===========================================================================================
@@ -1482,6 +1496,10 @@ def scenarios() -> dict[Reason, tuple[dict[str, Any], list[dict[str, Any]]]]:
                                              ("c1", "read_file", good)])),
         Reason.CONTENT_FILTERED: ({}, bedrock("content_filtered")),
         Reason.MALFORMED_OUTPUT: ({}, bedrock("malformed_model_output")),
+        Reason.PROTOCOL_ERROR: ({}, anthropic_run(
+            "r1", tools_for(ANTHROPIC, TOOLS),
+            [*anthropic_calls([("c1", "read_file", good)])[:-2],
+             anthropic_message_start("msg_spliced"), *anthropic_tail()], end=False)),
     }
 
 

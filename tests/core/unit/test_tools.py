@@ -100,10 +100,13 @@ def test_anthropic_defined_client_tools_register_with_the_empty_schema() -> None
 
 
 def test_responses_function_tools_register_builtins_do_not() -> None:
-    """Responses ``{"type": "function", "name": ...}`` tools register; built-ins such as
-    ``{"type": "web_search"}``, file search, code interpreter and MCP do not."""
+    """Responses ``{"type": "function", "name": ...}`` tools register under their name;
+    built-ins such as ``{"type": "web_search"}``, file search and code interpreter do not. The
+    tools whose items a client answers (computer use, an MCP server's approval requests)
+    register under a key of their kind, never a bare name (decision 0004)."""
     tools = [responses_tool("read_file", PATH_SCHEMA), *RESPONSES_BUILTINS]
-    assert client_tools(RESPONSES, tools) == {"read_file": PATH_SCHEMA}
+    assert client_tools(RESPONSES, tools) == {
+        "read_file": PATH_SCHEMA, "computer_call:": {}, "mcp_approval_request:deepwiki": {}}
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -39,6 +39,8 @@ CONTRACT_REASONS = [
     "assemble_idle_timeout", "duplicate_call_id",
     # issue 11: the Bedrock and Gemini stops for content and for malformed output
     "content_filtered", "malformed_output",
+    # issue 11: a stream that breaks its own provider's protocol
+    "protocol_error",
 ]  # fmt: skip
 
 PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages", "bedrock.converse",
@@ -154,7 +156,7 @@ def test_provider_enums_agree() -> None:
 
 def test_reason_codes_are_the_contracts() -> None:
     """The error result and the final message's outcomes use exactly the contract's codes
-    (its fourteen, and the two that issue 11 added), and so does ``Reason``."""
+    (its fourteen, and the three that issue 11 added), and so does ``Reason``."""
     from worker.core import Reason
     assert [r.value for r in Reason] == CONTRACT_REASONS
     assert load_schema("error-result")["$defs"]["reason"]["enum"] == CONTRACT_REASONS

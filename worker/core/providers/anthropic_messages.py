@@ -19,7 +19,17 @@ How Latch reads it:
   for allowed tools); ``message_stop`` completes the message;
 * ``stop_reason: "max_tokens"`` (and ``model_context_window_exceeded``) is truncation
   (rule 5); an ``error`` event fails the open calls ``upstream_error``;
-* a repeated ``message_start`` (seen from some proxies) is ignored.
+* a ``message_start`` repeated with the same id, and a ``content_block_start`` repeated for
+  a block still open with the same type, id and name (both seen from some proxies), are
+  ignored.
+
+What breaks the protocol (``ops.ProtocolError``; README, "Protocol breaks"): a second
+``message_start`` with another id (a spliced stream); any other ``content_block_start`` for
+an index already started; a delta for an index never started or already stopped; a
+``content_block_stop`` for an index never started or already stopped. From then on nothing
+more is kept for the final message (the two messages' text is never joined), and each
+``tool_use`` block still started opens a call under its own late key, which fails at once:
+every call id the stream carried gets one outcome.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ class _Block:
     #: ``partial_json`` of a block that is not a client call (a call's text is its buffer's).
     json: list[str] = field(default_factory=list)
     streamed: bool = False
+    stopped: bool = False
 
 
 class AnthropicMessages(op.Adapter):
@@ -54,14 +65,22 @@ class AnthropicMessages(op.Adapter):
     completes_on_stream_end: ClassVar[bool] = False
 
     def __init__(self) -> None:
+        super().__init__()
         self._message: dict[str, Any] | None = None
+        #: The first ``message_start``'s id ("" when it had none).
+        self._message_id = ""
         self._blocks: dict[int, _Block] = {}
+        #: Indexes whose ``content_block_start`` was refused (the DLQ): their deltas and stop
+        #: are refused too, never taken for a protocol break.
+        self._refused: set[int] = set()
         self._stop_reason: str | None = None
 
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
         kind = _str_or_empty(event.get("type"))
         if kind == "content_block_delta":  # first: nearly every event is one
-            block = self._blocks[event["index"]]
+            block = self._blocks.get(event["index"])
+            if block is None or block.stopped or self.broken:
+                return self._misplaced("content_block_delta", block, event["index"])
             delta = event["delta"]
             if not isinstance(delta, dict):  # checked, and then read as a dict when compiled
                 raise ValueError("content_block_delta without a delta object")
@@ -73,15 +92,16 @@ class AnthropicMessages(op.Adapter):
                 return []
             return self._delta(block, delta)
         if kind == "message_start":
-            if self._message is None:
-                message = event.get("message") or {}
-                self._message = {k: message[k] for k in ("id", "model")
-                                 if isinstance(message.get(k), str)}
-            return []
+            return self._message_start(event.get("message") or {})
         if kind == "content_block_start":
             return self._start(event["index"], event["content_block"])
         if kind == "content_block_stop":
-            return self._stop(event["index"])
+            block = self._blocks.get(event["index"])
+            if block is None or block.stopped or self.broken:
+                return self._misplaced("content_block_stop", block, event["index"])
+            return self._stop(event["index"], block)
+        if self.broken and kind == "message_delta":  # the spliced message's: not kept
+            return []
         if kind == "message_delta":
             stop = (event.get("delta") or {}).get("stop_reason")
             if isinstance(stop, str):
@@ -99,16 +119,61 @@ class AnthropicMessages(op.Adapter):
     # The raw event's fields are typed Any, not what they should be: under mypyc a parameter
     # typed int turns ``true`` into 1, and one typed dict raises TypeError at the call, where
     # the interpreter reads the value as it is (checked below, or failing as it would).
+    def _message_start(self, message: Any) -> list[op.Op]:
+        if not isinstance(message, dict):
+            raise ValueError("message_start without a message object")
+        message_id = message.get("id")
+        message_id = message_id if isinstance(message_id, str) else ""
+        if self._message is None:
+            self._message = {k: message[k] for k in ("id", "model")
+                             if isinstance(message.get(k), str)}
+            self._message_id = message_id
+            return []
+        if self.broken or message_id == self._message_id:
+            return []  # a proxy's repeat: nothing to undo
+        return [self.protocol_error("a second message_start with another id: the stream was "
+                                    "spliced")]
+
+    def _misplaced(self, kind: str, block: _Block | None, index: Any) -> list[op.Op]:
+        """A delta or stop for a block that was never started or is already stopped."""
+        if self.broken:  # after a break nothing is kept or checked
+            return []
+        if block is None and index in self._refused:
+            raise ValueError(f"{kind} for a block whose start was refused")
+        where = "a block never started" if block is None else "a block already stopped"
+        return [self.protocol_error(f"{kind} for {where}")]
+
     def _start(self, index: Any, body: Any) -> list[op.Op]:
-        if not op.is_index(index) or not isinstance(body, dict):
+        if not op.is_index(index):
+            raise ValueError("content_block_start without index or content_block")
+        try:
+            return self._start_block(index, body)
+        except (ValueError, op.EventRefused):
+            if not self.broken and index not in self._blocks:
+                self._refused.add(index)
+            raise
+
+    def _start_block(self, index: Any, body: Any) -> list[op.Op]:
+        if not isinstance(body, dict):
             raise ValueError("content_block_start without index or content_block")
         kind = body.get("type")
+        if not self.broken:
+            body = op.bounded(body)  # refused (the DLQ) before anything else is decided
+        if self.broken or index in self._blocks:
+            if not self.broken and _repeats(self._blocks[index], body):
+                return []  # a proxy's repeat of the start of a block still open
+            ops: list[op.Op] = [] if self.broken else [
+                self.protocol_error("content_block_start for an index already started")]
+            if kind == "tool_use":  # its own call, which fails at once: one outcome per id
+                ops.append(op.OpenCall(self.late_key(), index, None, _text(body.get("id")),
+                                       _text(body.get("name"))))
+            return ops
         if kind in ("text", "thinking") and not isinstance(body.get(kind, ""), str):
             raise ValueError(f"a {kind} block whose {kind} is not a string")
         if kind != "tool_use":
-            self._blocks[index] = _Block(_own(op.bounded(body)))
+            self._blocks[index] = _Block(_own(body))
             return []
-        self._blocks[index] = _Block(_own(op.bounded(body)), str(index))
+        self._blocks[index] = _Block(_own(body), str(index))
         return [op.OpenCall(str(index), index, None, _text(body.get("id")),
                             _text(body.get("name")))]
 
@@ -133,8 +198,8 @@ class AnthropicMessages(op.Adapter):
             block.json.append(fragment)
         return []
 
-    def _stop(self, index: Any) -> list[op.Op]:
-        block = self._blocks[index]
+    def _stop(self, index: Any, block: _Block) -> list[op.Op]:
+        block.stopped = True
         if block.body.get("type") != "tool_use":
             return []
         start_input = block.body.get("input")
@@ -171,6 +236,12 @@ class AnthropicMessages(op.Adapter):
             # not be written back.
             body["input"] = {} if strictjson.nested_deeper(value) else value
         return body
+
+
+def _repeats(block: _Block, body: dict[str, Any]) -> bool:
+    """Whether ``body`` restarts ``block`` as it started: still open, same type, id and name."""
+    return not block.stopped and all(body.get(k) == block.body.get(k)
+                                     for k in ("type", "id", "name"))
 
 
 def _own(body: dict[str, Any]) -> dict[str, Any]:

@@ -83,6 +83,7 @@ class BedrockConverse(op.Adapter):
     completes_on_stream_end: ClassVar[bool] = False
 
     def __init__(self) -> None:
+        super().__init__()
         self._blocks: dict[int, _Block] = {}
         self._started = False
         self._stop: str | None = None

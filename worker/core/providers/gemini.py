@@ -97,6 +97,7 @@ class Gemini(op.Adapter):
     completes_on_stream_end: ClassVar[bool] = False
 
     def __init__(self, run_id: str = "") -> None:
+        super().__init__()
         self._run_id = run_id
         self._candidates: dict[int, _Candidate] = {}
 

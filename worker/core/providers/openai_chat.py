@@ -17,7 +17,15 @@ What OpenAI-compatible servers do instead, all seen in recorded streams and all 
 * id and name repeated on every chunk: never concatenated;
 * the name arriving after the first argument fragments;
 * a new id at an index already in use: a new call (rule 2), keyed ``"c.i#n"``;
-* ``n > 1``: choices are kept apart, keyed by choice index first.
+* ``n > 1``: choices are kept apart, keyed by choice index first;
+* every call at ``index: 0``, each with its own id (Ollama): each id is its own call, by the
+  rule above;
+* the model's ``multi_tool_use.parallel`` wrapper, a call to a tool the run did not register:
+  the assembler unwraps it (README, "The parallel wrapper").
+
+Chat has no start or stop event per call, so no misplaced one can break its protocol: an
+argument fragment at an index never opened opens an id-less call (``missing_id_or_name``), and
+an event after ``stream.end`` goes to the DLQ, like every provider's.
 """
 
 from __future__ import annotations
@@ -79,8 +87,10 @@ class OpenAIChat(op.Adapter):
     """Adapter for ``openai.chat``."""
 
     completes_on_stream_end: ClassVar[bool] = True
+    wrapper_names: ClassVar[frozenset[str]] = frozenset({"multi_tool_use.parallel", "parallel"})
 
     def __init__(self) -> None:
+        super().__init__()
         self._choices: dict[int, _Choice] = {}
 
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
@@ -184,6 +194,7 @@ class OpenAIChat(op.Adapter):
 
     def final(self, calls: Sequence[op.CallView]) -> op.FinalMessage:
         by_key = {c.key: c for c in calls}
+        children = op.unwrapped_calls(calls)
         messages: list[dict[str, Any]] = []
         for ci in sorted(self._choices) or [0]:
             choice = self._choices.get(ci, _Choice())
@@ -193,7 +204,12 @@ class OpenAIChat(op.Adapter):
                 message["reasoning_content"] = "".join(choice.reasoning)
             if choice.refusal:
                 message["refusal"] = "".join(choice.refusal)
-            tool_calls = [_tool_call_entry(by_key[k]) for k in choice.keys if k in by_key]
+            tool_calls = []
+            for k in choice.keys:
+                if k in by_key:
+                    tool_calls.append(_tool_call_entry(by_key[k]))
+                elif k in children:  # the parallel wrapper: its calls, in its place
+                    tool_calls += [_tool_call_entry(view) for view in children[k]]
             if tool_calls:
                 message["tool_calls"] = tool_calls
             messages.append({"index": ci, "message": message,

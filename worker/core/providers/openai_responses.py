@@ -18,10 +18,28 @@ runner see exactly what the provider said.
 Calls are keyed by ``output_index``, never by item id: gateways have been seen rotating item
 ids between the events of one item. ``response.output_item.done`` ends a call's text
 (block-level early commit for allowed tools, rule 4); ``response.completed`` completes the
-message; ``response.incomplete`` is truncation (rule 5). Built-in tool items
-(``web_search_call`` and friends) and the ``multi_tool_use.parallel`` wrapper are not
-unwrapped: the first are server-side (rule 6), the second is a call to a tool named
-``parallel`` that the run did not register, and fails ``unknown_tool``.
+message; ``response.incomplete`` is truncation (rule 5).
+
+The items a client answers are calls too (``docs/decisions/0004-responses-client-items.md``):
+``custom_tool_call`` (its ``input`` streams as ``response.custom_tool_call_input.delta`` and is
+restated by ``.done`` and the finished item; committed as text), and ``computer_call``,
+``local_shell_call`` and ``mcp_approval_request``, whose text is their finished item's own
+fields as a JSON object. Every other item (``web_search_call``, ``file_search_call``,
+``code_interpreter_call``, ``image_generation_call``, ``mcp_call``, ``mcp_list_tools``,
+``reasoning``, messages) runs at OpenAI or is content: kept for the final message, never a
+call (rule 6). A function call named ``parallel`` or ``multi_tool_use.parallel`` is the
+model's parallel wrapper, which the assembler unwraps when the run did not register that name.
+
+The streamed items are the source of truth (``docs/decisions/0005-responses-streamed-items.md``):
+the final message is made of them, and the terminal event's ``output`` adds nothing to it. It
+is read only to check the calls: a call it lists that was never streamed, or with another
+name or text than the streamed one, is a protocol break; an item it leaves out is not.
+
+What breaks the protocol (``ops.ProtocolError``): a ``response.created`` after output items
+(another response spliced in; not a change of response id, which gateways have been seen
+rotating between the events of one response); an ``output_item.added`` at an
+``output_index`` already added; an argument or input event, or an ``output_item.done``, for an
+item never added (or of another type than the one added).
 """
 
 from __future__ import annotations
@@ -29,22 +47,44 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import orjson
+
 from worker.core import ops as op
+from worker.core.tools import responses_tool_key
 
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 _RESPONSE_EVENTS = frozenset({"response.created", "response.in_progress", *_TERMINAL})
+_TEXT_DELTAS = frozenset({"response.function_call_arguments.delta",
+                          "response.custom_tool_call_input.delta"})
+_TEXT_DONE = {"response.function_call_arguments.done": "arguments",
+              "response.custom_tool_call_input.done": "input"}
+#: The items that are client calls: their kind, and the field that holds a call's whole text
+#: (None: the text is the item's own fields, see ``_item_text``).
+_CALL_ITEMS: dict[str, tuple[str, str | None]] = {
+    "function_call": (op.FUNCTION, "arguments"), "custom_tool_call": (op.CUSTOM, "input"),
+    "computer_call": ("computer_call", None), "local_shell_call": ("local_shell_call", None),
+    "mcp_approval_request": ("mcp_approval_request", None)}
+#: What is not a client-answered item's text (the rest of its fields is).
+_NOT_TEXT = frozenset({"type", "id", "call_id", "status"})
 
 
 class OpenAIResponses(op.Adapter):
     """Adapter for ``openai.responses``."""
 
     completes_on_stream_end: ClassVar[bool] = False
+    wrapper_names: ClassVar[frozenset[str]] = frozenset({"parallel", "multi_tool_use.parallel"})
 
     def __init__(self) -> None:
+        super().__init__()
         self._items: dict[int, dict[str, Any]] = {}
+        #: The type each output index was added with.
+        self._types: dict[int, Any] = {}
         self._index_of: dict[str, int] = {}
         self._text: dict[int, list[str]] = {}
         self._response: dict[str, Any] = {}
+        #: A client call's id -> the output indexes of the calls streamed with it, in order
+        #: (what the terminal event is checked with).
+        self._call_at: dict[str, list[int]] = {}
 
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
         kind = event.get("type")
@@ -60,14 +100,22 @@ class OpenAIResponses(op.Adapter):
                 text = self._text[index] = []
             text.append(delta)
             return []
-        if kind == "response.function_call_arguments.delta":
-            return [op.AppendArgs(self._key(event), _str(event["delta"]))]
+        if kind in _TEXT_DELTAS:
+            fragment = _str(event["delta"])
+            index = self._open_index(event)
+            if index is None:
+                return self._misplaced(kind)
+            return [op.AppendArgs(str(index), fragment)]
         if kind in _RESPONSE_EVENTS:
             return self._response_event(kind, event.get("response") or {})
         if kind == "response.output_item.added":
             return self._added(event["output_index"], event["item"])
-        if kind == "response.function_call_arguments.done":
-            return [op.SetArgs(self._key(event), _str(event["arguments"]))]
+        if kind in _TEXT_DONE:
+            whole = _str(event[_TEXT_DONE[kind]])
+            index = self._open_index(event)
+            if index is None:
+                return self._misplaced(kind)
+            return [op.SetArgs(str(index), whole)]
         if kind == "response.output_item.done":
             return self._done(event["output_index"], event["item"])
         if kind == "error":
@@ -78,71 +126,156 @@ class OpenAIResponses(op.Adapter):
     # or return typed int turns ``true`` into 1, and one typed dict raises TypeError at the
     # call, where the interpreter reads the value as it is (checked below, or failing as is).
     def _response_event(self, kind: str, response: Any) -> list[op.Op]:
+        if not isinstance(response, dict):
+            raise ValueError("a response event without a response object")
+        if kind == "response.created" and self._types and not self.broken:
+            # (not the id: gateways have been seen rotating it between the response's events)
+            return [self.protocol_error("response.created after output items: another "
+                                        "response was spliced into the stream")]
+        if self.broken:  # perhaps another response's: nothing of it is kept or checked
+            return self._terminal(kind, response)
         self._response = {k: response[k] for k in ("id", "model", "status")
                           if isinstance(response.get(k), str)}
         if kind == "response.completed":
-            self._adopt(response.get("output"))
+            return [*self._check_output(response.get("output")), op.Complete()]
+        return self._terminal(kind, response)
+
+    @staticmethod
+    def _terminal(kind: str, response: dict[str, Any]) -> list[op.Op]:
+        if kind == "response.completed":
             return [op.Complete()]
         if kind == "response.incomplete":
-            self._adopt(response.get("output"))
             return [op.Truncated(), op.Complete()]
         if kind == "response.failed":
             error = response.get("error") or {}
             return [op.UpstreamError(f"response.failed: {_safe(error.get('code'))}")]
         return []
 
-    def _adopt(self, output: Any) -> None:
-        """Take the terminal event's ``output`` as the items' final form, where it has one."""
-        if isinstance(output, list):
-            for position, item in enumerate(output):
-                if isinstance(item, dict):
-                    self._items[position] = op.bounded(item)
+    def _check_output(self, output: Any) -> list[op.Op]:
+        """Check ``response.completed``'s ``output`` against the streamed calls (module
+        docstring): each call it lists must have been streamed with the same name and text."""
+        ops: list[op.Op] = []
+        for item in output if isinstance(output, list) else ():
+            if not isinstance(item, dict) or item.get("type") not in _CALL_ITEMS:
+                continue
+            call_id = _call_id(item)
+            if call_id is None:  # nothing to pair it by, but an item id the stream named
+                item_id = item.get("id")
+                index = self._index_of.get(item_id) if isinstance(item_id, str) else None
+                if index is None:
+                    continue
+            else:
+                indexes = self._call_at.get(call_id)
+                index = indexes.pop(0) if indexes else None
+            streamed = self._items.get(index) if index is not None else None
+            if streamed is None or any(item.get(k) != streamed.get(k) for k in ("type", "name")):
+                if not self.broken:
+                    ops.append(self.protocol_error(
+                        "response.completed lists a call that was not streamed as it says"))
+                kind, _ = _CALL_ITEMS[item["type"]]
+                ops.append(op.OpenCall(self.late_key(), len(self._items), None, call_id,
+                                       _text(item.get("name")), kind))
+                continue
+            ops.append(op.Restated(str(index), _item_text(item)))
+        return ops
+
+    def _misplaced(self, kind: str) -> list[op.Op]:
+        """An argument or input event for an item never added."""
+        if self.broken:
+            return []
+        return [self.protocol_error(f"{kind} for an item never added")]
 
     def _added(self, index: Any, item: Any) -> list[op.Op]:
         if not op.is_index(index) or not isinstance(item, dict):
             raise ValueError("output_item.added without output_index or item")
-        self._items[index] = _kept(item)
+        kept = _kept(item)
+        kind = item.get("type")
+        if self.broken or index in self._types:
+            ops: list[op.Op] = [] if self.broken else [
+                self.protocol_error("output_item.added at an output_index already added")]
+            if kind in _CALL_ITEMS:  # its own call, which fails at once: one outcome per id
+                ops.append(self._open(self.late_key(), index, item))
+            return ops
+        self._items[index], self._types[index] = kept, kind
         if isinstance(item.get("id"), str):
             self._index_of[item["id"]] = index
-        if item.get("type") != "function_call":
+        if kind not in _CALL_ITEMS:
             return []
-        ops: list[op.Op] = [op.OpenCall(str(index), index, None, _text(item.get("call_id")),
-                                        _text(item.get("name")))]
-        if isinstance(item.get("arguments"), str) and item["arguments"]:
-            ops.append(op.SetArgs(str(index), item["arguments"]))
+        ops = [self._open(str(index), index, item)]
+        field = _CALL_ITEMS[kind][1]
+        if field is not None and isinstance(item.get(field), str) and item[field]:
+            ops.append(op.SetArgs(str(index), item[field]))
         return ops
 
     def _done(self, index: Any, item: Any) -> list[op.Op]:
         if not op.is_index(index) or not isinstance(item, dict):
             raise ValueError("output_item.done without output_index or item")
-        self._items[index] = _kept(item)
-        if item.get("type") != "function_call":
+        kept = _kept(item)
+        kind = item.get("type")
+        if self.broken or self._types.get(index, self) != kind:
+            ops: list[op.Op] = [] if self.broken else [self.protocol_error(
+                "output_item.done for an item never added" if index not in self._types
+                else "output_item.done of another type than the item added")]
+            if kind in _CALL_ITEMS and (self.broken or index not in self._types):
+                ops.append(self._open(self.late_key(), index, item))
+            return ops
+        self._items[index] = kept
+        if kind not in _CALL_ITEMS:
             return []
         key = str(index)
-        ops: list[op.Op] = [op.OpenCall(key, index, None, _text(item.get("call_id")),
-                                        _text(item.get("name")))]
-        if isinstance(item.get("arguments"), str):
-            ops.append(op.SetArgs(key, item["arguments"]))
+        ops = [self._open(key, index, item)]
+        field = _CALL_ITEMS[kind][1]
+        if field is None:
+            ops.append(op.SetArgs(key, _item_text(item)))
+        elif isinstance(item.get(field), str):
+            ops.append(op.SetArgs(key, item[field]))
         ops.append(op.CloseCall(key))
         return ops
 
-    def _index(self, event: dict[str, Any]) -> Any:  # an int, bool included
-        index = event.get("output_index")
-        if type(index) is int:  # an output index, not a bool
-            return index
-        return self._index_of[event["item_id"]]
+    def _open(self, key: str, index: int, item: dict[str, Any]) -> op.OpenCall:
+        """The call an item of a ``_CALL_ITEMS`` type opens (or names again)."""
+        kind, _ = _CALL_ITEMS[item["type"]]
+        call_id, name = _call_id(item), _text(item.get("name"))
+        if call_id is not None and not key.startswith("!"):
+            indexes = self._call_at.setdefault(call_id, [])
+            if index not in indexes:
+                indexes.append(index)
+        if kind == op.FUNCTION:
+            return op.OpenCall(key, index, None, call_id, name)
+        if kind == op.CUSTOM:
+            tool = None if name is None else responses_tool_key(kind, name)
+            return op.OpenCall(key, index, None, call_id, name, kind, tool)
+        if kind == "mcp_approval_request":
+            label = _text(item.get("server_label"))
+            tool = None if label is None else responses_tool_key(kind, label)
+            return op.OpenCall(key, index, None, call_id, name, kind, tool)
+        return op.OpenCall(key, index, None, call_id, _CLIENT_ITEM_NAMES[kind], kind,
+                           responses_tool_key(kind))
 
-    def _key(self, event: dict[str, Any]) -> str:
-        return str(self._index(event))
+    def _open_index(self, event: dict[str, Any]) -> int | None:
+        """The output index an item event names (by ``output_index``, else by ``item_id``),
+        when that item was added; else None."""
+        index = event.get("output_index")
+        if type(index) is not int:  # not an output index (a bool is none either)
+            item_id = event.get("item_id")
+            index = self._index_of.get(item_id) if isinstance(item_id, str) else None
+        if self.broken or index is None or index not in self._types:
+            return None
+        return index
 
     def final(self, calls: Sequence[op.CallView]) -> op.FinalMessage:
         by_key = {c.key: c for c in calls}
         output = []
+        children = op.unwrapped_calls(calls)
         for index, item in sorted(self._items.items()):
             item = dict(item)  # a key or two is set below; the rest is the event's own
             call = by_key.get(str(index))
-            if call is not None:
-                item["arguments"] = call.text or ""
+            unwrapped = children.get(str(index))
+            if unwrapped is not None:  # the parallel wrapper: its calls, in its place
+                output += [_unwrapped_item(item, view) for view in unwrapped]
+                continue
+            if call is not None and item.get("type") in ("function_call", "custom_tool_call"):
+                item[_CALL_ITEMS[item["type"]][1] or ""] = call.text or ""
                 item["call_id"] = call.tool_call_id
             elif item.get("type") == "message" and index in self._text and not item.get("content"):
                 item["content"] = [{"type": "output_text", "text": "".join(self._text[index]),
@@ -151,13 +284,52 @@ class OpenAIResponses(op.Adapter):
         return {**self._response, "output": output}, None
 
 
+#: The name a committed ``computer_call`` or ``local_shell_call`` carries (its item has none).
+_CLIENT_ITEM_NAMES = {"computer_call": "computer", "local_shell_call": "local_shell"}
+
+
 def _kept(item: dict[str, Any]) -> dict[str, Any]:
-    """What is kept of an output item for the final message. A function call's arguments are
-    its call's text, held (and counted against the budgets) once, by the assembler: the final
-    message writes them back, so what is kept has the key and not the text."""
-    if item.get("type") == "function_call" and "arguments" in item:
+    """What is kept of an output item for the final message. A function call's arguments (a
+    custom call's input) are its call's text, held (and counted against the budgets) once, by
+    the assembler: the final message writes them back, so what is kept has the key and not
+    the text."""
+    kind = item.get("type")
+    if kind == "function_call" and "arguments" in item:
         item = {**item, "arguments": ""}
+    elif kind == "custom_tool_call" and "input" in item:
+        item = {**item, "input": ""}
     return op.bounded(item)
+
+
+def _item_text(item: dict[str, Any]) -> str:
+    """A client call item's whole text: its ``arguments`` or ``input``, or for the items a
+    client answers, their own fields but ``type``, ``id``, ``call_id`` and ``status`` as a JSON
+    object (keys sorted, so the same fields are always the same text)."""
+    field = _CALL_ITEMS[item["type"]][1]
+    if field is not None:
+        text = item.get(field)
+        return text if isinstance(text, str) else ""
+    fields = {k: v for k, v in item.items() if k not in _NOT_TEXT}
+    return orjson.dumps(op.bounded(fields), option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _call_id(item: dict[str, Any]) -> str | None:
+    """The id a client call item's answer pairs with: ``call_id``, but for an
+    ``mcp_approval_request`` its item ``id`` (the ``approval_request_id`` of the answer)."""
+    if item.get("type") == "mcp_approval_request":
+        return _text(item.get("id"))
+    return _text(item.get("call_id"))
+
+
+def _unwrapped_item(wrapper: dict[str, Any], view: op.CallView) -> dict[str, Any]:
+    """A ``function_call`` item for one call unwrapped from the parallel wrapper ``wrapper``:
+    no item ``id`` (a derived ``fc_`` id would name no item OpenAI stored), the derived
+    ``call_id``, the entry's name and argument text."""
+    item = {"type": "function_call", "call_id": view.tool_call_id, "name": view.name,
+            "arguments": view.text or ""}
+    if isinstance(wrapper.get("status"), str):
+        item["status"] = wrapper["status"]
+    return item
 
 
 def _str(value: Any) -> str:

@@ -1,0 +1,368 @@
+"""OpenAI quirks (issue 11, item 3): the parallel wrapper, the Responses items a client
+answers or never answers, custom tool calls, and calls that all share ``index: 0``.
+
+Outcomes in the fixture tests are written from reading the files (``../shared/fixtures/
+providers``, see its README); every other stream is built here as the providers document it.
+Every emitted line is checked against ``schemas/output-line.schema.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from builders import (
+    RESPONSES,
+    chat_call_chunks,
+    chat_chunk,
+    chat_run,
+    chat_tool,
+    chat_tool_delta,
+    check_outputs,
+    check_schemas,
+    committed,
+    errors,
+    feed,
+    finals,
+    outcome_ids,
+    responses_call,
+    responses_head,
+    responses_item,
+    responses_run,
+    responses_tail,
+    responses_tool,
+)
+from fixtures_lib import VERCEL, check_run, fixture, only_final, run_capture, topic
+
+from worker.core import Assembler, AssembleSettings, Emit
+
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": False}
+RESPONSES_FIXTURES = f"{VERCEL}/openai/src/responses/__fixtures__"
+
+
+def run(envelopes: list[dict[str, Any]], **settings: Any) -> list[Emit]:
+    """Feed one run through a fresh assembler; every line must fit the output schema."""
+    emits = feed(Assembler(AssembleSettings(**settings)), envelopes)
+    check_schemas(emits)
+    check_outputs(emits)
+    return emits
+
+
+def wrapper_text(*uses: tuple[str, Any]) -> str:
+    return orjson.dumps({"tool_uses": [{"recipient_name": r, "parameters": p}
+                                       for r, p in uses]}).decode()
+
+
+# -- the parallel wrapper, chat ------------------------------------------------------------
+
+
+def chat_wrapper_run(text: str, tools: list[Any], call_id: str = "call_w",
+                     name: str = "multi_tool_use.parallel") -> list[dict[str, Any]]:
+    chunks = [*chat_call_chunks(0, call_id, name, text), chat_chunk(finish_reason="tool_calls")]
+    return chat_run("r1", tools, chunks)
+
+
+def test_chat_wrapper_unwraps_into_one_call_per_entry() -> None:
+    """Chat ``multi_tool_use.parallel`` with two ``functions.X`` entries, neither the wrapper's
+    name registered: two calls ``call_w#0`` and ``call_w#1``, each checked on its own (the
+    second breaks its schema), at the wrapper's index; the final message lists the two calls
+    in the wrapper's place, never the wrapper."""
+    text = wrapper_text(("functions.weather", {"city": "Rome"}), ("functions.weather", {"x": 1}))
+    emits = run(chat_wrapper_run(text, [chat_tool("weather", CITY)]))
+    assert [(c["call_id"], c["name"], c["index"], c["arguments"]) for c in committed(emits)] == [
+        ("call_w#0", "weather", 0, {"city": "Rome"})]
+    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [
+        ("call_w#1", "schema_invalid")]
+    [final] = finals(emits)
+    assert final["status"] == "completed"
+    assert final["message"]["tool_calls"] == [
+        {"id": "call_w#0", "type": "function",
+         "function": {"name": "weather", "arguments": '{"city":"Rome"}'}},
+        {"id": "call_w#1", "type": "function",
+         "function": {"name": "weather", "arguments": '{"x":1}'}}]
+    assert [o["tool_call_id"] for o in final["outcomes"]] == ["call_w#0", "call_w#1"]
+
+
+def test_chat_wrapper_registered_by_the_run_is_an_ordinary_call() -> None:
+    """A run that registered ``multi_tool_use.parallel`` itself gets one call to it."""
+    text = wrapper_text(("functions.weather", {"city": "Rome"}))
+    emits = run(chat_wrapper_run(text, [chat_tool("multi_tool_use.parallel", {})]))
+    assert [(c["call_id"], c["name"]) for c in committed(emits)] == [
+        ("call_w", "multi_tool_use.parallel")]
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ('{"tool_uses": []}', "unknown_tool"),
+    ('{"calls": [1]}', "unknown_tool"),
+    ('{"tool_uses": [', "unknown_tool"),
+    ('[{"tool_uses": [1]}]', "unknown_tool"),
+])
+def test_chat_text_that_is_no_wrapper_stays_the_wrapper_call(text: str, reason: str) -> None:
+    """A wrapper whose text is not a strict JSON object with a non-empty ``tool_uses`` array
+    is not unwrapped: the call keeps its own id and fails like any call to an unregistered
+    name."""
+    emits = run(chat_wrapper_run(text, [chat_tool("weather", CITY)]))
+    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [("call_w", reason)]
+
+
+def test_chat_wrapper_entries_that_are_malformed_get_their_own_outcome() -> None:
+    """Entries without a usable ``recipient_name`` fail ``missing_id_or_name``; one without
+    ``parameters`` has empty text, read as ``{}``; a name outside the ``functions.``
+    namespace is taken as it is."""
+    text = orjson.dumps({"tool_uses": [
+        {"parameters": {"city": "Rome"}}, 7, {"recipient_name": "functions.ping"},
+        {"recipient_name": "ping", "parameters": {}}]}).decode()
+    emits = run(chat_wrapper_run(text, [chat_tool("ping", {"type": "object"})]))
+    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [
+        ("call_w#0", "missing_id_or_name"), ("call_w#1", "missing_id_or_name")]
+    assert [(c["call_id"], c["arguments"]) for c in committed(emits)] == [
+        ("call_w#2", {}), ("call_w#3", {})]
+
+
+def test_chat_wrapper_with_more_entries_than_the_run_may_hold_fails_whole() -> None:
+    """A wrapper with more entries than ``4 x max_tool_calls_in_flight_assemble`` calls
+    is not unwrapped: the wrapper fails ``too_many_tool_calls`` under its own id."""
+    text = wrapper_text(*[("functions.ping", {})] * 9)
+    emits = run(chat_wrapper_run(text, [chat_tool("ping", {})]),
+                max_tool_calls_in_flight_assemble=2)
+    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [
+        ("call_w", "too_many_tool_calls")]
+
+
+def test_chat_derived_id_equal_to_a_real_id_fails_both() -> None:
+    """A real call whose id equals a derived one (``call_w#0``) makes that id ambiguous:
+    both calls fail ``duplicate_call_id``, the other derived call commits."""
+    text = wrapper_text(("functions.ping", {}), ("functions.ping", {}))
+    chunks = [*chat_call_chunks(0, "call_w", "multi_tool_use.parallel", text),
+              *chat_call_chunks(1, "call_w#0", "ping", "{}"),
+              chat_chunk(finish_reason="tool_calls")]
+    emits = run(chat_run("r1", [chat_tool("ping", {})], chunks))
+    assert sorted((e["tool_call_id"], e["reason"]) for e in errors(emits)) == [
+        ("call_w#0", "duplicate_call_id"), ("call_w#0", "duplicate_call_id")]
+    assert [c["call_id"] for c in committed(emits)] == ["call_w#1"]
+
+
+def test_chat_wrapper_cut_by_a_stream_error_fails_under_its_own_id() -> None:
+    """A wrapper still open when the stream fails was never complete: it is not unwrapped,
+    and its own id gets the one ``stream_error``."""
+    text = wrapper_text(("functions.ping", {}))
+    chunks = chat_call_chunks(0, "call_w", "multi_tool_use.parallel", text)
+    emits = run(chat_run("r1", [chat_tool("ping", {})],
+                         [*chunks, {"v": 1, "type": "stream.error", "error": "reset"}],
+                         end=False))
+    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [
+        ("call_w", "stream_error")]
+
+
+def test_responses_wrapper_pipelined_entries_commit_at_item_done() -> None:
+    """Responses ``parallel`` with ``execute_before_stream_end`` and one entry's tool
+    allowed: that call commits at ``output_item.done``, before ``response.completed``; the
+    other waits for the end of the stream."""
+    text = wrapper_text(("functions.fast", {}), ("functions.slow", {}))
+    events = [*responses_head(), *responses_call(0, "call_p", "parallel", text)]
+    tools = [responses_tool("fast", {}), responses_tool("slow", {})]
+    asm = Assembler(AssembleSettings(execute_before_stream_end=True,
+                                     allow_pipelined_execute=("fast",)))
+    early = feed(asm, responses_run("r1", tools, events, end=False))
+    assert outcome_ids(early) == ["call_p#0"]
+    late = feed(asm, [{"v": 1, "run_id": "r1", "seq": len(events) + 1, "type": "provider.event",
+                       "event": responses_tail(output=[responses_item(0, "call_p", "parallel",
+                                                                      text)])}])
+    assert outcome_ids(late) == ["call_p#1"]
+    assert finals(late)[0]["status"] == "completed"
+
+
+# -- calls that all share index 0 (Ollama) ----------------------------------------------------
+
+
+def test_every_call_at_index_zero_with_its_own_id_is_its_own_call() -> None:
+    """Ollama (and some OpenAI Chat streams) send each call whole at ``index: 0`` with a new
+    id: three ids, three calls, three outcomes, none of their texts joined."""
+    chunks = [chat_chunk([chat_tool_delta(0, f"call_{n}", "weather", f'{{"city": "c{n}"}}')])
+              for n in range(3)]
+    chunks.append(chat_chunk(finish_reason="tool_calls"))
+    emits = run(chat_run("r1", [chat_tool("weather", CITY)], chunks))
+    assert [(c["call_id"], c["index"], c["arguments"]) for c in committed(emits)] == [
+        ("call_0", 0, {"city": "c0"}), ("call_1", 0, {"city": "c1"}),
+        ("call_2", 0, {"city": "c2"})]
+    assert len(finals(emits)[0]["message"]["tool_calls"]) == 3
+
+
+def test_index_zero_reused_with_streamed_fragments() -> None:
+    """The same at ``index: 0`` when each call's text is streamed in fragments after its
+    first chunk: each fragment goes to the call whose id last opened the index."""
+    chunks = [*chat_call_chunks(0, "call_a", "weather", '{"city": "A"}'),
+              *chat_call_chunks(0, "call_b", "weather", '{"city": "B"}'),
+              chat_chunk(finish_reason="tool_calls")]
+    emits = run(chat_run("r1", [chat_tool("weather", CITY)], chunks))
+    assert [(c["call_id"], c["arguments"]) for c in committed(emits)] == [
+        ("call_a", {"city": "A"}), ("call_b", {"city": "B"})]
+
+
+# -- Responses: built-in items, never calls -----------------------------------------------------
+
+
+def test_web_search_fixture_has_no_client_call() -> None:
+    """vercel-ai openai-web-search-tool.1: five reasoning items, four ``web_search_call``
+    items and a message, run at OpenAI. No call, no outcome; the run completes and the final
+    message keeps all ten items in output_index order."""
+    lines = run_capture(RESPONSES, fixture(f"{RESPONSES_FIXTURES}/openai-web-search-tool.1"
+                                           ".chunks.txt"), [responses_tool("weather", CITY)])
+    check_run(RESPONSES, lines)
+    assert topic(lines, "committed") == [] and topic(lines, "errors") == []
+    final = only_final(lines)
+    assert final["status"] == "completed" and final["outcomes"] == []
+    assert [i["type"] for i in final["message"]["output"]] == [
+        "reasoning", "web_search_call"] * 4 + ["reasoning", "message"]
+
+
+def test_mcp_call_fixture_is_never_committed() -> None:
+    """vercel-ai openai-mcp-tool-approval.4: ``mcp_list_tools``, an ``mcp_call``
+    (``create_short_url``, with its own argument deltas) and a message. The MCP call runs at
+    OpenAI: never committed, not even with an MCP tool of that server registered; kept in
+    the final message; the repeated ``response.mcp_call.in_progress`` changes nothing."""
+    tools = [{"type": "mcp", "server_label": "zip1", "server_url": "https://zip1.io/mcp"},
+             responses_tool("create_short_url", {})]
+    lines = run_capture(RESPONSES, fixture(f"{RESPONSES_FIXTURES}/openai-mcp-tool-approval.4"
+                                           ".chunks.txt"), tools)
+    check_run(RESPONSES, lines)
+    assert topic(lines, "committed") == [] and topic(lines, "errors") == []
+    final = only_final(lines)
+    assert final["status"] == "completed"
+    assert [i["type"] for i in final["message"]["output"]] == [
+        "mcp_list_tools", "mcp_call", "message"]
+    assert final["message"]["output"][1]["name"] == "create_short_url"
+
+
+# -- Responses: items a client answers (decision 0004) -------------------------------------------
+
+
+def item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
+    added = {**item, "status": "in_progress"}
+    return [{"type": "response.output_item.added", "output_index": index, "item": added},
+            {"type": "response.output_item.done", "output_index": index, "item": item}]
+
+
+COMPUTER = {"type": "computer_call", "id": "cu_1", "call_id": "call_cu",
+            "action": {"type": "click", "button": "left", "x": 10, "y": 20},
+            "pending_safety_checks": [], "status": "completed"}
+SHELL = {"type": "local_shell_call", "id": "lsh_1", "call_id": "call_sh",
+         "action": {"type": "exec", "command": ["ls", "-la"], "env": {}}, "status": "completed"}
+APPROVAL = {"type": "mcp_approval_request", "id": "mcpr_1", "server_label": "zip1",
+            "name": "create_short_url", "arguments": '{"url": "https://ai-sdk.dev"}'}
+CLIENT_TOOLS = [{"type": "computer_use_preview", "display_width": 1024, "display_height": 768,
+                 "environment": "browser"}, {"type": "local_shell"},
+                {"type": "mcp", "server_label": "zip1", "require_approval": "always"}]
+
+
+def test_client_answered_items_commit_with_their_kind() -> None:
+    """``computer_call``, ``local_shell_call`` and ``mcp_approval_request``, each with its
+    tool registered: committed with ``kind``, the id the answer pairs with (``call_id``; the
+    approval request's item id) and, as arguments, the item's fields but type, id, call_id
+    and status. The final message keeps the items as they came."""
+    events = [*responses_head(), *item_events(0, COMPUTER), *item_events(1, SHELL),
+              *item_events(2, APPROVAL), responses_tail()]
+    emits = run(responses_run("r1", CLIENT_TOOLS, events))
+    assert [(c["kind"], c["call_id"], c["name"], c["arguments"]) for c in committed(emits)] == [
+        ("computer_call", "call_cu", "computer",
+         {"action": COMPUTER["action"], "pending_safety_checks": []}),
+        ("local_shell_call", "call_sh", "local_shell", {"action": SHELL["action"]}),
+        ("mcp_approval_request", "mcpr_1", "create_short_url",
+         {"server_label": "zip1", "name": "create_short_url",
+          "arguments": APPROVAL["arguments"]})]
+    [final] = finals(emits)
+    assert final["message"]["output"] == [COMPUTER, SHELL, APPROVAL]
+    assert [o["kind"] for o in final["outcomes"]] == [
+        "computer_call", "local_shell_call", "mcp_approval_request"]
+
+
+def test_client_answered_items_without_their_tool_fail_unknown_tool() -> None:
+    """The same items in a run that registered only a function tool (or an MCP server of
+    another label): each fails ``unknown_tool`` with its kind; nothing commits."""
+    tools = [responses_tool("weather", CITY), {"type": "mcp", "server_label": "other"}]
+    events = [*responses_head(), *item_events(0, COMPUTER), *item_events(1, SHELL),
+              *item_events(2, APPROVAL), responses_tail()]
+    emits = run(responses_run("r1", tools, events))
+    assert committed(emits) == []
+    assert [(e["kind"], e["tool_call_id"], e["reason"]) for e in errors(emits)] == [
+        ("computer_call", "call_cu", "unknown_tool"), ("local_shell_call", "call_sh",
+                                                       "unknown_tool"),
+        ("mcp_approval_request", "mcpr_1", "unknown_tool")]
+
+
+def test_a_function_tool_named_like_a_kind_registers_no_item() -> None:
+    """A function tool named ``computer_call`` registers that function, not computer use."""
+    events = [*responses_head(), *item_events(0, COMPUTER), responses_tail()]
+    emits = run(responses_run("r1", [responses_tool("computer_call", {})], events))
+    assert [e["reason"] for e in errors(emits)] == ["unknown_tool"]
+
+
+# -- Responses: custom tool calls -------------------------------------------------------------
+
+
+CUSTOM_TOOL = {"type": "custom", "name": "code_exec", "description": "runs code",
+               "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}
+
+
+def custom_events(index: int, call_id: str, name: str, text: str) -> list[dict[str, Any]]:
+    """A ``custom_tool_call`` as the Responses API streams it (openai-python
+    ``ResponseCustomToolCall``, ``ResponseCustomToolCallInputDeltaEvent`` / ``DoneEvent``)."""
+    item = {"type": "custom_tool_call", "id": f"ctc_{index}", "call_id": call_id,
+            "name": name, "input": ""}
+    where = {"item_id": f"ctc_{index}", "output_index": index}
+    return [{"type": "response.output_item.added", "output_index": index, "item": item},
+            *({"type": "response.custom_tool_call_input.delta", **where, "delta": text[i:i + 5]}
+              for i in range(0, len(text), 5)),
+            {"type": "response.custom_tool_call_input.done", **where, "input": text},
+            {"type": "response.output_item.done", "output_index": index,
+             "item": {**item, "input": text, "status": "completed"}}]
+
+
+def test_custom_call_commits_its_input_as_text() -> None:
+    """A ``custom_tool_call`` to a registered custom tool commits with ``kind: custom`` and
+    ``input``: the text exactly as streamed, never parsed (this one is not JSON), and no
+    ``arguments``. The grammar format is not enforced. The final message's item carries the
+    input."""
+    code = 'print("hi")\nimport os; os.listdir(".")'
+    events = [*responses_head(), *custom_events(0, "call_c", "code_exec", code),
+              responses_tail()]
+    emits = run(responses_run("r1", [CUSTOM_TOOL], events))
+    [call] = committed(emits)
+    assert (call["kind"], call["call_id"], call["name"], call["input"]) == (
+        "custom", "call_c", "code_exec", code)
+    assert "arguments" not in call
+    [final] = finals(emits)
+    assert final["message"]["output"][0]["input"] == code
+    assert final["message"]["output"][0]["call_id"] == "call_c"
+
+
+def test_custom_call_to_an_unregistered_custom_tool_fails() -> None:
+    """A custom call whose name is registered only as a function tool fails ``unknown_tool``
+    (a function registration does not allow free-form input), its error never quoting the
+    input."""
+    events = [*responses_head(), *custom_events(0, "call_c", "code_exec", "rm -rf /x"),
+              responses_tail()]
+    emits = run(responses_run("r1", [responses_tool("code_exec", {})], events))
+    [error] = errors(emits)
+    assert (error["kind"], error["reason"]) == ("custom", "unknown_tool")
+    assert "rm -rf" not in error["content"]
+
+
+def test_custom_call_input_over_the_byte_limit_fails() -> None:
+    """The argument byte limit holds for free-form input too."""
+    events = [*responses_head(), *custom_events(0, "call_c", "code_exec", "x" * 100),
+              responses_tail()]
+    emits = run(responses_run("r1", [CUSTOM_TOOL], events), max_tool_argument_bytes=64)
+    assert [e["reason"] for e in errors(emits)] == ["arguments_exceed_max_bytes"]
+
+
+def test_function_call_records_have_no_kind() -> None:
+    """Function calls' records are as they were before kinds: no ``kind``, no ``input``."""
+    events = [*responses_head(), *responses_call(0, "call_f", "weather", '{"city": "X"}'),
+              responses_tail()]
+    emits = run(responses_run("r1", [responses_tool("weather", CITY)], events))
+    [call] = committed(emits)
+    assert "kind" not in call and "input" not in call
+    assert "kind" not in finals(emits)[0]["outcomes"][0]
