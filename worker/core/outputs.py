@@ -2,7 +2,11 @@
 
 Every output carries the run's identity (``run_id``, ``tenant``, ``provider``) and an
 ``idempotency_key`` that is the same each time the same outcome is emitted again (after a
-crash, or on replay), so a runner deduplicates on it. The error ``content`` holds the reason
+crash, or on replay), so a runner deduplicates on it. A key is its parts (run id, call id,
+buffer key, or ``final``) joined with ``:``, each part with ``%`` written ``%25`` and ``:``
+written ``%3A`` first (:func:`idempotency_key`): a ``:`` in a key always separates parts, so two
+different lists of parts never give one key (run ``a:7`` with call ``c`` is ``a%3A7:c``, run
+``a`` with call ``7:c`` is ``a:7%3Ac``). The error ``content`` holds the reason
 and a detail made by the core from positions, lengths, counts and schema paths: never
 argument text.
 """
@@ -18,6 +22,12 @@ from worker.core.envelope import Rejected, RunStart
 from worker.core.model import CallState, Emit, Reason, RunStatus, Topic
 from worker.core.ops import Adapter, CallView
 from worker.core.run import Call
+
+
+def idempotency_key(*parts: str) -> str:
+    """``parts`` joined with ``:``, each with ``%`` and ``:`` percent-encoded (module docstring)."""
+    return ":".join(p.replace("%", "%25").replace(":", "%3A") if ("%" in p or ":" in p) else p
+                    for p in parts)
 
 
 class Outputs:
@@ -56,7 +66,7 @@ class Outputs:
     def _committed(self, call: Call) -> Emit:
         value = {**self._head, "call_id": call.call_id, "name": call.name, **self._where(call),
                  "arguments": call.arguments,
-                 "idempotency_key": f"{self._run_id}:{call.call_id}"}
+                 "idempotency_key": idempotency_key(self._run_id, call.call_id or "")}
         return Emit(Topic.COMMITTED, self._run_id, value)
 
     def _error(self, call: Call, shared: bool) -> Emit:
@@ -64,9 +74,9 @@ class Outputs:
         provider id, or a provider id equal to a fallback buffer key). Each of them is a
         different outcome, so the key adds the buffer key, or a runner would drop one."""
         reason = call.reason or Reason.STREAM_ERROR
-        key = f"{self._run_id}:{call.tool_call_id}"
-        if shared or reason is Reason.DUPLICATE_CALL_ID:
-            key = f"{key}:{call.key}"
+        key = (idempotency_key(self._run_id, call.tool_call_id, call.key)
+               if shared or reason is Reason.DUPLICATE_CALL_ID
+               else idempotency_key(self._run_id, call.tool_call_id))
         value = {**self._head, "tool_call_id": call.tool_call_id, "name": call.name or "unknown",
                  **self._where(call), "is_error": True, "state": str(call.state),
                  "reason": str(reason), "content": f"{reason}: {call.detail}",
@@ -83,7 +93,7 @@ class Outputs:
         if choices is not None:
             value["choices"] = choices
         value["outcomes"] = [self._outcome(c) for c in calls]
-        value["idempotency_key"] = f"{self._run_id}:final"
+        value["idempotency_key"] = idempotency_key(self._run_id, "final")
         return Emit(Topic.FINAL, self._run_id, value)
 
     def _outcome(self, call: Call) -> dict[str, Any]:
