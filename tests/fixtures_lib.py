@@ -104,7 +104,7 @@ def only_final(lines: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def message_call_ids(provider: str, final: dict[str, Any]) -> list[str]:
     """The client tool call ids the final message holds, in message order (all choices)."""
     if provider == "openai.chat":
-        messages = [c["message"] for c in final.get("choices") or [{"message": final["message"]}]]
+        messages = [final["message"]] + [c["message"] for c in (final.get("choices") or [])[1:]]
         return [tc["id"] for m in messages for tc in m.get("tool_calls") or ()]
     if provider == "anthropic.messages":
         return [b["id"] for b in final["message"]["content"] if b.get("type") == "tool_use"]

@@ -6,6 +6,8 @@ Each test proves one line of this list (the input, then its defined outcome):
 
 * Run ``a:7`` with call ``c`` and run ``a`` with call ``7:c``: different idempotency keys
   (each part is percent-encoded, ``%`` and ``:``).
+* A chat run with n > 1 choices: choice 0's message is written once, in ``message``; its
+  ``choices`` entry holds only its index and finish reason.
 
 Every output is checked to serialize and to validate against the schemas, as in
 ``test_abuse.py``.
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from builders import CHAT, committed, errors, feed, finals, provider_run
+import orjson
+from builders import CHAT, committed, errors, feed, finals, provider_run, run_envelopes
 from test_abuse import checked
 
 from worker.core import Assembler, AssembleSettings
@@ -56,3 +59,23 @@ def test_error_keys_of_shared_ids_are_encoded() -> None:
                                               [("x:1", "f", "{}"), ("x:1", "f", "{}")])))
     keys = [e["idempotency_key"] for e in errors(emits)]
     assert keys == ["r:x%3A1:0.0", "r:x%3A1:0.1"]
+
+
+# -- the final message's size ----------------------------------------------------------------
+
+
+def test_chat_final_with_two_choices_writes_choice_0_once() -> None:
+    """A chat run with n = 2 writes choice 0's text once (in ``message``), not also in
+    ``choices``: the final message is as big as the text the run holds, not twice that."""
+    text0, text1 = "A" * 1000, "B" * 10
+    chunks = [{"choices": [{"index": 0, "delta": {"content": text0}}]},
+              {"choices": [{"index": 1, "delta": {"content": text1}}]},
+              {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"},
+                           {"index": 1, "delta": {}, "finish_reason": "stop"}]}]
+    emits = checked(feed(make(), run_envelopes("r", CHAT, [], chunks)))
+    final = finals(emits)[0]
+    assert orjson.dumps(final).count(b"A" * 1000) == 1
+    assert final["message"]["content"] == text0
+    assert final["choices"] == [{"index": 0, "finish_reason": "stop"},
+                                {"index": 1, "message": {"role": "assistant", "content": text1},
+                                 "finish_reason": "stop"}]
