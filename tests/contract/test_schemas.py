@@ -376,7 +376,8 @@ def test_progress_record() -> None:
         "bytes": 12,
     }
     assert valid("progress", progress)
-    assert valid("progress", progress | {"partial_arguments": '{"pa'})
+    assert valid("progress", progress | {"arguments_offset": 3, "arguments_delta": '{"pa'})
+    assert not valid("progress", progress | {"arguments_delta": '{"pa'})
     assert not valid("progress", progress | {"bytes": -1})
     assert not valid("progress", {k: v for k, v in progress.items() if k != "bytes"})
 

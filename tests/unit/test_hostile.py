@@ -8,6 +8,8 @@ Each test proves one line of this list (the input, then its defined outcome):
   (each part is percent-encoded, ``%`` and ``:``).
 * A chat run with n > 1 choices: choice 0's message is written once, in ``message``; its
   ``choices`` entry holds only its index and finish reason.
+* 2.9 MB of arguments in 1-byte-ish fragments with ``ui_forward_partial_args``: progress
+  records carry each fragment and its offset, so their size is linear in the argument bytes.
 
 Every output is checked to serialize and to validate against the schemas, as in
 ``test_abuse.py``.
@@ -18,13 +20,25 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from builders import CHAT, committed, errors, feed, finals, provider_run, run_envelopes
+from builders import (
+    CHAT,
+    chat_chunk,
+    chat_tool_delta,
+    committed,
+    errors,
+    feed,
+    finals,
+    provider_run,
+    run_envelopes,
+    tools_for,
+)
 from test_abuse import checked
 
-from worker.core import Assembler, AssembleSettings
+from worker.core import Assembler, AssembleSettings, Topic
 from worker.core.outputs import idempotency_key
 
 OBJECT = {"type": "object"}
+MiB = 1024 * 1024
 
 
 def make(**settings: Any) -> Assembler:
@@ -79,3 +93,26 @@ def test_chat_final_with_two_choices_writes_choice_0_once() -> None:
     assert final["choices"] == [{"index": 0, "finish_reason": "stop"},
                                 {"index": 1, "message": {"role": "assistant", "content": text1},
                                  "finish_reason": "stop"}]
+
+
+# -- progress ------------------------------------------------------------------------------
+
+
+def test_partial_argument_progress_is_linear_in_the_argument_bytes() -> None:
+    """With ``ui_forward_partial_args``, 4,000 fragments of 25 bytes give progress records
+    holding each fragment once (about 100 KB of text in all, where re-sending the buffer gave
+    200 MB); the fragments, applied at their offsets, rebuild the text."""
+    fragments = ['{"s": "'] + ["x" * 25] * 4000 + ['"}']
+    text = "".join(fragments)
+    chunks = [chat_chunk([chat_tool_delta(0, "c1", "f", fragments[0])])]
+    chunks += [chat_chunk([chat_tool_delta(0, arguments=f)]) for f in fragments[1:]]
+    asm = make(emit_progress=True, ui_forward_partial_args=True, max_tool_argument_bytes=MiB)
+    emits = feed(asm, run_envelopes("r", CHAT, tools_for(CHAT, {"f": OBJECT}), chunks))
+    progress = [e.value for e in emits if e.topic is Topic.PROGRESS]
+    assert len(progress) == len(fragments)
+    assert sum(len(p["arguments_delta"]) for p in progress) == len(text)
+    rebuilt = b""
+    for p in progress:
+        rebuilt = rebuilt[:p["arguments_offset"]] + p["arguments_delta"].encode()
+    assert rebuilt.decode() == text
+    checked(emits[-5:])

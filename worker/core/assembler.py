@@ -416,8 +416,10 @@ class Assembler:
         self._buffered += growth
         if not self._emit_progress:
             return emits
-        partial = "".join(call.parts) if self.settings.ui_forward_partial_args else None
-        return [*emits, run.out.progress(call, partial)]
+        if not self.settings.ui_forward_partial_args:
+            return [*emits, run.out.progress(call)]
+        # Only this fragment's text, and where it goes: progress is linear in argument bytes.
+        return [*emits, run.out.progress(call, text, 0 if replace else held)]
 
     def _close(self, run: Run, key: str) -> list[Emit]:
         call = run.calls.get(key)

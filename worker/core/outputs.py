@@ -103,12 +103,16 @@ class Outputs:
             outcome["reason"] = str(call.reason)
         return outcome
 
-    def progress(self, call: Call, partial: str | None) -> Emit:
-        """A UI progress record: byte counts, and partial text only when configured."""
+    def progress(self, call: Call, delta: str | None = None, offset: int = 0) -> Emit:
+        """A UI progress record: byte counts, and, only when configured, the text ``delta``
+        that replaces the call's text from UTF-8 byte ``offset`` on (the fragment just
+        appended, or the whole text restated): never the whole buffer again, so progress grows
+        linearly with the argument bytes."""
         value = {**self._head, "call_key": call.key, "tool_call_id": call.call_id,
                  "name": call.name, "index": call.index, "bytes": call.nbytes}
-        if partial is not None:
-            value["partial_arguments"] = partial
+        if delta is not None:
+            value["arguments_offset"] = offset
+            value["arguments_delta"] = delta
         return Emit(Topic.PROGRESS, self._run_id, value)
 
 

@@ -28,7 +28,8 @@ class AssembleSettings:
     execute_before_stream_end: bool = False
     #: Tools that may be committed at their block's end instead of the stream's end.
     allow_pipelined_execute: tuple[str, ...] = ()
-    #: Put partial argument text on the progress topic (byte counts only when false).
+    #: Put partial argument text on the progress topic (byte counts only when false): each
+    #: record carries its fragment and the byte offset it starts at, never the whole buffer.
     ui_forward_partial_args: bool = False
     #: Emit progress records at all.
     emit_progress: bool = False
