@@ -8,6 +8,10 @@ Each test proves one line of this list (the input, then its defined outcome):
   (each part is percent-encoded, ``%`` and ``:``).
 * A chat run with n > 1 choices: choice 0's message is written once, in ``message``; its
   ``choices`` entry holds only its index and finish reason.
+* With block-level early commit, a later block reusing an id already committed: the
+  committed call stands, the later call fails ``duplicate_call_id`` under its own key
+  (``run:id:buffer key``); no idempotency key carries two outcomes, and the committed key
+  never gets an error result.
 * 2.9 MB of arguments in 1-byte-ish fragments with ``ui_forward_partial_args``: progress
   records carry each fragment and its offset, so their size is linear in the argument bytes.
 
@@ -21,7 +25,11 @@ from typing import Any
 
 import orjson
 from builders import (
+    ANTHROPIC,
     CHAT,
+    anthropic_message_start,
+    anthropic_tail,
+    anthropic_tool_block,
     chat_chunk,
     chat_tool_delta,
     committed,
@@ -34,6 +42,9 @@ from builders import (
 )
 from test_abuse import checked
 
+from worker.chaos_plan import Plan, RunPlan, expected_emits
+from worker.chaos_verify import OutRecord, verify
+from worker.config import load_config
 from worker.core import Assembler, AssembleSettings, Topic
 from worker.core.outputs import idempotency_key
 
@@ -116,3 +127,56 @@ def test_partial_argument_progress_is_linear_in_the_argument_bytes() -> None:
         rebuilt = rebuilt[:p["arguments_offset"]] + p["arguments_delta"].encode()
     assert rebuilt.decode() == text
     checked(emits[-5:])
+
+
+# -- one id, one outcome -----------------------------------------------------------------------
+
+
+def early_commit_reuse_run(run_id: str = "r") -> list[dict[str, Any]]:
+    """An Anthropic run whose block 0 (tool ``f``, early commit) and block 2 share id ``X``."""
+    events = [anthropic_message_start(), *anthropic_tool_block(0, "X", "f", "{}"),
+              *anthropic_tool_block(1, "Y", "f", "{}"), *anthropic_tool_block(2, "X", "f", "{}"),
+              *anthropic_tail()]
+    return run_envelopes(run_id, ANTHROPIC, tools_for(ANTHROPIC, {"f": OBJECT}), events)
+
+
+EARLY = {"execute_before_stream_end": True, "allow_pipelined_execute": ("f",)}
+
+
+def test_early_committed_id_reused_later_gets_one_outcome_per_key() -> None:
+    """Block 0 commits ``X`` at its block end; block 2 reuses ``X``: it fails
+    ``duplicate_call_id`` under ``r:X:2``, the committed ``r:X`` stands, and no key is told
+    two things (each key has one record, the committed key none on the errors topic)."""
+    emits = checked(feed(make(**EARLY), early_commit_reuse_run()))
+    done = committed(emits)
+    assert [(c["call_id"], c["index"], c["idempotency_key"]) for c in done] == [
+        ("X", 0, "r:X"), ("Y", 1, "r:Y")]
+    errs = errors(emits)
+    assert [(e["tool_call_id"], e["index"], e["reason"], e["idempotency_key"]) for e in errs] == [
+        ("X", 2, "duplicate_call_id", "r:X:2")]
+    keys = [e.value["idempotency_key"] for e in emits]
+    assert len(keys) == len(set(keys))
+    assert [o["state"] for o in finals(emits)[0]["outcomes"]] == ["committed", "committed",
+                                                                  "failed"]
+
+
+def test_chaos_verifier_accepts_an_early_committed_id_reused_later() -> None:
+    """The chaos verifier reads a call as its id and its place: the outputs of the run above
+    are no contradiction, while a second outcome for the same call (same id and index) still
+    is one."""
+    config = load_config(None, env={
+        "LATCH_AGENT_STREAM_ASSEMBLE__EXECUTE_BEFORE_STREAM_END": "true",
+        "LATCH_AGENT_STREAM_ASSEMBLE__ALLOW_PIPELINED_EXECUTE": "[\"f\"]"})
+    envelopes = [orjson.dumps(e) for e in early_commit_reuse_run("a:b")]
+    run = RunPlan("a:b", ANTHROPIC, "early", envelopes, None, {})
+    run.expected = expected_emits(run, config)
+    plan = Plan(1, [run], [])
+    records = [OutRecord(e.topic.value, 0, n, b"a:b", orjson.dumps(e.value))
+               for n, e in enumerate(run.expected)]
+    verdict = verify(plan, records)
+    assert verdict.ok, verdict.failures
+    forged = {**orjson.loads(records[0].value), "is_error": True, "state": "failed",
+              "reason": "schema_invalid", "idempotency_key": "other"}
+    forged["tool_call_id"] = forged.pop("call_id")
+    assert verify(plan, [*records, OutRecord("errors", 0, 99, b"a:b", orjson.dumps(forged))]
+                  ).contradictions
