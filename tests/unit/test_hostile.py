@@ -12,6 +12,10 @@ Each test proves one line of this list (the input, then its defined outcome):
   committed call stands, the later call fails ``duplicate_call_id`` under its own key
   (``run:id:buffer key``); no idempotency key carries two outcomes, and the committed key
   never gets an error result.
+* A cancel that reaches the log before its run's ``run.start``: remembered (bounded count,
+  expiry in record time) and applied when the run starts: the run ends ``cancelled`` at once
+  and nothing of it commits; a cancel older than the expiry, or forgotten beyond the count,
+  changes nothing.
 * 2.9 MB of arguments in 1-byte-ish fragments with ``ui_forward_partial_args``: progress
   records carry each fragment and its offset, so their size is linear in the argument bytes.
 
@@ -30,9 +34,11 @@ from builders import (
     anthropic_message_start,
     anthropic_tail,
     anthropic_tool_block,
+    cancel,
     chat_chunk,
     chat_tool_delta,
     committed,
+    dlq,
     errors,
     feed,
     finals,
@@ -45,7 +51,7 @@ from test_abuse import checked
 from worker.chaos_plan import Plan, RunPlan, expected_emits
 from worker.chaos_verify import OutRecord, verify
 from worker.config import load_config
-from worker.core import Assembler, AssembleSettings, Topic
+from worker.core import Assembler, AssembleSettings, Emit, Topic
 from worker.core.outputs import idempotency_key
 
 OBJECT = {"type": "object"}
@@ -180,3 +186,51 @@ def test_chaos_verifier_accepts_an_early_committed_id_reused_later() -> None:
     forged["tool_call_id"] = forged.pop("call_id")
     assert verify(plan, [*records, OutRecord("errors", 0, 99, b"a:b", orjson.dumps(forged))]
                   ).contradictions
+
+
+# -- a cancel before its run.start -----------------------------------------------------------
+
+
+def _record(asm: Assembler, env: dict[str, Any], ts: int) -> list[Emit]:
+    return asm.feed_record(None, orjson.dumps(env), ts)
+
+
+def _run_after(asm: Assembler, run_id: str, ts: int) -> list[Emit]:
+    emits: list[Emit] = []
+    for env in provider_run(CHAT, run_id, {"f": OBJECT}, [("c1", "f", "{}")]):
+        emits += _record(asm, env, ts)
+    return checked(emits)
+
+
+def test_cancel_before_run_start_cancels_the_run() -> None:
+    """A cancel recorded before its run's ``run.start``: the run ends ``cancelled`` when it
+    starts, its later events are ignored, nothing commits and nothing goes to the DLQ."""
+    asm = make()
+    assert _record(asm, cancel("r", reason="user_stop"), 1_000) == []
+    emits = _run_after(asm, "r", 2_000)
+    assert committed(emits) == [] and dlq(emits) == []
+    assert [f["status"] for f in finals(emits)] == ["cancelled"]
+    assert not asm.early_cancel_pending("r")
+    assert asm.stats["early_cancels_applied"] == 1
+
+
+def test_early_cancel_expires_in_record_time() -> None:
+    """A cancel older than ``early_cancel_ttl_s`` (record time) when its run starts changes
+    nothing: the run commits its call."""
+    asm = make(early_cancel_ttl_s=10)
+    _record(asm, cancel("r"), 1_000)
+    emits = _run_after(asm, "r", 11_001)
+    assert [c["call_id"] for c in committed(emits)] == ["c1"]
+    assert [f["status"] for f in finals(emits)] == ["completed"]
+    assert asm.stats["early_cancels_expired"] == 1
+
+
+def test_early_cancels_are_bounded_in_count() -> None:
+    """Beyond ``remember_early_cancels`` the oldest cancel is forgotten: its run commits, the
+    newer ones are still applied."""
+    asm = make(remember_early_cancels=2)
+    for n, run_id in enumerate(("a", "b", "c")):
+        _record(asm, cancel(run_id), 1_000 + n)
+    assert [asm.early_cancel_pending(r) for r in "abc"] == [False, True, True]
+    assert [f["status"] for f in finals(_run_after(asm, "a", 2_000))] == ["completed"]
+    assert [f["status"] for f in finals(_run_after(asm, "c", 2_000))] == ["cancelled"]

@@ -136,6 +136,8 @@ class Assembler:
         self._runs: OrderedDict[str, Run] = OrderedDict()
         self._buffered = 0
         self._finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
+        #: Cancels of runs not started yet: run id -> (record time, reason), oldest first.
+        self._early_cancels: OrderedDict[str, tuple[int, str]] = OrderedDict()
         self._validators = SHARED_VALIDATORS if validators is None else validators
         self._pipelined = frozenset(self.settings.allow_pipelined_execute)
         # Read for every argument fragment: copied out of the settings once.
@@ -211,7 +213,7 @@ class Assembler:
         if isinstance(envelope, RunStart):
             return self._start(envelope, run, now_ms, raw)
         if run is None:
-            return self._orphan(envelope, raw)
+            return self._orphan(envelope, raw, now_ms)
         if isinstance(envelope, Cancel):
             run.last_ms = now_ms
             return self._finish(run, RunStatus.CANCELLED, Reason.CANCELLED, envelope.reason)
@@ -286,13 +288,60 @@ class Assembler:
         if start.max_tool_calls is not None:
             budget = min(budget, start.max_tool_calls)
         latch = Latch(self.settings, tools, budget)
-        self._runs[start.run_id] = Run(start, adapter_for(start.provider), latch, now_ms)
+        run = Run(start, adapter_for(start.provider), latch, now_ms)
+        self._runs[start.run_id] = run
         self.stats["runs_started"] += 1
+        early = self._early_cancel(start.run_id, now_ms)
+        if early is not None:  # cancelled before it started: it ends as a cancel right after
+            self.stats["early_cancels_applied"] += 1  # its run.start would have ended it
+            emits += self._finish(run, RunStatus.CANCELLED, Reason.CANCELLED, early)
         return emits
 
+    # -- a cancel before its run.start ---------------------------------------------------
+    #
+    # The gateway's envelopes and the forwarded cancels reach a run's partition by different
+    # paths, so a user's cancel may be written before the run's ``run.start``. It is
+    # remembered (``remember_early_cancels``, oldest forgotten first) for
+    # ``early_cancel_ttl_s`` of record time, and a run that starts within it is cancelled at
+    # once: the same outcome as a cancel right after its ``run.start``.
+
+    def _remember_cancel(self, cancel: Cancel, now_ms: int) -> None:
+        self._early_cancels.pop(cancel.run_id, None)
+        self._early_cancels[cancel.run_id] = (now_ms, cancel.reason)
+        self._forget_early_cancels(now_ms)
+        while len(self._early_cancels) > self.settings.remember_early_cancels:
+            self._early_cancels.popitem(last=False)
+            self.stats["early_cancels_forgotten"] += 1
+        self.stats["early_cancels_remembered"] += 1
+
+    def _forget_early_cancels(self, now_ms: int) -> None:
+        """Drop the remembered cancels older than ``early_cancel_ttl_s`` at ``now_ms``."""
+        ttl_ms = self.settings.early_cancel_ttl_s * 1000
+        while self._early_cancels:
+            at = next(iter(self._early_cancels.values()))[0]
+            if now_ms - at <= ttl_ms:
+                break
+            self._early_cancels.popitem(last=False)
+            self.stats["early_cancels_expired"] += 1
+
+    def _early_cancel(self, run_id: str, now_ms: int) -> str | None:
+        """The reason of a remembered, unexpired cancel of ``run_id`` (forgotten once used)."""
+        if not self._early_cancels:
+            return None
+        self._forget_early_cancels(now_ms)
+        found = self._early_cancels.pop(run_id, None)
+        return None if found is None else found[1]
+
+    def early_cancel_pending(self, run_id: str) -> bool:
+        """Whether a cancel of ``run_id`` is remembered, waiting for its ``run.start``."""
+        return run_id in self._early_cancels
+
     def _orphan(self, envelope: Cancel | ProviderEvent | StreamEnd | StreamError,
-                raw: Any) -> list[Emit]:
+                raw: Any, now_ms: int) -> list[Emit]:
         finished = self._finished.get(envelope.run_id)
+        if finished is None and isinstance(envelope, Cancel):
+            self._remember_cancel(envelope, now_ms)
+            return []
         if finished is None:
             reject = Rejected(DlqReason.UNKNOWN_RUN, "no run.start for this run", envelope.run_id)
             return [self._reject(reject, *self._raw(raw))]

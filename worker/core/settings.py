@@ -52,3 +52,9 @@ class AssembleSettings:
     max_buffered_bytes: int = 64 * 1024 * 1024
     #: Finished run ids remembered to recognise re-deliveries and late events.
     remember_finished_runs: int = 100_000
+    #: Cancels remembered for runs not started yet (a cancel that reached the log before its
+    #: run's ``run.start``); the oldest is forgotten beyond this count.
+    remember_early_cancels: int = 10_000
+    #: How long (record time) such a cancel waits for its ``run.start``; a run that starts
+    #: within it is cancelled at once, one that starts later runs as if it had never come.
+    early_cancel_ttl_s: float = 300.0
