@@ -70,8 +70,15 @@ from worker.core.model import CallState, DlqReason, Emit, Reason, RunStatus
 from worker.core.outputs import Outputs, dlq_record
 from worker.core.providers import adapter_for
 from worker.core.run import Call, Latch, utf8_len
+from worker.core.schemacheck import SchemaLimits
 from worker.core.settings import AssembleSettings
-from worker.core.tools import SHARED_VALIDATORS, ValidatorCache, client_tools
+from worker.core.tools import (
+    SchemaCheck,
+    ToolSchema,
+    ValidatorCache,
+    client_tools,
+    shared_validators,
+)
 
 _OPEN = CallState.OPEN
 #: What ``feed_record`` reads a record that is not a JSON object as (never changed).
@@ -138,7 +145,8 @@ class Assembler:
         self._finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
         #: Cancels of runs not started yet: run id -> (record time, reason), oldest first.
         self._early_cancels: OrderedDict[str, tuple[int, str]] = OrderedDict()
-        self._validators = SHARED_VALIDATORS if validators is None else validators
+        self._validators = validators or shared_validators(SchemaLimits(
+            self.settings.max_schema_nodes, self.settings.max_schema_validation_steps))
         self._pipelined = frozenset(self.settings.allow_pipelined_execute)
         # Read for every argument fragment: copied out of the settings once.
         self._max_argument_bytes = self.settings.max_tool_argument_bytes
@@ -282,13 +290,15 @@ class Assembler:
             detail = (f"the worker's open-run budget ({limit} runs) was exhausted; the least "
                       "recently active run was ended")
             emits += self._evict(next(iter(self._runs.values())), detail, "evicted_open_runs")
-        tools = {name: self._validators.get(schema)
-                 for name, schema in client_tools(start.provider, start.tools).items()}
+        tools, cost, emits_ = self._tools(start)
+        emits += emits_
         budget = self.settings.max_tool_calls_per_run
         if start.max_tool_calls is not None:
             budget = min(budget, start.max_tool_calls)
         latch = Latch(self.settings, tools, budget)
-        run = Run(start, adapter_for(start.provider), latch, now_ms)
+        run = Run(start._replace(tools=None), adapter_for(start.provider), latch, now_ms)
+        run.nbytes = cost
+        self._buffered += cost
         self._runs[start.run_id] = run
         self.stats["runs_started"] += 1
         early = self._early_cancel(start.run_id, now_ms)
@@ -296,6 +306,30 @@ class Assembler:
             self.stats["early_cancels_applied"] += 1  # its run.start would have ended it
             emits += self._finish(run, RunStatus.CANCELLED, Reason.CANCELLED, early)
         return emits
+
+    def _tools(self, start: RunStart) -> tuple[dict[str, ToolSchema], int, list[Emit]]:
+        """The run's client tools, not compiled; the bytes of schema text they hold (counted in
+        ``max_buffered_bytes`` like argument text, making room the same way); and the runs
+        ended to make that room. Tools that alone would exceed the budget are all unusable."""
+        limit, budget = self.settings.max_tool_schema_bytes, self._max_buffered_bytes
+        tools = {name: self._validators.prepare(schema, limit)
+                 for name, schema in client_tools(start.provider, start.tools).items()}
+        cost = sum(len(t.text) for t in tools.values() if t.text is not None)
+        if cost > budget:
+            self.stats["runs_over_buffered_bytes_tools"] += 1
+            broken = SchemaCheck(None, f"the run's tool schemas exceed the worker's byte budget "
+                                 f"({budget} bytes)")
+            return {name: ToolSchema(self._validators, None, broken) for name in tools}, 0, []
+        if cost and self._buffered + cost > budget:
+            detail = (f"the worker's argument byte budget ({budget} bytes) was exhausted; the "
+                      "least recently active run was ended")
+            emits: list[Emit] = []
+            for victim in [r for r in self._runs.values() if r.nbytes]:
+                if self._buffered + cost <= budget:
+                    break
+                emits += self._evict(victim, detail, "evicted_buffered_bytes")
+            return tools, cost, emits
+        return tools, cost, []
 
     # -- a cancel before its run.start ---------------------------------------------------
     #

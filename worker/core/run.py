@@ -25,7 +25,7 @@ from typing import Any
 from worker.core import strictjson
 from worker.core.model import CallState, Reason, check_transition
 from worker.core.settings import AssembleSettings
-from worker.core.tools import SchemaCheck
+from worker.core.tools import ToolSchema
 
 
 class Call:
@@ -91,7 +91,7 @@ class Latch:
 
     __slots__ = ("budget", "committed", "settings", "tools")
 
-    def __init__(self, settings: AssembleSettings, tools: dict[str, SchemaCheck],
+    def __init__(self, settings: AssembleSettings, tools: dict[str, ToolSchema],
                  budget: int) -> None:
         self.settings = settings
         self.tools = tools
@@ -119,19 +119,19 @@ class Latch:
             return Reason.MISSING_ID_OR_NAME, f"the provider sent no {missing} for this call"
         if duplicate:
             return Reason.DUPLICATE_CALL_ID, "another call of this run has the same id"
-        check = self.tools.get(call.name)
-        if check is None:
+        tool = self.tools.get(call.name)
+        if tool is None:
             return Reason.UNKNOWN_TOOL, "the tool name is not among the run's tools"
-        return self._check_value(call, text, check)
+        return self._check_value(call, text, tool)
 
-    def _check_value(self, call: Call, text: str, check: SchemaCheck) -> tuple[Reason, str] | None:
+    def _check_value(self, call: Call, text: str, tool: ToolSchema) -> tuple[Reason, str] | None:
         value = strictjson.parse(text) if text.strip() else {}
         if isinstance(value, strictjson.ParseError):
             return Reason.INVALID_JSON, f"{value.message}; {utf8_len(text)} bytes received"
         call.arguments, call.parsed = value, True
         if self.settings.arguments_must_be_object and not isinstance(value, dict):
             return Reason.ARGUMENTS_NOT_OBJECT, f"arguments are a JSON {_json_type(value)}"
-        problem = check.errors(value)
+        problem = tool.check().errors(value)  # compiled now, for the first call of its tool
         if problem is not None:
             return Reason.SCHEMA_INVALID, problem
         if self.committed >= self.budget:

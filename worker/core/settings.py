@@ -58,3 +58,13 @@ class AssembleSettings:
     #: How long (record time) such a cancel waits for its ``run.start``; a run that starts
     #: within it is cancelled at once, one that starts later runs as if it had never come.
     early_cancel_ttl_s: float = 300.0
+    #: A tool whose parameter schema is longer than this (JSON text, UTF-8 bytes) is unusable:
+    #: its calls fail ``schema_invalid``. The schemas a run keeps count in
+    #: ``max_buffered_bytes`` until the run ends.
+    max_tool_schema_bytes: int = 131_072
+    #: JSON values one tool schema may hold, and subschemas that may apply to one value
+    #: (``$ref`` and ``allOf``/``anyOf``/``oneOf`` fan-out); beyond, the tool is unusable.
+    max_schema_nodes: int = 2_000
+    #: Keyword applications that validating one call's arguments may take; beyond, the call
+    #: fails ``schema_invalid``.
+    max_schema_validation_steps: int = 20_000
