@@ -16,6 +16,8 @@ Each test proves one line of this list (the input, then its defined outcome):
   expiry in record time) and applied when the run starts: the run ends ``cancelled`` at once
   and nothing of it commits; a cancel older than the expiry, or forgotten beyond the count,
   changes nothing.
+* Assistant text or thinking beyond ``max_run_text_bytes``: the run ends ``failed``, its
+  uncommitted calls fail ``budget_exceeded``; argument fragments are not counted as text.
 * 2.9 MB of arguments in 1-byte-ish fragments with ``ui_forward_partial_args``: progress
   records carry each fragment and its offset, so their size is linear in the argument bytes.
 
@@ -42,6 +44,7 @@ from builders import (
     errors,
     feed,
     finals,
+    provider_event,
     provider_run,
     run_envelopes,
     tools_for,
@@ -234,3 +237,35 @@ def test_early_cancels_are_bounded_in_count() -> None:
     assert [asm.early_cancel_pending(r) for r in "abc"] == [False, True, True]
     assert [f["status"] for f in finals(_run_after(asm, "a", 2_000))] == ["completed"]
     assert [f["status"] for f in finals(_run_after(asm, "c", 2_000))] == ["cancelled"]
+
+
+# -- text a run may hold ---------------------------------------------------------------------
+
+
+def test_run_text_is_bounded() -> None:
+    """Assistant text beyond ``max_run_text_bytes`` ends the run: status ``failed``, the open
+    call fails ``budget_exceeded``, later events go nowhere; the final message stays small."""
+    asm = make(max_run_text_bytes=50_000)
+    head = run_envelopes("r", CHAT, tools_for(CHAT, {"f": OBJECT}),
+                         [chat_chunk([chat_tool_delta(0, "c1", "f", "{")])], end=False)
+    emits = feed(asm, head)
+    for seq in range(2, 40):
+        emits += feed(asm, [provider_event("r", seq, chat_chunk(content="x" * 2000))])
+    emits = checked(emits)
+    [final] = finals(emits)
+    assert final["status"] == "failed"
+    assert len(final["message"]["content"] or "") <= 50_000
+    [error] = errors(emits)
+    assert error["reason"] == "budget_exceeded" and "exceeded 50000 bytes" in error["content"]
+    assert asm.stats["runs_over_text_bytes"] == 1
+
+
+def test_argument_fragments_are_not_text() -> None:
+    """A 200 KB argument in 20,000 small fragments does not count as the run's text: with a
+    tight text bound the call commits."""
+    frags = ['{"s": "'] + ["abcdefghij"] * 20_000 + ['"}']
+    chunks = [chat_chunk([chat_tool_delta(0, "c1", "f", frags[0])])]
+    chunks += [chat_chunk([chat_tool_delta(0, arguments=f)]) for f in frags[1:]]
+    emits = feed(make(max_run_text_bytes=10_000),
+                 run_envelopes("r", CHAT, tools_for(CHAT, {"f": OBJECT}), chunks))
+    assert [c["call_id"] for c in committed(emits)] == ["c1"]

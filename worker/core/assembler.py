@@ -37,9 +37,17 @@ happens at each bound is an outcome, never a silent drop or a refused run:
   run (status ``failed``): that call and every uncommitted call fail ``too_many_tool_calls``.
   A stream that opens that many calls is broken or hostile, and nothing of it is worth running.
 
+* **Text per run** (``max_run_text_bytes``): text that is not argument text (assistant text,
+  thinking, content blocks, output items) is kept by the adapters for the final message. It
+  is bounded by the bytes of the provider events it comes from, less their argument text
+  (less the whole record for a lone fragment within :data:`FRAGMENT_ENVELOPE` bytes of its
+  text): the event that crosses the bound ends the run (status ``failed``, its
+  uncommitted calls fail ``budget_exceeded``), so no final message grows past what the output
+  topics accept. These bytes are not in ``max_buffered_bytes``: they overcount the text they
+  bound (the envelopes of small deltas) many times.
+
 Every end of a run above is the same ``_finish`` as a stream error's, so each call still gets
-exactly one outcome and the run one final message. Text that is not argument text (assistant
-text, thinking) is kept by the adapters for the final message and is not counted.
+exactly one outcome and the run one final message.
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from orjson import JSONDecodeError
+from orjson import JSONDecodeError, dumps
 from orjson import loads as _loads
 
 from worker.core import ops as op
@@ -87,6 +95,9 @@ _NOT_AN_OBJECT: dict[str, Any] = {}
 #: A run may hold at most this many times ``max_tool_calls_in_flight_assemble`` calls,
 #: placeholders included (see "Memory budgets" in the module docstring).
 CALLS_PER_RUN_FACTOR = 4
+#: The bytes of a record carrying one argument fragment that are taken for its envelope (the
+#: ids, model and names a provider repeats on every chunk), not counted as the run's text.
+FRAGMENT_ENVELOPE = 512
 #: The largest order key (tool, content block or output index; choice) a call may carry. Every
 #: outcome repeats it, JSON readers lose precision beyond 2**53, and orjson writes nothing
 #: beyond 2**64 - 1 (which a chat call without an index after one at 2**64 - 1 would get).
@@ -110,7 +121,7 @@ class Run:
     """The state of one open run."""
 
     __slots__ = ("adapter", "calls", "key", "last_ms", "last_seq", "latch", "nbytes", "out",
-                 "run_id", "start", "truncated")
+                 "run_id", "start", "text_bytes", "truncated")
 
     def __init__(self, start: RunStart, adapter: op.Adapter, latch: Latch, now_ms: int) -> None:
         self.start = start
@@ -126,6 +137,8 @@ class Run:
         self.truncated: set[int | None] = set()
         #: Argument bytes this run's calls hold (its share of ``Assembler.buffered_bytes``).
         self.nbytes = 0
+        #: Bytes of the provider events its final message is built from (``max_run_text_bytes``).
+        self.text_bytes = 0
 
     def in_flight(self) -> int:
         return sum(1 for c in self.calls.values() if c.state is CallState.OPEN)
@@ -151,6 +164,7 @@ class Assembler:
         # Read for every argument fragment: copied out of the settings once.
         self._max_argument_bytes = self.settings.max_tool_argument_bytes
         self._max_buffered_bytes = self.settings.max_buffered_bytes
+        self._max_run_text_bytes = self.settings.max_run_text_bytes
         self._emit_progress = self.settings.emit_progress
         self._clock = 0
 
@@ -397,6 +411,19 @@ class Assembler:
                 _check_order_keys(ops)  # alone opens no call: nothing to check
         except Exception as exc:  # a malformed provider event: contained, never raised
             return [self._unreadable(run, exc, key, value, source)]
+        # What an adapter keeps for the final message (text, thinking, blocks, items) comes
+        # from the event's bytes that are not argument text: they bound the run's text. A lone
+        # argument fragment's own envelope (at most FRAGMENT_ENVELOPE bytes) is not counted.
+        size = len(value) if value else len(dumps(event))
+        if ops:
+            size -= sum(len(o.text) for o in ops if isinstance(o, (op.AppendArgs, op.SetArgs)))
+            if len(ops) == 1 and size <= FRAGMENT_ENVELOPE:
+                size = 0
+        run.text_bytes += size
+        if run.text_bytes > self._max_run_text_bytes:
+            self.stats["runs_over_text_bytes"] += 1
+            return self._finish(run, RunStatus.FAILED, Reason.BUDGET_EXCEEDED, "the run's text "
+                                f"and thinking exceeded {self._max_run_text_bytes} bytes")
         if not ops:  # most events (text deltas) have none
             return []
         if len(ops) == 1:

@@ -68,3 +68,8 @@ class AssembleSettings:
     #: Keyword applications that validating one call's arguments may take; beyond, the call
     #: fails ``schema_invalid``.
     max_schema_validation_steps: int = 20_000
+    #: Bytes of provider events carrying no argument text (what the final message's text,
+    #: thinking, blocks and items come from) one run may receive; the event that crosses it
+    #: ends the run (status ``failed``, uncommitted calls ``budget_exceeded``). Bounds the
+    #: final message below the output topics' record size.
+    max_run_text_bytes: int = 16 * 1024 * 1024
