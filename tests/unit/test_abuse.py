@@ -15,6 +15,12 @@ One test per case; its docstring states the defined result. Two groups:
 Every test feeds records through ``Assembler.feed_record`` as the worker does, and every output
 line is checked to serialize with orjson (what the worker publishes) and to validate against
 ``schemas/output-line.schema.json``.
+
+Hostile *runs* (issue 9) are listed by the successors of this file:
+``tests/unit/test_hostile.py`` (idempotency keys, reused ids with early commit, cancels before
+``run.start``, text bounds, n > 1 finals, partial-argument progress) and
+``tests/unit/test_schema_bounds.py`` (tool schemas: references, patterns, fan-out, steps,
+``uniqueItems``, sizes, laziness, memory, stack depth).
 """
 
 from __future__ import annotations
