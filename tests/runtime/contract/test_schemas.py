@@ -342,9 +342,10 @@ def test_final_message_in_each_provider_format() -> None:
 
 
 def test_final_message_with_choices() -> None:
-    """Chat with n > 1 lists each choice with its message and finish_reason (may be null)."""
+    """Chat with n > 1 lists each choice with its finish_reason (may be null), and its message
+    except for the first choice's, which is the top-level message."""
     choices = [
-        {"index": 0, "message": FINAL_CHAT["message"], "finish_reason": "tool_calls"},
+        {"index": 0, "finish_reason": "tool_calls"},
         {"index": 1, "message": {"role": "assistant", "content": "hi"}, "finish_reason": None},
     ]
     assert valid("final-message", FINAL_CHAT | {"choices": choices})
@@ -383,7 +384,8 @@ def test_progress_record() -> None:
         "bytes": 12,
     }
     assert valid("progress", progress)
-    assert valid("progress", progress | {"partial_arguments": '{"pa'})
+    assert valid("progress", progress | {"arguments_offset": 3, "arguments_delta": '{"pa'})
+    assert not valid("progress", progress | {"arguments_delta": '{"pa'})
     assert not valid("progress", progress | {"bytes": -1})
     assert not valid("progress", {k: v for k, v in progress.items() if k != "bytes"})
 

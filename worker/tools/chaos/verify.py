@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from worker.core.outputs import idempotency_key
 from worker.tools.chaos.plan import BadInput, Plan
 
 #: run_id -> tool call id -> the (state, reason) pairs its records carry.
@@ -104,7 +105,11 @@ def verify(plan: Plan, records: Iterable[OutRecord]) -> Verdict:
         if record.role in ("committed", "errors"):
             call = value.get("call_id") if record.role == "committed" else value.get(
                 "tool_call_id")
-            by_call[(str(value.get("run_id")), str(call))].add(_outcome(value))
+            # A call is its id and its place: with block-level early commit, a later block
+            # may reuse an id already committed, and that other call fails duplicate_call_id
+            # under its own idempotency key (README, "Choices the contract leaves open").
+            by_call[(str(value.get("run_id")), f"{call} at {value.get('index')}")].add(
+                _outcome(value))
             state = ("committed", None) if record.role == "committed" else (
                 value.get("state"), value.get("reason"))
             states[str(value.get("run_id"))][str(call)].add(state)
@@ -148,7 +153,7 @@ def _check_finals(verdict: Verdict, plan: Plan,
                   decoded: dict[tuple[str, str], dict[str, Any]], states: States) -> None:
     """Each run's final message lists the outcomes that its records carry, call by call."""
     for run in plan.runs:
-        final = decoded.get(("final", f"{run.run_id}:final"))
+        final = decoded.get(("final", idempotency_key(run.run_id, "final")))
         if final is None:
             continue  # counted as missing by _check_records
         said: dict[str, set[tuple[Any, Any]]] = defaultdict(set)
