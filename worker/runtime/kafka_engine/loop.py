@@ -365,7 +365,7 @@ class KafkaEngine:
                 self.consumer.seek(tp)
         else:
             self.consumer.assign(positions)
-        log.info("events partitions owned: %s", sorted(self.partitions))
+        log.info("events partitions assigned: %s", sorted(self.partitions))
 
     def _rebuild(self, partition: int, resume: int) -> PartitionState:
         """A fresh assembler for ``partition`` in its state at offset ``resume``."""
