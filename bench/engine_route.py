@@ -8,6 +8,8 @@ one process each:
 
 * ``kafka``: ``python -m worker worker`` with ``worker.engine: kafka`` (exactly once);
 * ``faust``: ``python -m worker worker`` with the default engine (at least once), for scale;
+* ``bare``: a bare confluent-kafka loop (parse each envelope, forward one record per
+  ``stream.end`` to the final topic; no transactions): the ceiling issue 10 measures against;
 * ``quix``: Quix Streams (``pip install quixstreams``; not a dependency of Latch) hosting
   Latch's ``step.step``: ``processing_guarantee="exactly-once"``, one in-memory assembler per
   partition, the run heads in Quix's changelog-backed state, outputs routed by topic through
@@ -124,11 +126,38 @@ def quix_worker() -> None:  # pragma: no cover - runs in its own process
     app.run()
 
 
+def bare_worker() -> None:  # pragma: no cover - runs in its own process
+    import signal
+
+    from confluent_kafka import Consumer, Producer
+
+    from worker.runtime.config import load_config
+
+    config = load_config(None)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap_servers,
+                         "group.id": config.worker.app_id, "auto.offset.reset": "earliest"})
+    producer = Producer({"bootstrap.servers": config.kafka.bootstrap_servers, "linger.ms": 5})
+    consumer.subscribe([config.topics.events])
+    final = config.topics.final
+    while not stop:
+        for msg in consumer.consume(1000, timeout=0.2):
+            if msg.error() is None:
+                envelope = orjson.loads(msg.value() or b"{}")
+                if envelope.get("type") == "stream.end":
+                    producer.produce(final, orjson.dumps({"run_id": envelope["run_id"]}),
+                                     msg.key())
+        producer.poll(0)
+    producer.flush(10)
+    consumer.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--runs", type=int, default=400)
-    parser.add_argument("--only", default="kafka,quix,faust")
+    parser.add_argument("--only", default="bare,kafka,quix,faust")
     args = parser.parse_args()
     envelopes = backlog(args.runs)
     print(f"backlog: {args.runs} runs, {len(envelopes)} envelopes; machine shared with other "
@@ -144,8 +173,9 @@ def main() -> int:
                 popen = proc.proc
             else:
                 env = os.environ | stack.env() | {"QUIX_STATE_DIR": tmp}
+                mode = f"--{contender}-worker"
                 with open(log, "wb") as out:
-                    popen = subprocess.Popen([sys.executable, __file__, "--quix-worker"],
+                    popen = subprocess.Popen([sys.executable, __file__, mode],
                                              env=env, stdout=out, stderr=subprocess.STDOUT)
             try:
                 elapsed, count = timed(stack, args.runs, popen, log)
@@ -160,5 +190,7 @@ def main() -> int:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--quix-worker"]:
         quix_worker()
+    elif sys.argv[1:] == ["--bare-worker"]:
+        bare_worker()
     else:
         sys.exit(main())

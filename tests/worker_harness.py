@@ -383,6 +383,18 @@ def provider_run(provider: str, run_id: str, calls: Sequence[Call], *, size: int
     return envelopes
 
 
+def two_call_runs(prefix: str, partitions: int, per_partition: int
+                  ) -> dict[str, list[dict[str, Any]]]:
+    """Runs of the three providers in turn covering every partition ``per_partition`` times,
+    each with two valid calls whose arguments name the run, in 3-character fragments."""
+    runs = {}
+    for n, run_id in enumerate(run_ids(prefix, partitions, per_partition)):
+        calls = [(f"call_{run_id}_{i}", "read_file", f'{{"path": "/data/{i}/{run_id}"}}')
+                 for i in range(2)]
+        runs[run_id] = provider_run(PROVIDERS[n % 3], run_id, calls, size=3)
+    return runs
+
+
 def expected(envelopes: Iterable[dict[str, Any]], config: Config) -> list[Emit]:
     """What the core emits for these envelopes offline (``latch assemble``'s code path)."""
     assembler = Assembler(config.assemble)

@@ -256,15 +256,11 @@ class LatchWorker:
     async def _refinish(self, state: PartitionState, partition: int,
                         replayed: list[Emit]) -> None:
         """Runs that finished during a rebuild lost their ``done`` head: send their outputs
-        again (the same bytes) and record them. Expected never to happen; logged if it does."""
-        runs = {e.key for e in replayed if e.topic is Topic.FINAL}
-        if not runs:
-            return
-        log.warning("partition %d: %d runs finished during the rebuild without a done head; "
-                    "publishing their outcomes again", partition, len(runs))
-        outputs = [e for e in replayed if e.key in runs]
-        await self._publish(state, None, [e for e in outputs if e.topic is not Topic.DLQ])
-        await self._record_finished(state, partition, outputs)
+        again (the same bytes) and record them."""
+        outputs = partition_module.refinished(partition, replayed)
+        if outputs:
+            await self._publish(state, None, [e for e in outputs if e.topic is not Topic.DLQ])
+            await self._record_finished(state, partition, outputs)
 
     # -- running ----------------------------------------------------------------------
 

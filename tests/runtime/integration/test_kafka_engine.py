@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from worker_harness import (
-    PROVIDERS,
     Reader,
     Stack,
     WorkerProcess,
@@ -19,9 +18,8 @@ from worker_harness import (
     expected,
     finished,
     make_stack,
-    provider_run,
     publish_envelopes,
-    run_ids,
+    two_call_runs,
 )
 
 from worker.runtime import admin
@@ -33,13 +31,7 @@ KEYED = ("committed", "errors", "final")
 
 
 def _runs(prefix: str, per_partition: int) -> dict[str, list[dict[str, object]]]:
-    ids = run_ids(prefix, PARTITIONS, per_partition=per_partition)
-    runs = {}
-    for n, run_id in enumerate(ids):
-        calls = [(f"call_{run_id}_{i}", "read_file", f'{{"path": "/data/{i}/{run_id}"}}')
-                 for i in range(2)]
-        runs[run_id] = provider_run(PROVIDERS[n % 3], run_id, calls, size=3)
-    return runs
+    return two_call_runs(prefix, PARTITIONS, per_partition)
 
 
 def _keys(reader: Reader) -> Counter[tuple[str, str]]:

@@ -240,6 +240,8 @@ class KafkaEngine:
             self._produce(self.outputs[emit.topic], step.out_key(emit, key), step.out_value(emit))
 
     def _write_heads(self) -> None:
+        if not self.table.pending:
+            return
         for partition, key, value in self.table.take_pending():
             self._produce(self.changelog, key, value, partition)
 
@@ -388,17 +390,12 @@ class KafkaEngine:
     def _refinish(self, state: PartitionState, partition: int, replayed: list[Emit]) -> None:
         """Runs that finished during a rebuild have no ``done`` head (never expected with
         transactions: a head commits with its outputs): publish them again and record them."""
-        runs = {e.key for e in replayed if e.topic is Topic.FINAL}
-        if not runs:
-            return
-        log.warning("partition %d: %d runs finished during the rebuild without a done head; "
-                    "publishing their outcomes again", partition, len(runs))
-        outputs = [e for e in replayed if e.key in runs]
-        self._begin()
-        self._publish(None, [e for e in outputs if e.topic is not Topic.DLQ])
-        self.heads.finished(state, partition, partition_module.finished_runs(outputs))
-        self._write_heads()
-
+        outputs = partition_module.refinished(partition, replayed)
+        if outputs:
+            self._begin()
+            self._publish(None, [e for e in outputs if e.topic is not Topic.DLQ])
+            self.heads.finished(state, partition, partition_module.finished_runs(outputs))
+            self._write_heads()
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
