@@ -131,10 +131,10 @@ def _rebuilt(worker: WorkerProcess) -> str:
 
 def _changelog(stack: Stack) -> HeadsTable:
     table = HeadsTable()
-    settings = {"bootstrap.servers": stack.bootstrap}
-    for p in range(stack.partitions):
-        table.restore(p, ((m.key(), m.value()) for m in reader.read(
-            settings, admin.heads_changelog(stack.config()), p)))
+    found = reader.read_all({"bootstrap.servers": stack.bootstrap},
+                            admin.heads_changelog(stack.config()), range(stack.partitions))
+    for p, records in found.items():
+        table.restore(p, records)
     return table
 
 

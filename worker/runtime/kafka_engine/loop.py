@@ -353,11 +353,14 @@ class KafkaEngine:
         if not partitions:
             return
         committed = self.consumer.committed(partitions, timeout=_CLIENT_TIMEOUT_S)
+        changelogs = reader.read_all(self.reader_settings, self.changelog,
+                                     [tp.partition for tp in committed if tp.topic == self.events])
         positions = []
         for tp in committed:
             low, _ = self.consumer.get_watermark_offsets(tp, timeout=_CLIENT_TIMEOUT_S)
             resume = max(tp.offset, low)
             if tp.topic == self.events:
+                self.table.restore(tp.partition, changelogs[tp.partition])
                 self.partitions[tp.partition] = self._rebuild(tp.partition, resume)
             elif tp.topic == self.control:
                 self.control_next[tp.partition] = resume
@@ -370,10 +373,9 @@ class KafkaEngine:
         log.info("events partitions assigned: %s", sorted(self.partitions))
 
     def _rebuild(self, partition: int, resume: int) -> PartitionState:
-        """A fresh assembler for ``partition`` in its state at offset ``resume``."""
+        """A fresh assembler for ``partition`` in its state at offset ``resume`` (its heads
+        restored already)."""
         state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
-        self.table.restore(partition, ((m.key(), m.value()) for m in reader.read(
-            self.reader_settings, self.changelog, partition)))
         open_runs = self.heads.load(state, partition)
         starts = [start for start in open_runs.values() if start < resume]
         count, replayed = 0, list[Emit]()
