@@ -256,15 +256,11 @@ class LatchWorker:
     async def _refinish(self, state: PartitionState, partition: int,
                         replayed: list[Emit]) -> None:
         """Runs that finished during a rebuild lost their ``done`` head: send their outputs
-        again (the same bytes) and record them. Expected never to happen; logged if it does."""
-        runs = {e.key for e in replayed if e.topic is Topic.FINAL}
-        if not runs:
-            return
-        log.warning("partition %d: %d runs finished during the rebuild without a done head; "
-                    "publishing their outcomes again", partition, len(runs))
-        outputs = [e for e in replayed if e.key in runs]
-        await self._publish(state, None, [e for e in outputs if e.topic is not Topic.DLQ])
-        await self._record_finished(state, partition, outputs)
+        again (the same bytes) and record them."""
+        outputs = partition_module.refinished(partition, replayed)
+        if outputs:
+            await self._publish(state, None, [e for e in outputs if e.topic is not Topic.DLQ])
+            await self._record_finished(state, partition, outputs)
 
     # -- running ----------------------------------------------------------------------
 
@@ -344,8 +340,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
-        latch = LatchWorker(config, _parse_settings(args.faust_setting))
-        _check_topics(config)
+        if config.worker.engine == "kafka":
+            latch: LatchWorker | Any = _kafka_engine(config, args.faust_setting)
+        else:
+            latch = LatchWorker(config, _parse_settings(args.faust_setting))
+            _check_topics(config)
     except (ConfigError, kafka_io.KafkaSetupError, TelemetryError, admin.TopicsError,
             ValueError) as exc:
         print(f"latch worker: {exc}", file=sys.stderr)
@@ -356,10 +355,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return latch.run()
 
 
-def _check_topics(config: Config) -> None:
+def _kafka_engine(config: Config, faust_settings: Sequence[str]) -> Any:
+    """``worker.engine: kafka`` (decision 0004): every topic must exist, the changelog too
+    (this engine does not create it); faust settings do not apply."""
+    from worker.runtime import kafka_engine
+
+    if faust_settings:
+        print("latch worker: the kafka engine ignores --faust-setting (set librdkafka "
+              "settings under kafka:)", file=sys.stderr)
+    _check_topics(config, changelog=True)
+    return kafka_engine.engine(config)
+
+
+def _check_topics(config: Config, changelog: bool = False) -> None:
     """Fail fast on a missing topic (a send to it would wait) or on events, control or heads
     changelog partitions that differ (runs would not be co-partitioned). The changelog may
     be missing: faust creates it."""
     settings: dict[str, str | int | float | bool] = {**config.kafka.confluent_config()}
-    required = [s.name for s in admin.specs(config) if s.name != admin.heads_changelog(config)]
+    required = [s.name for s in admin.specs(config)
+                if changelog or s.name != admin.heads_changelog(config)]
     admin.verify(AdminClient(settings), required, admin.copartitioned(config))

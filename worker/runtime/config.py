@@ -172,6 +172,11 @@ class WorkerSettings:
     log_level: str = "info"
     store: str = "memory://"
     otel_exporter: str = "none"
+    engine: str = "faust"
+    instance_id: str | None = None
+    batch_max_records: int = 2000
+    batch_max_ms: int = 100
+    transaction_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)

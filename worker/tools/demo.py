@@ -411,6 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: %(default)s)")
     parser.add_argument("--file", type=Path, help="envelopes to send instead of the shipped "
                         "examples/demo.jsonl")
+    parser.add_argument("--engine", choices=("faust", "kafka"),
+                        help="worker.engine for this demo (default: the configuration's)")
     return parser
 
 
@@ -418,6 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``latch demo``; see the module docstring."""
     args = build_parser().parse_args(argv)
     prefix = f"demo-{secrets.token_hex(3)}/"
+    if args.engine:  # the worker subprocess reads it as well
+        os.environ["LATCH_WORKER__ENGINE"] = args.engine
     try:
         config = load_config(args.config)
         path = args.file or example_file()
@@ -426,7 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"latch demo: {exc}", file=sys.stderr)
         return EXIT_USAGE
     runs = list(dict.fromkeys(e["run_id"] for e in envelopes))
-    say(f"latch demo: {len(runs)} runs from {path}, run ids under {prefix}")
+    say(f"latch demo: {len(runs)} runs from {path}, run ids under {prefix}, "
+        f"engine {config.worker.engine}")
     started = Started()
     steps = Steps()
     began = time.monotonic()

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from worker_harness import (
-    PROVIDERS,
     Reader,
     Stack,
     WorkerProcess,
@@ -19,9 +18,8 @@ from worker_harness import (
     expected,
     finished,
     make_stack,
-    provider_run,
     publish_envelopes,
-    run_ids,
+    two_call_runs,
 )
 
 PARTITIONS = 4
@@ -86,13 +84,7 @@ def _wait_committed(stack: Stack, timeout: float = 30) -> None:
 
 
 def _runs(prefix: str) -> dict[str, list[dict[str, object]]]:
-    ids = run_ids(prefix, PARTITIONS, per_partition=2)
-    runs = {}
-    for n, run_id in enumerate(ids):
-        calls = [(f"call_{run_id}_{i}", "read_file", f'{{"path": "/data/{i}/{run_id}"}}')
-                 for i in range(2)]
-        runs[run_id] = provider_run(PROVIDERS[n % 3], run_id, calls, size=3)
-    return runs
+    return two_call_runs(prefix, PARTITIONS, per_partition=2)
 
 
 def test_two_workers_share_the_partitions(

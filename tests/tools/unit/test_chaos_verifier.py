@@ -86,6 +86,16 @@ def test_byte_identical_duplicates_pass(plan: Plan) -> None:
     assert verdict.duplicates == 10
 
 
+def test_a_duplicate_fails_when_exactly_once_is_promised(plan: Plan) -> None:
+    """The kafka engine read at read_committed: one byte-identical repeat fails the verdict,
+    and the same records without it pass."""
+    records = _records(plan)
+    assert verify(plan, records, exactly_once=True).ok
+    verdict = verify(plan, records + records[:1], exactly_once=True)
+    assert (verdict.ok, verdict.duplicates) == (False, 1)
+    assert verdict.summary(0, 0).endswith("-> FAIL")
+
+
 def test_a_lost_outcome_fails(plan: Plan) -> None:
     """A committed call that never reached the topic is missing."""
     records = _records(plan)

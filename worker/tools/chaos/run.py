@@ -69,6 +69,11 @@ from worker.tools.chaos.plan import Plan, PlanError, RunPlan, build_plan
 from worker.tools.chaos.verify import OutRecord, Verdict, verify
 
 OUTPUT_ROLES = ("committed", "errors", "final", "dlq")
+#: librdkafka settings that do the same for the kafka engine.
+FAST_KAFKA = {"LATCH_KAFKA__SESSION_TIMEOUT_MS": "6000",
+              "LATCH_KAFKA__HEARTBEAT_INTERVAL_MS": "1000"}
+#: What each engine logs once it is consuming.
+READY = ("[^Worker]: Ready", "kafka engine ready")
 #: faust timings that make rebalances and failover quick on a local broker (the broker's
 #: minimum session timeout is 6 s), as ``tests/worker_harness.py`` uses them.
 FAST_FAUST = {
@@ -101,6 +106,7 @@ class Stack:
     partitions: int
     idle_timeout_s: float
     tick_interval_s: float
+    engine: str = "faust"
     #: The topics' replication factor (3 on a cluster of three nodes).
     replication: int = 1
 
@@ -118,6 +124,7 @@ class Stack:
             "LATCH_WORKER__WEB_PORT": "0",
             "LATCH_WORKER__TICK_INTERVAL_S": str(self.tick_interval_s),
             "LATCH_AGENT_STREAM_ASSEMBLE__ASSEMBLE_IDLE_TIMEOUT_S": str(self.idle_timeout_s),
+            "LATCH_WORKER__ENGINE": self.engine,
         }
 
     def config(self, **kafka: str) -> Config:
@@ -136,11 +143,14 @@ class Stack:
 def read_outputs(stack: Stack, roles: Sequence[str] = OUTPUT_ROLES,
                  timeout: float = 120.0) -> list[OutRecord]:
     """Every record of the output topics, from the beginning to their end as of now."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     topics = {stack.topic(role): role for role in roles}
+    # read_committed (the kafka engine's aborted transactions are not seen), to the end the
+    # consumer reports: a transaction's marker takes the last offset and is never delivered.
     consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "chaos-verifier",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "enable.partition.eof": True})
     try:
         meta = consumer.list_topics(timeout=30).topics
         tps = [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in meta[t].partitions]
@@ -154,10 +164,13 @@ def read_outputs(stack: Stack, roles: Sequence[str] = OUTPUT_ROLES,
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading the outputs: {len(left)} partitions unfinished")
             for msg in consumer.consume(1000, timeout=0.5):
-                if msg.error() is not None:
-                    continue
                 topic, partition = msg.topic() or "", msg.partition() or 0
                 offset, where = msg.offset() or 0, (topic, partition)
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF and offset >= ends[where]:
+                        left.discard(where)
+                    continue
                 if offset < ends[where]:
                     records.append(OutRecord(topics[topic], partition, offset, msg.key(),
                                              msg.value() or b""))
@@ -416,6 +429,10 @@ class Workers:
     def spawn(self, slot: int) -> None:
         args = [f"--faust-setting={k}={v}" for k, v in self.faust.items()]
         env = os.environ | self.stack.env() | {"PYTHONUNBUFFERED": "1"}
+        if self.stack.engine == "kafka":
+            # a respawned slot keeps its transactional.id: it aborts its predecessor's
+            # open transaction at once
+            args, env = [], FAST_KAFKA | env | {"LATCH_WORKER__INSTANCE_ID": f"slot-{slot}"}
         self.logs[slot] = self.log_dir / f"worker-{slot}.{next(self.generation)}.log"
         with open(self.logs[slot], "wb") as log:
             self.procs[slot] = subprocess.Popen(
@@ -447,7 +464,8 @@ class Workers:
         pending = set(range(len(self.procs)))
         while pending and time.monotonic() < deadline:
             for slot in list(pending):
-                if "[^Worker]: Ready" in self.logs[slot].read_text(errors="replace"):
+                text = self.logs[slot].read_text(errors="replace")
+                if any(ready in text for ready in READY):
                     pending.discard(slot)
                 elif (proc := self.procs[slot]) is not None and proc.poll() is not None:
                     raise RuntimeError(f"worker {slot} exited {proc.returncode} at start: "
@@ -632,6 +650,8 @@ class Options:
     cluster: int = 1
     #: faust settings for the workers, over :data:`FAST_FAUST`.
     faust: dict[str, str] = field(default_factory=dict)
+    #: ``worker.engine``: with ``kafka``, a duplicate at read_committed is a failure.
+    engine: str = "faust"
 
 
 @dataclass(slots=True)
@@ -761,7 +781,7 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
     notes: list[str] = []
     began = time.monotonic()
     stack = Stack(bootstrap, f"chaos{tag}-{uuid.uuid4().hex[:8]}", options.partitions,
-                  options.idle_timeout_s, options.tick_interval_s,
+                  options.idle_timeout_s, options.tick_interval_s, options.engine,
                   replication=min(3, options.cluster))
     if isinstance(broker, ClusterBroker):
         broker.watch_topic = stack.topic("events")
@@ -791,7 +811,7 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
             faults.stopping.set()
         notes += workers.stop_all()
     t = time.monotonic()
-    verdict = verify(plan, read_outputs(stack))
+    verdict = verify(plan, read_outputs(stack), exactly_once=options.engine == "kafka")
     durations["verify"] = time.monotonic() - t
     durations["total"] = time.monotonic() - began
     assert faults is not None
@@ -878,6 +898,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tick-interval", type=float, default=defaults.tick_interval_s)
     add("--drain-timeout", type=float, default=defaults.drain_timeout_s,
         help="seconds to wait for every final message after publishing")
+    add("--engine", choices=("faust", "kafka"), default=defaults.engine,
+        help="worker.engine of the workers; with kafka the verifier also fails on duplicates")
     add("--faust-setting", action="append", default=[], metavar="NAME=VALUE",
         help="a faust setting for the workers (over the fast timings), e.g. "
         "table_standby_replicas=0")
@@ -892,7 +914,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       args.partitions, args.rate, idle_timeout_s=args.idle_timeout,
                       tick_interval_s=args.tick_interval, drain_timeout_s=args.drain_timeout,
                       faust=dict(pair.partition("=")[::2] for pair in args.faust_setting),
-                      cluster=args.cluster)
+                      cluster=args.cluster, engine=args.engine)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="latch-chaos-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     broker: Broker | None = None

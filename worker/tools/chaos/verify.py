@@ -12,7 +12,8 @@ errors, final, DLQ), from the beginning, and counts
   arguments included), a record nobody expected, a DLQ record of no bad input or with
   another reason.
 
-Byte-identical repeats are counted as ``duplicates`` (delivery is at least once).
+Byte-identical repeats are counted as ``duplicates``: harmless at least once (the faust
+engine), a failure for the kafka engine read at ``read_committed`` (``exactly_once``).
 """
 
 from __future__ import annotations
@@ -53,10 +54,13 @@ class Verdict:
     contradictions: int = 0
     mismatched: int = 0
     failures: list[str] = field(default_factory=list)
+    #: Duplicates break the promise too (the kafka engine, read at read_committed).
+    exactly_once: bool = False
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.contradictions or self.mismatched)
+        return not (self.missing or self.contradictions or self.mismatched
+                    or (self.exactly_once and self.duplicates))
 
     def fail(self, counter: str, message: str) -> None:
         setattr(self, counter, getattr(self, counter) + 1)
@@ -77,9 +81,10 @@ def _outcome(value: dict[str, Any]) -> tuple[Any, ...]:
     return (value.get("state"), value.get("reason"))
 
 
-def verify(plan: Plan, records: Iterable[OutRecord]) -> Verdict:
-    """Check the promises on ``records`` (every output record) against the plan."""
-    verdict = Verdict(runs=len(plan.runs), calls=plan.calls)
+def verify(plan: Plan, records: Iterable[OutRecord], exactly_once: bool = False) -> Verdict:
+    """Check the promises on ``records`` (every output record) against the plan; with
+    ``exactly_once`` a duplicate fails the verdict too."""
+    verdict = Verdict(runs=len(plan.runs), calls=plan.calls, exactly_once=exactly_once)
     expected = {(e.topic.value, e.value["idempotency_key"]): orjson.dumps(e.value)
                 for run in plan.runs for e in run.expected}
     by_key: dict[tuple[str, str], list[bytes]] = defaultdict(list)
