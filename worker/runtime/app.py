@@ -308,7 +308,10 @@ def app_settings(config: Config, overrides: Mapping[str, Any]) -> dict[str, Any]
         "topic_replication_factor": config.topics.replication_factor,
         "processing_guarantee": "at_least_once",
         "consumer_auto_offset_reset": "earliest",
-        "web_enabled": worker.web_port > 0,
+        # faust's web server shows run ids and heads to anyone who connects: off unless
+        # asked for, and then on this host only unless configured otherwise.
+        "web_enabled": worker.web_enabled and worker.web_port > 0,
+        "web_bind": worker.web_host,
         "web_port": worker.web_port or 6066,
         "autodiscover": False,
         # A takeover rebuilds from the events log, so the heads table needs no standby; and
