@@ -35,12 +35,20 @@ control partition while a cancel is in flight; the cancel ends the run's calls `
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
+from worker.core import Assembler, AssembleSettings, RunStatus, Topic
+from worker.runtime import admin, step
+from worker.runtime import publisher as publisher_module
 from worker.runtime.app import app_settings
-from worker.runtime.config import ConfigError, load_config
+from worker.runtime.config import Config, ConfigError, TopicNames, load_config
+from worker.runtime.partition import TICK
+from worker.runtime.publisher import Publisher
 
 SECRET = "hunter2-swordfish"
 
@@ -111,3 +119,109 @@ def test_web_server_binds_to_localhost_when_enabled() -> None:
     anywhere = load_config(None, env={"LATCH_WORKER__WEB_ENABLED": "true",
                                       "LATCH_WORKER__WEB_HOST": "0.0.0.0"})
     assert app_settings(anywhere, {})["web_bind"] == "0.0.0.0"
+
+
+# -- reserved keys and types at the gateway -----------------------------------------------
+
+
+class _Producer:
+    """Records what the publisher hands to librdkafka (nothing is delivered)."""
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.produced: list[tuple[str, bytes, bytes]] = []
+
+    def produce(self, topic: str, value: bytes, key: bytes,
+                on_delivery: Callable[..., None]) -> None:
+        self.produced.append((topic, key, value))
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+
+def _publisher() -> tuple[Publisher, _Producer]:
+    fake = _Producer()
+    config = Config(topics=TopicNames(events="ev", control="ctl"))
+    return Publisher(config, producer=fake), fake  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("send", "problem"),
+    [
+        (lambda p: p.send_envelope({"v": 1, "type": "tick", "ts": 99_999_999_999_999,
+                                    "run_id": "__latch_tick__"}), "type 'tick' is reserved"),
+        (lambda p: p.send_envelope({"v": 1, "type": "tick", "ts": 1, "run_id": "r1"}),
+         "type 'tick' is reserved"),
+        (lambda p: p.send_raw("__latch_tick__", b'{"v":1,"type":"tick","ts":1}'),
+         "reserved for the worker"),
+        (lambda p: p.run("__latch_x", "openai.chat", []), "reserved for the worker"),
+        (lambda p: p.cancel("__latch_tick__"), "reserved for the worker"),
+        (lambda p: p.send_raw("__latch_tick__", b"{}", control=True), "reserved for the worker"),
+    ],
+)
+def test_publisher_never_sends_a_tick_or_a_reserved_key(send: Callable[[Publisher], Any],
+                                                        problem: str) -> None:
+    """The gateway's ``Publisher`` refuses the worker's own envelope type and keys with a
+    ``ValueError`` that names the problem, and hands nothing to the producer."""
+    pub, fake = _publisher()
+    with pytest.raises(ValueError, match=problem):
+        send(pub)
+    assert fake.produced == []
+
+
+def test_latch_publish_skips_ticks_and_reserved_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``latch publish`` skips a tick line and a ``__latch_…`` line, naming the line and the
+    reason, sends the rest, and exits 1."""
+    made: list[_Producer] = []
+    monkeypatch.setattr(publisher_module, "Producer",
+                        lambda config: made.append(_Producer(config)) or made[-1])
+    monkeypatch.chdir(tmp_path)
+    good = b'{"v":1,"run_id":"r1","seq":0,"type":"run.start","provider":"openai.chat"}'
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join([
+        b'{"v":1,"run_id":"__latch_tick__","type":"tick","ts":99999999999999}',
+        b'{"v":1,"run_id":"__latch_tick__","type":"cancel","reason":"x"}',
+        good]) + b"\n")
+    assert publisher_module.main(["--no-check", str(path)]) == 1
+    assert [key for _, key, _ in made[0].produced] == [b"r1"]
+    err = capsys.readouterr().err
+    assert "line 1: type 'tick' is reserved" in err
+    assert "line 2: run ids starting with __latch_ are reserved" in err
+
+
+# -- idle expiry in record time -----------------------------------------------------------
+
+
+def _record(key: bytes, doc: dict[str, Any], time_ms: int, offset: int) -> step.Record:
+    return key, orjson.dumps(doc), time_ms, {"topic": "ev", "partition": 0, "offset": offset}
+
+
+def test_a_tick_expires_by_its_record_time_not_its_ts() -> None:
+    """A tick whose payload ``ts`` is far in the future (a gateway's skewed or chosen clock)
+    expires nothing while its record time is within the idle timeout; a tick whose record
+    time is past it expires the run, whatever its ``ts`` says."""
+    asm = Assembler(AssembleSettings(assemble_idle_timeout_s=60))
+    start = {"v": 1, "run_id": "r1", "seq": 0, "type": "run.start", "provider": "openai.chat",
+             "tools": [], "ts": 1_000}
+    assert step.step(asm, _record(b"r1", start, 1_000, 0)) == []
+    future = {"v": 1, "type": "tick", "ts": 99_999_999_999_999}
+    assert step.step(asm, _record(TICK, future, 2_000, 1)) == []
+    assert asm.is_open("r1")
+    past = {"v": 1, "type": "tick", "ts": 0}
+    emits = step.step(asm, _record(TICK, past, 61_000, 2))
+    finals = [e for e in emits if e.topic is Topic.FINAL]
+    assert len(finals) == 1 and finals[0].value["status"] == RunStatus.IDLE_TIMEOUT
+
+
+def test_events_topic_is_created_with_log_append_time() -> None:
+    """``latch topics create`` makes the events topic stamp records with the broker's time
+    (``LogAppendTime``), so no producer's clock decides idle expiry; the setting is enforced
+    on an existing topic (tests/runtime/integration/test_worker_topics.py)."""
+    config = load_config(None, env={})
+    (events,) = [s for s in admin.specs(config) if s.name == config.topics.events]
+    assert ("message.timestamp.type", "LogAppendTime") in events.config
+    assert "message.timestamp.type" in admin.ENFORCED
