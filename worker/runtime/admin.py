@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
-from confluent_kafka import ConfigResource
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource  # not re-exported for mypy
 from confluent_kafka.cimpl import NewTopic
 
 from worker.runtime.config import Config, ConfigError, load_config
