@@ -18,13 +18,15 @@ Four rules keep the promises of ``guarantees.md``; the reasons are in
 * **Offset order, whatever faust delivers.** faust can skip or repeat records around a
   rebalance; the worker applies each partition's records strictly in offset order from the
   committed offset, reads a skipped range from the log itself, and drops a repeat.
-* **Emit, confirm, then record.** The outputs of a record are sent in order; when a run
-  finishes, every unconfirmed send of the partition is awaited before its ``done`` head is
-  written. A crash in between finalizes the run again after recovery, with the same bytes.
+* **Emit, confirm, then record.** The outputs of a record are sent in order, and every one
+  (progress records excepted) is delivered before the record is acked, before a run's
+  ``done`` head is written, and before a control record that a cancel was forwarded for is
+  acked. A crash in between finalizes the run again after recovery, with the same bytes.
 
-Delivery is at least once (``processing_guarantee="at_least_once"``: faust flushes its
-producer before it commits offsets). Records are acked by hand, after their outputs are sent;
-a send that fails stops the worker so that the record is processed again after a restart.
+Delivery is at least once. faust's commit only flushes its producer (a failed batch does not
+raise), so the worker never relies on it: records are acked by hand, after their outputs are
+confirmed; a send that fails stops the worker before the offset moves, so that the record is
+processed again after a restart. Unconfirmed sends never outlive the record that made them.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from worker.core import Assembler, Emit, Topic
 from worker.runtime import admin, control, kafka_io, step
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config, ConfigError, load_config
+from worker.runtime.heads_store import PartitionTrackedTable
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.step import Record
 from worker.runtime.telemetry import Telemetry, TelemetryError
@@ -69,7 +72,8 @@ class LatchWorker:
         self.outputs = {t: self.app.topic(getattr(names, t.value), **_RAW) for t in Topic}
         # key_type bytes: raw run_id keys; no value_type: JSON values.
         self.heads = self.app.Table("heads", partitions=names.partitions, key_type=bytes)
-        self.run_heads = Heads(self.heads, config.worker.finished_run_retention_s)
+        self.run_heads = Heads(PartitionTrackedTable(self.heads),
+                               config.worker.finished_run_retention_s)
         self.telemetry = Telemetry(config.worker.otel_exporter)
         self.reader_options = kafka_io.aiokafka_options(config.kafka)
         self.partitions: dict[int, PartitionState] = {}
@@ -163,6 +167,10 @@ class LatchWorker:
         await self._record_finished(state, partition, emits)
         if key == TICK:  # at a tick, so in stream context, and by record time
             self.run_heads.forget_finished(state)
+        # Every output of this record (a DLQ record, an early commit, an error result) is
+        # delivered before the record is acked: faust's commit only flushes its producer,
+        # and a failed batch would not stop it. A failure raises here, unacked.
+        await state.confirm()
         state.next_offset = offset + 1
 
     async def _forward_control(self, record: Record) -> None:
@@ -170,10 +178,12 @@ class LatchWorker:
         routed = control.route(record)
         if isinstance(routed, Emit):
             self.telemetry.record([routed])
-            await self.outputs[Topic.DLQ].send(key=record[0], value=step.out_value(routed))
-            return
-        key, value = routed
-        await self.events.send(key=key, value=value)
+            sent = await self.outputs[Topic.DLQ].send(key=record[0],
+                                                      value=step.out_value(routed))
+        else:
+            key, value = routed
+            sent = await self.events.send(key=key, value=value)
+        await sent  # delivered before the control record is acked (a failure raises)
 
     async def _tick(self) -> None:
         """Write a tick into each events partition this worker owns (the only clock read)."""

@@ -17,7 +17,8 @@ events topic created with ``CreateTime``   ``latch topics create`` and the worke
                                            start refuse it, naming the setting          [1]
 output sent, no final follows (DLQ,        confirmed before its input record is acked;  here
 early commit, forwarded cancel)            a failed delivery stops the worker unacked
-more unconfirmed sends than the bound      awaited at once (count and bytes bounded)    here
+a flood of DLQ-only records                pending sends never outlive their record:    here
+                                           the unconfirmed set is one record's outputs
 partition revoked, compacted, re-assigned  heads of a revoked partition leave the       here
                                            memory store: the changelog alone decides
 broken ``latch.yaml`` holding a password   file, line, column and problem; no snippet   here
@@ -35,19 +36,23 @@ control partition while a cancel is in flight; the cancel ends the run's calls `
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
+from faust.types import TP
 
 from worker.core import Assembler, AssembleSettings, RunStatus, Topic
 from worker.runtime import admin, step
 from worker.runtime import publisher as publisher_module
-from worker.runtime.app import app_settings
+from worker.runtime.app import LatchWorker, app_settings
 from worker.runtime.config import Config, ConfigError, TopicNames, load_config
-from worker.runtime.partition import TICK
+from worker.runtime.heads_store import PartitionTrackedTable
+from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.publisher import Publisher
 
 SECRET = "hunter2-swordfish"
@@ -225,3 +230,149 @@ def test_events_topic_is_created_with_log_append_time() -> None:
     (events,) = [s for s in admin.specs(config) if s.name == config.topics.events]
     assert ("message.timestamp.type", "LogAppendTime") in events.config
     assert "message.timestamp.type" in admin.ENFORCED
+
+
+# -- outputs confirmed before the offset moves ----------------------------------------------
+
+
+class _Topic:
+    """A faust topic whose sends are delivered (or fail) one loop turn later, logging when."""
+
+    def __init__(self, log: list[str], name: str, fail: bool = False) -> None:
+        self.log, self.name, self.fail = log, name, fail
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+    async def send(self, key: bytes | None = None, value: bytes = b"",
+                   partition: int | None = None) -> asyncio.Future[None]:
+        self.log.append(f"send {self.name}")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def deliver() -> None:
+            self.log.append(f"delivered {self.name}")
+            if self.fail:
+                future.set_exception(RuntimeError("MessageSizeTooLarge"))
+            else:
+                future.set_result(None)
+
+        asyncio.get_running_loop().call_soon(deliver)
+        return future
+
+
+class _Stream:
+    """faust's stream as ``_consume`` uses it: events in, acks logged."""
+
+    def __init__(self, log: list[str], messages: list[SimpleNamespace]) -> None:
+        self.log, self.messages = log, messages
+
+    def noack(self) -> _Stream:
+        return self
+
+    async def events(self) -> AsyncIterator[SimpleNamespace]:
+        for message in self.messages:
+            yield SimpleNamespace(message=message)
+
+    async def ack(self, event: SimpleNamespace) -> None:
+        self.log.append(f"ack {event.message.offset}")
+
+
+def _worker(log: list[str], fail: bool = False) -> LatchWorker:
+    latch = LatchWorker(load_config(None, env={"LATCH_TOPICS__EVENTS": "ev",
+                                               "LATCH_TOPICS__CONTROL": "ctl"}))
+    latch.outputs = {t: _Topic(log, t.value, fail) for t in Topic}
+    latch.events = _Topic(log, "ev", fail)  # type: ignore[assignment]
+    latch.partitions[0] = PartitionState(Assembler(), next_offset=0)
+    latch.control_next[0] = 0
+
+    async def crash(exc: BaseException) -> None:
+        log.append(f"crash {type(exc).__name__}")
+
+    latch.app.crash = crash  # type: ignore[method-assign]
+    return latch
+
+
+def _message(topic: str, offset: int, key: bytes | None, doc: dict[str, Any]) -> SimpleNamespace:
+    return SimpleNamespace(topic=topic, partition=0, offset=offset, key=key,
+                           value=orjson.dumps(doc), timestamp=1.0)
+
+
+NOT_AN_ENVELOPE = {"v": 1, "run_id": "r1", "type": "no.such.type"}
+CANCEL = {"v": 1, "run_id": "r1", "type": "cancel", "reason": "user_stop"}
+
+
+@pytest.mark.parametrize(
+    ("topic", "message", "output"),
+    [
+        ("ev", _message("ev", 0, b"r1", NOT_AN_ENVELOPE), "dlq"),  # a DLQ record, no final
+        ("ctl", _message("ctl", 0, b"r1", CANCEL), "ev"),  # the forwarded cancel
+        ("ctl", _message("ctl", 0, b"r1", NOT_AN_ENVELOPE), "dlq"),  # a control DLQ record
+    ],
+)
+def test_an_output_is_delivered_before_its_record_is_acked(
+        topic: str, message: SimpleNamespace, output: str) -> None:
+    """A record whose only output is not followed by a run's end (a DLQ record, a forwarded
+    cancel) is acked only once that output is delivered, so faust never commits its offset
+    while the output could still be lost."""
+    log: list[str] = []
+    latch = _worker(log)
+    agent = latch._events_agent if topic == "ev" else latch._control_agent
+    asyncio.run(agent(_Stream(log, [message])))
+    assert log == [f"send {output}", f"delivered {output}", "ack 0"]
+
+
+@pytest.mark.parametrize(
+    ("topic", "message"),
+    [("ev", _message("ev", 0, b"r1", NOT_AN_ENVELOPE)), ("ctl", _message("ctl", 0, b"r1", CANCEL))],
+)
+def test_a_failed_delivery_stops_the_worker_unacked(topic: str, message: SimpleNamespace) -> None:
+    """A send that fails (the broker refused it) stops the worker and leaves the record
+    unacked, so its offset is never committed and it is processed again after a restart."""
+    log: list[str] = []
+    latch = _worker(log, fail=True)
+    agent = latch._events_agent if topic == "ev" else latch._control_agent
+    with pytest.raises(RuntimeError, match="MessageSizeTooLarge"):
+        asyncio.run(agent(_Stream(log, [message])))
+    assert log[-1] == "crash RuntimeError" and not any(e.startswith("ack") for e in log)
+    assert latch.failed
+
+
+# -- heads after revocations --------------------------------------------------------------
+
+
+class _LiveTable(dict[bytes, Any]):
+    """faust's table as the events agent writes it: values go to its local store (``data``)
+    and, in faust, to the changelog; no event context is needed here."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__()
+        self.data = store
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        self.data[key] = value
+
+    def __getitem__(self, key: bytes) -> Any:
+        return self.data[key]
+
+    def items(self) -> Any:  # type: ignore[override]
+        return self.data.items()
+
+
+def test_heads_written_live_leave_memory_with_their_partition() -> None:
+    """A head written live for partition 1 (a run that opened there) is dropped from faust's
+    memory store by faust's own clean-up after a recovery in which partition 1 is no longer
+    owned; so when partition 1 comes back after compaction removed the tombstone that ended
+    the head, the worker does not see a finished run as open (it would re-read the run from
+    its start and publish its outcomes again). A head of a partition still owned stays.
+    (The store state is simulated: faust's ``on_recovery_completed`` on the real store.)"""
+    latch = LatchWorker(load_config(None, env={"LATCH_TOPICS__PARTITIONS": "2"}))
+    store = latch.heads.data
+    assert isinstance(latch.run_heads.table, PartitionTrackedTable)  # the worker's wiring
+    heads = Heads(PartitionTrackedTable(_LiveTable(store)), retention_s=3600)
+    heads.opened(b"gone", partition=1, offset=40)
+    heads.opened(b"kept", partition=0, offset=7)
+    changelog = f"{latch.config.worker.app_id}-heads-changelog"
+    asyncio.run(store.on_recovery_completed({TP(changelog, 0)}, set()))
+    assert dict(store.items()) == {b"kept": {"p": 0, "start": 7}}
+    state = PartitionState(Assembler(), next_offset=50)
+    assert heads.load(state, 1) == {}  # partition 1 is back: nothing stale is open
