@@ -32,9 +32,11 @@ processed again after a restart. Unconfirmed sends never outlive the record that
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 import time
+from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -49,6 +51,7 @@ from worker.core import Assembler, Emit, Topic
 from worker.runtime import admin, control, kafka_io, step
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config, ConfigError, load_config
+from worker.runtime.gaps import StallWatch
 from worker.runtime.heads_store import PartitionTrackedTable
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.step import Record
@@ -79,6 +82,9 @@ class LatchWorker:
         self.partitions: dict[int, PartitionState] = {}
         #: The next offset to forward of each control partition this worker owns.
         self.control_next: dict[int, int] = {}
+        #: One forwarder at a time per control partition: faust's agent, or the tick's repair.
+        self.control_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.control_watch = StallWatch()
         self.revocations = 0
         #: A record could not be processed: the worker is stopping, nothing more is handled.
         self.failed = False
@@ -126,12 +132,44 @@ class LatchWorker:
 
     async def _apply_control(self, message: Any) -> None:
         partition = message.partition
+        async with self.control_locks[partition]:
+            await self._control_resume(message.topic, partition)
+            async for record in self._in_order(message, self.control_next[partition]):
+                await self._forward_control(record)
+                self.control_next[partition] = record[3]["offset"] + 1
+
+    async def _control_resume(self, topic: str, partition: int) -> None:
         if partition not in self.control_next:
             self.control_next[partition] = await kafka_io.resume_offset(
-                self.reader_options, self.config.worker.app_id, message.topic, partition)
-        async for record in self._in_order(message, self.control_next[partition]):
-            await self._forward_control(record)
-            self.control_next[partition] = record[3]["offset"] + 1
+                self.reader_options, self.config.worker.app_id, topic, partition)
+
+    async def _repair_control(self) -> None:
+        """Read and forward what faust left unread of the control partitions this worker
+        owns (:mod:`worker.runtime.gaps`), then commit it."""
+        topic = self.control.get_topic_name()
+        owned = sorted(tp.partition for tp in self.app.assignor.assigned_actives()
+                       if tp.topic == topic)
+        for partition in owned:
+            async with self.control_locks[partition]:
+                await self._control_resume(topic, partition)
+        ends = await kafka_io.end_offsets(self.reader_options, topic, owned)
+        applied = {p: self.control_next[p] for p in owned if p in self.control_next}
+        for partition, (start, end) in self.control_watch.stalled(applied, ends).items():
+            log.warning("%s[%d]: records %d..%d were not delivered; reading them from the log",
+                        topic, partition, start, end - 1)
+            async with self.control_locks[partition]:
+                async for record in self._read(topic, partition, start, end):
+                    offset = record[3]["offset"]
+                    if partition not in self.control_next:  # revoked meanwhile
+                        break
+                    if offset >= self.control_next[partition]:
+                        await self._forward_control(record)
+                        self.control_next[partition] = offset + 1
+                else:
+                    # forwarded and confirmed: commit, as faust would had it delivered them
+                    # (a private API, like _add_gap in _in_order: faust has no public one).
+                    await self.app.consumer._commit_offsets(  # type: ignore[attr-defined]
+                        {TP(topic, partition): self.control_next[partition]})
 
     async def _in_order(self, message: Any, expected: int) -> AsyncIterator[Record]:
         """The records to apply for ``message`` when ``expected`` is the partition's next
@@ -192,6 +230,11 @@ class LatchWorker:
         for tp in sorted(self.app.assignor.assigned_actives()):
             if tp.topic == events:
                 await self.events.send(key=TICK, value=value, partition=tp.partition)
+        try:
+            await self._repair_control()
+        except Exception as exc:  # nothing moved that was not confirmed: the next tick retries
+            log.warning("reading unread control records failed (%s); retrying at the next "
+                        "tick", type(exc).__name__)
 
     async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         """faust's ``on_partitions_revoked`` signal: ``(app, revoked: set[TP], signal=...)``.

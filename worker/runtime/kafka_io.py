@@ -126,3 +126,18 @@ async def resume_offset(options: dict[str, Any], group: str, topic: str, partiti
     finally:
         await consumer.stop()
     return int(first if committed is None else max(committed, first))
+
+
+async def end_offsets(options: dict[str, Any], topic: str,
+                      partitions: list[int]) -> dict[int, int]:
+    """The log end offset (the next offset to be written) of each of ``partitions``."""
+    if not partitions:
+        return {}
+    tps = [TopicPartition(topic, p) for p in partitions]
+    consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False, **options)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+    return {tp.partition: int(offset) for tp, offset in ends.items()}

@@ -47,10 +47,11 @@ import pytest
 from faust.types import TP
 
 from worker.core import Assembler, AssembleSettings, RunStatus, Topic
-from worker.runtime import admin, step
+from worker.runtime import admin, kafka_io, step
 from worker.runtime import publisher as publisher_module
 from worker.runtime.app import LatchWorker, app_settings
 from worker.runtime.config import Config, ConfigError, TopicNames, load_config
+from worker.runtime.gaps import StallWatch
 from worker.runtime.heads_store import PartitionTrackedTable
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.publisher import Publisher
@@ -376,3 +377,60 @@ def test_heads_written_live_leave_memory_with_their_partition() -> None:
     assert dict(store.items()) == {b"kept": {"p": 0, "start": 7}}
     state = PartitionState(Assembler(), next_offset=50)
     assert heads.load(state, 1) == {}  # partition 1 is back: nothing stale is open
+
+
+# -- a control range faust never delivers ---------------------------------------------------
+
+
+def test_stall_watch_reads_a_range_only_after_it_stood_still() -> None:
+    """A partition is read by the worker itself only when its next offset to apply is below
+    the log end and has not moved between two looks (faust may be about to deliver it)."""
+    watch = StallWatch()
+    assert watch.stalled({0: 5, 1: 3}, {0: 6, 1: 3}) == {}  # first look: remember
+    assert watch.stalled({0: 5, 1: 3}, {0: 6, 1: 4}) == {0: (5, 6)}  # 1: offset 3 is new
+    assert watch.stalled({0: 6, 1: 3}, {0: 7, 1: 4}) == {1: (3, 4)}  # 0 moved
+    assert watch.stalled({0: 6, 1: 4}, {0: 9, 1: 4}) == {0: (6, 9)}  # 1 caught up
+
+
+def test_a_cancel_faust_never_delivers_is_forwarded_at_the_next_ticks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The only record of an owned control partition is a cancel that faust skipped (it
+    started the partition past it, and nothing later arrives): within two ticks the worker
+    reads it from the log, forwards it into the events topic (confirmed), and commits the
+    control partition past it, without any later record of that partition."""
+    log: list[str] = []
+    latch = _worker(log)
+    latch.control_next.clear()  # nothing delivered yet
+    cancel = SimpleNamespace(topic="ctl", partition=0, offset=0, key=b"r1",
+                             value=orjson.dumps(CANCEL), timestamp=1_000)
+
+    async def resume_offset(*args: Any) -> int:
+        return 0
+
+    async def end_offsets(options: Any, topic: str, partitions: list[int]) -> dict[int, int]:
+        return dict.fromkeys(partitions, 1)
+
+    async def read_range(options: Any, topic: str, partition: int, start: int,
+                         stop: int) -> AsyncIterator[SimpleNamespace]:
+        log.append(f"read {topic}[{partition}] {start}..{stop}")
+        yield cancel
+
+    async def commit(offsets: dict[TP, int]) -> bool:
+        log.append(f"commit {offsets}")
+        return True
+
+    monkeypatch.setattr(kafka_io, "resume_offset", resume_offset)
+    monkeypatch.setattr(kafka_io, "end_offsets", end_offsets)
+    monkeypatch.setattr(kafka_io, "read_range", read_range)
+    monkeypatch.setattr(latch.app, "assignor",
+                        SimpleNamespace(assigned_actives=lambda: {TP("ctl", 0)}))
+    monkeypatch.setattr(latch.app.consumer, "_commit_offsets", commit)
+
+    async def two_ticks() -> None:
+        await latch._tick()  # the cancel is there, unapplied
+        await latch._tick()  # and still is: read it
+
+    asyncio.run(two_ticks())
+    assert log == ["read ctl[0] 0..1", "send ev", "delivered ev",
+                   f"commit {({TP('ctl', 0): 1})}"]
+    assert latch.control_next[0] == 1
