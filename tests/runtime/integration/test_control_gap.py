@@ -13,8 +13,6 @@ test fails on the old code only when faust skips; the deterministic proof of the
 
 from __future__ import annotations
 
-import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from worker_harness import (
     Reader,
     Stack,
     WorkerProcess,
+    assignments,
     finished,
     make_stack,
     partition_of,
@@ -31,6 +30,7 @@ from worker_harness import (
     publish,
     publish_envelopes,
     run_ids,
+    worker_pair,
 )
 
 PARTITIONS = 2
@@ -46,29 +46,15 @@ def stack(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stac
 
 
 def _owned(worker: WorkerProcess) -> set[int]:
-    found = re.findall(r"events partitions assigned: \[([\d, ]*)\]", worker.log())
-    return set(map(int, re.findall(r"\d+", found[-1]))) if found else set()
+    found = assignments(worker)
+    return found[-1] if found else set()
 
 
 @pytest.fixture
 def pair(stack: Stack, tmp_path: Path) -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
     """Two workers that own one partition each (events and control, co-partitioned)."""
-    first = WorkerProcess(stack, tmp_path / "a.log")
-    second = None
-    try:
-        first.wait_ready()
-        second = WorkerProcess(stack, tmp_path / "b.log")
-        second.wait_ready()
-        deadline = time.monotonic() + 40
-        while not (_owned(first) and _owned(second)
-                   and _owned(first) | _owned(second) == set(range(PARTITIONS))):
-            assert time.monotonic() < deadline, "the workers never split the partitions"
-            time.sleep(0.2)
-        yield first, second
-    finally:
-        for proc in (first, second):
-            if proc is not None and proc.proc.poll() is None:
-                proc.kill()
+    with worker_pair(stack, tmp_path) as made:
+        yield made
 
 
 def test_a_cancel_in_flight_survives_a_kill_of_its_control_partitions_owner(

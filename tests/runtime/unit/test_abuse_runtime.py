@@ -19,8 +19,8 @@ output sent, no final follows (DLQ,        confirmed before its input record is 
 early commit, forwarded cancel)            a failed delivery stops the worker unacked
 a flood of DLQ-only records                pending sends never outlive their record:    here
                                            the unconfirmed set is one record's outputs
-partition revoked, compacted, re-assigned  heads of a revoked partition leave the       here
-                                           memory store: the changelog alone decides
+partition revoked, compacted, re-assigned  heads of a revoked partition leave the       here,
+                                           memory store: the changelog alone decides    [3]
 broken ``latch.yaml`` holding a password   file, line, column and problem; no snippet   here
 secret of the wrong type or value          the key and the failed rule; never the value here
 no ``web_*`` setting                       faust's web server off                       here
@@ -32,6 +32,8 @@ faust never delivers                       tick, without waiting for a later rec
 [1] ``tests/runtime/integration/test_worker_topics.py``.
 [2] ``tests/runtime/integration/test_control_gap.py`` (a ``kill -9`` of the owner of a
 control partition while a cancel is in flight; the cancel ends the run's calls ``cancelled``).
+[3] ``tests/runtime/integration/test_heads_return.py`` (the partition moves away and back
+after compaction removed the tombstone of a run finished elsewhere).
 """
 
 from __future__ import annotations

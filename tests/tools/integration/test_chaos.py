@@ -18,7 +18,11 @@ from worker.tools.chaos import verify as chaos_verify
 
 SHORT = chaos.Options(runs=120, workers=2, kills=2, broker_restarts=1, seed=4, partitions=6,
                       rate=250.0, idle_timeout_s=30.0, tick_interval_s=1.0,
-                      drain_timeout_s=150.0)
+                      drain_timeout_s=150.0,
+                      # Issue 9: these kinds need the core's fixes of items 4 (one outcome per
+                      # id with early commit) and 7 (a cancel before its run.start), made on
+                      # another branch; drop this exclusion once both are merged.
+                      exclude=("early_reuse", "cancel_race"))
 
 
 @pytest.fixture(scope="module")

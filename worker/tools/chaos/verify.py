@@ -179,12 +179,11 @@ def _check_cancels(verdict: Verdict, plan: Plan, decoded: dict[tuple[str, str], 
     """Every acknowledged cancel ended its run ``cancelled`` and each call the run opened
     ``cancelled``, unless committed before it (early commit)."""
     for run in plan.runs:
-        if run.cancel is None or (acked is not None and run.run_id not in acked):
-            continue
         final = decoded.get(("final", f"{run.run_id}:final"))
-        if final is None:
-            if run.flexible:  # the exact check does not know this run's records
-                verdict.fail("missing", f"no final message for {run.run_id}")
+        if final is None and run.flexible:  # the exact check does not know this run's records
+            verdict.fail("missing", f"no final message for {run.run_id}")
+        if final is None or run.cancel is None or (acked is not None
+                                                   and run.run_id not in acked):
             continue
         if final.get("status") != "cancelled":
             verdict.fail("missing", f"the cancel of {run.run_id} was acknowledged, but the "
