@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import faust
@@ -157,8 +158,9 @@ class LatchWorker:
         for partition, (start, end) in self.control_watch.stalled(applied, ends).items():
             log.warning("%s[%d]: records %d..%d were not delivered; reading them from the log",
                         topic, partition, start, end - 1)
-            async with self.control_locks[partition]:
-                async for record in self._read(topic, partition, start, end):
+            async with (self.control_locks[partition],
+                        contextlib.aclosing(self._read(topic, partition, start, end)) as records):
+                async for record in records:
                     offset = record[3]["offset"]
                     if partition not in self.control_next:  # revoked meanwhile
                         break
@@ -297,7 +299,7 @@ class LatchWorker:
         return state
 
     async def _read(self, topic: str, partition: int, start: int,
-                    end: int) -> AsyncIterator[Record]:
+                    end: int) -> AsyncGenerator[Record, None]:
         """The records ``start`` to ``end`` (excluded) of a partition, read from the log."""
         async for rec in kafka_io.read_range(self.reader_options, topic, partition, start, end):
             yield _reader_record(rec)
