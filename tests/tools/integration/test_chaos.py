@@ -51,7 +51,12 @@ def test_promises_hold_under_kills_and_a_broker_restart(result: chaos.Result) ->
     assert (result.kills, result.broker_restarts) == (2, 1), details
     assert result.summary.endswith("missing=0 contradictions=0 mismatched=0 -> PASS")
     assert result.verdict.calls > 150
-    assert result.verdict.committed + result.verdict.errors == result.verdict.calls
+    # A raced cancel (cancel_mid) may land before some of its run's calls open: those runs
+    # have at most their planned outcomes; every other run has exactly its planned ones.
+    raced = sum(1 for run in result.plan.runs if run.flexible for e in run.expected
+                if e.topic.value in ("committed", "errors"))
+    outcomes = result.verdict.committed + result.verdict.errors
+    assert result.verdict.calls - raced <= outcomes <= result.verdict.calls
     assert result.verdict.dlq == len(result.plan.bad)
 
 
