@@ -94,6 +94,9 @@ class LatchWorker:
         self.app.agent(self.control, name=f"{app_id}.control", concurrency=1)(
             self._control_agent)
         self.app.timer(config.worker.tick_interval_s, name=f"{app_id}.tick")(self._tick)
+        # Its own timer: a slow repair (a broker away) must not hold the ticks back.
+        self.app.timer(config.worker.tick_interval_s, name=f"{app_id}.repair")(
+            self._repair_tick)
         # mode's handler type (NamedArg/KwArg callables) rejects any bound async method:
         self.app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
         self.app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
@@ -232,6 +235,10 @@ class LatchWorker:
         for tp in sorted(self.app.assignor.assigned_actives()):
             if tp.topic == events:
                 await self.events.send(key=TICK, value=value, partition=tp.partition)
+
+    async def _repair_tick(self) -> None:
+        """At each tick interval, read what faust left unread of the owned control
+        partitions (:meth:`_repair_control`); a failure waits for the next interval."""
         try:
             await self._repair_control()
         except Exception as exc:  # nothing moved that was not confirmed: the next tick retries

@@ -9,7 +9,8 @@ partition gets nothing of the kind: a cancel that was the last record of its par
 faust skipped it stayed unread, its run ended ``assemble_idle_timeout`` instead of
 ``cancelled`` (or committed the calls the user stopped, had the stream gone on).
 
-At each tick the worker compares, for each control partition it owns, the next offset it
+At each tick interval (a timer of its own, so that a slow read never holds the ticks back)
+the worker compares, for each control partition it owns, the next offset it
 will apply with the partition's log end. A partition whose next offset was already below the
 end at the previous tick and has not moved since is *stalled*: the worker reads the range
 itself and forwards it, exactly as if faust had delivered it (a record faust delivers later

@@ -429,8 +429,8 @@ def test_a_cancel_faust_never_delivers_is_forwarded_at_the_next_ticks(
     monkeypatch.setattr(latch.app.consumer, "_commit_offsets", commit)
 
     async def two_ticks() -> None:
-        await latch._tick()  # the cancel is there, unapplied
-        await latch._tick()  # and still is: read it
+        await latch._repair_tick()  # the cancel is there, unapplied
+        await latch._repair_tick()  # and still is: read it
 
     asyncio.run(two_ticks())
     assert log == ["read ctl[0] 0..1", "send ev", "delivered ev",
