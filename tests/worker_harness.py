@@ -202,6 +202,39 @@ class WorkerProcess:
                 if re.search(r"\[(ERROR|CRITICAL)\]|Traceback", line)]
 
 
+def assignments(worker: WorkerProcess) -> list[set[int]]:
+    """The events partitions of each assignment the worker logged, in order."""
+    return [set(map(int, re.findall(r"\d+", found)))
+            for found in re.findall(r"events partitions assigned: \[([\d, ]*)\]", worker.log())]
+
+
+@contextlib.contextmanager
+def worker_pair(stack: Stack, log_dir: Path,
+                timeout: float = 40) -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
+    """Two workers that have settled on a split of the stack's partitions (each owns some,
+    none owns one twice); killed afterwards if still running."""
+    first = WorkerProcess(stack, log_dir / "a.log")
+    second = None
+    try:
+        first.wait_ready()
+        second = WorkerProcess(stack, log_dir / "b.log")
+        second.wait_ready()
+        deadline = time.monotonic() + timeout
+        while True:
+            a, b = assignments(first), assignments(second)
+            if a and b and a[-1] and b[-1] and not a[-1] & b[-1] \
+                    and a[-1] | b[-1] == set(range(stack.partitions)):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no split: {a} / {b}")
+            time.sleep(0.2)
+        yield first, second
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.proc.poll() is None:
+                proc.kill()
+
+
 # -- in and out ----------------------------------------------------------------------------
 
 

@@ -239,7 +239,7 @@ class Assembler:
     ) -> list[Emit]:
         """Apply one decoded envelope at record time ``now_ms``."""
         if isinstance(envelope, Tick):
-            return self.expire(envelope.ts)
+            return self.expire(now_ms)  # the record time, never the payload's ts
         run = self._runs.get(envelope.run_id)
         if isinstance(envelope, RunStart):
             return self._start(envelope, run, now_ms, raw)

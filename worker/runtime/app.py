@@ -18,22 +18,27 @@ Four rules keep the promises of ``guarantees.md``; the reasons are in
 * **Offset order, whatever faust delivers.** faust can skip or repeat records around a
   rebalance; the worker applies each partition's records strictly in offset order from the
   committed offset, reads a skipped range from the log itself, and drops a repeat.
-* **Emit, confirm, then record.** The outputs of a record are sent in order; when a run
-  finishes, every unconfirmed send of the partition is awaited before its ``done`` head is
-  written. A crash in between finalizes the run again after recovery, with the same bytes.
+* **Emit, confirm, then record.** The outputs of a record are sent in order, and every one
+  (progress records excepted) is delivered before the record is acked, before a run's
+  ``done`` head is written, and before a control record that a cancel was forwarded for is
+  acked. A crash in between finalizes the run again after recovery, with the same bytes.
 
-Delivery is at least once (``processing_guarantee="at_least_once"``: faust flushes its
-producer before it commits offsets). Records are acked by hand, after their outputs are sent;
-a send that fails stops the worker so that the record is processed again after a restart.
+Delivery is at least once. faust's commit only flushes its producer (a failed batch does not
+raise), so the worker never relies on it: records are acked by hand, after their outputs are
+confirmed; a send that fails stops the worker before the offset moves, so that the record is
+processed again after a restart. Unconfirmed sends never outlive the record that made them.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import faust
@@ -47,6 +52,8 @@ from worker.core import Assembler, Emit, Topic
 from worker.runtime import admin, control, kafka_io, step
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config, ConfigError, load_config
+from worker.runtime.gaps import StallWatch
+from worker.runtime.heads_store import PartitionTrackedTable
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.step import Record
 from worker.runtime.telemetry import Telemetry, TelemetryError
@@ -69,12 +76,16 @@ class LatchWorker:
         self.outputs = {t: self.app.topic(getattr(names, t.value), **_RAW) for t in Topic}
         # key_type bytes: raw run_id keys; no value_type: JSON values.
         self.heads = self.app.Table("heads", partitions=names.partitions, key_type=bytes)
-        self.run_heads = Heads(self.heads, config.worker.finished_run_retention_s)
+        self.run_heads = Heads(PartitionTrackedTable(self.heads),
+                               config.worker.finished_run_retention_s)
         self.telemetry = Telemetry(config.worker.otel_exporter)
         self.reader_options = kafka_io.aiokafka_options(config.kafka)
         self.partitions: dict[int, PartitionState] = {}
         #: The next offset to forward of each control partition this worker owns.
         self.control_next: dict[int, int] = {}
+        #: One forwarder at a time per control partition: faust's agent, or the tick's repair.
+        self.control_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.control_watch = StallWatch()
         self.revocations = 0
         #: A record could not be processed: the worker is stopping, nothing more is handled.
         self.failed = False
@@ -83,6 +94,9 @@ class LatchWorker:
         self.app.agent(self.control, name=f"{app_id}.control", concurrency=1)(
             self._control_agent)
         self.app.timer(config.worker.tick_interval_s, name=f"{app_id}.tick")(self._tick)
+        # Its own timer: a slow repair (a broker away) must not hold the ticks back.
+        self.app.timer(config.worker.tick_interval_s, name=f"{app_id}.repair")(
+            self._repair_tick)
         # mode's handler type (NamedArg/KwArg callables) rejects any bound async method:
         self.app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
         self.app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
@@ -122,12 +136,45 @@ class LatchWorker:
 
     async def _apply_control(self, message: Any) -> None:
         partition = message.partition
+        async with self.control_locks[partition]:
+            await self._control_resume(message.topic, partition)
+            async for record in self._in_order(message, self.control_next[partition]):
+                await self._forward_control(record)
+                self.control_next[partition] = record[3]["offset"] + 1
+
+    async def _control_resume(self, topic: str, partition: int) -> None:
         if partition not in self.control_next:
             self.control_next[partition] = await kafka_io.resume_offset(
-                self.reader_options, self.config.worker.app_id, message.topic, partition)
-        async for record in self._in_order(message, self.control_next[partition]):
-            await self._forward_control(record)
-            self.control_next[partition] = record[3]["offset"] + 1
+                self.reader_options, self.config.worker.app_id, topic, partition)
+
+    async def _repair_control(self) -> None:
+        """Read and forward what faust left unread of the control partitions this worker
+        owns (:mod:`worker.runtime.gaps`), then commit it."""
+        topic = self.control.get_topic_name()
+        owned = sorted(tp.partition for tp in self.app.assignor.assigned_actives()
+                       if tp.topic == topic)
+        for partition in owned:
+            async with self.control_locks[partition]:
+                await self._control_resume(topic, partition)
+        ends = await kafka_io.end_offsets(self.reader_options, topic, owned)
+        applied = {p: self.control_next[p] for p in owned if p in self.control_next}
+        for partition, (start, end) in self.control_watch.stalled(applied, ends).items():
+            log.warning("%s[%d]: records %d..%d were not delivered; reading them from the log",
+                        topic, partition, start, end - 1)
+            async with (self.control_locks[partition],
+                        contextlib.aclosing(self._read(topic, partition, start, end)) as records):
+                async for record in records:
+                    offset = record[3]["offset"]
+                    if partition not in self.control_next:  # revoked meanwhile
+                        break
+                    if offset >= self.control_next[partition]:
+                        await self._forward_control(record)
+                        self.control_next[partition] = offset + 1
+                else:
+                    # forwarded and confirmed: commit, as faust would had it delivered them
+                    # (a private API, like _add_gap in _in_order: faust has no public one).
+                    await self.app.consumer._commit_offsets(  # type: ignore[attr-defined]
+                        {TP(topic, partition): self.control_next[partition]})
 
     async def _in_order(self, message: Any, expected: int) -> AsyncIterator[Record]:
         """The records to apply for ``message`` when ``expected`` is the partition's next
@@ -163,6 +210,10 @@ class LatchWorker:
         await self._record_finished(state, partition, emits)
         if key == TICK:  # at a tick, so in stream context, and by record time
             self.run_heads.forget_finished(state)
+        # Every output of this record (a DLQ record, an early commit, an error result) is
+        # delivered before the record is acked: faust's commit only flushes its producer,
+        # and a failed batch would not stop it. A failure raises here, unacked.
+        await state.confirm()
         state.next_offset = offset + 1
 
     async def _forward_control(self, record: Record) -> None:
@@ -170,10 +221,12 @@ class LatchWorker:
         routed = control.route(record)
         if isinstance(routed, Emit):
             self.telemetry.record([routed])
-            await self.outputs[Topic.DLQ].send(key=record[0], value=step.out_value(routed))
-            return
-        key, value = routed
-        await self.events.send(key=key, value=value)
+            sent = await self.outputs[Topic.DLQ].send(key=record[0],
+                                                      value=step.out_value(routed))
+        else:
+            key, value = routed
+            sent = await self.events.send(key=key, value=value)
+        await sent  # delivered before the control record is acked (a failure raises)
 
     async def _tick(self) -> None:
         """Write a tick into each events partition this worker owns (the only clock read)."""
@@ -182,6 +235,15 @@ class LatchWorker:
         for tp in sorted(self.app.assignor.assigned_actives()):
             if tp.topic == events:
                 await self.events.send(key=TICK, value=value, partition=tp.partition)
+
+    async def _repair_tick(self) -> None:
+        """At each tick interval, read what faust left unread of the owned control
+        partitions (:meth:`_repair_control`); a failure waits for the next interval."""
+        try:
+            await self._repair_control()
+        except Exception as exc:  # nothing moved that was not confirmed: the next tick retries
+            log.warning("reading unread control records failed (%s); retrying at the next "
+                        "tick", type(exc).__name__)
 
     async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         """faust's ``on_partitions_revoked`` signal: ``(app, revoked: set[TP], signal=...)``.
@@ -244,7 +306,7 @@ class LatchWorker:
         return state
 
     async def _read(self, topic: str, partition: int, start: int,
-                    end: int) -> AsyncIterator[Record]:
+                    end: int) -> AsyncGenerator[Record, None]:
         """The records ``start`` to ``end`` (excluded) of a partition, read from the log."""
         async for rec in kafka_io.read_range(self.reader_options, topic, partition, start, end):
             yield _reader_record(rec)
@@ -304,7 +366,10 @@ def app_settings(config: Config, overrides: Mapping[str, Any]) -> dict[str, Any]
         "topic_replication_factor": config.topics.replication_factor,
         "processing_guarantee": "at_least_once",
         "consumer_auto_offset_reset": "earliest",
-        "web_enabled": worker.web_port > 0,
+        # faust's web server shows run ids and heads to anyone who connects: off unless
+        # asked for, and then on this host only unless configured otherwise.
+        "web_enabled": worker.web_enabled and worker.web_port > 0,
+        "web_bind": worker.web_host,
         "web_port": worker.web_port or 6066,
         "autodiscover": False,
         # A takeover rebuilds from the events log, so the heads table needs no standby; and

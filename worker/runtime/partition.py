@@ -57,6 +57,8 @@ class PartitionState:
 
     async def confirm(self) -> None:
         """Wait until every send so far is delivered; raise if one failed."""
+        if not self.unconfirmed:  # most records send nothing that needs confirming
+            return
         pending, self.unconfirmed = self.unconfirmed, []
         await asyncio.gather(*pending)
 

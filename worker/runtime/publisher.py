@@ -47,6 +47,8 @@ from worker.runtime.config import Config, ConfigError, load_config
 __all__ = [
     "FORCED_SETTINGS",
     "PRODUCER_DEFAULTS",
+    "RESERVED_PREFIX",
+    "RESERVED_TYPES",
     "Delivery",
     "PublishError",
     "Publisher",
@@ -63,6 +65,12 @@ PRODUCER_DEFAULTS: Mapping[str, str] = {
 }
 #: Settings the co-partitioning of events and forwarded cancels depends on (module docstring).
 FORCED_SETTINGS: Mapping[str, str] = {"partitioner": "murmur2_random"}
+
+#: Run ids starting with this are the worker's own (its ticks are keyed ``__latch_tick__``):
+#: the gateway never sends one.
+RESERVED_PREFIX = "__latch_"
+#: Envelope types only the worker writes (a tick ends every idle run of its partition).
+RESERVED_TYPES = frozenset({"tick"})
 
 #: How long a send waits for room in librdkafka's local queue before it gives up.
 QUEUE_FULL_WAIT_S = 30.0
@@ -168,16 +176,19 @@ class Publisher:
         ``cancel`` envelopes go to the control topic, everything else to the events topic,
         keyed by the envelope's ``run_id``.
         """
-        run_id = envelope.get("run_id")
-        if not isinstance(run_id, str) or not run_id:
-            raise ValueError("an envelope needs a non-empty string run_id")
+        problem = _reserved(envelope.get("type"), envelope.get("run_id"))
+        if problem is not None:
+            raise ValueError(problem)
+        run_id = envelope["run_id"]
         doc = dict(envelope)
         if self._clock is not None and "ts" not in doc:
             doc["ts"] = self._clock()
         return self.send_raw(run_id, orjson.dumps(doc), control=doc.get("type") == "cancel")
 
     def send_raw(self, run_id: str, value: bytes, *, control: bool = False) -> str:
-        """Send envelope bytes unchanged, keyed by ``run_id``; return the topic."""
+        """Send envelope bytes unchanged, keyed by ``run_id``; return the topic. A reserved
+        ``run_id`` (the worker's own keys) is refused with :class:`ValueError`."""
+        _check_run_id(run_id)
         topic = self.control_topic if control else self.events_topic
         self._sender.produce(topic, run_id.encode("utf-8"), value)
         return topic
@@ -341,8 +352,21 @@ class RunHandle:
 
 
 def _check_run_id(run_id: object) -> None:
+    problem = _reserved(None, run_id)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def _reserved(kind: object, run_id: object) -> str | None:
+    """Why a gateway may not send an envelope of type ``kind`` keyed ``run_id``, or None.
+    Never quotes the run id (it comes from the caller's input)."""
+    if kind in RESERVED_TYPES:
+        return f"type {kind!r} is reserved for the worker; a gateway never sends it"
     if not isinstance(run_id, str) or not run_id:
-        raise ValueError("run_id must be a non-empty string")
+        return "run_id must be a non-empty string"
+    if run_id.startswith(RESERVED_PREFIX):
+        return f"run ids starting with {RESERVED_PREFIX} are reserved for the worker"
+    return None
 
 
 def _describe(exc: KafkaException) -> str:
@@ -442,6 +466,9 @@ def _classify(text: bytes) -> tuple[str | None, str | None, bool]:
     run_id = doc.get("run_id")
     if not isinstance(run_id, str) or not run_id:
         return "no run_id (a non-empty string is needed)", None, False
+    problem = _reserved(doc.get("type"), run_id)
+    if problem is not None:
+        return problem, None, False
     return None, run_id, doc.get("type") == "cancel"
 
 
