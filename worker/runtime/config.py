@@ -157,6 +157,7 @@ class TopicNames:
     final: str = "llm.messages.final"
     progress: str = "llm.stream.progress"
     dlq: str = "llm.stream.dlq"
+    results: str = "tool.calls.results"
     partitions: int = 12
     replication_factor: int = 1
 
@@ -168,10 +169,15 @@ class WorkerSettings:
     app_id: str = "latch"
     tick_interval_s: float = 5.0
     finished_run_retention_s: float = 3600.0
-    web_port: int = 6066
+    web_port: int = 0
+    http_port: int = 9464
+    http_host: str = "127.0.0.1"
     log_level: str = "info"
+    log_format: str = "text"
     store: str = "memory://"
     otel_exporter: str = "none"
+    metrics_labels: tuple[str, ...] = ()
+    metrics_label_cap: int = 100
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,7 +162,7 @@ def test_config_topic_defaults_are_the_contracts() -> None:
         "events": "llm.stream.events", "control": "llm.stream.control",
         "committed": "tool.calls.committed", "errors": "tool.calls.errors",
         "final": "llm.messages.final", "progress": "llm.stream.progress",
-        "dlq": "llm.stream.dlq",
+        "dlq": "llm.stream.dlq", "results": "tool.calls.results",
     }  # fmt: skip
     assert topics["partitions"]["default"] == 12
 

@@ -112,7 +112,7 @@ class Stack:
             "LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
             "LATCH_TOPICS__PARTITIONS": str(self.partitions),
             "LATCH_WORKER__APP_ID": self.app_id,
-            "LATCH_WORKER__WEB_PORT": "0",
+            "LATCH_WORKER__WEB_PORT": "0", "LATCH_WORKER__HTTP_PORT": "0",
             "LATCH_WORKER__TICK_INTERVAL_S": str(self.tick_interval_s),
             "LATCH_AGENT_STREAM_ASSEMBLE__ASSEMBLE_IDLE_TIMEOUT_S": str(self.idle_timeout_s),
         }
