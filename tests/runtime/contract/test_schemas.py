@@ -91,10 +91,12 @@ def walk_properties(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str
 
 
 def test_the_expected_files_exist() -> None:
-    """schemas/ holds exactly the ten record kinds the contract and the worker need."""
+    """schemas/ holds exactly the eleven record kinds the contract, the worker and the runner
+    need."""
     assert set(ALL) == {
         "stream-envelope", "control-envelope", "tick-envelope", "committed-call",
         "error-result", "final-message", "progress", "dlq-record", "output-line", "config",
+        "tool-result",
     }  # fmt: skip
 
 
