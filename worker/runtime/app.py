@@ -117,7 +117,8 @@ class LatchWorker:
                 message = event.message
                 log.error("cannot process %s[%d]@%d (%s: a send or a read failed); stopping, "
                           "so that it is processed again after a restart", message.topic,
-                          message.partition, message.offset, type(exc).__name__)
+                          message.partition, message.offset, type(exc).__name__,
+                          extra=logs.where(message.topic, message.partition, message.offset))
                 await self.app.crash(exc)
                 raise
             await stream.ack(event)
@@ -147,7 +148,8 @@ class LatchWorker:
             return
         if message.offset > expected:
             log.warning("%s[%d]: records %d..%d were not delivered; reading them from the log",
-                        message.topic, message.partition, expected, message.offset - 1)
+                        message.topic, message.partition, expected, message.offset - 1,
+                        extra=logs.where(message.topic, message.partition, expected))
             async for record in self._read(message.topic, message.partition, expected,
                                            message.offset):
                 yield record
@@ -261,7 +263,7 @@ class LatchWorker:
         self.metrics.rebuilt(time.monotonic() - began, count)
         log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
                  partition, resume, count, state.assembler.open_runs,
-                 extra={"partition": partition, "offset": resume})
+                 extra=logs.where(topic, partition, resume))
         await self._refinish(state, partition, replayed)
         if revocations == self.revocations:
             self.partitions[partition] = state

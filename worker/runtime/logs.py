@@ -21,7 +21,7 @@ import traceback
 from typing import Any
 
 __all__ = ["KAFKA_LOGGER", "JsonFormatter", "faust_logging_config", "kafka_config",
-           "quiet_kafka"]
+           "quiet_kafka", "where"]
 
 #: Where librdkafka's lines go.
 KAFKA_LOGGER = "latch.kafka"
@@ -49,6 +49,12 @@ class JsonFormatter(logging.Formatter):
             entry["exception"] = record.exc_info[0].__name__
             entry["frames"] = "".join(traceback.format_tb(record.exc_info[2]))
         return json.dumps(entry, default=str)
+
+
+def where(topic: str | None = None, partition: int | None = None, offset: int | None = None,
+          run_id: str | None = None) -> dict[str, Any]:
+    """The ``extra`` of a log call about a record or a run (the JSON lines' context fields)."""
+    return {"topic": topic, "partition": partition, "offset": offset, "run_id": run_id}
 
 
 def faust_logging_config(worker: Any) -> dict[str, Any]:

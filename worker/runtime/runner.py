@@ -171,7 +171,7 @@ class Runner:
         except Exception as exc:
             # The arguments are never logged: only where the tool failed.
             log.warning("tool %s raised %s", call["name"], type(exc).__name__,
-                        extra={"run_id": call["run_id"]})
+                        extra=logs.where(run_id=call["run_id"]))
             log.debug("".join(traceback.format_tb(exc.__traceback__)))
             message = f"{type(exc).__name__}: {exc}"
             return True, message[:2000]
