@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import orjson
+from builders import chat_calls, chat_run, chat_tool
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -15,15 +16,10 @@ SECRET = "hunter2-SECRET-token"
 
 
 def _envelopes() -> list[bytes]:
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    chunk = {"choices": [{"index": 0, "delta": {"tool_calls": [{
-        "index": 0, "id": "call_1", "function": {"name": "f",
-                                                 "arguments": f'{{"k": "{SECRET}"}}'}}]}}]}
-    envs = [{"v": 1, "run_id": "r1", "seq": 0, "type": "run.start", "provider": "openai.chat",
-             "tools": tools},
-            {"v": 1, "run_id": "r1", "seq": 1, "type": "provider.event", "event": chunk},
-            {"v": 1, "run_id": "r1", "seq": 2, "type": "stream.end"}]
-    return [orjson.dumps(e) for e in envs]
+    """One chat run whose one call commits (arguments holding SECRET)."""
+    calls = chat_calls([("call_1", "f", f'{{"k": "{SECRET}"}}')])
+    run = chat_run("r1", [chat_tool("f", {"type": "object"})], calls)
+    return [orjson.dumps(envelope) for envelope in run]
 
 
 def test_inject_then_extract_keeps_the_trace() -> None:
@@ -69,6 +65,7 @@ def test_a_run_span_continues_the_publishers_trace_and_tags_every_output() -> No
     assert span.parent is not None and span.parent.span_id == parent.get_span_context().span_id
     assert span.attributes is not None and span.attributes["latch.status"] == "completed"
     assert [e.name for e in span.events] == ["latch.call.committed"]
+    assert len(seen) >= 2
     assert SECRET not in span.to_json()
     runs.on_record(3, "r2", False, None, [])
     assert runs.headers("r1") is None and runs.open_spans == 0
