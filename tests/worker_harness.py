@@ -66,7 +66,7 @@ class Stack:
 
     def env(self) -> dict[str, str]:
         env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role)
-               for role in ("events", "control", *OUTPUTS)}
+               for role in ("events", "control", *OUTPUTS, "results")}
         env |= {"LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
                 "LATCH_TOPICS__PARTITIONS": str(self.partitions),
                 "LATCH_WORKER__APP_ID": self.app_id,

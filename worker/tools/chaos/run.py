@@ -106,7 +106,7 @@ class Stack:
         return f"{self.app_id}.{role}"
 
     def env(self) -> dict[str, str]:
-        roles = ("events", "control", "committed", "errors", "final", "progress", "dlq")
+        roles = ("events", "control", "committed", "errors", "final", "progress", "dlq", "results")
         env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role) for role in roles}
         return env | {
             "LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
