@@ -11,6 +11,12 @@
 * Attributes come from closed vocabularies (provider, state, reason, status) plus the run id
   and call ids, which are identifiers. Never argument text, a tool's description or a secret.
 
+Spans cost about 100 µs per run (start, context, events, end), so they are made only when
+they go somewhere (``worker.otel_exporter`` is not ``none``, or a provider is given). Without
+them the worker still carries the trace on: each output of a run gets the ``traceparent`` and
+``tracestate`` headers of the run's ``run.start`` record as they came, so the runner's span
+still joins the gateway's trace (as a child of the gateway's span instead of the run's).
+
 A run taken over by another worker in the middle of its stream has no span there (its
 ``run.start`` record was read back by the rebuild, not seen live): its later outputs carry no
 trace headers. Engine-independent: an engine calls :meth:`RunTracer.on_record` after the core
@@ -60,6 +66,16 @@ def inject(context: otel_context.Context | None = None) -> Headers:
     return [(name, value.encode()) for name, value in carrier.items()]
 
 
+def _trace_headers(headers: Any) -> Headers:
+    """The W3C trace headers among Kafka ``headers``, as they came (bounded in size)."""
+    if not headers:
+        return []
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return [(name, bytes(value)) for name, value in items
+            if isinstance(name, str) and name.lower() in TRACE_HEADERS
+            and isinstance(value, bytes | bytearray) and len(value) <= 512]
+
+
 def extract(headers: Iterable[tuple[str, bytes | None]] | Mapping[str, bytes] | None
             ) -> otel_context.Context:
     """The context carried by Kafka ``headers`` (an empty one when they carry none)."""
@@ -79,6 +95,8 @@ class RunTracer:
 
     def __init__(self, exporter: str = "none",
                  provider: TracerProvider | None = None) -> None:
+        #: Make spans (they are exported), or only pass the incoming context on.
+        self.spans = provider is not None or exporter != "none"
         if provider is None:
             provider = TracerProvider(resource=Resource.create({"service.name": "latch"}))
             span_out = span_exporter(exporter)
@@ -86,8 +104,8 @@ class RunTracer:
                 provider.add_span_processor(BatchSpanProcessor(span_out))
         self.provider = provider
         self.tracer = provider.get_tracer("latch.worker")
-        #: run id -> (partition, span, the headers of its outputs)
-        self._runs: dict[str, tuple[int, trace.Span, Headers]] = {}
+        #: run id -> (partition, its span (None: no spans made), the headers of its outputs)
+        self._runs: dict[str, tuple[int, trace.Span | None, Headers]] = {}
         self._ended: list[str] = []
 
     def on_record(self, partition: int, run_id: str | None, opened: bool,
@@ -105,6 +123,10 @@ class RunTracer:
             if topic is Topic.PROGRESS or topic is Topic.DLQ or emit.key not in runs:
                 continue
             span = runs[emit.key][1]
+            if span is None:
+                if topic is Topic.FINAL:
+                    self._ended.append(emit.key)
+                continue
             value = emit.value
             if topic is Topic.COMMITTED:
                 span.add_event("latch.call.committed", {"latch.tool_call_id": value["call_id"]})
@@ -120,6 +142,11 @@ class RunTracer:
 
     def _start(self, partition: int, run_id: str, headers: Any,
                emits: Sequence[Emit]) -> None:
+        if not self.spans:
+            incoming = _trace_headers(headers)
+            if incoming:
+                self._runs[run_id] = (partition, None, incoming)
+            return
         span = self.tracer.start_span("latch.run", context=extract(headers),
                                       kind=trace.SpanKind.CONSUMER,
                                       attributes={"latch.run_id": run_id,
@@ -136,8 +163,9 @@ class RunTracer:
         """The partition was revoked: end its runs' spans here (the next owner has none)."""
         for run_id, (owner, span, _) in list(self._runs.items()):
             if owner == partition:
-                span.set_attribute("latch.handed_over", True)
-                span.end()
+                if span is not None:
+                    span.set_attribute("latch.handed_over", True)
+                    span.end()
                 del self._runs[run_id]
 
     @property
@@ -146,6 +174,7 @@ class RunTracer:
 
     def shutdown(self) -> None:
         for _, span, _ in self._runs.values():
-            span.end()
+            if span is not None:
+                span.end()
         self._runs.clear()
         self.provider.shutdown()

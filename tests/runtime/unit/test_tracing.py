@@ -83,3 +83,23 @@ def test_a_revoked_partition_ends_its_spans() -> None:
     assert [s.attributes["latch.run_id"] for s in exported.get_finished_spans()
             if s.attributes] == ["a"]
     assert runs.headers("b") is not None and runs.headers("a") is None
+
+
+def test_without_an_exporter_the_incoming_context_is_passed_on_as_it_came() -> None:
+    """With spans off (otel_exporter none), no span is made, and each output of the run
+    carries the run.start record's trace headers unchanged; a run without them gets none."""
+    runs = RunTracer("none")
+    assert runs.spans is False
+    incoming = [("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+                ("other", b"x")]
+    assembler = Assembler()
+    outputs = []
+    for offset, value in enumerate(_envelopes()):
+        was_open = assembler.is_open("r1")
+        emits = assembler.feed_record(b"r1", value, 1000 + offset)
+        runs.on_record(0, "r1", not was_open and assembler.is_open("r1"),
+                       incoming if offset == 0 else None, emits)
+        outputs += [runs.headers(emit.key) for emit in emits]
+    assert outputs and all(out == incoming[:1] for out in outputs)
+    runs.on_record(0, "r2", True, None, [])
+    assert runs.headers("r2") is None and runs.headers("r1") is None
