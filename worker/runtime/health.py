@@ -67,6 +67,8 @@ class Health:
         self.owned: frozenset[int] = frozenset()
         self.rebuilt: set[int] = set()
         self.rebuilds_running = 0
+        #: Revocations so far: a rebuild that a revocation overtook rebuilt nothing.
+        self.revocations = 0
         self.heartbeat: Callable[[], bool] = lambda: True
 
     def assigned(self, partitions: Collection[int]) -> None:
@@ -80,6 +82,7 @@ class Health:
         """A rebalance revoked these events partitions: not ready until reassigned."""
         with self._lock:
             self.member = False
+            self.revocations += 1
             self.rebuilt -= set(partitions)
             self.owned -= set(partitions)
 
@@ -94,10 +97,12 @@ class Health:
         with self._lock:
             self.rebuilds_running += 1
             self.rebuilt.discard(partition)
+            revocations = self.revocations
         try:
             yield
             with self._lock:
-                self.rebuilt.add(partition)
+                if revocations == self.revocations:  # else the engine drops what it built
+                    self.rebuilt.add(partition)
         finally:
             with self._lock:
                 self.rebuilds_running -= 1

@@ -55,6 +55,17 @@ def test_a_failed_rebuild_leaves_the_partition_not_rebuilt() -> None:
     assert not health.ready()[0] and health.rebuilds_running == 0
 
 
+def test_a_rebuild_overtaken_by_a_revocation_rebuilt_nothing() -> None:
+    """A revocation during a rebuild (the engine then drops the state it built) leaves the
+    partition not rebuilt, even when it is assigned again."""
+    health = Health()
+    health.assigned([0])
+    with health.rebuilding(0):
+        health.revoked([0])
+        health.assigned([0])
+    assert not health.ready()[0] and health.ready()[1]["not_rebuilt"] == [0]
+
+
 def test_endpoints_answer_on_one_port() -> None:
     """/metrics serves the exposition, /readyz 503 then 200, /healthz follows the event
     loop: 200 while it runs, 503 once it is blocked; unknown paths are 404."""
