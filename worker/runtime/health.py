@@ -44,17 +44,16 @@ LOOP_TIMEOUT_S = 2.0
 
 def loop_heartbeat(loop: asyncio.AbstractEventLoop,
                    timeout: float = LOOP_TIMEOUT_S) -> Callable[[], bool]:
-    """A check that ``loop`` runs a no-op within ``timeout`` seconds (from another thread)."""
-    async def noop() -> bool:
-        return True
-
+    """A check that ``loop`` runs a callback within ``timeout`` seconds (from another thread)."""
     def check() -> bool:
         if loop.is_closed() or not loop.is_running():
             return False
+        answered = threading.Event()
         try:
-            return asyncio.run_coroutine_threadsafe(noop(), loop).result(timeout)
-        except Exception:  # timeout, loop stopped
+            loop.call_soon_threadsafe(answered.set)
+        except RuntimeError:  # closed in between
             return False
+        return answered.wait(timeout)
     return check
 
 
