@@ -85,11 +85,11 @@ class Stack:
 
     def env(self) -> dict[str, str]:
         env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role)
-               for role in ("events", "control", *OUTPUTS)}
+               for role in ("events", "control", *OUTPUTS, "results")}
         env |= {"LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
                 "LATCH_TOPICS__PARTITIONS": str(self.partitions),
                 "LATCH_WORKER__APP_ID": self.app_id,
-                "LATCH_WORKER__WEB_PORT": "0",
+                "LATCH_WORKER__WEB_PORT": "0", "LATCH_WORKER__HTTP_PORT": "0",
                 "LATCH_WORKER__TICK_INTERVAL_S": "1"}
         return env | self.settings
 
@@ -265,6 +265,8 @@ class Out:
     partition: int
     key: bytes | None
     value: dict[str, Any]
+    #: The record's Kafka headers (the worker's trace context).
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class Reader:
@@ -312,7 +314,8 @@ class Reader:
             elif msg.error() is None:
                 self.positions[(msg.topic(), msg.partition())] = msg.offset() + 1
                 self.records.append(Out(self.roles[msg.topic()], msg.partition(),
-                                        msg.key(), orjson.loads(msg.value())))
+                                        msg.key(), orjson.loads(msg.value()),
+                                        tuple(msg.headers() or ())))
 
     def of(self, role: str) -> list[Out]:
         return [r for r in self.records if r.role == role]

@@ -176,6 +176,9 @@ class Assembler:
         self._max_run_text_bytes = self.settings.max_run_text_bytes
         self._emit_progress = self.settings.emit_progress
         self._clock = 0
+        #: When a list (the worker's metrics set one), the argument bytes of each call the
+        #: latch checks are appended; the caller drains it. None (the default): not kept.
+        self.sizes: list[int] | None = None
 
     # -- entry points -----------------------------------------------------------------
 
@@ -651,6 +654,8 @@ class Assembler:
         truncated = None in run.truncated or call.choice in run.truncated
         same_id = [c for c in run.calls.values() if c.call_id and c.call_id == call.call_id]
         run.latch.decide(call, truncated, len(same_id) > 1)
+        if self.sizes is not None:
+            self.sizes.append(call.nbytes)
 
     def _finish(self, run: Run, status: RunStatus, reason: Reason | None,
                 detail: str) -> list[Emit]:

@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource  # not re-exported for mypy
 from confluent_kafka.cimpl import NewTopic
 
+from worker.runtime import logs
 from worker.runtime.config import Config, ConfigError, load_config
 
 EXIT_OK, EXIT_USAGE, EXIT_KAFKA = 0, 2, 1
@@ -71,13 +72,14 @@ def copartitioned(config: Config) -> list[TopicSpec]:
 
 
 def specs(config: Config) -> list[TopicSpec]:
-    """Every topic the worker needs, as the configuration describes it."""
+    """Every topic the worker needs, as the configuration describes it, and the runner's
+    results topic (the worker never touches it; ``latch topics create`` makes it)."""
     t = config.topics
     inputs = [TopicSpec(t.events, t.partitions, t.replication_factor, (LOG_APPEND_TIME,)),
               TopicSpec(t.control, t.partitions, t.replication_factor)]
     large = (("max.message.bytes", str(OUTPUT_MAX_BYTES)),)
     outputs = [TopicSpec(name, t.partitions, t.replication_factor, large)
-               for name in (t.committed, t.errors, t.final, t.progress, t.dlq)]
+               for name in (t.committed, t.errors, t.final, t.progress, t.dlq, t.results)]
     # Compacted, with hourly segments and an eager cleaner: Kafka never compacts the active
     # segment (7 days by default), and every takeover reads the whole changelog back
     # (docs/recovery.md: 41,000 records took 5.4 s, 2.8 s once compacted).
@@ -195,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"latch topics: {exc}", file=sys.stderr)
         return EXIT_USAGE
     settings: dict[str, str | int | float | bool] = {**config.kafka.confluent_config()}
-    admin = AdminClient(settings)
+    admin = AdminClient(logs.kafka_config(settings))
     try:
         for line in create(admin, specs(config)):
             print(line)

@@ -49,11 +49,13 @@ from confluent_kafka.admin import AdminClient
 from faust.types import TP
 
 from worker.core import Assembler, Emit, Topic
-from worker.runtime import admin, control, kafka_io, step
+from worker.runtime import admin, control, kafka_io, logs, step
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.gaps import StallWatch
 from worker.runtime.heads_store import PartitionTrackedTable
+from worker.runtime.health import Health, HttpServer, loop_heartbeat
+from worker.runtime.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.step import Record
 from worker.runtime.telemetry import Telemetry, TelemetryError
@@ -78,7 +80,12 @@ class LatchWorker:
         self.heads = self.app.Table("heads", partitions=names.partitions, key_type=bytes)
         self.run_heads = Heads(PartitionTrackedTable(self.heads),
                                config.worker.finished_run_retention_s)
-        self.telemetry = Telemetry(config.worker.otel_exporter)
+        self.telemetry = Telemetry(config.worker.otel_exporter,
+                                   labels=config.worker.metrics_labels,
+                                   label_cap=config.worker.metrics_label_cap)
+        self.metrics, self.tracing = self.telemetry.metrics, self.telemetry.tracing
+        self.metrics.watch(self._partition_views)
+        self.health = Health()
         self.reader_options = kafka_io.aiokafka_options(config.kafka)
         self.partitions: dict[int, PartitionState] = {}
         #: The next offset to forward of each control partition this worker owns.
@@ -100,6 +107,7 @@ class LatchWorker:
         # mode's handler type (NamedArg/KwArg callables) rejects any bound async method:
         self.app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
         self.app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
+        self.app.task(self._watch_loop)
 
     # -- agents -----------------------------------------------------------------------
 
@@ -122,7 +130,8 @@ class LatchWorker:
                 message = event.message
                 log.error("cannot process %s[%d]@%d (%s: a send or a read failed); stopping, "
                           "so that it is processed again after a restart", message.topic,
-                          message.partition, message.offset, type(exc).__name__)
+                          message.partition, message.offset, type(exc).__name__,
+                          extra=logs.where(message.topic, message.partition, message.offset))
                 await self.app.crash(exc)
                 raise
             await stream.ack(event)
@@ -132,7 +141,8 @@ class LatchWorker:
         if state is None:
             state = await self._take_over(message.topic, message.partition)
         async for record in self._in_order(message, state.next_offset):
-            await self._process(state, record)
+            live = record[3]["offset"] == message.offset  # not read back from the log
+            await self._process(state, record, message.headers if live else None)
 
     async def _apply_control(self, message: Any) -> None:
         partition = message.partition
@@ -184,7 +194,8 @@ class LatchWorker:
             return
         if message.offset > expected:
             log.warning("%s[%d]: records %d..%d were not delivered; reading them from the log",
-                        message.topic, message.partition, expected, message.offset - 1)
+                        message.topic, message.partition, expected, message.offset - 1,
+                        extra=logs.where(message.topic, message.partition, expected))
             async for record in self._read(message.topic, message.partition, expected,
                                            message.offset):
                 yield record
@@ -196,16 +207,19 @@ class LatchWorker:
             await self.app.consumer._add_gap(tp, expected, message.offset - 1)  # type: ignore[attr-defined]  # private, see above
         yield _record(message)
 
-    async def _process(self, state: PartitionState, record: Record) -> None:
+    async def _process(self, state: PartitionState, record: Record,
+                       headers: Any = None) -> None:
         """Feed one record to the partition's assembler; publish, then record heads."""
         key, source = record[0], record[3]
         partition, offset = source["partition"], source["offset"]
         run_id = key.decode("utf-8", "replace") if key else ""
         was_open = state.assembler.is_open(run_id)
         emits = state.apply(record)
-        self.telemetry.record(emits)
-        await self._publish(state, key, emits)
-        if not was_open and state.assembler.is_open(run_id):
+        opened = not was_open and state.assembler.is_open(run_id)
+        self.telemetry.record(emits, state.assembler.sizes)
+        self.tracing.on_record(partition, run_id, opened, headers, emits)
+        await self._publish(state, key, emits, record[2])
+        if opened:
             self.run_heads.opened(key, partition, offset)  # type: ignore[arg-type]  # a run has a key
         await self._record_finished(state, partition, emits)
         if key == TICK:  # at a tick, so in stream context, and by record time
@@ -251,9 +265,11 @@ class LatchWorker:
         revoked: set[TP] = args[0]
         self.revocations += 1
         events, control = self.events.get_topic_name(), self.control.get_topic_name()
+        self.health.revoked([tp.partition for tp in revoked if tp.topic == events])
         for tp in revoked:
             if tp.topic == events:
                 self.partitions.pop(tp.partition, None)
+                self.tracing.forget_partition(tp.partition)
             elif tp.topic == control:
                 self.control_next.pop(tp.partition, None)
 
@@ -261,18 +277,22 @@ class LatchWorker:
         """faust's ``on_partitions_assigned`` signal: log the events partitions we own."""
         events = self.events.get_topic_name()
         owned = sorted(tp.partition for tp in args[0] if tp.topic == events)
+        self.health.assigned(owned)
         log.info("events partitions assigned: %s", owned)
 
     # -- the core, and what it emits --------------------------------------------------
 
     async def _publish(self, state: PartitionState, key: bytes | None,
-                       emits: Sequence[Emit]) -> None:
-        """Send each emit, in order; a DLQ record keeps the input record's key."""
+                       emits: Sequence[Emit], record_ms: int | None = None) -> None:
+        """Send each emit, in order, with its run's trace headers; a DLQ record keeps the
+        input record's key. ``record_ms``: the time of the record that produced them."""
         for emit in emits:
-            sent = await self.outputs[emit.topic].send(key=step.out_key(emit, key),
-                                                       value=step.out_value(emit))
+            sent = await self.outputs[emit.topic].send(
+                key=step.out_key(emit, key), value=step.out_value(emit),
+                headers=self.tracing.headers(emit.key))
             if emit.topic is not Topic.PROGRESS:
                 state.unconfirmed.append(sent)
+                sent.add_done_callback(self._delivery(emit.topic, record_ms))  # type: ignore[attr-defined]  # a future
 
     async def _record_finished(self, state: PartitionState, partition_id: int,
                                emits: Sequence[Emit]) -> None:
@@ -289,17 +309,22 @@ class LatchWorker:
         offset: the open runs' records before it are read from the log and fed again, their
         outputs discarded (they were flushed before that offset was committed)."""
         revocations = self.revocations
-        resume = await kafka_io.resume_offset(self.reader_options, self.config.worker.app_id,
-                                              topic, partition)
-        state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
-        open_runs = self._load_heads(state, partition)
-        starts = [start for start in open_runs.values() if start < resume]
-        count, replayed = 0, list[Emit]()
-        if starts:
-            records = self._read(topic, partition, min(starts), resume)
-            count, replayed = await partition_module.rebuild(state, open_runs, records)
+        began = time.monotonic()
+        with self.health.rebuilding(partition):
+            resume = await kafka_io.resume_offset(self.reader_options,
+                                                  self.config.worker.app_id, topic, partition)
+            state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
+            open_runs = self._load_heads(state, partition)
+            starts = [start for start in open_runs.values() if start < resume]
+            count, replayed = 0, list[Emit]()
+            if starts:
+                records = self._read(topic, partition, min(starts), resume)
+                count, replayed = await partition_module.rebuild(state, open_runs, records)
+        state.assembler.sizes = []  # argument sizes count from here (a rebuild's are not new)
+        self.metrics.rebuilt(time.monotonic() - began, count)
         log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
-                 partition, resume, count, state.assembler.open_runs)
+                 partition, resume, count, state.assembler.open_runs,
+                 extra=logs.where(topic, partition, resume))
         await self._refinish(state, partition, replayed)
         if revocations == self.revocations:
             self.partitions[partition] = state
@@ -324,7 +349,50 @@ class LatchWorker:
             await self._publish(state, None, [e for e in outputs if e.topic is not Topic.DLQ])
             await self._record_finished(state, partition, outputs)
 
+    # -- operations: delivery metrics, lag, health -------------------------------------
+
+    def _delivery(self, topic: Topic, record_ms: int | None) -> Callable[[Any], None]:
+        """The done-callback of one send: a failure, or a committed call's latency."""
+        def done(future: Any) -> None:
+            if future.cancelled() or future.exception() is not None:
+                self.metrics.send_failed(topic)
+            elif topic is Topic.COMMITTED:
+                self.metrics.commit_delivered(record_ms, time.time())
+        return done
+
+    def _highwater(self, partition: int) -> int | None:
+        try:
+            tp = TP(self.events.get_topic_name(), partition)
+            return int(self.app.consumer.highwater(tp))
+        except Exception:  # not started, not assigned, not fetched yet: unknown
+            return None
+
+    def _partition_views(self) -> list[PartitionView]:
+        """The owned partitions for the metrics (called on the HTTP thread: reads only)."""
+        views, now = [], time.time()
+        budget = self.config.assemble.max_buffered_bytes
+        for partition, state in tuple(self.partitions.items()):
+            high = self._highwater(partition)
+            lag = None if high is None else max(0, high - state.next_offset)
+            seconds = None if lag is None else (
+                max(0.0, now - state.clock_ms / 1000) if lag and state.clock_ms else 0.0)
+            views.append(PartitionView(partition, state.assembler.open_runs,
+                                       state.assembler.buffered_bytes, budget, lag, seconds))
+        return views
+
+    async def _watch_loop(self) -> None:
+        """faust task at start: /healthz asks this event loop to answer."""
+        self.health.heartbeat = loop_heartbeat(asyncio.get_running_loop())
+
     # -- running ----------------------------------------------------------------------
+
+    def serve_http(self) -> HttpServer | None:
+        """Start the HTTP port (``worker.http_port``; 0: none)."""
+        worker = self.config.worker
+        if worker.http_port == 0:
+            return None
+        return HttpServer(worker.http_host, worker.http_port, self.health,
+                          self.metrics.exposition).start()
 
     def run(self) -> int:
         """Run until SIGTERM or SIGINT; return the exit status."""
@@ -332,12 +400,22 @@ class LatchWorker:
         if ignored:
             log.warning("the worker's Kafka clients ignore these kafka settings (only `latch "
                         "topics` passes them on): %s", ", ".join(ignored))
-        worker = faust.Worker(self.app, loglevel=self.config.worker.log_level, quiet=True)
+        try:
+            server = self.serve_http()
+        except OSError as exc:
+            print(f"latch worker: cannot serve worker.http_port "
+                  f"{self.config.worker.http_port}: {exc.strerror}", file=sys.stderr)
+            return 2
+        worker = faust.Worker(self.app, loglevel=self.config.worker.log_level, quiet=True,
+                              logging_config=logs.faust_logging_config(self.config.worker))
         try:
             worker.execute_from_commandline()
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else 1
         finally:
+            self.health.left()
+            if server is not None:
+                server.stop()
             self.telemetry.shutdown()
         return 0  # pragma: no cover  (execute_from_commandline always raises SystemExit)
 
@@ -437,6 +515,6 @@ def _check_topics(config: Config, changelog: bool = False) -> None:
     changelog partitions that differ (runs would not be co-partitioned). The changelog may
     be missing: faust creates it."""
     settings: dict[str, str | int | float | bool] = {**config.kafka.confluent_config()}
-    required = [s.name for s in admin.specs(config)
-                if changelog or s.name != admin.heads_changelog(config)]
-    admin.verify(AdminClient(settings), required, admin.copartitioned(config))
+    unused = {config.topics.results} | (set() if changelog else {admin.heads_changelog(config)})
+    required = [s.name for s in admin.specs(config) if s.name not in unused]
+    admin.verify(AdminClient(logs.kafka_config(settings)), required, admin.copartitioned(config))

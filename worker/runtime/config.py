@@ -160,6 +160,7 @@ class TopicNames:
     final: str = "llm.messages.final"
     progress: str = "llm.stream.progress"
     dlq: str = "llm.stream.dlq"
+    results: str = "tool.calls.results"
     partitions: int = 12
     replication_factor: int = 1
 
@@ -174,7 +175,10 @@ class WorkerSettings:
     web_enabled: bool = False
     web_host: str = "127.0.0.1"
     web_port: int = 6066
+    http_port: int = 9464
+    http_host: str = "127.0.0.1"
     log_level: str = "info"
+    log_format: str = "text"
     store: str = "memory://"
     otel_exporter: str = "none"
     engine: str = "faust"
@@ -182,6 +186,8 @@ class WorkerSettings:
     batch_max_records: int = 2000
     batch_max_ms: int = 100
     transaction_timeout_s: float = 10.0
+    metrics_labels: tuple[str, ...] = ()
+    metrics_label_cap: int = 100
 
 
 @dataclass(frozen=True, slots=True)

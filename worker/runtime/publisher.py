@@ -42,6 +42,7 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from worker.core.envelope import PROVIDERS
+from worker.runtime import logs, tracing
 from worker.runtime.config import Config, ConfigError, load_config
 
 __all__ = [
@@ -130,7 +131,8 @@ class Publisher:
         self.control_topic = config.topics.control
         self._clock = clock
         self._sender = Sender(producer if producer is not None
-                              else Producer(self.producer_config()), on_delivery)
+                              else Producer(logs.kafka_config(self.producer_config())),
+                              on_delivery)
 
     @property
     def sent(self) -> Counter[str]:
@@ -187,10 +189,12 @@ class Publisher:
 
     def send_raw(self, run_id: str, value: bytes, *, control: bool = False) -> str:
         """Send envelope bytes unchanged, keyed by ``run_id``; return the topic. A reserved
-        ``run_id`` (the worker's own keys) is refused with :class:`ValueError`."""
+        ``run_id`` (the worker's own keys) is refused with :class:`ValueError`. The record's
+        headers carry the W3C ``traceparent`` of the caller's current span, if there is one
+        (the worker continues that trace: :mod:`worker.runtime.tracing`)."""
         _check_run_id(run_id)
         topic = self.control_topic if control else self.events_topic
-        self._sender.produce(topic, run_id.encode("utf-8"), value)
+        self._sender.produce(topic, run_id.encode("utf-8"), value, list(tracing.inject()) or None)
         return topic
 
     # -- delivery -------------------------------------------------------------------------
@@ -247,14 +251,16 @@ class Sender:
         self._on_delivery = on_delivery
         self._failures: list[tuple[str, str]] = []
 
-    def produce(self, topic: str, key: bytes, value: bytes) -> None:
+    def produce(self, topic: str, key: bytes, value: bytes,
+                headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
         """Hand one record to the producer (raise :class:`PublishError` for an earlier
         failed delivery, a queue that stays full, or a refused record)."""
         self._raise_failures()
         deadline = time.monotonic() + QUEUE_FULL_WAIT_S
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, on_delivery=self._delivered)
+                self._producer.produce(topic, value=value, key=key, headers=headers,
+                                       on_delivery=self._delivered)
                 break
             except BufferError:
                 if time.monotonic() > deadline:

@@ -96,10 +96,12 @@ def walk_properties(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str
 
 
 def test_the_expected_files_exist() -> None:
-    """schemas/ holds exactly the ten record kinds the contract and the worker need."""
+    """schemas/ holds exactly the eleven record kinds the contract, the worker and the runner
+    need."""
     assert set(ALL) == {
         "stream-envelope", "control-envelope", "tick-envelope", "committed-call",
         "error-result", "final-message", "progress", "dlq-record", "output-line", "config",
+        "tool-result",
     }  # fmt: skip
 
 
@@ -170,7 +172,7 @@ def test_config_topic_defaults_are_the_contracts() -> None:
         "events": "llm.stream.events", "control": "llm.stream.control",
         "committed": "tool.calls.committed", "errors": "tool.calls.errors",
         "final": "llm.messages.final", "progress": "llm.stream.progress",
-        "dlq": "llm.stream.dlq",
+        "dlq": "llm.stream.dlq", "results": "tool.calls.results",
     }  # fmt: skip
     assert topics["partitions"]["default"] == 12
 

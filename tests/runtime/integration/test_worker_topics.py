@@ -38,7 +38,7 @@ def test_creates_every_topic_once(stack: Stack, kafka_admin: AdminClient,
     assert admin.main(["create"]) == 0
     first = capsys.readouterr().out.splitlines()
     changelog = f"{stack.app_id}-heads-changelog"
-    names = [stack.topic(r) for r in ("events", "control", *OUTPUTS)] + [changelog]
+    names = [stack.topic(r) for r in ("events", "control", *OUTPUTS, "results")] + [changelog]
     assert [line.split()[:2] for line in first] == [["created", n] for n in names], first
 
     assert {n: admin._partition_count(kafka_admin, n) for n in names} == dict.fromkeys(names, 3)

@@ -139,7 +139,8 @@ class _Producer:
         self.produced: list[tuple[str, bytes, bytes]] = []
 
     def produce(self, topic: str, value: bytes, key: bytes,
-                on_delivery: Callable[..., None]) -> None:
+                on_delivery: Callable[..., None],
+                headers: list[tuple[str, bytes]] | None = None) -> None:
         self.produced.append((topic, key, value))
 
     def poll(self, timeout: float = 0) -> int:
@@ -248,7 +249,8 @@ class _Topic:
         return self.name
 
     async def send(self, key: bytes | None = None, value: bytes = b"",
-                   partition: int | None = None) -> asyncio.Future[None]:
+                   partition: int | None = None,
+                   headers: Any = None) -> asyncio.Future[None]:
         self.log.append(f"send {self.name}")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -297,7 +299,7 @@ def _worker(log: list[str], fail: bool = False) -> LatchWorker:
 
 def _message(topic: str, offset: int, key: bytes | None, doc: dict[str, Any]) -> SimpleNamespace:
     return SimpleNamespace(topic=topic, partition=0, offset=offset, key=key,
-                           value=orjson.dumps(doc), timestamp=1.0)
+                           value=orjson.dumps(doc), timestamp=1.0, headers=[])
 
 
 NOT_AN_ENVELOPE = {"v": 1, "run_id": "r1", "type": "no.such.type"}
@@ -404,7 +406,7 @@ def test_a_cancel_faust_never_delivers_is_forwarded_at_the_next_ticks(
     latch = _worker(log)
     latch.control_next.clear()  # nothing delivered yet
     cancel = SimpleNamespace(topic="ctl", partition=0, offset=0, key=b"r1",
-                             value=orjson.dumps(CANCEL), timestamp=1_000)
+                             value=orjson.dumps(CANCEL), timestamp=1_000, headers=[])
 
     async def resume_offset(*args: Any) -> int:
         return 0

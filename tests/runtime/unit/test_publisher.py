@@ -50,6 +50,7 @@ class FakeProducer:
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.config = config or {}
         self.produced: list[tuple[str, bytes, bytes]] = []
+        self.headers: list[list[tuple[str, bytes]] | None] = []
         self.pending: list[tuple[Callable[..., None], FakeMessage]] = []
         self.fail_with: KafkaError | None = None
         self.raise_on_produce: Exception | None = None
@@ -57,13 +58,15 @@ class FakeProducer:
         self.undelivered = 0
 
     def produce(self, topic: str, value: bytes, key: bytes,
-                on_delivery: Callable[..., None]) -> None:
+                on_delivery: Callable[..., None],
+                headers: list[tuple[str, bytes]] | None = None) -> None:
         if self.raise_on_produce is not None:
             raise self.raise_on_produce
         if self.full_times:
             self.full_times -= 1
             raise BufferError("Local: Queue full")
         self.produced.append((topic, key, value))
+        self.headers.append(headers)
         message = FakeMessage(topic, key, value, partition=len(key) % 3,
                               offset=len(self.produced) - 1)
         self.pending.append((on_delivery, message))
@@ -441,3 +444,19 @@ def test_demo_stops_its_worker_when_a_step_raises_unexpectedly(
     finally:
         if sleeper.poll() is None:
             sleeper.kill()
+
+
+def test_envelopes_carry_the_callers_trace_context() -> None:
+    """Under a caller's span, each envelope's headers hold its W3C traceparent (same trace
+    id); without a span, no headers at all."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    fake = FakeProducer()
+    publisher = Publisher(Config(), producer=fake)  # type: ignore[arg-type]
+    publisher.send_envelope({"v": 1, "run_id": "r1", "seq": 0, "type": "stream.end"})
+    with TracerProvider().get_tracer("gateway").start_as_current_span("call") as span:
+        publisher.send_envelope({"v": 1, "run_id": "r1", "seq": 1, "type": "stream.end"})
+    assert fake.headers[0] is None
+    (name, value), = fake.headers[1] or []
+    trace_id = f"{span.get_span_context().trace_id:032x}"
+    assert name == "traceparent" and value.decode().split("-")[1] == trace_id

@@ -116,14 +116,14 @@ class Stack:
         return f"{self.app_id}.{role}"
 
     def env(self) -> dict[str, str]:
-        roles = ("events", "control", "committed", "errors", "final", "progress", "dlq")
+        roles = ("events", "control", "committed", "errors", "final", "progress", "dlq", "results")
         env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role) for role in roles}
         return env | {
             "LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
             "LATCH_TOPICS__PARTITIONS": str(self.partitions),
             "LATCH_TOPICS__REPLICATION_FACTOR": str(self.replication),
             "LATCH_WORKER__APP_ID": self.app_id,
-            "LATCH_WORKER__WEB_PORT": "0",
+            "LATCH_WORKER__WEB_PORT": "0", "LATCH_WORKER__HTTP_PORT": "0",
             "LATCH_WORKER__TICK_INTERVAL_S": str(self.tick_interval_s),
             "LATCH_AGENT_STREAM_ASSEMBLE__ASSEMBLE_IDLE_TIMEOUT_S": str(self.idle_timeout_s),
             "LATCH_WORKER__ENGINE": self.engine,
