@@ -76,6 +76,8 @@ class LatchWorker:
         #: The next offset to forward of each control partition this worker owns.
         self.control_next: dict[int, int] = {}
         self.revocations = 0
+        #: Records processed without outputs and not yet counted (telemetry in batches).
+        self.uncounted = 0
         #: A record could not be processed: the worker is stopping, nothing more is handled.
         self.failed = False
         app_id = config.worker.app_id
@@ -98,6 +100,7 @@ class LatchWorker:
     async def _consume(self, stream: Any, handle: Callable[[Any], Awaitable[None]]) -> None:
         """Handle each record, then ack it; a failed send stops the worker unacked."""
         stream = stream.noack()
+        ack = stream.ack
         async for event in stream.events():
             if self.failed:  # faust restarts a crashed agent while the app stops: do nothing
                 return
@@ -111,12 +114,15 @@ class LatchWorker:
                           message.partition, message.offset, type(exc).__name__)
                 await self.app.crash(exc)
                 raise
-            await stream.ack(event)
+            await ack(event)
 
     async def _apply_event(self, message: Any) -> None:
         state = self.partitions.get(message.partition)
         if state is None:
             state = await self._take_over(message.topic, message.partition)
+        if message.offset == state.next_offset:  # the common case, without a generator
+            await self._process(state, _record(message))
+            return
         async for record in self._in_order(message, state.next_offset):
             await self._process(state, record)
 
@@ -153,16 +159,26 @@ class LatchWorker:
         """Feed one record to the partition's assembler; publish, then record heads."""
         key, source = record[0], record[3]
         partition, offset = source["partition"], source["offset"]
+        assembler = state.assembler
         run_id = key.decode("utf-8", "replace") if key else ""
-        was_open = state.assembler.is_open(run_id)
+        was_open = assembler.is_open(run_id)
         emits = state.apply(record)
-        self.telemetry.record(emits)
-        await self._publish(state, key, emits)
-        if not was_open and state.assembler.is_open(run_id):
+        if emits:
+            # Most records (text deltas, argument fragments) emit nothing: they are counted
+            # with the next record that does, or at the next tick.
+            self.telemetry.record(emits, records=self.uncounted + 1)
+            self.uncounted = 0
+            await self._publish(state, key, emits)
+        else:
+            self.uncounted += 1
+        if not was_open and assembler.is_open(run_id):
             self.run_heads.opened(key, partition, offset)  # type: ignore[arg-type]  # a run has a key
-        await self._record_finished(state, partition, emits)
+        if emits:
+            await self._record_finished(state, partition, emits)
         if key == TICK:  # at a tick, so in stream context, and by record time
             self.run_heads.forget_finished(state)
+            self.telemetry.record((), records=self.uncounted)
+            self.uncounted = 0
         state.next_offset = offset + 1
 
     async def _forward_control(self, record: Record) -> None:

@@ -74,9 +74,11 @@ class Telemetry:
         metrics.set_meter_provider(self.meter_provider)
         trace.set_tracer_provider(self.tracer_provider)
 
-    def record(self, emits: Sequence[Emit]) -> None:
-        """Count one input record and what it produced."""
-        self._records.add(1)
+    def record(self, emits: Sequence[Emit], records: int = 1) -> None:
+        """Count ``records`` input records and what they produced (the worker counts the
+        records that produce nothing with the next one that does)."""
+        if records:
+            self._records.add(records)
         for emit in emits:
             value = emit.value
             if emit.topic is Topic.COMMITTED:
