@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
+# the checkout last: an installed build of worker (the compiled core) comes first
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests")]
+sys.path.append(str(ROOT))
 
 import bench_worker  # noqa: E402
 import orjson  # noqa: E402
@@ -55,7 +57,8 @@ FRAGMENT = 32
 Record = tuple[bytes, bytes, int]
 
 
-def phases(runs: int, argument_bytes: int, tag: str) -> list[tuple[str, list[Record]]]:
+def phases(runs: int, argument_bytes: int, tag: str,
+           fragment: int = FRAGMENT) -> list[tuple[str, list[Record]]]:
     """The three phases' records, encoded: starts, call openings, argument fragments."""
     ids = [f"mem-{tag}-{n:05d}" for n in range(runs)]
     tools = [chat_tool("write_file", SCHEMA)]
@@ -64,7 +67,7 @@ def phases(runs: int, argument_bytes: int, tag: str) -> list[tuple[str, list[Rec
     opens = [(i.encode(), orjson.dumps({"v": 1, "run_id": i, "seq": 1, "type": "provider.event",
                                         "event": opening}), 2) for i in ids]
     text = '{"path": "/tmp/a.md", "content": "' + "x" * argument_bytes
-    pieces = [text[at:at + FRAGMENT] for at in range(0, argument_bytes, FRAGMENT)]
+    pieces = [text[at:at + fragment] for at in range(0, argument_bytes, fragment)]
     args = []
     for seq, piece in enumerate(pieces, 2):
         chunk = orjson.dumps(chat_chunk([chat_tool_delta(0, arguments=piece)]))
@@ -157,7 +160,7 @@ def engine(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
     work = Path(tempfile.mkdtemp(prefix="latch-bench-memory-"))
     setup = bench_worker.Setup(args.bootstrap, group, f"{group}.events", args.partitions, work)
     topics = bench_worker.Topics(args.bootstrap)
-    steps = phases(args.runs, args.argument_bytes, tag)
+    steps = phases(args.runs, args.argument_bytes, tag, args.fragment)
     try:
         topics.simple([setup.events], args.partitions)
         contender.prepare(topics, setup)
@@ -167,6 +170,7 @@ def engine(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
             bench_worker.publish(args.bootstrap, setup.events, warm)
             bench_worker.watch_finals(setup, proc, {warm[0][0]}, 180, f"{name} warm-up")
             sizes = [settled_rss(setup, proc.pid)]
+            print(f"  {name}: warmed up: RSS {sizes[0] / 1e6:,.1f} MB")
             for phase, records in steps:
                 bench_worker.publish(args.bootstrap, setup.events, records)
                 sizes.append(settled_rss(setup, proc.pid))
@@ -206,6 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--argument-bytes", type=int, default=2048,
                         help="argument text per run in phase 3 (all runs' text must stay "
                              "under max_buffered_bytes, 64 MiB by default)")
+    parser.add_argument("--fragment", type=int, default=FRAGMENT,
+                        help="an engine's argument fragments, in characters (the core's are "
+                             f"always {FRAGMENT}): larger ones publish fewer records")
     parser.add_argument("--top", type=int, default=12, help="allocation sites to list")
     parser.add_argument("--engines", default="", help="comma list: latch-faust,latch-kafka")
     parser.add_argument("--bootstrap", help="the broker the engines use")

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -60,7 +61,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+# the checkout last: an installed build of worker (the compiled core) comes first
+sys.path[:0] = [str(ROOT / "bench")]
+sys.path.append(str(ROOT))
 
 import bench_core  # noqa: E402
 import orjson  # noqa: E402
@@ -73,6 +76,7 @@ from confluent_kafka import (  # noqa: E402
 )
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
+from tests import worker_harness  # noqa: E402
 from worker.core import Assembler, AssembleSettings  # noqa: E402
 from worker.runtime import admin  # noqa: E402
 from worker.runtime.config import load_config  # noqa: E402
@@ -163,18 +167,8 @@ class Topics:
 
 
 def publish(bootstrap: str, topic: str, records: Sequence[Record]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random",
-                         "linger.ms": 20, "message.max.bytes": 4 << 20})
-    for key, value, _ in records:
-        while True:
-            try:
-                producer.produce(topic, key=key, value=value)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
-    if producer.flush(120) != 0:
-        raise SystemExit(f"could not publish the backlog to {topic}")
+    """Publish as a gateway does (the integration tests' publisher)."""
+    worker_harness.publish(bootstrap, topic, ((key, value) for key, value, _ in records))
 
 
 def end_offsets(consumer: Consumer, topic: str, partitions: int) -> list[int]:
@@ -257,6 +251,13 @@ def spawn(command: list[str], env: dict[str, str], log_path: Path) -> subprocess
                                 cwd=log_path.parent, stdout=log, stderr=subprocess.STDOUT)
 
 
+@functools.cache
+def empty_dir() -> str:
+    """A directory with nothing in it, where ``python -c 'import worker'`` finds the
+    installed package, not a checkout or a stray ``worker`` directory."""
+    return tempfile.mkdtemp(prefix="latch-bench-empty-")
+
+
 def contenders(python: str, baseline: str | None = None) -> dict[str, Contender]:
     """The contenders; with ``baseline`` (another interpreter, e.g. a venv holding main's
     worker), ``latch-faust-baseline`` too, for a before/after in the same rounds."""
@@ -275,10 +276,12 @@ def contenders(python: str, baseline: str | None = None) -> dict[str, Contender]
         code = ("from worker.runtime.config import load_config\n"
                 "load_config(None, env={'LATCH_WORKER__ENGINE': 'kafka'})")
         out = subprocess.run([python, "-c", code], capture_output=True, text=True,
-                             cwd=tempfile.gettempdir(), check=False)
+                             cwd=empty_dir(), check=False)
         if out.returncode == 0:
             return None
         last = (out.stderr.strip().splitlines() or ["?"])[-1]
+        if "engine" not in last:
+            raise SystemExit(f"cannot load Latch's configuration with {python}: {last}")
         return f"worker.engine does not accept 'kafka' in this build ({last})"
 
     def bare(mode: str) -> Callable[[Setup, Path], subprocess.Popen[bytes]]:
@@ -623,7 +626,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     probe = subprocess.run([args.python, "-c", "import worker; print(worker.compiled_core(), "
                             "worker.__file__)"], capture_output=True, text=True,
-                           cwd=tempfile.gettempdir(), check=True).stdout.split()
+                           cwd=empty_dir(), check=True).stdout.split()
     core = "compiled (mypyc)" if probe[0] == "True" else "pure Python"
     say(f"Latch's core in the contenders: {core} ({probe[1]})")
 
