@@ -343,6 +343,13 @@ class SpyAssembler(Assembler):
         self.opened[run.start.run_id] += len(run.calls) - before
         return emits
 
+    def _unwrap(self, run: Any, call: Any) -> Any:
+        # A parallel wrapper gets no outcome of its own; each of its entries gets one.
+        children = super()._unwrap(run, call)
+        if children:
+            self.opened[run.start.run_id] += len(children) - 1
+        return children
+
     def _start(self, start: Any, run: Any, now_ms: int, raw: Any) -> list[Emit]:
         emits = super()._start(start, run, now_ms, raw)
         if self.is_open(start.run_id):

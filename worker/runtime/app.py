@@ -94,6 +94,7 @@ class LatchWorker:
         self.control_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.control_watch = StallWatch()
         self.revocations = 0
+        #: Records processed without outputs and not yet counted (telemetry in batches).
         #: A record could not be processed: the worker is stopping, nothing more is handled.
         self.failed = False
         app_id = config.worker.app_id
@@ -120,6 +121,7 @@ class LatchWorker:
     async def _consume(self, stream: Any, handle: Callable[[Any], Awaitable[None]]) -> None:
         """Handle each record, then ack it; a failed send stops the worker unacked."""
         stream = stream.noack()
+        ack = stream.ack
         async for event in stream.events():
             if self.failed:  # faust restarts a crashed agent while the app stops: do nothing
                 return
@@ -134,12 +136,15 @@ class LatchWorker:
                           extra=logs.where(message.topic, message.partition, message.offset))
                 await self.app.crash(exc)
                 raise
-            await stream.ack(event)
+            await ack(event)
 
     async def _apply_event(self, message: Any) -> None:
         state = self.partitions.get(message.partition)
         if state is None:
             state = await self._take_over(message.topic, message.partition)
+        if message.offset == state.next_offset:  # the common case, without a generator
+            await self._process(state, _record(message), message.headers)
+            return
         async for record in self._in_order(message, state.next_offset):
             live = record[3]["offset"] == message.offset  # not read back from the log
             await self._process(state, record, message.headers if live else None)
@@ -212,8 +217,9 @@ class LatchWorker:
         """Feed one record to the partition's assembler; publish, then record heads."""
         key, source = record[0], record[3]
         partition, offset = source["partition"], source["offset"]
+        assembler = state.assembler
         run_id = key.decode("utf-8", "replace") if key else ""
-        was_open = state.assembler.is_open(run_id)
+        was_open = assembler.is_open(run_id)
         emits = state.apply(record)
         opened = not was_open and state.assembler.is_open(run_id)
         self.telemetry.record(emits, state.assembler.sizes)
@@ -221,7 +227,8 @@ class LatchWorker:
         await self._publish(state, key, emits, record[2])
         if opened:
             self.run_heads.opened(key, partition, offset)  # type: ignore[arg-type]  # a run has a key
-        await self._record_finished(state, partition, emits)
+        if emits:
+            await self._record_finished(state, partition, emits)
         if key == TICK:  # at a tick, so in stream context, and by record time
             self.run_heads.forget_finished(state)
         # Every output of this record (a DLQ record, an early commit, an error result) is
