@@ -401,11 +401,21 @@ def test_the_demo_file_publishes_and_assembles_to_the_documented_outcomes() -> N
         ("chat-cancelled", "get_weather", "cancelled", "cancelled"),
         ("anthropic-broken-stream", "updateIssueList", "failed", "stream_error"),
         ("chat-invalid-json", "GetWeatherArgs", "failed", "invalid_json"),
+        ("bedrock-kimi-tool-use", "glob_search", "committed", None),
+        ("gemini-partial-args", "writeItems", "committed", None),
     }
+    committed = {e.key: e.value for e in emitted if e.topic == "committed"}
+    assert committed["bedrock-kimi-tool-use"]["call_id"] == "functions.glob_search:0"
+    assert committed["bedrock-kimi-tool-use"]["arguments"] == {"pattern": "**/*cursor*"}
+    # The partialArgs call ends at a part without willContinue (no empty functionCall after).
+    assert committed["gemini-partial-args"]["call_id"] == "latch-0-0-gemini-partial-args"
+    assert [op["itemid"] for op in committed["gemini-partial-args"]["arguments"]["operations"]
+            ] == ["apple_001", "banana_001"]
     finals = {e.key: e.value["status"] for e in emitted if e.topic == "final"}
     assert finals == {"chat-parallel": "completed", "anthropic-tool-use": "completed",
                       "responses-call": "completed", "chat-cancelled": "cancelled",
-                      "anthropic-broken-stream": "failed", "chat-invalid-json": "completed"}
+                      "anthropic-broken-stream": "failed", "chat-invalid-json": "completed",
+                      "bedrock-kimi-tool-use": "completed", "gemini-partial-args": "completed"}
     assert not [e for e in emitted if e.topic == "dlq"]
     assert assembler.open_runs == 0
 
