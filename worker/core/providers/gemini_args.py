@@ -212,7 +212,7 @@ def _name_char(char: str, first: bool) -> bool:
     """RFC 9535 member-name-shorthand: ALPHA / "_" / non-ASCII, then DIGIT too."""
     if char.isascii():
         return char.isalpha() or char == "_" or (not first and char.isdigit())
-    return not ("\ud800" <= char <= "\udfff")
+    return not 0xD800 <= ord(char) <= 0xDFFF  # (mypyc takes no surrogate in a literal)
 
 
 def _bracket(path: str, at: int) -> tuple[str | int, int] | str:
