@@ -100,7 +100,7 @@ def offline(envelopes: list[dict[str, object]]) -> Counter[tuple[str, str, str]]
 
 
 def test_metrics_readiness_and_traces_on_the_real_broker(stack: Stack, tmp_path: Path) -> None:
-    """The demo's runs through a worker: its /metrics hold one invalid_json, four committed
+    """The demo's runs through a worker: its /metrics hold one invalid_json, six committed
     calls and every outcome the offline core decides, one commit latency per committed call,
     one argument size per checked call, the open run in latch_runs_open; the committed records
     carry the publisher's trace id. A second worker that takes over after the first stops is
@@ -125,7 +125,7 @@ def test_metrics_readiness_and_traces_on_the_real_broker(stack: Stack, tmp_path:
         records = reader.collect(finished(runs), timeout=90)
         reader.close()
         committed = [r for r in records if r.role == "committed"]
-        assert len(committed) == 4
+        assert len(committed) == 6
         for record in committed:
             traceparent = dict(record.headers)["traceparent"].decode()
             assert traceparent.split("-")[1] == trace_id
@@ -136,10 +136,10 @@ def test_metrics_readiness_and_traces_on_the_real_broker(stack: Stack, tmp_path:
         outcomes = Counter({(dict(k)["provider"], dict(k)["state"], dict(k)["reason"]): v
                             for k, v in samples["latch_call_outcomes_total"].items()})
         assert outcomes == offline([*held, *demo])
-        assert total(samples, "latch_call_outcomes_total", state="committed") == 4
+        assert total(samples, "latch_call_outcomes_total", state="committed") == 6
         assert total(samples, "latch_runs_finished_total") == len(runs)
-        assert total(samples, "tool_assemble_args_bytes_count") == 5
-        assert total(samples, "tool_assemble_to_commit_seconds_count") == 4
+        assert total(samples, "tool_assemble_args_bytes_count") == 7
+        assert total(samples, "tool_assemble_to_commit_seconds_count") == 6
         assert total(samples, "latch_records_processed_total") >= len(demo) + 1
         assert total(samples, "latch_runs_open") == 1  # ops/held
         assert total(samples, "latch_buffered_bytes_budget") > 0

@@ -34,8 +34,10 @@ def feed_demo(metrics: Metrics) -> Assembler:
 
 
 def test_the_demo_runs_give_the_values_they_imply() -> None:
-    """examples/demo.jsonl: four committed calls, one invalid_json, one stream_error, one
-    cancelled; seven runs by status; 102 records; five calls checked by the latch."""
+    """examples/demo.jsonl: six committed calls (one of them Bedrock's, one Gemini's), one
+    invalid_json, one stream_error, one cancelled; eight runs; 140 records; seven calls checked
+    by the latch (Bedrock's 26 bytes of input deltas; Gemini's 590 bytes of partialArgs
+    records, the buffer the latch builds its object from)."""
     metrics = Metrics()
     assembler = feed_demo(metrics)
     assert assembler.sizes == []  # drained
@@ -47,11 +49,11 @@ def test_the_demo_runs_give_the_values_they_imply() -> None:
     for labels, value in outcomes.items():
         state = dict(labels)["state"]
         by_state[state] = by_state.get(state, 0) + value
-    assert by_state == {"committed": 4, "failed": 2, "cancelled": 1}
-    assert sum(found["latch_runs_finished_total"].values()) == 6
-    assert found["latch_records_processed_total"] == {(): 102}
-    assert found["tool_assemble_args_bytes_count"] == {(): 5}
-    assert found["tool_assemble_args_bytes_sum"] == {(): 20 + 21 + 48 + 52 + 40}
+    assert by_state == {"committed": 6, "failed": 2, "cancelled": 1}
+    assert sum(found["latch_runs_finished_total"].values()) == 8
+    assert found["latch_records_processed_total"] == {(): 140}
+    assert found["tool_assemble_args_bytes_count"] == {(): 7}
+    assert found["tool_assemble_args_bytes_sum"] == {(): 20 + 21 + 48 + 52 + 40 + 26 + 590}
     metrics.shutdown()
 
 
