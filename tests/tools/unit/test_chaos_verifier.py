@@ -223,18 +223,26 @@ def test_plan_has_the_issue_9_kinds(early_plan: Plan) -> None:
     assert any(c.intent == "commit" for r in early_cancelled for c in r.opened.values())
 
 
-def test_the_plan_catches_two_outcomes_for_one_id(early_plan: Plan) -> None:
-    """A core that gives one call id an early commit and then a ``duplicate_call_id`` error
-    (a later block reusing the id: issue 9, item 4) fails the plan itself, before anything
-    is published: the driver would have caught it."""
+@pytest.mark.parametrize(("reason", "key", "problem"), [
+    # a committed id failing anything but the early-commit reuse rule contradicts it
+    ("schema_invalid", "{run}:x", r"2 outcomes .* for one id"),
+    # the reuse rule itself, but under the committed call's own key: a runner would drop one
+    ("duplicate_call_id", "{committed}", r"2 outcomes under one idempotency key"),
+])
+def test_the_plan_catches_two_outcomes_for_one_id(early_plan: Plan, reason: str, key: str,
+                                                  problem: str) -> None:
+    """A core that gives an early-committed call id a contradicting error, or a second
+    record under the committed call's idempotency key, fails the plan itself, before
+    anything is published (issue 9, item 4; README, the early-commit rule)."""
     run = next(r for r in early_plan.runs if r.kind == "early" and any(
         e.topic is Topic.COMMITTED for e in r.expected))
     committed = next(e for e in run.expected if e.topic is Topic.COMMITTED)
     error = Emit(Topic.ERRORS, run.run_id, {
-        "run_id": run.run_id, "tool_call_id": committed.value["call_id"],
-        "reason": "duplicate_call_id", "idempotency_key": f"{run.run_id}:x"})
+        "run_id": run.run_id, "tool_call_id": committed.value["call_id"], "reason": reason,
+        "idempotency_key": key.format(run=run.run_id,
+                                      committed=committed.value["idempotency_key"])})
     broken = dataclasses.replace(run, expected=[*run.expected, error])
-    with pytest.raises(PlanError, match=r"2 outcomes .* for one id"):
+    with pytest.raises(PlanError, match=problem):
         check_intent(broken)
 
 

@@ -440,8 +440,16 @@ def check_intent(run: RunPlan) -> None:
         else:
             continue
         every.setdefault(call_id, set()).add(kind)
+    # One outcome per id, but for the README's early-commit rule: a call committed before the
+    # stream ended stands, and a later call reusing its id fails duplicate_call_id under its
+    # own idempotency key (never two records under one key, checked below).
     problems += [f"{cid}: {len(kinds)} outcomes ({', '.join(sorted(kinds))}) for one id"
-                 for cid, kinds in every.items() if len(kinds) > 1]
+                 for cid, kinds in every.items()
+                 if len(kinds) > 1 and kinds != {"committed", "duplicate_call_id"}]
+    keys = [e.value["idempotency_key"] for e in run.expected
+            if e.topic in (Topic.COMMITTED, Topic.ERRORS)]
+    problems += [f"{key}: {keys.count(key)} outcomes under one idempotency key"
+                 for key in sorted(set(keys)) if keys.count(key) > 1]
     for call in run.opened.values():
         want = ("commit", call.args) if call.intent == "commit" else (call.intent, None)
         if call.intent == "any" and call.call_id in outcomes:
