@@ -26,9 +26,10 @@ from setuptools.command.build_ext import build_ext
 
 #: What mypyc compiles. Left interpreted, each for a reason:
 #: settings.py (AssembleSettings is built by worker.runtime.config from YAML, deep-copied and
-#: pickled, which a compiled frozen dataclass does not survive), tools.py (jsonschema's
-#: keyword callables and the tests' spies replace its functions at run time, which compiled
-#: callers would not see; it is not on the per-event path), _mypyc.py (the decorator shim).
+#: pickled, which a compiled frozen dataclass does not survive), tools.py and schemacheck.py
+#: (jsonschema's keyword callables and the tests' spies replace their functions at run time,
+#: which compiled callers would not see; they are not on the per-event path), _mypyc.py (the
+#: decorator shim).
 COMPILED = [
     "worker/core/__init__.py",
     "worker/core/assembler.py",

@@ -101,6 +101,39 @@ RESPONSES_GET_CAPITAL = {  # as sent in the cassette's request
     "strict": True,
 }
 
+BEDROCK_GLOB_SEARCH = {  # a toolConfig.tools entry, Converse's own format
+    "toolSpec": {
+        "name": "glob_search",
+        "description": "Find files whose path matches a glob pattern",
+        "inputSchema": {"json": {
+            "type": "object",
+            "properties": {"pattern": {"type": "string"}},
+            "required": ["pattern"],
+            "additionalProperties": False,
+        }},
+    },
+}
+GEMINI_WRITE_ITEMS = {  # a Gemini tools entry; parameters in Google's OpenAPI subset
+    "functionDeclarations": [{
+        "name": "writeItems",
+        "description": "Add, update or remove items of the inventory",
+        "parameters": {
+            "type": "OBJECT",
+            "properties": {"operations": {"type": "ARRAY", "items": {
+                "type": "OBJECT",
+                "properties": {
+                    "action": {"type": "STRING", "enum": ["add", "update", "remove"]},
+                    "itemid": {"type": "STRING"},
+                    "description": {"type": "STRING"},
+                    "price": {"type": "NUMBER"},
+                },
+                "required": ["action", "itemid"],
+            }}},
+            "required": ["operations"],
+        },
+    }],
+}
+
 OPENAI_PY = "openai-python/.inline-snapshot/external/"
 SOURCES = {
     "chat-parallel": OPENAI_PY
@@ -114,6 +147,10 @@ SOURCES = {
     "anthropic-tool-no-args.chunks.txt",
     "chat-invalid-json": OPENAI_PY
     + "c6aa7e397b7123c3501f25df3a05d4daf7e8ad6d61ffa406ab5361fe36a8d5b1.bin",
+    "bedrock-kimi-tool-use": "vercel-ai/packages/amazon-bedrock/src/__fixtures__/"
+    "issue-11409-kimi-k2-thinking-glob-search.chunks.txt",
+    "gemini-partial-args": "vercel-ai/packages/google/src/__fixtures__/"
+    "google-stream-tool-call-array-arguments-missing-terminal-function-call.chunks.txt",
 }
 #: Where the cancel goes in chat-cancelled: after run.start and this many provider events.
 CANCEL_AFTER_EVENTS = 4
@@ -142,6 +179,11 @@ def runs(fixtures: Path) -> dict[str, list[dict[str, Any]]]:
                                    [ANTHROPIC_GET_WEATHER], events(fixtures, "anthropic-tool-use")),
         "responses-call": envs("responses-call", "openai.responses", [RESPONSES_GET_CAPITAL],
                                events(fixtures, "responses-call")),
+        "bedrock-kimi-tool-use": envs("bedrock-kimi-tool-use", "bedrock.converse",
+                                      [BEDROCK_GLOB_SEARCH],
+                                      events(fixtures, "bedrock-kimi-tool-use")),
+        "gemini-partial-args": envs("gemini-partial-args", "google.gemini",
+                                    [GEMINI_WRITE_ITEMS], events(fixtures, "gemini-partial-args")),
     }
 
     cancelled = envs("chat-cancelled", "openai.chat", [CHAT_GET_WEATHER],

@@ -2,8 +2,8 @@
 
 ``kafka_bootstrap`` uses whatever answers at ``LATCH_TEST_BOOTSTRAP`` (default
 127.0.0.1:9092: ``latch broker start`` or ``docker compose up kafka``); if nothing does, it
-starts the managed broker with :mod:`worker.tools.broker` and leaves it running for the next
-session (``latch broker stop`` ends it; CI stops it in ``.ci/run``).
+starts the managed broker with :mod:`worker.tools.broker` and stops it when the session ends
+(a broker that was already running is left alone).
 
 ``make_topic`` creates uniquely named topics for one test and deletes them afterwards.
 Every test in an ``integration`` folder (``tests/<layer>/integration/``) is marked
@@ -38,17 +38,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> str:
-    """The bootstrap address of a broker that answers; starts the managed one if needed."""
+def kafka_bootstrap() -> Iterator[str]:
+    """The bootstrap address of a broker that answers; starts the managed one if needed, and
+    then stops it at the end of the session."""
     bootstrap = os.environ.get("LATCH_TEST_BOOTSTRAP", broker.DEFAULT_BOOTSTRAP)
     if broker.answers(bootstrap, timeout=5.0):
-        return bootstrap
+        yield bootstrap
+        return
     host, _, port = bootstrap.rpartition(":")
     if host not in LOOPBACK:
         pytest.fail(f"no Kafka broker answers at {bootstrap} (LATCH_TEST_BOOTSTRAP)")
     if broker.main(["start", "--port", port]) != 0:
         pytest.fail(f"`latch broker start --port {port}` failed; see its error above")
-    return f"{broker.HOST}:{port}"
+    try:
+        yield f"{broker.HOST}:{port}"
+    finally:
+        if not broker.stop():
+            print(f"the broker this session started on port {port} was no longer running")
 
 
 @pytest.fixture(scope="session")

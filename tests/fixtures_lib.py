@@ -36,6 +36,12 @@ PYDANTIC = "pydantic-ai/tests/models/cassettes"
 RESPONSES_TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 
+def contract_key(*parts: str) -> str:
+    """An idempotency key as the contract spells it: the parts joined by ``:``, each with its
+    own ``%`` and ``:`` percent-encoded (README, "The contract")."""
+    return ":".join(p.replace("%", "%25").replace(":", "%3A") for p in parts)
+
+
 def fixture(relative: str) -> Path:
     """The path of a recorded stream; fails the calling test when it is not there."""
     if not FIXTURES.is_dir():
@@ -117,7 +123,7 @@ def only_final(lines: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def message_call_ids(provider: str, final: dict[str, Any]) -> list[str]:
     """The client tool call ids the final message holds, in message order (all choices)."""
     if provider == "openai.chat":
-        messages = [c["message"] for c in final.get("choices") or [{"message": final["message"]}]]
+        messages = [final["message"]] + [c["message"] for c in (final.get("choices") or [])[1:]]
         return [tc["id"] for m in messages for tc in m.get("tool_calls") or ()]
     if provider == "anthropic.messages":
         return [b["id"] for b in final["message"]["content"] if b.get("type") == "tool_use"]
@@ -147,13 +153,13 @@ def check_run(provider: str, lines: Sequence[dict[str, Any]], run_id: str = "cap
     assert lines and lines[-1]["topic"] == "final"
     final = only_final(lines)
     assert final["run_id"] == run_id and final["provider"] == provider
-    assert final["idempotency_key"] == f"{run_id}:final"
+    assert final["idempotency_key"] == contract_key(run_id, "final")
     records = [line for line in lines if line["topic"] in ("committed", "errors")]
     seen = []
     for line in records:
         value = line["value"]
         if line["topic"] == "committed":
-            assert value["idempotency_key"] == f"{run_id}:{value['call_id']}"
+            assert value["idempotency_key"] == contract_key(run_id, value["call_id"])
             seen.append((value["call_id"], value["name"], value["index"], "committed", None))
         else:
             assert value["is_error"] is True and value["state"] in ("failed", "cancelled")

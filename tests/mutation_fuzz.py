@@ -74,6 +74,16 @@ CAPTURES: dict[str, list[str]] = {
         f"{_VERCEL}/openai/src/responses/__fixtures__/parallel-tool-call-wrapper.1.chunks.txt",
         f"{_PYDANTIC}/test_openai_responses/test_openai_responses_stream.yaml",
     ],
+    "bedrock.converse": [
+        f"{_VERCEL}/amazon-bedrock/src/__fixtures__/amazon-bedrock-json-with-tools.1.chunks.txt",
+        f"{_VERCEL}/amazon-bedrock/src/__fixtures__/"
+        "issue-11409-kimi-k2-thinking-glob-search.chunks.txt",
+    ],
+    "google.gemini": [
+        f"{_VERCEL}/google/src/__fixtures__/google-stream-no-args-tool-call.chunks.txt",
+        f"{_VERCEL}/google/src/__fixtures__/"
+        "google-stream-tool-call-array-arguments-missing-terminal-function-call.chunks.txt",
+    ],
 }
 
 #: Assembler settings the sequences run under: the defaults; budgets so tight that runs are
@@ -140,6 +150,17 @@ def _tool_names(provider: str, events: list[Any]) -> set[str]:
                     name = (entry.get("function") or {}).get("name")
                     if isinstance(name, str) and name:
                         names.add(name)
+        elif provider == "bedrock.converse":
+            start = (event.get("contentBlockStart") or {}).get("start") or {}
+            name = (start.get("toolUse") or {}).get("name")
+            if isinstance(name, str) and name:
+                names.add(name)
+        elif provider == "google.gemini":
+            for candidate in event.get("candidates") or ():
+                for part in (candidate.get("content") or {}).get("parts") or ():
+                    name = (part.get("functionCall") or {}).get("name")
+                    if isinstance(name, str) and name:
+                        names.add(name)
         else:
             body = event.get("content_block") or event.get("item") or {}
             if body.get("type") in ("tool_use", "function_call") and body.get("name"):
@@ -154,6 +175,11 @@ def _tools(provider: str, names: set[str]) -> list[Any]:
                 for n in sorted(names)]
     if provider == "openai.responses":
         return [{"type": "function", "name": n, "parameters": schema} for n in sorted(names)]
+    if provider == "bedrock.converse":
+        return [{"toolSpec": {"name": n, "inputSchema": {"json": schema}}} for n in sorted(names)]
+    if provider == "google.gemini":
+        return [{"functionDeclarations": [{"name": n, "parametersJsonSchema": schema}
+                                          for n in sorted(names)]}]
     return [{"name": n, "input_schema": schema} for n in sorted(names)]
 
 
@@ -342,6 +368,13 @@ class SpyAssembler(Assembler):
         emits = super()._open(run, item)
         self.opened[run.start.run_id] += len(run.calls) - before
         return emits
+
+    def _unwrap(self, run: Any, call: Any) -> Any:
+        # A parallel wrapper gets no outcome of its own; each of its entries gets one.
+        children = super()._unwrap(run, call)
+        if children:
+            self.opened[run.start.run_id] += len(children) - 1
+        return children
 
     def _start(self, start: Any, run: Any, now_ms: int, raw: Any) -> list[Emit]:
         emits = super()._start(start, run, now_ms, raw)

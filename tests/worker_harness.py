@@ -32,7 +32,14 @@ from typing import Any
 
 import orjson
 from aiokafka.partitioner import murmur2  # type: ignore[import-untyped]
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from worker.core import Assembler, Emit, Topic
@@ -47,6 +54,14 @@ FAST_FAUST = {
     "broker_rebalance_timeout": 20,
     "broker_commit_interval": 0.5,
 }
+#: librdkafka settings that do the same for the kafka engine (``worker.engine: kafka``).
+FAST_KAFKA = {
+    "LATCH_KAFKA__SESSION_TIMEOUT_MS": "6000",
+    "LATCH_KAFKA__HEARTBEAT_INTERVAL_MS": "1000",
+}
+#: The line each engine logs once it is consuming.
+READY = r"\[\^Worker\]: Ready|kafka engine ready"
+ENGINES = ("faust", "kafka")
 OUTPUTS = ("committed", "errors", "final", "progress", "dlq")
 
 # -- the topics of one test ------------------------------------------------------------
@@ -64,13 +79,17 @@ class Stack:
     def topic(self, role: str) -> str:
         return f"{self.app_id}.{role}"
 
+    @property
+    def engine(self) -> str:
+        return self.settings.get("LATCH_WORKER__ENGINE", "faust")
+
     def env(self) -> dict[str, str]:
         env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role)
-               for role in ("events", "control", *OUTPUTS)}
+               for role in ("events", "control", *OUTPUTS, "results")}
         env |= {"LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
                 "LATCH_TOPICS__PARTITIONS": str(self.partitions),
                 "LATCH_WORKER__APP_ID": self.app_id,
-                "LATCH_WORKER__WEB_PORT": "0",
+                "LATCH_WORKER__WEB_PORT": "0", "LATCH_WORKER__HTTP_PORT": "0",
                 "LATCH_WORKER__TICK_INTERVAL_S": "1"}
         return env | self.settings
 
@@ -131,6 +150,8 @@ class WorkerProcess:
         settings = FAST_FAUST | faust
         args = [f"--faust-setting={k}={v}" for k, v in settings.items()]
         env = os.environ | stack.env() | {"PYTHONUNBUFFERED": "1"}
+        if stack.engine == "kafka":
+            args, env = [], FAST_KAFKA | env
         command = [sys.executable, "-m", "worker", "worker", *args]
         if prelude:
             code = (f"{prelude}\nimport sys, worker.runtime.app\n"
@@ -155,7 +176,7 @@ class WorkerProcess:
         raise AssertionError(f"no {pattern!r} in the worker log after {timeout}s:\n{self.tail()}")
 
     def wait_ready(self) -> None:
-        self.wait_for(r"\[\^Worker\]: Ready")
+        self.wait_for(READY)
 
     def tail(self, lines: int = 60) -> str:
         return "\n".join(self.log().splitlines()[-lines:])
@@ -179,6 +200,39 @@ class WorkerProcess:
         """Log lines that no healthy run should have."""
         return [line for line in self.log().splitlines()
                 if re.search(r"\[(ERROR|CRITICAL)\]|Traceback", line)]
+
+
+def assignments(worker: WorkerProcess) -> list[set[int]]:
+    """The events partitions of each assignment the worker logged, in order."""
+    return [set(map(int, re.findall(r"\d+", found)))
+            for found in re.findall(r"events partitions assigned: \[([\d, ]*)\]", worker.log())]
+
+
+@contextlib.contextmanager
+def worker_pair(stack: Stack, log_dir: Path,
+                timeout: float = 40) -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
+    """Two workers that have settled on a split of the stack's partitions (each owns some,
+    none owns one twice); killed afterwards if still running."""
+    first = WorkerProcess(stack, log_dir / "a.log")
+    second = None
+    try:
+        first.wait_ready()
+        second = WorkerProcess(stack, log_dir / "b.log")
+        second.wait_ready()
+        deadline = time.monotonic() + timeout
+        while True:
+            a, b = assignments(first), assignments(second)
+            if a and b and a[-1] and b[-1] and not a[-1] & b[-1] \
+                    and a[-1] | b[-1] == set(range(stack.partitions)):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no split: {a} / {b}")
+            time.sleep(0.2)
+        yield first, second
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.proc.poll() is None:
+                proc.kill()
 
 
 # -- in and out ----------------------------------------------------------------------------
@@ -211,6 +265,8 @@ class Out:
     partition: int
     key: bytes | None
     value: dict[str, Any]
+    #: The record's Kafka headers (the worker's trace context).
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class Reader:
@@ -218,8 +274,13 @@ class Reader:
 
     def __init__(self, stack: Stack, roles: Sequence[str] = OUTPUTS) -> None:
         self.roles = {stack.topic(role): role for role in roles}
+        # read_committed (librdkafka's default, said here because it matters): the kafka
+        # engine's aborted transactions are not seen. The end of a partition is where the
+        # consumer says it is (enable.partition.eof): a transaction's commit marker takes the
+        # last offset and is never delivered.
         self.consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "unused",
-                                  "enable.auto.commit": False})
+                                  "enable.auto.commit": False, "enable.partition.eof": True,
+                                  "isolation.level": "read_committed"})
         self.admin = AdminClient({"bootstrap.servers": stack.bootstrap})
         meta = self.consumer.list_topics(timeout=10).topics
         self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING)
@@ -247,10 +308,14 @@ class Reader:
             summary = {r: len(self.of(r)) for r in self.roles.values()}
             raise AssertionError(f"outputs incomplete: {summary}")
         for msg in self.consumer.consume(500, timeout=0.2):
-            if msg.error() is None:
+            if msg.error() is not None and msg.error().code() == KafkaError._PARTITION_EOF:
+                where = (msg.topic(), msg.partition())
+                self.positions[where] = max(self.positions.get(where, 0), msg.offset())
+            elif msg.error() is None:
                 self.positions[(msg.topic(), msg.partition())] = msg.offset() + 1
                 self.records.append(Out(self.roles[msg.topic()], msg.partition(),
-                                        msg.key(), orjson.loads(msg.value())))
+                                        msg.key(), orjson.loads(msg.value()),
+                                        tuple(msg.headers() or ())))
 
     def of(self, role: str) -> list[Out]:
         return [r for r in self.records if r.role == role]
@@ -352,6 +417,18 @@ def provider_run(provider: str, run_id: str, calls: Sequence[Call], *, size: int
     if end:
         envelopes.append({"v": 1, "run_id": run_id, "seq": len(envelopes), "type": "stream.end"})
     return envelopes
+
+
+def two_call_runs(prefix: str, partitions: int, per_partition: int
+                  ) -> dict[str, list[dict[str, Any]]]:
+    """Runs of the three providers in turn covering every partition ``per_partition`` times,
+    each with two valid calls whose arguments name the run, in 3-character fragments."""
+    runs = {}
+    for n, run_id in enumerate(run_ids(prefix, partitions, per_partition)):
+        calls = [(f"call_{run_id}_{i}", "read_file", f'{{"path": "/data/{i}/{run_id}"}}')
+                 for i in range(2)]
+        runs[run_id] = provider_run(PROVIDERS[n % 3], run_id, calls, size=3)
+    return runs
 
 
 def expected(envelopes: Iterable[dict[str, Any]], config: Config) -> list[Emit]:

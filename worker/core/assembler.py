@@ -37,9 +37,17 @@ happens at each bound is an outcome, never a silent drop or a refused run:
   run (status ``failed``): that call and every uncommitted call fail ``too_many_tool_calls``.
   A stream that opens that many calls is broken or hostile, and nothing of it is worth running.
 
+* **Text per run** (``max_run_text_bytes``): text that is not argument text (assistant text,
+  thinking, content blocks, output items) is kept by the adapters for the final message. It
+  is bounded by the bytes of the provider events it comes from, less their argument text
+  (less the whole record for a lone fragment within :data:`FRAGMENT_ENVELOPE` bytes of its
+  text): the event that crosses the bound ends the run (status ``failed``, its
+  uncommitted calls fail ``budget_exceeded``), so no final message grows past what the output
+  topics accept. These bytes are not in ``max_buffered_bytes``: they overcount the text they
+  bound (the envelopes of small deltas) many times.
+
 Every end of a run above is the same ``_finish`` as a stream error's, so each call still gets
-exactly one outcome and the run one final message. Text that is not argument text (assistant
-text, thinking) is kept by the adapters for the final message and is not counted.
+exactly one outcome and the run one final message.
 """
 
 from __future__ import annotations
@@ -48,8 +56,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from orjson import JSONDecodeError
-from orjson import dumps as _dumps
+from orjson import JSONDecodeError, dumps
 from orjson import loads as _loads
 
 from worker.core import ops as op
@@ -72,8 +79,15 @@ from worker.core.model import CallState, DlqReason, Emit, Reason, RunStatus
 from worker.core.outputs import Outputs, dlq_record
 from worker.core.providers import adapter_for
 from worker.core.run import Call, Latch, utf8_len
+from worker.core.schemacheck import SchemaLimits
 from worker.core.settings import AssembleSettings
-from worker.core.tools import SHARED_VALIDATORS, ValidatorCache, client_tools
+from worker.core.tools import (
+    SchemaCheck,
+    ToolSchema,
+    ValidatorCache,
+    client_tools,
+    shared_validators,
+)
 
 _OPEN = CallState.OPEN
 _COMPLETE = CallState.ARGS_COMPLETE
@@ -88,6 +102,9 @@ _NOT_AN_OBJECT: dict[str, Any] = {}
 #: A run may hold at most this many times ``max_tool_calls_in_flight_assemble`` calls,
 #: placeholders included (see "Memory budgets" in the module docstring).
 CALLS_PER_RUN_FACTOR = 4
+#: The bytes of a record carrying one argument fragment that are taken for its envelope (the
+#: ids, model and names a provider repeats on every chunk), not counted as the run's text.
+FRAGMENT_ENVELOPE = 512
 #: The largest order key (tool, content block or output index; choice) a call may carry. Every
 #: outcome repeats it, JSON readers lose precision beyond 2**53, and orjson writes nothing
 #: beyond 2**64 - 1 (which a chat call without an index after one at 2**64 - 1 would get).
@@ -111,7 +128,7 @@ class Run:
     """The state of one open run."""
 
     __slots__ = ("adapter", "broken", "calls", "key", "last_ms", "last_seq", "latch", "nbytes",
-                 "out", "run_id", "start", "truncated")
+                 "out", "run_id", "start", "text_bytes", "truncated")
 
     def __init__(self, start: RunStart, adapter: op.Adapter, latch: Latch, now_ms: int) -> None:
         self.start = start
@@ -129,6 +146,8 @@ class Run:
         self.nbytes = 0
         #: How the stream broke its protocol, once it did (see ``Assembler._break``).
         self.broken: str | None = None
+        #: Bytes of the provider events its final message is built from (``max_run_text_bytes``).
+        self.text_bytes = 0
 
     def in_flight(self) -> int:
         return sum(1 for c in self.calls.values() if c.state is CallState.OPEN)
@@ -146,13 +165,20 @@ class Assembler:
         self._runs: OrderedDict[str, Run] = OrderedDict()
         self._buffered = 0
         self._finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
-        self._validators = SHARED_VALIDATORS if validators is None else validators
+        #: Cancels of runs not started yet: run id -> (record time, reason), oldest first.
+        self._early_cancels: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        self._validators = validators or shared_validators(SchemaLimits(
+            self.settings.max_schema_nodes, self.settings.max_schema_validation_steps))
         self._pipelined = frozenset(self.settings.allow_pipelined_execute)
         # Read for every argument fragment: copied out of the settings once.
         self._max_argument_bytes = self.settings.max_tool_argument_bytes
         self._max_buffered_bytes = self.settings.max_buffered_bytes
+        self._max_run_text_bytes = self.settings.max_run_text_bytes
         self._emit_progress = self.settings.emit_progress
         self._clock = 0
+        #: When a list (the worker's metrics set one), the argument bytes of each call the
+        #: latch checks are appended; the caller drains it. None (the default): not kept.
+        self.sizes: list[int] | None = None
 
     # -- entry points -----------------------------------------------------------------
 
@@ -216,12 +242,12 @@ class Assembler:
     ) -> list[Emit]:
         """Apply one decoded envelope at record time ``now_ms``."""
         if isinstance(envelope, Tick):
-            return self.expire(envelope.ts)
+            return self.expire(now_ms)  # the record time, never the payload's ts
         run = self._runs.get(envelope.run_id)
         if isinstance(envelope, RunStart):
             return self._start(envelope, run, now_ms, raw)
         if run is None:
-            return self._orphan(envelope, raw)
+            return self._orphan(envelope, raw, now_ms)
         if isinstance(envelope, Cancel):
             run.last_ms = now_ms
             return self._finish(run, RunStatus.CANCELLED, Reason.CANCELLED, envelope.reason)
@@ -290,20 +316,93 @@ class Assembler:
             detail = (f"the worker's open-run budget ({limit} runs) was exhausted; the least "
                       "recently active run was ended")
             emits += self._evict(next(iter(self._runs.values())), detail, "evicted_open_runs")
-        tools = {name: self._validators.get(schema)
-                 for name, schema in client_tools(start.provider, start.tools).items()}
+        tools, cost, emits_ = self._tools(start)
+        emits += emits_
         budget = self.settings.max_tool_calls_per_run
         if start.max_tool_calls is not None:
             budget = min(budget, start.max_tool_calls)
         adapter = adapter_for(start.provider, start.run_id)
         latch = Latch(self.settings, tools, budget, adapter.parse_arguments)
-        self._runs[start.run_id] = Run(start, adapter, latch, now_ms)
+        run = Run(start._replace(tools=None), adapter, latch, now_ms)
+        run.nbytes = cost
+        self._buffered += cost
+        self._runs[start.run_id] = run
         self.stats["runs_started"] += 1
+        early = self._early_cancel(start.run_id, now_ms)
+        if early is not None:  # cancelled before it started: it ends as a cancel right after
+            self.stats["early_cancels_applied"] += 1  # its run.start would have ended it
+            emits += self._finish(run, RunStatus.CANCELLED, Reason.CANCELLED, early)
         return emits
 
+    def _tools(self, start: RunStart) -> tuple[dict[str, ToolSchema], int, list[Emit]]:
+        """The run's client tools, not compiled; the bytes of schema text they hold (counted in
+        ``max_buffered_bytes`` like argument text, making room the same way); and the runs
+        ended to make that room. Tools that alone would exceed the budget are all unusable."""
+        limit, budget = self.settings.max_tool_schema_bytes, self._max_buffered_bytes
+        tools = {name: self._validators.prepare(schema, limit)
+                 for name, schema in client_tools(start.provider, start.tools).items()}
+        cost = sum(len(t.text) for t in tools.values() if t.text is not None)
+        if cost > budget:
+            self.stats["runs_over_buffered_bytes_tools"] += 1
+            broken = SchemaCheck(None, f"the run's tool schemas exceed the worker's byte budget "
+                                 f"({budget} bytes)")
+            return {name: ToolSchema(self._validators, None, broken) for name in tools}, 0, []
+        if cost and self._buffered + cost > budget:
+            detail = (f"the worker's argument byte budget ({budget} bytes) was exhausted; the "
+                      "least recently active run was ended")
+            emits: list[Emit] = []
+            for victim in [r for r in self._runs.values() if r.nbytes]:
+                if self._buffered + cost <= budget:
+                    break
+                emits += self._evict(victim, detail, "evicted_buffered_bytes")
+            return tools, cost, emits
+        return tools, cost, []
+
+    # -- a cancel before its run.start ---------------------------------------------------
+    #
+    # The gateway's envelopes and the forwarded cancels reach a run's partition by different
+    # paths, so a user's cancel may be written before the run's ``run.start``. It is
+    # remembered (``remember_early_cancels``, oldest forgotten first) for
+    # ``early_cancel_ttl_s`` of record time, and a run that starts within it is cancelled at
+    # once: the same outcome as a cancel right after its ``run.start``.
+
+    def _remember_cancel(self, cancel: Cancel, now_ms: int) -> None:
+        self._early_cancels.pop(cancel.run_id, None)
+        self._early_cancels[cancel.run_id] = (now_ms, cancel.reason)
+        self._forget_early_cancels(now_ms)
+        while len(self._early_cancels) > self.settings.remember_early_cancels:
+            self._early_cancels.popitem(last=False)
+            self.stats["early_cancels_forgotten"] += 1
+        self.stats["early_cancels_remembered"] += 1
+
+    def _forget_early_cancels(self, now_ms: int) -> None:
+        """Drop the remembered cancels older than ``early_cancel_ttl_s`` at ``now_ms``."""
+        ttl_ms = self.settings.early_cancel_ttl_s * 1000
+        while self._early_cancels:
+            at = next(iter(self._early_cancels.values()))[0]
+            if now_ms - at <= ttl_ms:
+                break
+            self._early_cancels.popitem(last=False)
+            self.stats["early_cancels_expired"] += 1
+
+    def _early_cancel(self, run_id: str, now_ms: int) -> str | None:
+        """The reason of a remembered, unexpired cancel of ``run_id`` (forgotten once used)."""
+        if not self._early_cancels:
+            return None
+        self._forget_early_cancels(now_ms)
+        found = self._early_cancels.pop(run_id, None)
+        return None if found is None else found[1]
+
+    def early_cancel_pending(self, run_id: str) -> bool:
+        """Whether a cancel of ``run_id`` is remembered, waiting for its ``run.start``."""
+        return run_id in self._early_cancels
+
     def _orphan(self, envelope: Cancel | ProviderEvent | StreamEnd | StreamError,
-                raw: Any) -> list[Emit]:
+                raw: Any, now_ms: int) -> list[Emit]:
         finished = self._finished.get(envelope.run_id)
+        if finished is None and isinstance(envelope, Cancel):
+            self._remember_cancel(envelope, now_ms)
+            return []
         if finished is None:
             reject = Rejected(DlqReason.UNKNOWN_RUN, "no run.start for this run", envelope.run_id)
             return [self._reject(reject, *self._raw(raw))]
@@ -325,6 +424,19 @@ class Assembler:
                 _check_order_keys(ops)  # alone opens no call: nothing to check
         except Exception as exc:  # a malformed provider event: contained, never raised
             return [self._unreadable(run, exc, key, value, source)]
+        # What an adapter keeps for the final message (text, thinking, blocks, items) comes
+        # from the event's bytes that are not argument text: they bound the run's text. A lone
+        # argument fragment's own envelope (at most FRAGMENT_ENVELOPE bytes) is not counted.
+        size = len(value) if value else len(dumps(event))
+        if ops:
+            size -= sum(len(o.text) for o in ops if isinstance(o, (op.AppendArgs, op.SetArgs)))
+            if len(ops) == 1 and size <= FRAGMENT_ENVELOPE:
+                size = 0
+        run.text_bytes += size
+        if run.text_bytes > self._max_run_text_bytes:
+            self.stats["runs_over_text_bytes"] += 1
+            return self._finish(run, RunStatus.FAILED, Reason.BUDGET_EXCEEDED, "the run's text "
+                                f"and thinking exceeded {self._max_run_text_bytes} bytes")
         if not ops:  # most events (text deltas) have none
             return []
         if len(ops) == 1:
@@ -447,8 +559,10 @@ class Assembler:
         self._buffered += growth
         if not self._emit_progress:
             return emits
-        partial = "".join(call.parts) if self.settings.ui_forward_partial_args else None
-        return [*emits, run.out.progress(call, partial)]
+        if not self.settings.ui_forward_partial_args:
+            return [*emits, run.out.progress(call)]
+        # Only this fragment's text, and where it goes: progress is linear in argument bytes.
+        return [*emits, run.out.progress(call, text, 0 if replace else held)]
 
     def _close(self, run: Run, key: str) -> list[Emit]:
         call = run.calls.get(key)
@@ -540,6 +654,8 @@ class Assembler:
         truncated = None in run.truncated or call.choice in run.truncated
         same_id = [c for c in run.calls.values() if c.call_id and c.call_id == call.call_id]
         run.latch.decide(call, truncated, len(same_id) > 1)
+        if self.sizes is not None:
+            self.sizes.append(call.nbytes)
 
     def _finish(self, run: Run, status: RunStatus, reason: Reason | None,
                 detail: str) -> list[Emit]:
@@ -621,5 +737,5 @@ def _tool_use(use: Any) -> tuple[str | None, str]:
     if isinstance(recipient, str):
         name = recipient.removeprefix("functions.") or None
     parameters = use.get("parameters")
-    arguments = "" if "parameters" not in use else _dumps(parameters).decode()
+    arguments = "" if "parameters" not in use else dumps(parameters).decode()
     return name, arguments

@@ -2,7 +2,11 @@
 
 Every output carries the run's identity (``run_id``, ``tenant``, ``provider``) and an
 ``idempotency_key`` that is the same each time the same outcome is emitted again (after a
-crash, or on replay), so a runner deduplicates on it. The error ``content`` holds the reason
+crash, or on replay), so a runner deduplicates on it. A key is its parts (run id, call id,
+buffer key, or ``final``) joined with ``:``, each part with ``%`` written ``%25`` and ``:``
+written ``%3A`` first (:func:`idempotency_key`): a ``:`` in a key always separates parts, so two
+different lists of parts never give one key (run ``a:7`` with call ``c`` is ``a%3A7:c``, run
+``a`` with call ``7:c`` is ``a:7%3Ac``). The error ``content`` holds the reason
 and a detail made by the core from positions, lengths, counts and schema paths: never
 argument text.
 """
@@ -18,6 +22,12 @@ from worker.core.envelope import Rejected, RunStart
 from worker.core.model import CallState, Emit, Reason, RunStatus, Topic
 from worker.core.ops import CUSTOM, FUNCTION, Adapter, CallView
 from worker.core.run import Call
+
+
+def idempotency_key(*parts: str) -> str:
+    """``parts`` joined with ``:``, each with ``%`` and ``:`` percent-encoded (module docstring)."""
+    return ":".join(p.replace("%", "%25").replace(":", "%3A") if ("%" in p or ":" in p) else p
+                    for p in parts)
 
 
 class Outputs:
@@ -63,7 +73,7 @@ class Outputs:
             value["input"] = call.text
         else:
             value["arguments"] = call.arguments
-        value["idempotency_key"] = f"{self._run_id}:{call.call_id}"
+        value["idempotency_key"] = idempotency_key(self._run_id, call.call_id or "")
         return Emit(Topic.COMMITTED, self._run_id, value)
 
     def _error(self, call: Call, shared: bool) -> Emit:
@@ -71,9 +81,9 @@ class Outputs:
         provider id, or a provider id equal to a fallback buffer key). Each of them is a
         different outcome, so the key adds the buffer key, or a runner would drop one."""
         reason = call.reason or Reason.STREAM_ERROR
-        key = f"{self._run_id}:{call.tool_call_id}"
-        if shared or reason is Reason.DUPLICATE_CALL_ID:
-            key = f"{key}:{call.key}"
+        key = (idempotency_key(self._run_id, call.tool_call_id, call.key)
+               if shared or reason is Reason.DUPLICATE_CALL_ID
+               else idempotency_key(self._run_id, call.tool_call_id))
         value = {**self._head, "tool_call_id": call.tool_call_id, "name": call.name or "unknown",
                  **self._where(call), "is_error": True, "state": str(call.state),
                  "reason": str(reason), "content": f"{reason}: {call.detail}",
@@ -91,7 +101,7 @@ class Outputs:
         if choices is not None:
             value["choices"] = choices
         value["outcomes"] = [self._outcome(c) for c in calls]
-        value["idempotency_key"] = f"{self._run_id}:final"
+        value["idempotency_key"] = idempotency_key(self._run_id, "final")
         return Emit(Topic.FINAL, self._run_id, value)
 
     def _outcome(self, call: Call) -> dict[str, Any]:
@@ -101,12 +111,16 @@ class Outputs:
             outcome["reason"] = str(call.reason)
         return outcome
 
-    def progress(self, call: Call, partial: str | None) -> Emit:
-        """A UI progress record: byte counts, and partial text only when configured."""
+    def progress(self, call: Call, delta: str | None = None, offset: int = 0) -> Emit:
+        """A UI progress record: byte counts, and, only when configured, the text ``delta``
+        that replaces the call's text from UTF-8 byte ``offset`` on (the fragment just
+        appended, or the whole text restated): never the whole buffer again, so progress grows
+        linearly with the argument bytes."""
         value = {**self._head, "call_key": call.key, "tool_call_id": call.call_id,
                  "name": call.name, "index": call.index, "bytes": call.nbytes}
-        if partial is not None:
-            value["partial_arguments"] = partial
+        if delta is not None:
+            value["arguments_offset"] = offset
+            value["arguments_delta"] = delta
         return Emit(Topic.PROGRESS, self._run_id, value)
 
 

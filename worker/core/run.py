@@ -33,7 +33,7 @@ from worker.core import strictjson
 from worker.core.model import CallState, Reason, check_transition
 from worker.core.ops import CUSTOM, FUNCTION
 from worker.core.settings import AssembleSettings
-from worker.core.tools import SchemaCheck
+from worker.core.tools import ToolSchema
 
 
 class Call:
@@ -107,7 +107,7 @@ class Latch:
 
     __slots__ = ("budget", "committed", "parse", "settings", "tools")
 
-    def __init__(self, settings: AssembleSettings, tools: dict[str, SchemaCheck],
+    def __init__(self, settings: AssembleSettings, tools: dict[str, ToolSchema],
                  budget: int,
                  parse: Callable[[str], Any | strictjson.ParseError] = strictjson.parse) -> None:
         self.settings = settings
@@ -138,28 +138,28 @@ class Latch:
             return Reason.MISSING_ID_OR_NAME, f"the provider sent no {missing} for this call"
         if duplicate:
             return Reason.DUPLICATE_CALL_ID, "another call of this run has the same id"
-        check = self.tools.get(call.name if call.tool is None else call.tool)
-        if check is None:
+        tool = self.tools.get(call.name if call.tool is None else call.tool)
+        if tool is None:
             if call.kind == FUNCTION:
                 return Reason.UNKNOWN_TOOL, "the tool name is not among the run's tools"
             return Reason.UNKNOWN_TOOL, f"the run registered no tool for this {call.kind} call"
         if call.kind == CUSTOM:  # free-form input: committed as text, never parsed
             return self._check_budget()
-        return self._check_value(call, text, check)
+        return self._check_value(call, text, tool)
 
     def _check_budget(self) -> tuple[Reason, str] | None:
         if self.committed >= self.budget:
             return Reason.BUDGET_EXCEEDED, f"the run may commit at most {self.budget} calls"
         return None
 
-    def _check_value(self, call: Call, text: str, check: SchemaCheck) -> tuple[Reason, str] | None:
+    def _check_value(self, call: Call, text: str, tool: ToolSchema) -> tuple[Reason, str] | None:
         value = self.parse(text) if text.strip() else {}
         if isinstance(value, strictjson.ParseError):
             return Reason.INVALID_JSON, f"{value.message}; {utf8_len(text)} bytes received"
         call.arguments, call.parsed = value, True
         if self.settings.arguments_must_be_object and not isinstance(value, dict):
             return Reason.ARGUMENTS_NOT_OBJECT, f"arguments are a JSON {_json_type(value)}"
-        problem = check.errors(value)
+        problem = tool.check().errors(value)  # compiled now, for the first call of its tool
         if problem is not None:
             return Reason.SCHEMA_INVALID, problem
         return self._check_budget()

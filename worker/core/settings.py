@@ -28,7 +28,8 @@ class AssembleSettings:
     execute_before_stream_end: bool = False
     #: Tools that may be committed at their block's end instead of the stream's end.
     allow_pipelined_execute: tuple[str, ...] = ()
-    #: Put partial argument text on the progress topic (byte counts only when false).
+    #: Put partial argument text on the progress topic (byte counts only when false): each
+    #: record carries its fragment and the byte offset it starts at, never the whole buffer.
     ui_forward_partial_args: bool = False
     #: Emit progress records at all.
     emit_progress: bool = False
@@ -51,3 +52,24 @@ class AssembleSettings:
     max_buffered_bytes: int = 64 * 1024 * 1024
     #: Finished run ids remembered to recognise re-deliveries and late events.
     remember_finished_runs: int = 100_000
+    #: Cancels remembered for runs not started yet (a cancel that reached the log before its
+    #: run's ``run.start``); the oldest is forgotten beyond this count.
+    remember_early_cancels: int = 10_000
+    #: How long (record time) such a cancel waits for its ``run.start``; a run that starts
+    #: within it is cancelled at once, one that starts later runs as if it had never come.
+    early_cancel_ttl_s: float = 300.0
+    #: A tool whose parameter schema is longer than this (JSON text, UTF-8 bytes) is unusable:
+    #: its calls fail ``schema_invalid``. The schemas a run keeps count in
+    #: ``max_buffered_bytes`` until the run ends.
+    max_tool_schema_bytes: int = 131_072
+    #: JSON values one tool schema may hold, and subschemas that may apply to one value
+    #: (``$ref`` and ``allOf``/``anyOf``/``oneOf`` fan-out); beyond, the tool is unusable.
+    max_schema_nodes: int = 2_000
+    #: Keyword applications that validating one call's arguments may take; beyond, the call
+    #: fails ``schema_invalid``.
+    max_schema_validation_steps: int = 20_000
+    #: Bytes of provider events carrying no argument text (what the final message's text,
+    #: thinking, blocks and items come from) one run may receive; the event that crosses it
+    #: ends the run (status ``failed``, uncommitted calls ``budget_exceeded``). Bounds the
+    #: final message below the output topics' record size.
+    max_run_text_bytes: int = 16 * 1024 * 1024

@@ -31,21 +31,27 @@ A gateway sends the model a tool list; the same list arrives on ``run.start``. O
   accepts (``function_declarations``, ``parameters_json_schema``).
 
 A missing ``parameters`` / ``input_schema`` registers the tool with the empty schema.
-Validators are compiled once per distinct schema text and shared by every run through a
-:class:`ValidatorCache`; a schema that is not itself a valid JSON Schema registers the tool
-with a *broken* validator, so its calls fail ``schema_invalid`` instead of running unchecked.
+A run keeps each tool's schema as its canonical JSON text (:class:`ToolSchema`, counted in the
+partition's memory budget); it is compiled only when a call of the tool is decided, once per
+distinct schema text, shared by every run through a :class:`ValidatorCache`. A schema that is
+not itself a valid JSON Schema, or that breaks a bound of ``worker.core.schemacheck`` (no
+reference outside itself, bounded size and fan-out, RE2 patterns), registers the tool with a
+*broken* validator, so its calls fail ``schema_invalid`` instead of running unchecked.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from jsonschema import exceptions as js_exceptions
 from jsonschema import validators as js_validators
+
+from worker.core import schemacheck
+from worker.core.schemacheck import SchemaLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +60,9 @@ class SchemaCheck:
 
     validator: Any | None
     broken: str | None = None
+    #: Its RE2 patterns (``schemacheck.prepare``) and the steps one validation may take.
+    patterns: dict[str, Any] = field(default_factory=dict)
+    max_steps: int = schemacheck.DEFAULT_MAX_STEPS
 
     def errors(self, value: Any) -> str | None:
         """Describe the first violation by keyword and schema path only, or return None.
@@ -62,40 +71,84 @@ class SchemaCheck:
         secrets, so it is never used.
         """
         if self.validator is None:
-            return f"the tool's parameter schema is not a valid JSON Schema ({self.broken})"
+            return f"the tool's parameter schema is not usable ({self.broken})"
+        budget = schemacheck.Budget(self.max_steps, self.patterns)
         try:
-            error = js_exceptions.best_match(self.validator.iter_errors(value))
-        except Exception as exc:  # unresolvable $ref, endless recursion, bad regex
-            # An unresolvable or endlessly recursive $ref only shows when a value is checked:
-            # the schema is broken, and its calls fail instead of crashing the worker.
+            error = schemacheck.run(budget, self._best_match, value)
+        except schemacheck.OverBudget as exc:
+            return f"the tool's parameter schema could not be applied to this value ({exc})"
+        except RecursionError:  # never caught: a verdict must not depend on the stack
+            raise
+        except Exception as exc:  # a schema jsonschema cannot apply: a bad schema, not a crash
             return f"the tool's parameter schema could not be applied ({type(exc).__name__})"
         if error is None:
             return None
         path = "/" + "/".join(str(p) for p in error.schema_path)
         return f"keyword '{error.validator}' failed at schema path {path}"
 
+    def _best_match(self, value: Any) -> Any:
+        assert self.validator is not None  # errors() returned first otherwise
+        return js_exceptions.best_match(self.validator.iter_errors(value))
+
+
+class ToolSchema:
+    """A run's tool schema, kept as its canonical JSON text and compiled only when a call of
+    the tool is decided (most tools of most runs never are)."""
+
+    __slots__ = ("_cache", "_check", "text")
+
+    def __init__(self, cache: ValidatorCache, text: bytes | None, check: SchemaCheck | None
+                 ) -> None:
+        self._cache = cache
+        #: The schema's JSON text, keys sorted; what the run's memory budget counts.
+        self.text = text
+        self._check = check
+
+    def check(self) -> SchemaCheck:
+        if self._check is None:
+            self._check = self._cache.compiled(self.text or b"{}")
+        return self._check
+
 
 class ValidatorCache:
-    """Compile each distinct schema once; keep the ``size`` most recently used."""
+    """Compile each distinct schema once; keep the ``size`` most recently used, holding at
+    most ``max_bytes`` of schema text in all."""
 
-    def __init__(self, size: int = 1024) -> None:
+    def __init__(self, size: int = 1024, limits: SchemaLimits | None = None,
+                 max_bytes: int = 16 * 1024 * 1024) -> None:
         self._size = size
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self.limits = limits or SchemaLimits()
         self._checks: OrderedDict[bytes, SchemaCheck] = OrderedDict()
 
     def get(self, schema: Any) -> SchemaCheck:
         """The compiled check for ``schema`` (any JSON value)."""
+        return self.prepare(schema).check()
+
+    def prepare(self, schema: Any, max_bytes: int | None = None) -> ToolSchema:
+        """``schema`` as a :class:`ToolSchema`, not compiled yet; over ``max_bytes`` of JSON
+        text it is unusable at once."""
         try:
-            fingerprint = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+            text = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
         except TypeError:
-            return SchemaCheck(None, "not JSON")
-        check = self._checks.get(fingerprint)
-        if check is None:
-            check = _compile(schema)
-            self._checks[fingerprint] = check
-            if len(self._checks) > self._size:
-                self._checks.popitem(last=False)
-        else:
-            self._checks.move_to_end(fingerprint)
+            return ToolSchema(self, None, SchemaCheck(None, "not JSON"))
+        if max_bytes is not None and len(text) > max_bytes:
+            return ToolSchema(self, None, SchemaCheck(None, f"more than {max_bytes} bytes"))
+        return ToolSchema(self, text, None)
+
+    def compiled(self, text: bytes) -> SchemaCheck:
+        """The compiled check for the schema whose canonical JSON text is ``text``."""
+        check = self._checks.get(text)
+        if check is not None:
+            self._checks.move_to_end(text)
+            return check
+        check = _compile(orjson.loads(text), self.limits)
+        self._checks[text] = check
+        self._bytes += len(text)
+        while len(self._checks) > self._size or (self._bytes > self._max_bytes
+                                                 and len(self._checks) > 1):
+            self._bytes -= len(self._checks.popitem(last=False)[0])
         return check
 
 
@@ -103,19 +156,63 @@ class ValidatorCache:
 #: validator never changes, and the worker makes an assembler for each partition it is
 #: assigned, again at every rebalance, all with the same tools.
 SHARED_VALIDATORS = ValidatorCache()
+_SHARED: dict[SchemaLimits, ValidatorCache] = {SHARED_VALIDATORS.limits: SHARED_VALIDATORS}
 
 
-def _compile(schema: Any) -> SchemaCheck:
-    if not isinstance(schema, dict | bool):
+def shared_validators(limits: SchemaLimits) -> ValidatorCache:
+    """The process's cache for schemas compiled within ``limits``."""
+    cache = _SHARED.get(limits)
+    if cache is None:
+        cache = _SHARED[limits] = ValidatorCache(limits=limits)
+    return cache
+
+
+def _compile(schema: Any, limits: SchemaLimits | None = None) -> SchemaCheck:
+    """Compile ``schema`` within ``limits`` (``worker.core.schemacheck``): its calls are then
+    validated without I/O, in bounded time, the same at any stack depth."""
+    limits = limits or SchemaLimits()
+    if isinstance(schema, bool):
+        return SchemaCheck(_bounded(js_validators.Draft202012Validator)(schema))
+    if not isinstance(schema, dict):
         return SchemaCheck(None, "not an object")
     try:  # validator_for hashes "$schema": a list there raises TypeError
         cls = js_validators.validator_for(schema, default=js_validators.Draft202012Validator)
-        cls.check_schema(schema)
-        return SchemaCheck(_quick(cls)(schema))
+    except TypeError:
+        return SchemaCheck(None, "keyword '$schema'")
+    if cls is js_validators.Draft3Validator:
+        return SchemaCheck(None, "draft 3 schemas are not supported")
+    # Without its "$schema", a reference back to the root keeps the bounded class (jsonschema
+    # would switch to its stock class for the declared draft).
+    schema = {k: v for k, v in schema.items() if k != "$schema"}
+    budget = schemacheck.Budget(limits.max_steps, {})
+    try:
+        # The bounds first: they are cheap, and they bound what jsonschema's own check of the
+        # schema against its metaschema costs (about 20 keyword applications per JSON value).
+        patterns = schemacheck.run(budget, lambda s: schemacheck.prepare(s, cls, limits), schema)
+        schemacheck.run(budget, _check_schema(cls), schema)
+        validator = _bounded(cls)(schema, registry=schemacheck.refusing_registry())
     except js_exceptions.SchemaError as exc:
         return SchemaCheck(None, f"keyword '{exc.validator}'")
-    except Exception as exc:  # unresolvable $ref and the like: a bad schema, not a crash
-        return SchemaCheck(None, type(exc).__name__)
+    except schemacheck.SchemaRefused as exc:
+        return SchemaCheck(None, str(exc))
+    return SchemaCheck(validator, None, patterns, limits.max_steps)
+
+
+def _check_schema(cls: type[Any]) -> Any:
+    """``cls.check_schema`` without format checks: the ``regex`` format would compile each
+    pattern with Python's ``re``; the patterns are RE2's (``schemacheck.prepare``)."""
+    return lambda schema: cls.check_schema(schema, format_checker=None)
+
+
+def _bounded(cls: type[Any]) -> type[Any]:
+    """``cls`` with the quicker ``properties`` (below), then every keyword bounded."""
+    bounded = _BOUNDED.get(cls)
+    if bounded is None:
+        bounded = _BOUNDED[cls] = schemacheck.bounded_class(_quick(cls))
+    return bounded
+
+
+_BOUNDED: dict[type[Any], type[Any]] = {}
 
 
 # -- a quicker ``properties`` ------------------------------------------------------------------

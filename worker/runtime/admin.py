@@ -6,6 +6,11 @@ live in partitions of the same number. The output topics take the same count. An
 topic with the right count is left alone, so the command is idempotent; one with another
 count is an error that names it (exit status 2), because repartitioning moves runs between
 partitions and must be done by hand.
+
+The events topic is created with ``message.timestamp.type=LogAppendTime``: its record times
+(from which idle expiry is measured) are the broker's, never a producer's. An existing events
+topic with ``CreateTime`` is refused, here and when the worker starts, with the command that
+fixes it.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource  # not re-exported for mypy
 from confluent_kafka.cimpl import NewTopic
 
+from worker.runtime import logs
 from worker.runtime.config import Config, ConfigError, load_config
 
 EXIT_OK, EXIT_USAGE, EXIT_KAFKA = 0, 2, 1
@@ -31,6 +38,14 @@ _TIMEOUT_S = 30.0
 #: near 1 MiB), and a final message carries the argument text of all of a run's calls. A record
 #: over the limit could never be sent, and the worker would stop on it at every restart.
 OUTPUT_MAX_BYTES = 64 * 1024 * 1024
+
+
+#: The events topic's records carry the broker's time, not the producer's: idle expiry is
+#: measured in record time, so a gateway's clock (skewed, or chosen to expire other runs) must
+#: not set it. Checked on existing topics too (:data:`ENFORCED`).
+LOG_APPEND_TIME = ("message.timestamp.type", "LogAppendTime")
+#: Topic settings that an existing topic must have as well: a wrong value is an error.
+ENFORCED = frozenset({LOG_APPEND_TIME[0]})
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +72,14 @@ def copartitioned(config: Config) -> list[TopicSpec]:
 
 
 def specs(config: Config) -> list[TopicSpec]:
-    """Every topic the worker needs, as the configuration describes it."""
+    """Every topic the worker needs, as the configuration describes it, and the runner's
+    results topic (the worker never touches it; ``latch topics create`` makes it)."""
     t = config.topics
-    inputs = [TopicSpec(name, t.partitions, t.replication_factor)
-              for name in (t.events, t.control)]
+    inputs = [TopicSpec(t.events, t.partitions, t.replication_factor, (LOG_APPEND_TIME,)),
+              TopicSpec(t.control, t.partitions, t.replication_factor)]
     large = (("max.message.bytes", str(OUTPUT_MAX_BYTES)),)
     outputs = [TopicSpec(name, t.partitions, t.replication_factor, large)
-               for name in (t.committed, t.errors, t.final, t.progress, t.dlq)]
+               for name in (t.committed, t.errors, t.final, t.progress, t.dlq, t.results)]
     # Compacted, with hourly segments and an eager cleaner: Kafka never compacts the active
     # segment (7 days by default), and every takeover reads the whole changelog back
     # (docs/recovery.md: 41,000 records took 5.4 s, 2.8 s once compacted).
@@ -81,6 +97,7 @@ def create(admin: AdminClient, wanted: Sequence[TopicSpec]) -> list[str]:
     """
     existing = _existing(admin, [s.name for s in wanted])
     _check(wanted, existing)
+    _check_enforced(admin, [s for s in wanted if s.name in existing])
     missing = [s for s in wanted if s.name not in existing]
     lines = {s.name: f"exists  {s.name} ({s.partitions} partitions)" for s in wanted
              if s.name in existing}
@@ -114,11 +131,34 @@ def verify(admin: AdminClient, required: Sequence[str], exact: Sequence[TopicSpe
         raise TopicsError(f"missing topics {', '.join(missing)} (create them with "
                           f"`latch topics create`)")
     _check(exact, existing)
+    _check_enforced(admin, [s for s in exact if s.name in existing])
 
 
 def _check(wanted: Sequence[TopicSpec], existing: dict[str, int]) -> None:
     wrong = [f"topic {s.name} has {existing[s.name]} partitions, expected {s.partitions}"
              for s in wanted if s.name in existing and existing[s.name] != s.partitions]
+    if wrong:
+        raise TopicsError("; ".join(wrong))
+
+
+def _check_enforced(admin: AdminClient, wanted: Sequence[TopicSpec]) -> None:
+    """Raise :class:`TopicsError` when an existing topic has another value for one of the
+    :data:`ENFORCED` settings of its spec (saying how to fix it)."""
+    asked = {s.name: {k: v for k, v in s.config if k in ENFORCED} for s in wanted}
+    resources = {name: ConfigResource(ConfigResource.Type.TOPIC, name)
+                 for name, settings in asked.items() if settings}
+    if not resources:
+        return
+    futures = admin.describe_configs(list(resources.values()))
+    wrong = []
+    for name, resource in resources.items():
+        actual = futures[resource].result(timeout=_TIMEOUT_S)
+        for key, value in asked[name].items():
+            have = actual[key].value if key in actual else None
+            if have != value:
+                wrong.append(f"topic {name} has {key}={have}, expected {value} (fix: "
+                             f"kafka-configs.sh --alter --entity-type topics --entity-name "
+                             f"{name} --add-config {key}={value})")
     if wrong:
         raise TopicsError("; ".join(wrong))
 
@@ -157,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"latch topics: {exc}", file=sys.stderr)
         return EXIT_USAGE
     settings: dict[str, str | int | float | bool] = {**config.kafka.confluent_config()}
-    admin = AdminClient(settings)
+    admin = AdminClient(logs.kafka_config(settings))
     try:
         for line in create(admin, specs(config)):
             print(line)

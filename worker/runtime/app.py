@@ -18,22 +18,27 @@ Four rules keep the promises of ``guarantees.md``; the reasons are in
 * **Offset order, whatever faust delivers.** faust can skip or repeat records around a
   rebalance; the worker applies each partition's records strictly in offset order from the
   committed offset, reads a skipped range from the log itself, and drops a repeat.
-* **Emit, confirm, then record.** The outputs of a record are sent in order; when a run
-  finishes, every unconfirmed send of the partition is awaited before its ``done`` head is
-  written. A crash in between finalizes the run again after recovery, with the same bytes.
+* **Emit, confirm, then record.** The outputs of a record are sent in order, and every one
+  (progress records excepted) is delivered before the record is acked, before a run's
+  ``done`` head is written, and before a control record that a cancel was forwarded for is
+  acked. A crash in between finalizes the run again after recovery, with the same bytes.
 
-Delivery is at least once (``processing_guarantee="at_least_once"``: faust flushes its
-producer before it commits offsets). Records are acked by hand, after their outputs are sent;
-a send that fails stops the worker so that the record is processed again after a restart.
+Delivery is at least once. faust's commit only flushes its producer (a failed batch does not
+raise), so the worker never relies on it: records are acked by hand, after their outputs are
+confirmed; a send that fails stops the worker before the offset moves, so that the record is
+processed again after a restart. Unconfirmed sends never outlive the record that made them.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import faust
@@ -44,9 +49,13 @@ from confluent_kafka.admin import AdminClient
 from faust.types import TP
 
 from worker.core import Assembler, Emit, Topic
-from worker.runtime import admin, control, kafka_io, step
+from worker.runtime import admin, control, kafka_io, logs, step
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config, ConfigError, load_config
+from worker.runtime.gaps import StallWatch
+from worker.runtime.heads_store import PartitionTrackedTable
+from worker.runtime.health import Health, HttpServer, loop_heartbeat
+from worker.runtime.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.step import Record
 from worker.runtime.telemetry import Telemetry, TelemetryError
@@ -69,13 +78,23 @@ class LatchWorker:
         self.outputs = {t: self.app.topic(getattr(names, t.value), **_RAW) for t in Topic}
         # key_type bytes: raw run_id keys; no value_type: JSON values.
         self.heads = self.app.Table("heads", partitions=names.partitions, key_type=bytes)
-        self.run_heads = Heads(self.heads, config.worker.finished_run_retention_s)
-        self.telemetry = Telemetry(config.worker.otel_exporter)
+        self.run_heads = Heads(PartitionTrackedTable(self.heads),
+                               config.worker.finished_run_retention_s)
+        self.telemetry = Telemetry(config.worker.otel_exporter,
+                                   labels=config.worker.metrics_labels,
+                                   label_cap=config.worker.metrics_label_cap)
+        self.metrics, self.tracing = self.telemetry.metrics, self.telemetry.tracing
+        self.metrics.watch(self._partition_views)
+        self.health = Health()
         self.reader_options = kafka_io.aiokafka_options(config.kafka)
         self.partitions: dict[int, PartitionState] = {}
         #: The next offset to forward of each control partition this worker owns.
         self.control_next: dict[int, int] = {}
+        #: One forwarder at a time per control partition: faust's agent, or the tick's repair.
+        self.control_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.control_watch = StallWatch()
         self.revocations = 0
+        #: Records processed without outputs and not yet counted (telemetry in batches).
         #: A record could not be processed: the worker is stopping, nothing more is handled.
         self.failed = False
         app_id = config.worker.app_id
@@ -83,9 +102,13 @@ class LatchWorker:
         self.app.agent(self.control, name=f"{app_id}.control", concurrency=1)(
             self._control_agent)
         self.app.timer(config.worker.tick_interval_s, name=f"{app_id}.tick")(self._tick)
+        # Its own timer: a slow repair (a broker away) must not hold the ticks back.
+        self.app.timer(config.worker.tick_interval_s, name=f"{app_id}.repair")(
+            self._repair_tick)
         # mode's handler type (NamedArg/KwArg callables) rejects any bound async method:
         self.app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
         self.app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
+        self.app.task(self._watch_loop)
 
     # -- agents -----------------------------------------------------------------------
 
@@ -98,6 +121,7 @@ class LatchWorker:
     async def _consume(self, stream: Any, handle: Callable[[Any], Awaitable[None]]) -> None:
         """Handle each record, then ack it; a failed send stops the worker unacked."""
         stream = stream.noack()
+        ack = stream.ack
         async for event in stream.events():
             if self.failed:  # faust restarts a crashed agent while the app stops: do nothing
                 return
@@ -108,26 +132,64 @@ class LatchWorker:
                 message = event.message
                 log.error("cannot process %s[%d]@%d (%s: a send or a read failed); stopping, "
                           "so that it is processed again after a restart", message.topic,
-                          message.partition, message.offset, type(exc).__name__)
+                          message.partition, message.offset, type(exc).__name__,
+                          extra=logs.where(message.topic, message.partition, message.offset))
                 await self.app.crash(exc)
                 raise
-            await stream.ack(event)
+            await ack(event)
 
     async def _apply_event(self, message: Any) -> None:
         state = self.partitions.get(message.partition)
         if state is None:
             state = await self._take_over(message.topic, message.partition)
+        if message.offset == state.next_offset:  # the common case, without a generator
+            await self._process(state, _record(message), message.headers)
+            return
         async for record in self._in_order(message, state.next_offset):
-            await self._process(state, record)
+            live = record[3]["offset"] == message.offset  # not read back from the log
+            await self._process(state, record, message.headers if live else None)
 
     async def _apply_control(self, message: Any) -> None:
         partition = message.partition
+        async with self.control_locks[partition]:
+            await self._control_resume(message.topic, partition)
+            async for record in self._in_order(message, self.control_next[partition]):
+                await self._forward_control(record)
+                self.control_next[partition] = record[3]["offset"] + 1
+
+    async def _control_resume(self, topic: str, partition: int) -> None:
         if partition not in self.control_next:
             self.control_next[partition] = await kafka_io.resume_offset(
-                self.reader_options, self.config.worker.app_id, message.topic, partition)
-        async for record in self._in_order(message, self.control_next[partition]):
-            await self._forward_control(record)
-            self.control_next[partition] = record[3]["offset"] + 1
+                self.reader_options, self.config.worker.app_id, topic, partition)
+
+    async def _repair_control(self) -> None:
+        """Read and forward what faust left unread of the control partitions this worker
+        owns (:mod:`worker.runtime.gaps`), then commit it."""
+        topic = self.control.get_topic_name()
+        owned = sorted(tp.partition for tp in self.app.assignor.assigned_actives()
+                       if tp.topic == topic)
+        for partition in owned:
+            async with self.control_locks[partition]:
+                await self._control_resume(topic, partition)
+        ends = await kafka_io.end_offsets(self.reader_options, topic, owned)
+        applied = {p: self.control_next[p] for p in owned if p in self.control_next}
+        for partition, (start, end) in self.control_watch.stalled(applied, ends).items():
+            log.warning("%s[%d]: records %d..%d were not delivered; reading them from the log",
+                        topic, partition, start, end - 1)
+            async with (self.control_locks[partition],
+                        contextlib.aclosing(self._read(topic, partition, start, end)) as records):
+                async for record in records:
+                    offset = record[3]["offset"]
+                    if partition not in self.control_next:  # revoked meanwhile
+                        break
+                    if offset >= self.control_next[partition]:
+                        await self._forward_control(record)
+                        self.control_next[partition] = offset + 1
+                else:
+                    # forwarded and confirmed: commit, as faust would had it delivered them
+                    # (a private API, like _add_gap in _in_order: faust has no public one).
+                    await self.app.consumer._commit_offsets(  # type: ignore[attr-defined]
+                        {TP(topic, partition): self.control_next[partition]})
 
     async def _in_order(self, message: Any, expected: int) -> AsyncIterator[Record]:
         """The records to apply for ``message`` when ``expected`` is the partition's next
@@ -137,7 +199,8 @@ class LatchWorker:
             return
         if message.offset > expected:
             log.warning("%s[%d]: records %d..%d were not delivered; reading them from the log",
-                        message.topic, message.partition, expected, message.offset - 1)
+                        message.topic, message.partition, expected, message.offset - 1,
+                        extra=logs.where(message.topic, message.partition, expected))
             async for record in self._read(message.topic, message.partition, expected,
                                            message.offset):
                 yield record
@@ -149,20 +212,29 @@ class LatchWorker:
             await self.app.consumer._add_gap(tp, expected, message.offset - 1)  # type: ignore[attr-defined]  # private, see above
         yield _record(message)
 
-    async def _process(self, state: PartitionState, record: Record) -> None:
+    async def _process(self, state: PartitionState, record: Record,
+                       headers: Any = None) -> None:
         """Feed one record to the partition's assembler; publish, then record heads."""
         key, source = record[0], record[3]
         partition, offset = source["partition"], source["offset"]
+        assembler = state.assembler
         run_id = key.decode("utf-8", "replace") if key else ""
-        was_open = state.assembler.is_open(run_id)
+        was_open = assembler.is_open(run_id)
         emits = state.apply(record)
-        self.telemetry.record(emits)
-        await self._publish(state, key, emits)
-        if not was_open and state.assembler.is_open(run_id):
+        opened = not was_open and state.assembler.is_open(run_id)
+        self.telemetry.record(emits, state.assembler.sizes)
+        self.tracing.on_record(partition, run_id, opened, headers, emits)
+        await self._publish(state, key, emits, record[2])
+        if opened:
             self.run_heads.opened(key, partition, offset)  # type: ignore[arg-type]  # a run has a key
-        await self._record_finished(state, partition, emits)
+        if emits:
+            await self._record_finished(state, partition, emits)
         if key == TICK:  # at a tick, so in stream context, and by record time
             self.run_heads.forget_finished(state)
+        # Every output of this record (a DLQ record, an early commit, an error result) is
+        # delivered before the record is acked: faust's commit only flushes its producer,
+        # and a failed batch would not stop it. A failure raises here, unacked.
+        await state.confirm()
         state.next_offset = offset + 1
 
     async def _forward_control(self, record: Record) -> None:
@@ -170,10 +242,12 @@ class LatchWorker:
         routed = control.route(record)
         if isinstance(routed, Emit):
             self.telemetry.record([routed])
-            await self.outputs[Topic.DLQ].send(key=record[0], value=step.out_value(routed))
-            return
-        key, value = routed
-        await self.events.send(key=key, value=value)
+            sent = await self.outputs[Topic.DLQ].send(key=record[0],
+                                                      value=step.out_value(routed))
+        else:
+            key, value = routed
+            sent = await self.events.send(key=key, value=value)
+        await sent  # delivered before the control record is acked (a failure raises)
 
     async def _tick(self) -> None:
         """Write a tick into each events partition this worker owns (the only clock read)."""
@@ -183,15 +257,26 @@ class LatchWorker:
             if tp.topic == events:
                 await self.events.send(key=TICK, value=value, partition=tp.partition)
 
+    async def _repair_tick(self) -> None:
+        """At each tick interval, read what faust left unread of the owned control
+        partitions (:meth:`_repair_control`); a failure waits for the next interval."""
+        try:
+            await self._repair_control()
+        except Exception as exc:  # nothing moved that was not confirmed: the next tick retries
+            log.warning("reading unread control records failed (%s); retrying at the next "
+                        "tick", type(exc).__name__)
+
     async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         """faust's ``on_partitions_revoked`` signal: ``(app, revoked: set[TP], signal=...)``.
         Drop the assemblers; the next owner rebuilds them from the log."""
         revoked: set[TP] = args[0]
         self.revocations += 1
         events, control = self.events.get_topic_name(), self.control.get_topic_name()
+        self.health.revoked([tp.partition for tp in revoked if tp.topic == events])
         for tp in revoked:
             if tp.topic == events:
                 self.partitions.pop(tp.partition, None)
+                self.tracing.forget_partition(tp.partition)
             elif tp.topic == control:
                 self.control_next.pop(tp.partition, None)
 
@@ -199,18 +284,22 @@ class LatchWorker:
         """faust's ``on_partitions_assigned`` signal: log the events partitions we own."""
         events = self.events.get_topic_name()
         owned = sorted(tp.partition for tp in args[0] if tp.topic == events)
+        self.health.assigned(owned)
         log.info("events partitions assigned: %s", owned)
 
     # -- the core, and what it emits --------------------------------------------------
 
     async def _publish(self, state: PartitionState, key: bytes | None,
-                       emits: Sequence[Emit]) -> None:
-        """Send each emit, in order; a DLQ record keeps the input record's key."""
+                       emits: Sequence[Emit], record_ms: int | None = None) -> None:
+        """Send each emit, in order, with its run's trace headers; a DLQ record keeps the
+        input record's key. ``record_ms``: the time of the record that produced them."""
         for emit in emits:
-            sent = await self.outputs[emit.topic].send(key=step.out_key(emit, key),
-                                                       value=step.out_value(emit))
+            sent = await self.outputs[emit.topic].send(
+                key=step.out_key(emit, key), value=step.out_value(emit),
+                headers=self.tracing.headers(emit.key))
             if emit.topic is not Topic.PROGRESS:
                 state.unconfirmed.append(sent)
+                sent.add_done_callback(self._delivery(emit.topic, record_ms))  # type: ignore[attr-defined]  # a future
 
     async def _record_finished(self, state: PartitionState, partition_id: int,
                                emits: Sequence[Emit]) -> None:
@@ -227,24 +316,29 @@ class LatchWorker:
         offset: the open runs' records before it are read from the log and fed again, their
         outputs discarded (they were flushed before that offset was committed)."""
         revocations = self.revocations
-        resume = await kafka_io.resume_offset(self.reader_options, self.config.worker.app_id,
-                                              topic, partition)
-        state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
-        open_runs = self._load_heads(state, partition)
-        starts = [start for start in open_runs.values() if start < resume]
-        count, replayed = 0, list[Emit]()
-        if starts:
-            records = self._read(topic, partition, min(starts), resume)
-            count, replayed = await partition_module.rebuild(state, open_runs, records)
+        began = time.monotonic()
+        with self.health.rebuilding(partition):
+            resume = await kafka_io.resume_offset(self.reader_options,
+                                                  self.config.worker.app_id, topic, partition)
+            state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
+            open_runs = self._load_heads(state, partition)
+            starts = [start for start in open_runs.values() if start < resume]
+            count, replayed = 0, list[Emit]()
+            if starts:
+                records = self._read(topic, partition, min(starts), resume)
+                count, replayed = await partition_module.rebuild(state, open_runs, records)
+        state.assembler.sizes = []  # argument sizes count from here (a rebuild's are not new)
+        self.metrics.rebuilt(time.monotonic() - began, count)
         log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
-                 partition, resume, count, state.assembler.open_runs)
+                 partition, resume, count, state.assembler.open_runs,
+                 extra=logs.where(topic, partition, resume))
         await self._refinish(state, partition, replayed)
         if revocations == self.revocations:
             self.partitions[partition] = state
         return state
 
     async def _read(self, topic: str, partition: int, start: int,
-                    end: int) -> AsyncIterator[Record]:
+                    end: int) -> AsyncGenerator[Record, None]:
         """The records ``start`` to ``end`` (excluded) of a partition, read from the log."""
         async for rec in kafka_io.read_range(self.reader_options, topic, partition, start, end):
             yield _reader_record(rec)
@@ -256,17 +350,56 @@ class LatchWorker:
     async def _refinish(self, state: PartitionState, partition: int,
                         replayed: list[Emit]) -> None:
         """Runs that finished during a rebuild lost their ``done`` head: send their outputs
-        again (the same bytes) and record them. Expected never to happen; logged if it does."""
-        runs = {e.key for e in replayed if e.topic is Topic.FINAL}
-        if not runs:
-            return
-        log.warning("partition %d: %d runs finished during the rebuild without a done head; "
-                    "publishing their outcomes again", partition, len(runs))
-        outputs = [e for e in replayed if e.key in runs]
-        await self._publish(state, None, [e for e in outputs if e.topic is not Topic.DLQ])
-        await self._record_finished(state, partition, outputs)
+        again (the same bytes) and record them."""
+        outputs = partition_module.refinished(partition, replayed)
+        if outputs:
+            await self._publish(state, None, [e for e in outputs if e.topic is not Topic.DLQ])
+            await self._record_finished(state, partition, outputs)
+
+    # -- operations: delivery metrics, lag, health -------------------------------------
+
+    def _delivery(self, topic: Topic, record_ms: int | None) -> Callable[[Any], None]:
+        """The done-callback of one send: a failure, or a committed call's latency."""
+        def done(future: Any) -> None:
+            if future.cancelled() or future.exception() is not None:
+                self.metrics.send_failed(topic)
+            elif topic is Topic.COMMITTED:
+                self.metrics.commit_delivered(record_ms, time.time())
+        return done
+
+    def _highwater(self, partition: int) -> int | None:
+        try:
+            tp = TP(self.events.get_topic_name(), partition)
+            return int(self.app.consumer.highwater(tp))
+        except Exception:  # not started, not assigned, not fetched yet: unknown
+            return None
+
+    def _partition_views(self) -> list[PartitionView]:
+        """The owned partitions for the metrics (called on the HTTP thread: reads only)."""
+        views, now = [], time.time()
+        budget = self.config.assemble.max_buffered_bytes
+        for partition, state in tuple(self.partitions.items()):
+            high = self._highwater(partition)
+            lag = None if high is None else max(0, high - state.next_offset)
+            seconds = None if lag is None else (
+                max(0.0, now - state.clock_ms / 1000) if lag and state.clock_ms else 0.0)
+            views.append(PartitionView(partition, state.assembler.open_runs,
+                                       state.assembler.buffered_bytes, budget, lag, seconds))
+        return views
+
+    async def _watch_loop(self) -> None:
+        """faust task at start: /healthz asks this event loop to answer."""
+        self.health.heartbeat = loop_heartbeat(asyncio.get_running_loop())
 
     # -- running ----------------------------------------------------------------------
+
+    def serve_http(self) -> HttpServer | None:
+        """Start the HTTP port (``worker.http_port``; 0: none)."""
+        worker = self.config.worker
+        if worker.http_port == 0:
+            return None
+        return HttpServer(worker.http_host, worker.http_port, self.health,
+                          self.metrics.exposition).start()
 
     def run(self) -> int:
         """Run until SIGTERM or SIGINT; return the exit status."""
@@ -274,12 +407,22 @@ class LatchWorker:
         if ignored:
             log.warning("the worker's Kafka clients ignore these kafka settings (only `latch "
                         "topics` passes them on): %s", ", ".join(ignored))
-        worker = faust.Worker(self.app, loglevel=self.config.worker.log_level, quiet=True)
+        try:
+            server = self.serve_http()
+        except OSError as exc:
+            print(f"latch worker: cannot serve worker.http_port "
+                  f"{self.config.worker.http_port}: {exc.strerror}", file=sys.stderr)
+            return 2
+        worker = faust.Worker(self.app, loglevel=self.config.worker.log_level, quiet=True,
+                              logging_config=logs.faust_logging_config(self.config.worker))
         try:
             worker.execute_from_commandline()
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else 1
         finally:
+            self.health.left()
+            if server is not None:
+                server.stop()
             self.telemetry.shutdown()
         return 0  # pragma: no cover  (execute_from_commandline always raises SystemExit)
 
@@ -308,7 +451,10 @@ def app_settings(config: Config, overrides: Mapping[str, Any]) -> dict[str, Any]
         "topic_replication_factor": config.topics.replication_factor,
         "processing_guarantee": "at_least_once",
         "consumer_auto_offset_reset": "earliest",
-        "web_enabled": worker.web_port > 0,
+        # faust's web server shows run ids and heads to anyone who connects: off unless
+        # asked for, and then on this host only unless configured otherwise.
+        "web_enabled": worker.web_enabled and worker.web_port > 0,
+        "web_bind": worker.web_host,
         "web_port": worker.web_port or 6066,
         "autodiscover": False,
         # A takeover rebuilds from the events log, so the heads table needs no standby; and
@@ -344,8 +490,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
-        latch = LatchWorker(config, _parse_settings(args.faust_setting))
-        _check_topics(config)
+        if config.worker.engine == "kafka":
+            latch: LatchWorker | Any = _kafka_engine(config, args.faust_setting)
+        else:
+            latch = LatchWorker(config, _parse_settings(args.faust_setting))
+            _check_topics(config)
     except (ConfigError, kafka_io.KafkaSetupError, TelemetryError, admin.TopicsError,
             ValueError) as exc:
         print(f"latch worker: {exc}", file=sys.stderr)
@@ -356,10 +505,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return latch.run()
 
 
-def _check_topics(config: Config) -> None:
+def _kafka_engine(config: Config, faust_settings: Sequence[str]) -> Any:
+    """``worker.engine: kafka`` (decision 0004): every topic must exist, the changelog too
+    (this engine does not create it); faust settings do not apply."""
+    from worker.runtime import kafka_engine
+
+    if faust_settings:
+        print("latch worker: the kafka engine ignores --faust-setting (set librdkafka "
+              "settings under kafka:)", file=sys.stderr)
+    _check_topics(config, changelog=True)
+    return kafka_engine.engine(config)
+
+
+def _check_topics(config: Config, changelog: bool = False) -> None:
     """Fail fast on a missing topic (a send to it would wait) or on events, control or heads
     changelog partitions that differ (runs would not be co-partitioned). The changelog may
     be missing: faust creates it."""
     settings: dict[str, str | int | float | bool] = {**config.kafka.confluent_config()}
-    required = [s.name for s in admin.specs(config) if s.name != admin.heads_changelog(config)]
-    admin.verify(AdminClient(settings), required, admin.copartitioned(config))
+    unused = {config.topics.results} | (set() if changelog else {admin.heads_changelog(config)})
+    required = [s.name for s in admin.specs(config) if s.name not in unused]
+    admin.verify(AdminClient(logs.kafka_config(settings)), required, admin.copartitioned(config))

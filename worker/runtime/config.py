@@ -57,7 +57,10 @@ DEFAULT_PATH = "latch.yaml"
 
 _ENV_PREFIX = "LATCH_"
 _KAFKA_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
-_SECRET_KEY = re.compile(r"password|secret|token|credential|jaas|pem")
+_SECRET_KEY = re.compile(
+    r"password|passwd|secret|token|credential|jaas|pem|ssl_key|keystore|private|oauthbearer")
+#: A quoted part of a YAML error message longer than one character (``'!hunter2'``).
+_QUOTED = re.compile(r"'[^']{2,}'|\"[^\"]{2,}\"")
 _REDACTED = "***"
 
 #: Named ``kafka`` keys and the librdkafka setting each becomes.
@@ -157,6 +160,7 @@ class TopicNames:
     final: str = "llm.messages.final"
     progress: str = "llm.stream.progress"
     dlq: str = "llm.stream.dlq"
+    results: str = "tool.calls.results"
     partitions: int = 12
     replication_factor: int = 1
 
@@ -168,10 +172,22 @@ class WorkerSettings:
     app_id: str = "latch"
     tick_interval_s: float = 5.0
     finished_run_retention_s: float = 3600.0
+    web_enabled: bool = False
+    web_host: str = "127.0.0.1"
     web_port: int = 6066
+    http_port: int = 9464
+    http_host: str = "127.0.0.1"
     log_level: str = "info"
+    log_format: str = "text"
     store: str = "memory://"
     otel_exporter: str = "none"
+    engine: str = "faust"
+    instance_id: str | None = None
+    batch_max_records: int = 2000
+    batch_max_ms: int = 100
+    transaction_timeout_s: float = 10.0
+    metrics_labels: tuple[str, ...] = ()
+    metrics_label_cap: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +247,7 @@ def _read(source: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(source, [f"cannot read: {exc}"]) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(source, [f"invalid YAML: {exc}"]) from exc
+        raise ConfigError(source, [f"invalid YAML: {_yaml_problem(exc)}"]) from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -239,6 +255,19 @@ def _read(source: Path) -> dict[str, Any]:
             source, [f"the top level must be a mapping of sections, not {_kind(loaded)}"]
         )
     return loaded
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong and where (line, column), never a snippet of the file: the line at fault
+    may hold a password. A quoted part longer than one character (a tag, an anchor) is left
+    out for the same reason."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return type(exc).__name__
+    problem = _QUOTED.sub("'...'", exc.problem or exc.context or "syntax error")
+    mark = exc.problem_mark or exc.context_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context = f" ({exc.context})" if exc.context and exc.problem else ""
+    return f"{where}{problem}{context}"
 
 
 def _check_shape(data: dict[str, Any]) -> list[str]:
@@ -311,8 +340,8 @@ def _validate(data: dict[str, Any], origins: Mapping[tuple[str, str], str]) -> l
     for error in errors:
         path = [str(part) for part in error.absolute_path]
         message = error.message
-        if path[:1] == ["kafka"] and _SECRET_KEY.search(".".join(path[1:])):
-            message = f"invalid value (fails {error.validator}: {error.validator_value!r})"
+        if _SECRET_KEY.search(".".join(path)):  # the key is named; its value never is
+            message = f"invalid value (fails {error.validator})"
         origin = origins.get((path[0], path[1])) if len(path) >= 2 else None
         suffix = f" (from {origin})" if origin else ""
         problems.append(f"{'.'.join(path) or '(top level)'}: {message}{suffix}")

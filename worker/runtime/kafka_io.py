@@ -118,11 +118,26 @@ async def resume_offset(options: dict[str, Any], group: str, topic: str, partiti
     has none (or retention deleted it). The consumer assigns, so it never joins the group."""
     tp = TopicPartition(topic, partition)
     consumer = AIOKafkaConsumer(group_id=group, enable_auto_commit=False, **options)
-    await consumer.start()
-    try:
+    try:  # stopped even when it cannot start (the broker is away)
+        await consumer.start()
         consumer.assign([tp])
         committed = await consumer.committed(tp)
         first = (await consumer.beginning_offsets([tp]))[tp]
     finally:
         await consumer.stop()
     return int(first if committed is None else max(committed, first))
+
+
+async def end_offsets(options: dict[str, Any], topic: str,
+                      partitions: list[int]) -> dict[int, int]:
+    """The log end offset (the next offset to be written) of each of ``partitions``."""
+    if not partitions:
+        return {}
+    tps = [TopicPartition(topic, p) for p in partitions]
+    consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False, **options)
+    try:  # stopped even when it cannot start (the broker is away)
+        await consumer.start()
+        ends = await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+    return {tp.partition: int(offset) for tp, offset in ends.items()}

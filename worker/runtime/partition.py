@@ -16,6 +16,7 @@ mapping that the engine persists (faust's changelog-backed table).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import AsyncIterable, Awaitable, Collection, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,10 @@ from worker.core.envelope import TICK_KEY
 from worker.runtime import step
 from worker.runtime.step import Record
 
-__all__ = ["TICK", "Heads", "PartitionState", "finished_runs", "rebuild", "replay"]
+__all__ = ["TICK", "Heads", "PartitionState", "finished_runs", "rebuild", "refinished",
+           "replay"]
+
+log = logging.getLogger("latch.worker")
 
 #: The key of the ticks the worker writes into each events partition.
 TICK = TICK_KEY.encode()
@@ -53,6 +57,8 @@ class PartitionState:
 
     async def confirm(self) -> None:
         """Wait until every send so far is delivered; raise if one failed."""
+        if not self.unconfirmed:  # most records send nothing that needs confirming
+            return
         pending, self.unconfirmed = self.unconfirmed, []
         await asyncio.gather(*pending)
 
@@ -69,6 +75,17 @@ def replay(state: PartitionState, open_runs: Collection[bytes], record: Record) 
     if key != TICK and key not in open_runs:
         return []
     return [e for e in state.apply(record) if e.topic is not Topic.PROGRESS]
+
+
+def refinished(partition: int, replayed: Sequence[Emit]) -> list[Emit]:
+    """The emits of the runs that finished during a rebuild: they lost their ``done`` head, so
+    their outcomes are published again (the same bytes) and recorded. Expected never to
+    happen; logged if it does."""
+    runs = {e.key for e in replayed if e.topic is Topic.FINAL}
+    if runs:
+        log.warning("partition %d: %d runs finished during the rebuild without a done head; "
+                    "publishing their outcomes again", partition, len(runs))
+    return [e for e in replayed if e.key in runs]
 
 
 async def rebuild(state: PartitionState, open_runs: Collection[bytes],

@@ -42,11 +42,14 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from worker.core.envelope import PROVIDERS
+from worker.runtime import logs, tracing
 from worker.runtime.config import Config, ConfigError, load_config
 
 __all__ = [
     "FORCED_SETTINGS",
     "PRODUCER_DEFAULTS",
+    "RESERVED_PREFIX",
+    "RESERVED_TYPES",
     "Delivery",
     "PublishError",
     "Publisher",
@@ -63,6 +66,12 @@ PRODUCER_DEFAULTS: Mapping[str, str] = {
 }
 #: Settings the co-partitioning of events and forwarded cancels depends on (module docstring).
 FORCED_SETTINGS: Mapping[str, str] = {"partitioner": "murmur2_random"}
+
+#: Run ids starting with this are the worker's own (its ticks are keyed ``__latch_tick__``):
+#: the gateway never sends one.
+RESERVED_PREFIX = "__latch_"
+#: Envelope types only the worker writes (a tick ends every idle run of its partition).
+RESERVED_TYPES = frozenset({"tick"})
 
 #: How long a send waits for room in librdkafka's local queue before it gives up.
 QUEUE_FULL_WAIT_S = 30.0
@@ -122,7 +131,8 @@ class Publisher:
         self.control_topic = config.topics.control
         self._clock = clock
         self._sender = Sender(producer if producer is not None
-                              else Producer(self.producer_config()), on_delivery)
+                              else Producer(logs.kafka_config(self.producer_config())),
+                              on_delivery)
 
     @property
     def sent(self) -> Counter[str]:
@@ -168,18 +178,23 @@ class Publisher:
         ``cancel`` envelopes go to the control topic, everything else to the events topic,
         keyed by the envelope's ``run_id``.
         """
-        run_id = envelope.get("run_id")
-        if not isinstance(run_id, str) or not run_id:
-            raise ValueError("an envelope needs a non-empty string run_id")
+        problem = _reserved(envelope.get("type"), envelope.get("run_id"))
+        if problem is not None:
+            raise ValueError(problem)
+        run_id = envelope["run_id"]
         doc = dict(envelope)
         if self._clock is not None and "ts" not in doc:
             doc["ts"] = self._clock()
         return self.send_raw(run_id, orjson.dumps(doc), control=doc.get("type") == "cancel")
 
     def send_raw(self, run_id: str, value: bytes, *, control: bool = False) -> str:
-        """Send envelope bytes unchanged, keyed by ``run_id``; return the topic."""
+        """Send envelope bytes unchanged, keyed by ``run_id``; return the topic. A reserved
+        ``run_id`` (the worker's own keys) is refused with :class:`ValueError`. The record's
+        headers carry the W3C ``traceparent`` of the caller's current span, if there is one
+        (the worker continues that trace: :mod:`worker.runtime.tracing`)."""
+        _check_run_id(run_id)
         topic = self.control_topic if control else self.events_topic
-        self._sender.produce(topic, run_id.encode("utf-8"), value)
+        self._sender.produce(topic, run_id.encode("utf-8"), value, list(tracing.inject()) or None)
         return topic
 
     # -- delivery -------------------------------------------------------------------------
@@ -236,14 +251,16 @@ class Sender:
         self._on_delivery = on_delivery
         self._failures: list[tuple[str, str]] = []
 
-    def produce(self, topic: str, key: bytes, value: bytes) -> None:
+    def produce(self, topic: str, key: bytes, value: bytes,
+                headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
         """Hand one record to the producer (raise :class:`PublishError` for an earlier
         failed delivery, a queue that stays full, or a refused record)."""
         self._raise_failures()
         deadline = time.monotonic() + QUEUE_FULL_WAIT_S
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, on_delivery=self._delivered)
+                self._producer.produce(topic, value=value, key=key, headers=headers,
+                                       on_delivery=self._delivered)
                 break
             except BufferError:
                 if time.monotonic() > deadline:
@@ -341,8 +358,21 @@ class RunHandle:
 
 
 def _check_run_id(run_id: object) -> None:
+    problem = _reserved(None, run_id)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def _reserved(kind: object, run_id: object) -> str | None:
+    """Why a gateway may not send an envelope of type ``kind`` keyed ``run_id``, or None.
+    Never quotes the run id (it comes from the caller's input)."""
+    if kind in RESERVED_TYPES:
+        return f"type {kind!r} is reserved for the worker; a gateway never sends it"
     if not isinstance(run_id, str) or not run_id:
-        raise ValueError("run_id must be a non-empty string")
+        return "run_id must be a non-empty string"
+    if run_id.startswith(RESERVED_PREFIX):
+        return f"run ids starting with {RESERVED_PREFIX} are reserved for the worker"
+    return None
 
 
 def _describe(exc: KafkaException) -> str:
@@ -442,6 +472,9 @@ def _classify(text: bytes) -> tuple[str | None, str | None, bool]:
     run_id = doc.get("run_id")
     if not isinstance(run_id, str) or not run_id:
         return "no run_id (a non-empty string is needed)", None, False
+    problem = _reserved(doc.get("type"), run_id)
+    if problem is not None:
+        return problem, None, False
     return None, run_id, doc.get("type") == "cancel"
 
 

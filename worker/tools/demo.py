@@ -49,6 +49,7 @@ import orjson
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from worker.runtime import logs
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.publisher import Publisher, PublishError
 from worker.tools import broker, tail
@@ -150,7 +151,7 @@ def cluster_answers(config: Config, timeout: float = 5.0) -> bool:
         broker.port_open(f"{host}:{port}") for host, port in servers
     ):
         return False  # nothing listens: no need to let librdkafka log connection errors
-    admin = AdminClient({**config.kafka.confluent_config(), "log_level": 0})
+    admin = AdminClient(logs.kafka_config({**config.kafka.confluent_config(), "log_level": 0}))
     try:
         admin.list_topics(timeout=timeout)
     except KafkaException:
@@ -204,7 +205,7 @@ def ensure_broker(config: Config, started: Started) -> str:
 def ensure_topics(config: Config) -> str:
     from worker.runtime import admin
 
-    client = AdminClient({**config.kafka.confluent_config()})
+    client = AdminClient(logs.kafka_config(config.kafka.confluent_config()))
     try:
         lines = admin.create(client, admin.specs(config))
     except admin.TopicsError as exc:
@@ -226,11 +227,12 @@ def start_worker(config: Config, started: Started, timeout: float) -> str:
     if config.source is not None:
         command += ["--config", str(config.source.resolve())]
     env = dict(os.environ)
-    web = config.worker.web_port
     note = ""
-    if web > 0 and _port_in_use(web):
-        env["LATCH_WORKER__WEB_PORT"] = "0"
-        note = f"; port {web} is taken, web server off"
+    for port, variable, what in ((config.worker.web_port, "WEB_PORT", "web server"),
+                                 (config.worker.http_port, "HTTP_PORT", "metrics and health")):
+        if port > 0 and _port_in_use(port):
+            env[f"LATCH_WORKER__{variable}"] = "0"
+            note += f"; port {port} is taken, {what} off"
     with started.log.open("wb") as log:
         started.worker = subprocess.Popen(
             command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
@@ -248,7 +250,7 @@ def _port_in_use(port: int) -> bool:
 
 def wait_for_group(config: Config, started: Started, timeout: float) -> str:
     """Wait until the worker's consumer group owns every events partition."""
-    admin = AdminClient({**config.kafka.confluent_config()})
+    admin = AdminClient(logs.kafka_config(config.kafka.confluent_config()))
     group, events = config.worker.app_id, config.topics.events
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -411,13 +413,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: %(default)s)")
     parser.add_argument("--file", type=Path, help="envelopes to send instead of the shipped "
                         "examples/demo.jsonl")
+    parser.add_argument("--engine", choices=("faust", "kafka"),
+                        help="worker.engine for this demo (default: the configuration's)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``latch demo``; see the module docstring."""
     args = build_parser().parse_args(argv)
+    logs.quiet_kafka()  # librdkafka's lines never reach the demo's output
     prefix = f"demo-{secrets.token_hex(3)}/"
+    if args.engine:  # the worker subprocess reads it as well
+        os.environ["LATCH_WORKER__ENGINE"] = args.engine
     try:
         config = load_config(args.config)
         path = args.file or example_file()
@@ -426,7 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"latch demo: {exc}", file=sys.stderr)
         return EXIT_USAGE
     runs = list(dict.fromkeys(e["run_id"] for e in envelopes))
-    say(f"latch demo: {len(runs)} runs from {path}, run ids under {prefix}")
+    say(f"latch demo: {len(runs)} runs from {path}, run ids under {prefix}, "
+        f"engine {config.worker.engine}")
     started = Started()
     steps = Steps()
     began = time.monotonic()

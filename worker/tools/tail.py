@@ -46,6 +46,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from worker.runtime import logs
 from worker.runtime.config import Config, ConfigError, load_config
 
 __all__ = [
@@ -210,7 +211,7 @@ def open_consumer(
     read now (the high watermark) rather than when the first fetch happens, so that no record
     written after this call can be missed.
     """
-    consumer = Consumer(consumer_config(config))
+    consumer = Consumer(logs.kafka_config(consumer_config(config)))
     try:
         metadata = consumer.list_topics(timeout=timeout)
     except KafkaException as exc:

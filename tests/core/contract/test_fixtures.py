@@ -419,7 +419,8 @@ def test_chat_one_call_budget_and_size_limits() -> None:
 def test_chat_n3_choices_kept_apart() -> None:
     """openai-python a491adda…bin: ``n=3``, three interleaved choices of content only (JSON
     text, temperatures 65, 61 and 59). The final record keeps them apart in ``choices``, each
-    with its own text and ``finish_reason: "stop"``; ``message`` is choice 0; no calls."""
+    with its own text and ``finish_reason: "stop"``; ``message`` is choice 0, whose entry in
+    ``choices`` does not repeat it; no calls."""
     lines = run_capture("openai.chat", fixture(CHAT_N3), [chat_tool("get_weather", CITY_ONLY)])
     check_run("openai.chat", lines)
     final = only_final(lines)
@@ -429,10 +430,10 @@ def test_chat_n3_choices_kept_apart() -> None:
     def text(temperature: int) -> str:
         return f'{{"city":"San Francisco","temperature":{temperature},"units":"f"}}'
 
-    assert final["choices"] == [
+    assert final["message"] == {"role": "assistant", "content": text(65)}
+    assert final["choices"] == [{"index": 0, "finish_reason": "stop"}] + [
         {"index": i, "message": {"role": "assistant", "content": text(t)},
-         "finish_reason": "stop"} for i, t in enumerate((65, 61, 59))]
-    assert final["message"] == final["choices"][0]["message"]
+         "finish_reason": "stop"} for i, t in ((1, 61), (2, 59))]
 
 
 def test_chat_n3_tool_calls_are_keyed_by_choice() -> None:
@@ -464,7 +465,8 @@ def test_chat_n3_tool_calls_are_keyed_by_choice() -> None:
     assert got == [(0, 0, "call_choice_0", 65), (1, 0, "call_choice_1", 61),
                    (2, 0, "call_choice_2", 59)]
     final = only_final(lines)
-    assert [c["message"]["tool_calls"][0]["id"] for c in final["choices"]] == [
+    messages = [final["message"]] + [c["message"] for c in final["choices"][1:]]
+    assert [m["tool_calls"][0]["id"] for m in messages] == [
         "call_choice_0", "call_choice_1", "call_choice_2"]
     assert [o["choice"] for o in final["outcomes"]] == [0, 1, 2]
 

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from mutation_fuzz import SETTINGS, corpus, records, run_sequence
 
 from worker.core import Assembler
+from worker.core.envelope import PROVIDERS
 
 
 def bounded(examples: int) -> settings:
@@ -41,12 +42,10 @@ def bounded(examples: int) -> settings:
 
 
 def test_the_corpus_covers_every_provider() -> None:
-    """The fuzzer starts from real captures of all three providers, calls included."""
+    """The fuzzer starts from real captures of all five providers, calls included."""
     captures = corpus()
-    assert {c.provider for c in captures} == {
-        "openai.chat", "anthropic.messages", "openai.responses"}
-    assert all(any(c.tools for c in captures if c.provider == p)
-               for p in ("openai.chat", "anthropic.messages", "openai.responses"))
+    assert {c.provider for c in captures} == PROVIDERS
+    assert all(any(c.tools for c in captures if c.provider == p) for p in PROVIDERS)
 
 
 #: The shape of one fuzzed sequence, as the tests below draw it.

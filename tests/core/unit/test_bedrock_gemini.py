@@ -52,7 +52,7 @@ def test_parse_path_reads_singular_queries(path: str, segments: list[Any]) -> No
 
 @pytest.mark.parametrize("path", [
     "a", "$.", "$.1a", "$[*]", "$..a", "$[-1]", "$[01]", "$[0:2]", "$[?@.a]", "$['a'",
-    "$.a b", "$['\\x']", "$['\\ud800']", "$[1234567890123456]",
+    "$.a b", "$['\\x']", "$['\\ud800']", "$[1234567890123456]", "$.a\ud800", "$.\udfff",
 ])
 def test_parse_path_refuses_everything_else(path: str) -> None:
     """Wildcards, descendants, slices, filters, negative or padded indexes, bad escapes and

@@ -59,7 +59,8 @@ def test_the_core_is_compiled_all_or_none() -> None:
 
     names = ["assembler", "envelope", "model", "ops", "outputs", "run", "strictjson",
              "providers.openai_chat", "providers.openai_responses",
-             "providers.anthropic_messages"]
+             "providers.anthropic_messages", "providers.bedrock_converse", "providers.gemini",
+             "providers.gemini_args"]
     kinds = {not importlib.import_module(f"worker.core.{n}").__file__.endswith(".py")
              for n in names}
     assert len(kinds) == 1, "a partly compiled core"

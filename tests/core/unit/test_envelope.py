@@ -131,7 +131,6 @@ CASES: list[tuple[str, DlqReason, Setup, bytes | None, bytes]] = [
      raw(provider_event("r9", 1, chat_chunk(content="hi")))),
     ("unknown_run_end", DlqReason.UNKNOWN_RUN, open_run, None, raw(stream_end("r9", 1))),
     ("unknown_run_error", DlqReason.UNKNOWN_RUN, nothing, None, raw(stream_error("r9", 1))),
-    ("unknown_run_cancel", DlqReason.UNKNOWN_RUN, nothing, None, raw(cancel("r9"))),
     ("event_after_finish", DlqReason.RUN_FINISHED, finished, b"r1",
      raw(provider_event("r1", 99, chat_chunk([chat_tool_delta(0, "c2", "noop", "{}")])))),
     ("error_after_finish", DlqReason.RUN_FINISHED, finished, None, raw(stream_error("r1", 99))),

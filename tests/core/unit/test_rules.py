@@ -744,7 +744,7 @@ class TestRule8CommittedArgumentsOnly:
         progress = [e.value for e in emits if e.topic is Topic.PROGRESS]
         assert progress, "progress was switched on"
         assert all(SECRET not in orjson.dumps(p).decode() for p in progress)
-        assert "partial_arguments" not in progress[0]
+        assert "arguments_delta" not in progress[0]
         assert max(p["bytes"] for p in progress) == len(text)
 
     def test_partial_text_only_when_configured(self) -> None:
@@ -752,8 +752,10 @@ class TestRule8CommittedArgumentsOnly:
         text = fill('{"path": "@"}')
         emits = run_calls(CHAT, [("call_1", "read_file", text)], emit_progress=True,
                           ui_forward_partial_args=True)
-        partials = [e.value["partial_arguments"] for e in emits if e.topic is Topic.PROGRESS]
-        assert partials[-1] == text
+        text_bytes = b""
+        for p in (e.value for e in emits if e.topic is Topic.PROGRESS):
+            text_bytes = text_bytes[:p["arguments_offset"]] + p["arguments_delta"].encode()
+        assert text_bytes.decode() == text
 
     def test_stats_never_hold_argument_text(self) -> None:
         """Counters (the source of metrics) never carry argument text in their names."""

@@ -96,10 +96,12 @@ def walk_properties(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str
 
 
 def test_the_expected_files_exist() -> None:
-    """schemas/ holds exactly the ten record kinds the contract and the worker need."""
+    """schemas/ holds exactly the eleven record kinds the contract, the worker and the runner
+    need."""
     assert set(ALL) == {
         "stream-envelope", "control-envelope", "tick-envelope", "committed-call",
         "error-result", "final-message", "progress", "dlq-record", "output-line", "config",
+        "tool-result",
     }  # fmt: skip
 
 
@@ -170,7 +172,7 @@ def test_config_topic_defaults_are_the_contracts() -> None:
         "events": "llm.stream.events", "control": "llm.stream.control",
         "committed": "tool.calls.committed", "errors": "tool.calls.errors",
         "final": "llm.messages.final", "progress": "llm.stream.progress",
-        "dlq": "llm.stream.dlq",
+        "dlq": "llm.stream.dlq", "results": "tool.calls.results",
     }  # fmt: skip
     assert topics["partitions"]["default"] == 12
 
@@ -342,9 +344,10 @@ def test_final_message_in_each_provider_format() -> None:
 
 
 def test_final_message_with_choices() -> None:
-    """Chat with n > 1 lists each choice with its message and finish_reason (may be null)."""
+    """Chat with n > 1 lists each choice with its finish_reason (may be null), and its message
+    except for the first choice's, which is the top-level message."""
     choices = [
-        {"index": 0, "message": FINAL_CHAT["message"], "finish_reason": "tool_calls"},
+        {"index": 0, "finish_reason": "tool_calls"},
         {"index": 1, "message": {"role": "assistant", "content": "hi"}, "finish_reason": None},
     ]
     assert valid("final-message", FINAL_CHAT | {"choices": choices})
@@ -383,7 +386,8 @@ def test_progress_record() -> None:
         "bytes": 12,
     }
     assert valid("progress", progress)
-    assert valid("progress", progress | {"partial_arguments": '{"pa'})
+    assert valid("progress", progress | {"arguments_offset": 3, "arguments_delta": '{"pa'})
+    assert not valid("progress", progress | {"arguments_delta": '{"pa'})
     assert not valid("progress", progress | {"bytes": -1})
     assert not valid("progress", {k: v for k, v in progress.items() if k != "bytes"})
 

@@ -11,6 +11,7 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from worker_harness import (
+    ENGINES,
     PROVIDERS,
     Reader,
     Stack,
@@ -26,9 +27,16 @@ from worker_harness import (
 )
 
 
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    """Each test runs against both engines (``worker.engine``)."""
+    return str(request.param)
+
+
 @pytest.fixture
-def stack(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    settings = getattr(request, "param", {})
+def stack(kafka_bootstrap: str, engine: str, request: pytest.FixtureRequest
+          ) -> Iterator[Stack]:
+    settings = getattr(request, "param", {}) | {"worker__engine": engine}
     with make_stack(kafka_bootstrap, request.node.name, partitions=3, **settings) as made:
         yield made
 
@@ -193,6 +201,7 @@ worker.runtime.app.LatchWorker._publish = _publish
 """
 
 
+@pytest.mark.parametrize("engine", ["faust"])  # the fault is injected into the faust engine
 @pytest.mark.parametrize("stack", [{"worker__tick_interval_s": "3600"}], indirect=True)
 def test_a_failed_send_stops_the_worker_with_the_record_unacked(
         stack: Stack, tmp_path: Path) -> None:

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from worker_harness import (
-    PROVIDERS,
     Reader,
     Stack,
     WorkerProcess,
     assert_same_outcomes,
+    assignments,
     expected,
     finished,
     make_stack,
-    provider_run,
     publish_envelopes,
-    run_ids,
+    two_call_runs,
+    worker_pair,
 )
 
 PARTITIONS = 4
@@ -36,35 +36,8 @@ def stack(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stac
 @pytest.fixture
 def pair(stack: Stack, tmp_path: Path) -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
     """Two workers that have settled on a split of the partitions."""
-    first = WorkerProcess(stack, tmp_path / "a.log")
-    second = None
-    try:
-        first.wait_ready()
-        second = WorkerProcess(stack, tmp_path / "b.log")
-        second.wait_ready()
-        _wait_for_split(first, second)
-        yield first, second
-    finally:
-        for proc in (first, second):
-            if proc is not None and proc.proc.poll() is None:
-                proc.kill()
-
-
-def assignments(worker: WorkerProcess) -> list[set[int]]:
-    """The events partitions of each assignment the worker logged, in order."""
-    return [set(map(int, re.findall(r"\d+", found)))
-            for found in re.findall(r"events partitions assigned: \[([\d, ]*)\]", worker.log())]
-
-
-def _wait_for_split(first: WorkerProcess, second: WorkerProcess, timeout: float = 40) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        a, b = assignments(first), assignments(second)
-        if a and b and a[-1] and b[-1] and a[-1] | b[-1] == set(range(PARTITIONS)) \
-                and not a[-1] & b[-1]:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"no split: {assignments(first)} / {assignments(second)}")
+    with worker_pair(stack, tmp_path) as made:
+        yield made
 
 
 def _wait_committed(stack: Stack, timeout: float = 30) -> None:
@@ -86,13 +59,7 @@ def _wait_committed(stack: Stack, timeout: float = 30) -> None:
 
 
 def _runs(prefix: str) -> dict[str, list[dict[str, object]]]:
-    ids = run_ids(prefix, PARTITIONS, per_partition=2)
-    runs = {}
-    for n, run_id in enumerate(ids):
-        calls = [(f"call_{run_id}_{i}", "read_file", f'{{"path": "/data/{i}/{run_id}"}}')
-                 for i in range(2)]
-        runs[run_id] = provider_run(PROVIDERS[n % 3], run_id, calls, size=3)
-    return runs
+    return two_call_runs(prefix, PARTITIONS, per_partition=2)
 
 
 def test_two_workers_share_the_partitions(

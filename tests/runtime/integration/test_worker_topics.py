@@ -4,15 +4,17 @@ is idempotent, and refuses an existing topic with the wrong partition count."""
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from worker_harness import OUTPUTS, Stack
 
 from worker.runtime import admin
+from worker.runtime.app import _check_topics
 
 
 @pytest.fixture
@@ -36,7 +38,7 @@ def test_creates_every_topic_once(stack: Stack, kafka_admin: AdminClient,
     assert admin.main(["create"]) == 0
     first = capsys.readouterr().out.splitlines()
     changelog = f"{stack.app_id}-heads-changelog"
-    names = [stack.topic(r) for r in ("events", "control", *OUTPUTS)] + [changelog]
+    names = [stack.topic(r) for r in ("events", "control", *OUTPUTS, "results")] + [changelog]
     assert [line.split()[:2] for line in first] == [["created", n] for n in names], first
 
     assert {n: admin._partition_count(kafka_admin, n) for n in names} == dict.fromkeys(names, 3)
@@ -60,3 +62,33 @@ def test_wrong_partition_count_is_an_error(stack: Stack, monkeypatch: pytest.Mon
     assert admin.main(["create"]) == 2
     err = capsys.readouterr().err
     assert f"topic {stack.topic('events')} has 3 partitions, expected 5" in err
+
+
+def test_events_topic_stamps_records_with_the_brokers_time(
+        stack: Stack, kafka_admin: AdminClient, capsys: pytest.CaptureFixture[str]) -> None:
+    """The events topic is created with ``message.timestamp.type=LogAppendTime`` (idle expiry
+    follows record time, which no producer may choose); an existing events topic with
+    ``CreateTime`` stops ``latch topics create`` and the worker's start check with exit
+    status 2 and a message naming the topic, the setting and the fix."""
+    events = stack.topic("events")
+    resource = ConfigResource(ConfigResource.Type.TOPIC, events)
+    assert admin.main(["create"]) == 0
+    assert admin._partition_count(kafka_admin, events) == 3  # metadata has it now
+    configs = kafka_admin.describe_configs([resource])[resource].result(timeout=30)
+    assert configs["message.timestamp.type"].value == "LogAppendTime"
+    capsys.readouterr()
+
+    entry = ConfigEntry("message.timestamp.type", "CreateTime",
+                        incremental_operation=AlterConfigOpType.SET)
+    altered = ConfigResource(ConfigResource.Type.TOPIC, events, incremental_configs=[entry])
+    kafka_admin.incremental_alter_configs([altered])[altered].result(timeout=30)
+    while kafka_admin.describe_configs([resource])[resource].result(timeout=30)[
+            "message.timestamp.type"].value != "CreateTime":  # the broker applies it shortly
+        time.sleep(0.1)
+    assert admin.main(["create"]) == 2
+    err = capsys.readouterr().err
+    assert (f"topic {events} has message.timestamp.type=CreateTime, expected LogAppendTime"
+            in err)
+    config = stack.config()
+    with pytest.raises(admin.TopicsError, match=r"message\.timestamp\.type=CreateTime"):
+        _check_topics(config)

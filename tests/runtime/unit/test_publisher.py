@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+from fixtures_lib import fixture, load_events
 
 from worker.core import Assembler
 from worker.runtime import publisher as publisher_module
@@ -50,6 +51,7 @@ class FakeProducer:
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.config = config or {}
         self.produced: list[tuple[str, bytes, bytes]] = []
+        self.headers: list[list[tuple[str, bytes]] | None] = []
         self.pending: list[tuple[Callable[..., None], FakeMessage]] = []
         self.fail_with: KafkaError | None = None
         self.raise_on_produce: Exception | None = None
@@ -57,13 +59,15 @@ class FakeProducer:
         self.undelivered = 0
 
     def produce(self, topic: str, value: bytes, key: bytes,
-                on_delivery: Callable[..., None]) -> None:
+                on_delivery: Callable[..., None],
+                headers: list[tuple[str, bytes]] | None = None) -> None:
         if self.raise_on_produce is not None:
             raise self.raise_on_produce
         if self.full_times:
             self.full_times -= 1
             raise BufferError("Local: Queue full")
         self.produced.append((topic, key, value))
+        self.headers.append(headers)
         message = FakeMessage(topic, key, value, partition=len(key) % 3,
                               offset=len(self.produced) - 1)
         self.pending.append((on_delivery, message))
@@ -401,11 +405,21 @@ def test_the_demo_file_publishes_and_assembles_to_the_documented_outcomes() -> N
         ("chat-cancelled", "get_weather", "cancelled", "cancelled"),
         ("anthropic-broken-stream", "updateIssueList", "failed", "stream_error"),
         ("chat-invalid-json", "GetWeatherArgs", "failed", "invalid_json"),
+        ("bedrock-kimi-tool-use", "glob_search", "committed", None),
+        ("gemini-partial-args", "writeItems", "committed", None),
     }
+    committed = {e.key: e.value for e in emitted if e.topic == "committed"}
+    assert committed["bedrock-kimi-tool-use"]["call_id"] == "functions.glob_search:0"
+    assert committed["bedrock-kimi-tool-use"]["arguments"] == {"pattern": "**/*cursor*"}
+    # The partialArgs call ends at a part without willContinue (no empty functionCall after).
+    assert committed["gemini-partial-args"]["call_id"] == "latch-0-0-gemini-partial-args"
+    assert [op["itemid"] for op in committed["gemini-partial-args"]["arguments"]["operations"]
+            ] == ["apple_001", "banana_001"]
     finals = {e.key: e.value["status"] for e in emitted if e.topic == "final"}
     assert finals == {"chat-parallel": "completed", "anthropic-tool-use": "completed",
                       "responses-call": "completed", "chat-cancelled": "cancelled",
-                      "anthropic-broken-stream": "failed", "chat-invalid-json": "completed"}
+                      "anthropic-broken-stream": "failed", "chat-invalid-json": "completed",
+                      "bedrock-kimi-tool-use": "completed", "gemini-partial-args": "completed"}
     assert not [e for e in emitted if e.topic == "dlq"]
     assert assembler.open_runs == 0
 
@@ -441,3 +455,83 @@ def test_demo_stops_its_worker_when_a_step_raises_unexpectedly(
     finally:
         if sleeper.poll() is None:
             sleeper.kill()
+
+
+def test_envelopes_carry_the_callers_trace_context() -> None:
+    """Under a caller's span, each envelope's headers hold its W3C traceparent (same trace
+    id); without a span, no headers at all."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    fake = FakeProducer()
+    publisher = Publisher(Config(), producer=fake)  # type: ignore[arg-type]
+    publisher.send_envelope({"v": 1, "run_id": "r1", "seq": 0, "type": "stream.end"})
+    with TracerProvider().get_tracer("gateway").start_as_current_span("call") as span:
+        publisher.send_envelope({"v": 1, "run_id": "r1", "seq": 1, "type": "stream.end"})
+    assert fake.headers[0] is None
+    (name, value), = fake.headers[1] or []
+    trace_id = f"{span.get_span_context().trace_id:032x}"
+    assert name == "traceparent" and value.decode().split("-")[1] == trace_id
+
+
+# -- the newer providers through the publisher helpers ---------------------------------------
+
+BEDROCK_KIMI = ("vercel-ai/packages/amazon-bedrock/src/__fixtures__/"
+                "issue-11409-kimi-k2-thinking-glob-search.chunks.txt")
+GEMINI_TOOL_CALL = "vercel-ai/packages/google/src/__fixtures__/google-tool-call.chunks.txt"
+NEW_PROVIDER_RUNS = [
+    ("bedrock.converse", BEDROCK_KIMI,
+     [{"toolSpec": {"name": "glob_search", "inputSchema": {"json": {
+         "type": "object", "properties": {"pattern": {"type": "string"}},
+         "required": ["pattern"]}}}}],
+     ("functions.glob_search:0", "glob_search", {"pattern": "**/*cursor*"})),
+    ("google.gemini", GEMINI_TOOL_CALL,
+     [{"functionDeclarations": [{"name": "weather", "parameters": {
+         "type": "OBJECT", "properties": {"location": {"type": "STRING"}},
+         "required": ["location"]}}]}],
+     ("latch-0-0-r-new", "weather", {"location": "San Francisco"})),
+]
+
+
+@pytest.mark.parametrize(("provider", "relative", "tools", "expected"), NEW_PROVIDER_RUNS,
+                         ids=["bedrock", "gemini"])
+def test_publisher_carries_a_bedrock_and_a_gemini_run_to_the_core(
+    provider: str, relative: str, tools: list[Any], expected: tuple[str, str, Any]
+) -> None:
+    """Publisher.run accepts bedrock.converse and google.gemini with tools in the provider's
+    own format; RunHandle sends the recorded events verbatim with seq 1..n and stream.end;
+    what the fake producer received, fed to the core in order, commits the recorded call."""
+    events = load_events(fixture(relative))
+    pub, fake = make_publisher()
+    run = pub.run("r-new", provider, tools, tenant="t1")
+    assert [run.event(e) for e in events] == list(range(1, len(events) + 1))
+    assert run.end() == len(events) + 1
+    pub.flush()
+    records = sent(fake)
+    assert {(topic, key) for topic, key, _ in records} == {("ev", "r-new")}
+    assert records[0][2]["provider"] == provider and records[0][2]["tools"] == tools
+    assert [v["event"] for _, _, v in records[1:-1]] == events
+    assembler = Assembler()
+    emitted = [e for _, key, value in fake.produced
+               for e in assembler.feed_record(key, value)]
+    outcomes = [(e.topic, e.value.get("call_id"), e.value.get("name"), e.value.get("arguments"))
+                for e in emitted if e.topic in ("committed", "errors")]
+    assert outcomes == [("committed", *expected)]
+    assert [e.value["status"] for e in emitted if e.topic == "final"] == ["completed"]
+
+
+def test_publish_sends_a_bedrock_and_a_gemini_file_unchanged(
+    tmp_path: Path, fake_kafka: list[FakeProducer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``latch publish`` takes envelope lines of the newer providers like any other: every
+    line of the demo's Bedrock and Gemini runs goes to the events topic unchanged."""
+    lines = [line for line in DEMO.read_bytes().splitlines()
+             if b'"run_id":"bedrock-' in line or b'"run_id":"gemini-' in line]
+    providers = {orjson.loads(line).get("provider") for line in lines} - {None}
+    assert providers == {"bedrock.converse", "google.gemini"}
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    assert publisher_module.main(["--no-check", str(path)]) == 0
+    (producer,) = fake_kafka
+    assert [value for _, _, value in producer.produced] == lines
+    out, _ = capsys.readouterr()
+    assert out == f"sent {len(lines)} envelopes for 2 runs to llm.stream.events ({len(lines)})\n"

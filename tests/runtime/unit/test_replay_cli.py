@@ -10,6 +10,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,14 @@ import orjson
 import pytest
 from builders import PATH_SCHEMA, provider_run, stream_error, tick
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, TopicPartition
+from fixtures_lib import fixture, load_events
 
+from worker import cli
 from worker.core import Assembler, Emit, Topic
 from worker.core.envelope import TICK_KEY
 from worker.runtime import replay, step
 from worker.runtime.config import load_config
+from worker.tools import capture
 
 T0 = 1_736_933_400_000  # 2025-01-15T09:30:00Z
 
@@ -340,3 +344,53 @@ def test_the_file_sink_writes_latch_assembles_lines(tmp_path: Path) -> None:
     sink.close()
     lines = (tmp_path / "out.jsonl").read_bytes().splitlines()
     assert lines == [orjson.dumps(emit.as_line())] * 2
+
+
+# -- the newer providers: replay equals latch assemble ---------------------------------------
+
+_BR = "vercel-ai/packages/amazon-bedrock/src/__fixtures__/"
+_GO = "vercel-ai/packages/google/src/__fixtures__/"
+_OBJ: dict[str, Any] = {"type": "object"}
+
+
+def test_a_bedrock_and_a_gemini_run_replay_to_the_records_latch_assemble_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Bedrock run (three tool blocks at index gaps) and a Gemini run (a whole call without
+    args, then three streamed calls), interleaved in one partition: ``latch replay --to-file``
+    writes, line for line, what ``latch assemble`` prints for the same envelopes: the seven
+    calls committed, two final messages, nothing left open. (The Gemini tools are in the
+    snake_case spelling.)"""
+    bedrock = capture.envelopes(
+        "bedrock.converse",
+        load_events(fixture(_BR + "amazon-bedrock-json-with-tools.1.chunks.txt")),
+        [{"toolSpec": {"name": n, "inputSchema": {"json": _OBJ}}} for n in
+         ("tool-a", "tool-b", "json")], run_id="br-1")
+    gemini = capture.envelopes(
+        "google.gemini",
+        load_events(fixture(_GO + "google-stream-no-args-tool-call.chunks.txt")),
+        [{"function_declarations": [{"name": n, "parameters_json_schema": _OBJ} for n in
+                                    ("read_theme", "read_screen")]}],
+        run_id="ge-1")
+    envelopes = [e for pair in zip_longest(bedrock, gemini) for e in pair if e is not None]
+    assert all(isinstance(e, dict) for e in envelopes)
+    path = tmp_path / "runs.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in envelopes))
+
+    assert cli.main(["assemble", str(path)]) == 0
+    assembled = capsys.readouterr().out.encode().splitlines()
+
+    config = load_config(env={})
+    sink = replay.FileSink(str(tmp_path / "replayed.jsonl"))
+    log = records([e for e in envelopes if isinstance(e, dict)])
+    tally, open_runs = replay.run_spans(FakeConsumer({0: log}), "events",
+                                        [replay.Span(0, 0, len(log))], config, sink, Bar())
+    sink.close()
+    replayed = (tmp_path / "replayed.jsonl").read_bytes().splitlines()
+
+    assert replayed == assembled and open_runs == 0
+    outcomes = [orjson.loads(line) for line in replayed]
+    committed = [(o["key"], o["value"]["name"]) for o in outcomes if o["topic"] == "committed"]
+    assert sorted(committed) == sorted([("br-1", "tool-a"), ("br-1", "tool-b"), ("br-1", "json"),
+                                        ("ge-1", "read_theme")] + [("ge-1", "read_screen")] * 3)
+    assert tally.emitted[Topic.FINAL] == 2 and not tally.emitted[Topic.DLQ]

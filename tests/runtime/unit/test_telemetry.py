@@ -27,22 +27,25 @@ def _run() -> list[bytes]:
 
 def test_counters_use_closed_labels_only() -> None:
     """A schema failure is counted by provider, reason and state; no label or value anywhere
-    in the exported metrics contains the argument text."""
+    in the exported metrics (OpenTelemetry data or Prometheus text) holds the argument text."""
     reader = InMemoryMetricReader()
     telemetry = Telemetry("none", readers=[reader])
     assembler = Assembler()
+    assembler.sizes = []
     for value in _run():
-        telemetry.record(assembler.feed_record(None, value))
+        telemetry.record(assembler.feed_record(None, value), assembler.sizes)
     data = reader.get_metrics_data()
     assert data is not None
     dumped = data.to_json()
     assert SECRET not in dumped
+    assert SECRET.encode() not in telemetry.metrics.exposition()
     points = {m.name: m.data.data_points for rm in data.resource_metrics
               for sm in rm.scope_metrics for m in sm.metrics}
-    errors = points["latch.calls.errors"]
+    errors = points["latch_call_outcomes"]
     assert [dict(p.attributes or {}) for p in errors] == [
         {"provider": "openai.chat", "reason": "schema_invalid", "state": "failed"}]
-    assert [p.value for p in points["latch.records.processed"]] == [4]
-    assert [dict(p.attributes or {}) for p in points["latch.dlq.records"]] == [
+    assert [p.value for p in points["latch_records_processed"]] == [4]
+    assert [dict(p.attributes or {}) for p in points["latch_dlq_records"] if p.value] == [
         {"reason": "unsupported_version"}]
+    assert [p.count for p in points["tool_assemble_args_bytes"]] == [1]
     telemetry.shutdown()

@@ -17,8 +17,10 @@ from worker.tools.chaos import run as chaos
 from worker.tools.chaos import verify as chaos_verify
 
 SHORT = chaos.Options(runs=120, workers=2, kills=2, broker_restarts=1, seed=4, partitions=6,
-                      rate=250.0, idle_timeout_s=30.0, tick_interval_s=1.0,
-                      drain_timeout_s=150.0)
+                      # The idle timeout is the chaos default: a broker restart on a busy
+                      # machine has taken 45 s (docs/chaos.md on outages and idle expiry).
+                      rate=250.0, idle_timeout_s=45.0, tick_interval_s=1.0,
+                      drain_timeout_s=180.0)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,12 @@ def test_promises_hold_under_kills_and_a_broker_restart(result: chaos.Result) ->
     assert (result.kills, result.broker_restarts) == (2, 1), details
     assert result.summary.endswith("missing=0 contradictions=0 mismatched=0 -> PASS")
     assert result.verdict.calls > 150
-    assert result.verdict.committed + result.verdict.errors == result.verdict.calls
+    # A raced cancel (cancel_mid) may land before some of its run's calls open: those runs
+    # have at most their planned outcomes; every other run has exactly its planned ones.
+    raced = sum(1 for run in result.plan.runs if run.flexible for e in run.expected
+                if e.topic.value in ("committed", "errors"))
+    outcomes = result.verdict.committed + result.verdict.errors
+    assert result.verdict.calls - raced <= outcomes <= result.verdict.calls
     assert result.verdict.dlq == len(result.plan.bad)
 
 

@@ -4,18 +4,26 @@ core emits for a plan, and fails each kind of broken promise it exists to catch.
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
 
-from worker.core import DlqReason, Topic
+from worker.core import DlqReason, Emit, Topic
 from worker.core.envelope import Rejected
 from worker.core.outputs import dlq_record
 from worker.runtime.config import load_config
 from worker.tools.chaos import run as chaos
-from worker.tools.chaos.plan import PROVIDERS, Plan, build_plan
+from worker.tools.chaos.plan import (
+    EARLY_SETTINGS,
+    PROVIDERS,
+    Plan,
+    PlanError,
+    build_plan,
+    check_intent,
+)
 from worker.tools.chaos.verify import OutRecord, verify
 
 CONFIG = load_config(None, env={"LATCH_AGENT_STREAM_ASSEMBLE__ASSEMBLE_IDLE_TIMEOUT_S": "5"})
@@ -86,6 +94,16 @@ def test_byte_identical_duplicates_pass(plan: Plan) -> None:
     assert verdict.duplicates == 10
 
 
+def test_a_duplicate_fails_when_exactly_once_is_promised(plan: Plan) -> None:
+    """The kafka engine read at read_committed: one byte-identical repeat fails the verdict,
+    and the same records without it pass."""
+    records = _records(plan)
+    assert verify(plan, records, exactly_once=True).ok
+    verdict = verify(plan, records + records[:1], exactly_once=True)
+    assert (verdict.ok, verdict.duplicates) == (False, 1)
+    assert verdict.summary(0, 0).endswith("-> FAIL")
+
+
 def test_a_lost_outcome_fails(plan: Plan) -> None:
     """A committed call that never reached the topic is missing."""
     records = _records(plan)
@@ -122,7 +140,7 @@ def test_a_duplicate_with_other_bytes_fails(plan: Plan) -> None:
 
 @pytest.mark.parametrize("change", [
     lambda v: {**v, "arguments": {"path": "/tampered"}},
-    lambda v: {**v, "name": "write_file"},
+    lambda v: {**v, "name": "tampered"},
 ])
 def test_other_committed_arguments_fail(
         plan: Plan, change: Callable[[dict[str, object]], dict[str, object]]) -> None:
@@ -179,3 +197,65 @@ def test_the_command_line_parses() -> None:
     assert (args.runs, args.workers, args.kills, args.broker_restarts, args.seed) == (
         5, 1, 0, 0, 9)
     assert isinstance(args.work_dir, Path | None)
+
+
+# -- issue 9: early commit, reused ids, tight budgets, raced cancels ------------------------
+
+EARLY = load_config(None, env={"LATCH_AGENT_STREAM_ASSEMBLE__ASSEMBLE_IDLE_TIMEOUT_S": "5"} | {
+    f"LATCH_AGENT_STREAM_ASSEMBLE__{k.upper()}": v for k, v in EARLY_SETTINGS.items()})
+
+
+@pytest.fixture(scope="module")
+def early_plan() -> Plan:
+    return build_plan(seed=11, runs=400, config=EARLY, exclude=("early_reuse",))
+
+
+def test_plan_has_the_issue_9_kinds(early_plan: Plan) -> None:
+    """With the chaos workers' settings, the plan holds early commits (committed before the
+    stream's end), early commits then a cancel, reused call ids, tight budgets and raced
+    cancels; the offline core agreed with every intent (one outcome per call id)."""
+    kinds = {r.kind for r in early_plan.runs}
+    assert {"early", "early_cancel", "reuse", "tight", "cancel_race", "cancel_mid"} <= kinds
+    assert all(r.cancel_after == 0 for r in early_plan.runs if r.kind == "cancel_race")
+    assert all(r.cancel_after == len(r.envelopes) for r in early_plan.runs
+               if r.kind in ("cancel", "early_cancel"))
+    early_cancelled = [r for r in early_plan.runs if r.kind == "early_cancel"]
+    assert any(c.intent == "commit" for r in early_cancelled for c in r.opened.values())
+
+
+def test_the_plan_catches_two_outcomes_for_one_id(early_plan: Plan) -> None:
+    """A core that gives one call id an early commit and then a ``duplicate_call_id`` error
+    (a later block reusing the id: issue 9, item 4) fails the plan itself, before anything
+    is published: the driver would have caught it."""
+    run = next(r for r in early_plan.runs if r.kind == "early" and any(
+        e.topic is Topic.COMMITTED for e in r.expected))
+    committed = next(e for e in run.expected if e.topic is Topic.COMMITTED)
+    error = Emit(Topic.ERRORS, run.run_id, {
+        "run_id": run.run_id, "tool_call_id": committed.value["call_id"],
+        "reason": "duplicate_call_id", "idempotency_key": f"{run.run_id}:x"})
+    broken = dataclasses.replace(run, expected=[*run.expected, error])
+    with pytest.raises(PlanError, match=r"2 outcomes .* for one id"):
+        check_intent(broken)
+
+
+def test_a_lost_acknowledged_cancel_fails(early_plan: Plan) -> None:
+    """A run whose cancel the broker acknowledged must end ``cancelled``: the same run ending
+    ``assemble_idle_timeout`` (the cancel never reached the events log) is missing."""
+    records = _records(early_plan)
+    run = next(r for r in early_plan.runs if r.kind == "cancel_race" and r.opened)
+    lost = [rec for rec in records if orjson.loads(rec.value).get("run_id") == run.run_id]
+    rest = [rec for rec in records if rec not in lost]
+    timed_out = []
+    for rec in lost:
+        value = orjson.loads(rec.value)
+        if rec.role == "errors":
+            value |= {"state": "failed", "reason": "assemble_idle_timeout"}
+        elif rec.role == "final":
+            value["status"] = "idle_timeout"
+            for outcome in value["outcomes"]:
+                outcome |= {"state": "failed", "reason": "assemble_idle_timeout"}
+        timed_out.append(OutRecord(rec.role, 0, rec.offset, rec.key, orjson.dumps(value)))
+    assert verify(early_plan, records).ok
+    verdict = verify(early_plan, rest + timed_out, acked_cancels={run.run_id})
+    assert not verdict.ok and verdict.missing >= 2
+    assert verify(early_plan, rest + timed_out, acked_cancels=set()).ok  # never acknowledged

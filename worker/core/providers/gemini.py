@@ -44,6 +44,14 @@ candidate's ``finishReason``, or a ``functionCall`` without a name (``partialArg
 while no call of the candidate streams. From the break on no part is kept for the final
 message; each ``functionCall`` still seen with a name or an id opens under a late key (it fails
 at once: one outcome per id), and the run fails ``protocol_error`` at ``stream.end``.
+
+Spellings: every field is read in camelCase and in the snake_case that the proto JSON mapping
+also accepts (``function_call``, ``partial_args``, ``will_continue``, ``finish_reason``,
+``thought_signature``, ``prompt_feedback``, ``block_reason``; ``json_path`` and the
+``*_value`` fields of a ``PartialArg`` in :mod:`worker.core.providers.gemini_args`): one
+dictionary lookup more per field, whatever the input. An object that carries both spellings of
+one field is refused, as protobuf's JSON parser refuses it (the event goes to the DLQ). The
+final message is written in camelCase; parts Latch does not interpret are kept as sent.
 """
 
 from __future__ import annotations
@@ -61,7 +69,7 @@ from worker.core.providers import gemini_args
 _FILTERED = frozenset({"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII",
                        "IMAGE_SAFETY", "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION"})
 _MALFORMED = frozenset({"MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL", "MALFORMED_RESPONSE"})
-_TEXT_KEYS = frozenset({"text", "thought", "thoughtSignature"})
+_TEXT_KEYS = frozenset({"text", "thought", "thoughtSignature", "thought_signature"})
 
 
 class _Text:
@@ -126,8 +134,9 @@ class Gemini(op.Adapter):
         error = event.get("error")
         if isinstance(error, dict):
             return [op.UpstreamError(f"provider error: {_safe(error.get('status'))}")]
-        feedback = event.get("promptFeedback")
-        block = feedback.get("blockReason") if isinstance(feedback, dict) else None
+        feedback = _field(event, "promptFeedback", "prompt_feedback")
+        block = (_field(feedback, "blockReason", "block_reason") if isinstance(feedback, dict)
+                 else None)
         if isinstance(block, str):
             return [op.UpstreamError(f"the prompt was blocked: {_safe(block)}",
                                      Reason.CONTENT_FILTERED)]
@@ -148,7 +157,7 @@ class Gemini(op.Adapter):
                     f"content for candidate {index} after its finishReason"))
             for part in parts:
                 ops += self._part(index, candidate, part)
-        finish = body.get("finishReason")
+        finish = _field(body, "finishReason", "finish_reason")
         if isinstance(finish, str):
             candidate.finish = finish
         return ops
@@ -156,7 +165,7 @@ class Gemini(op.Adapter):
     def _part(self, index: int, candidate: _Candidate, part: Any) -> list[op.Op]:
         if not isinstance(part, dict):
             raise ValueError("a part that is not an object")
-        call = part.get("functionCall")
+        call = _field(part, "functionCall", "function_call")
         if call is None:
             if not self.broken:  # after a break nothing is kept
                 self._keep(candidate, part)
@@ -165,10 +174,10 @@ class Gemini(op.Adapter):
             raise ValueError("functionCall is not an object")
         if self.broken:
             return self._late_call(index, candidate, call)
-        partial = call.get("partialArgs")
+        partial = _field(call, "partialArgs", "partial_args")
         if partial is not None and not isinstance(partial, list):
             raise ValueError("partialArgs is not an array")
-        more = call.get("willContinue") is True
+        more = _field(call, "willContinue", "will_continue") is True
         name = _text(call.get("name"))
         ops: list[op.Op] = []
         if candidate.streaming is not None:
@@ -196,7 +205,7 @@ class Gemini(op.Adapter):
         key = f"{index}.{n}"
         call_id = _text(call.get("id")) or f"latch-{index}-{n}-{self._run_id}"
         candidate.parts.append(key)
-        signature = part.get("thoughtSignature")
+        signature = _field(part, "thoughtSignature", "thought_signature")
         if isinstance(signature, str):
             candidate.signatures[key] = signature
         ops: list[op.Op] = [op.OpenCall(key, n, index, call_id, name)]
@@ -231,7 +240,7 @@ class Gemini(op.Adapter):
             candidate.parts.append(op.bounded(part))
             return
         thought = part.get("thought") is True
-        signature = part.get("thoughtSignature")
+        signature = _field(part, "thoughtSignature", "thought_signature")
         last = candidate.parts[-1] if candidate.parts else None
         if not (isinstance(last, _Text) and last.thought == thought and last.signature is None):
             if not text and not isinstance(signature, str):
@@ -310,6 +319,16 @@ def _failure(index: int, reason: str) -> op.UpstreamError:
     if reason == "TOO_MANY_TOOL_CALLS":
         return op.UpstreamError(detail, Reason.TOO_MANY_TOOL_CALLS)
     return op.UpstreamError(detail)
+
+
+def _field(body: dict[str, Any], camel: str, snake: str) -> Any:
+    """A field in either JSON spelling (None when absent); both spellings at once are refused.
+    """
+    if snake in body:
+        if camel in body:
+            raise op.EventRefused(f"both {camel} and {snake} in one object")
+        return body[snake]
+    return body.get(camel)
 
 
 def _text(value: Any) -> str | None:

@@ -51,6 +51,9 @@ RS = "\x1e"
 #: The longest ``jsonPath`` accepted, in characters.
 MAX_PATH_CHARACTERS = 4096
 _VALUE_FIELDS = ("stringValue", "numberValue", "boolValue", "nullValue")
+#: The fields of a ``PartialArg`` in camelCase and in the proto JSON mapping's snake_case.
+_SPELLINGS = (("jsonPath", "json_path"), ("willContinue", "will_continue"),
+              *((f, f[:-5] + "_value") for f in _VALUE_FIELDS))
 _ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "/": "/", "\\": "\\",
             "'": "'", '"': '"'}
 
@@ -60,6 +63,8 @@ def record(partial: Any) -> str:
     that :func:`build` refuses)."""
     if not isinstance(partial, dict):
         return _poison("a partial argument that is not an object")
+    if any(camel in partial and snake in partial for camel, snake in _SPELLINGS):
+        return _poison("a partial argument with a field in both spellings")
     path = partial.get("jsonPath", partial.get("json_path"))
     if not isinstance(path, str):
         return _poison("a partial argument without a jsonPath string")
@@ -212,7 +217,7 @@ def _name_char(char: str, first: bool) -> bool:
     """RFC 9535 member-name-shorthand: ALPHA / "_" / non-ASCII, then DIGIT too."""
     if char.isascii():
         return char.isalpha() or char == "_" or (not first and char.isdigit())
-    return not ("\ud800" <= char <= "\udfff")
+    return not 0xD800 <= ord(char) <= 0xDFFF  # (mypyc takes no surrogate in a literal)
 
 
 def _bracket(path: str, at: int) -> tuple[str | int, int] | str:

@@ -214,7 +214,10 @@ class OpenAIChat(op.Adapter):
                 message["tool_calls"] = tool_calls
             messages.append({"index": ci, "message": message,
                              "finish_reason": choice.finish_reason})
-        first: dict[str, Any] = messages[0]["message"]
+        # The first choice's message is the final's ``message``: its entry in ``choices``
+        # leaves it out, so that no text is written twice (the final message's size is bounded
+        # by the text a run may hold, not twice that).
+        first: dict[str, Any] = messages[0].pop("message")
         return first, (messages if len(messages) > 1 else None)
 
 

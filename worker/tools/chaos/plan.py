@@ -5,8 +5,17 @@ providers, in each provider's own streaming format: parallel calls (chat chunks 
 calls sometimes interleaved), large arguments (tens of KiB in small fragments, escapes and
 multi-byte characters split anywhere), calls without arguments, invalid JSON, unknown tools,
 schema violations, runs without calls, broken streams (``stream.error``), cancelled runs
-(events without any end, then a cancel) and idle runs (no end, no cancel). It adds a few bad
-input records that must reach the DLQ with their bytes.
+(events without any end, then a cancel) and idle runs (no end, no cancel). Issue 9 added:
+block-level early commits (``lookup`` is pipelined: see :data:`EARLY_SETTINGS`), early
+commits then a cancel, calls that reuse an id (in one block and across an early-committed
+one), tight per-run budgets (``limits.max_tool_calls: 1``), and cancels raced against their
+run's ``run.start`` (sent with it: it may reach the log first) or against the rest of the
+stream (sent once the ``run.start`` is acknowledged). It adds a few bad input
+records that must reach the DLQ with their bytes.
+
+A raced cancel may reach the events log anywhere in its run, so such a run is *flexible*: the
+verifier holds it to the promise (its final says ``cancelled``, every call it opened ends
+``cancelled``, one outcome per call id) rather than to exact records.
 
 Each run's expected records are what the offline core (:class:`~worker.core.Assembler`, the
 code path of ``latch assemble``) emits for the very bytes the driver publishes, its cancel
@@ -20,7 +29,7 @@ from __future__ import annotations
 import itertools
 import random
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,12 +48,25 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
     "write_file": {"type": "object", "properties": {"path": _PATH, "content": {"type": "string"}},
                    "required": ["path", "content"], "additionalProperties": False},
     "ping": {"type": "object", "properties": {}, "additionalProperties": False},
+    "lookup": {"type": "object", "properties": {"path": _PATH}, "required": ["path"],
+               "additionalProperties": False},
 }
+#: The assemble settings the chaos workers and the plan use: ``lookup`` calls commit at the
+#: end of their block (block-level early commit), everything else at the stream's end.
+EARLY_SETTINGS = {"execute_before_stream_end": "true", "allow_pipelined_execute": "lookup"}
 #: Kinds of runs and how often each is drawn.
 KINDS: dict[str, int] = {
     "ok": 24, "parallel": 12, "large": 6, "no_args": 6, "text_only": 3, "invalid_json": 7,
     "unknown_tool": 6, "schema_violation": 7, "mixed": 10, "broken": 6, "cancel": 8, "idle": 5,
+    "early": 6, "early_cancel": 4, "reuse": 4, "early_reuse": 3, "tight": 4, "cancel_race": 3,
+    "cancel_mid": 3,
 }
+#: Kinds whose calls may get any one outcome (the core decides which; one per call id).
+ANY_OUTCOME = frozenset({"early_reuse", "tight"})
+#: Kinds whose cancel races the stream: how many of the run's envelopes are acknowledged
+#: before it goes out (``cancel_race``: none, so it may reach the log before the run.start;
+#: ``cancel_mid``: the run.start).
+RACED = {"cancel_race": 0, "cancel_mid": 1}
 #: Argument texts that are not strict JSON objects, and the reason each fails with.
 BAD_TEXTS: list[tuple[str, str]] = [
     ('{"path": "/etc/a",}', "invalid_json"),
@@ -83,11 +105,18 @@ class RunPlan:
     provider: str
     kind: str
     envelopes: list[bytes]
-    #: A cancel goes to the control topic once every envelope is acknowledged.
+    #: A cancel goes to the control topic once ``cancel_after`` envelopes are acknowledged
+    #: (all of them, or none for a raced cancel).
     cancel: bytes | None
     #: What the calls that the stream opened mean to get (call id -> CallSpec).
     opened: dict[str, CallSpec]
     expected: list[Emit] = field(default_factory=list)
+    cancel_after: int = 0
+
+    @property
+    def flexible(self) -> bool:
+        """Where its cancel lands is up to the race: held to the promise, not to records."""
+        return self.kind in RACED
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +137,9 @@ class Plan:
 
     @property
     def calls(self) -> int:
-        return sum(len(r.opened) for r in self.runs)
+        """Outcome records expected (calls that reuse an id get one each)."""
+        return sum(1 for r in self.runs for e in r.expected
+                   if e.topic in (Topic.COMMITTED, Topic.ERRORS))
 
     @property
     def events(self) -> int:
@@ -119,13 +150,17 @@ class PlanError(Exception):
     """The offline core decides a run otherwise than the driver meant: a bug in one of them."""
 
 
-def build_plan(seed: int, runs: int, config: Config, tag: str = "") -> Plan:
-    """M runs and a few bad inputs, each with the outcome the offline core gives it."""
+def build_plan(seed: int, runs: int, config: Config, tag: str = "",
+               exclude: Collection[str] = ()) -> Plan:
+    """M runs and a few bad inputs, each with the outcome the offline core gives it;
+    ``exclude`` leaves kinds out."""
     rng = random.Random(seed)
-    kinds, weights = zip(*KINDS.items(), strict=True)
+    kinds, weights = zip(*((k, w) for k, w in KINDS.items() if k not in exclude), strict=True)
     prefix = f"chaos{tag}-{seed}"
-    plans = [_run(rng, f"{prefix}-{n:05d}", PROVIDERS[n % 3], rng.choices(kinds, weights)[0])
-             for n in range(runs)]
+    early = (config.assemble.execute_before_stream_end
+             and "lookup" in config.assemble.allow_pipelined_execute)
+    plans = [_run(rng, f"{prefix}-{n:05d}", PROVIDERS[n % 3], rng.choices(kinds, weights)[0],
+                  early) for n in range(runs)]
     for run in plans:
         run.expected = expected_emits(run, config)
         check_intent(run)
@@ -143,6 +178,12 @@ def _good_call(rng: random.Random, cid: str, large: bool = False) -> CallSpec:
         return CallSpec(cid, "write_file", _dumps(rng, args), "commit", args, (16, 256))
     args = {"path": f"/data/{_text(rng, rng.randint(1, 40))}"}
     return CallSpec(cid, "read_file", _dumps(rng, args), "commit", args)
+
+
+def _early_call(rng: random.Random, cid: str) -> CallSpec:
+    """A call of the pipelined tool: committed at the end of its block."""
+    args = {"path": f"/lookup/{_text(rng, rng.randint(1, 30))}"}
+    return CallSpec(cid, "lookup", _dumps(rng, args), "commit", args)
 
 
 def _dumps(rng: random.Random, args: dict[str, Any]) -> str:
@@ -168,8 +209,18 @@ def _bad_call(rng: random.Random, cid: str, kind: str) -> CallSpec:
 def _calls(rng: random.Random, kind: str, ids: Callable[[], str]) -> list[CallSpec]:
     if kind == "text_only":
         return []
-    if kind in ("ok", "broken", "cancel", "idle"):
+    if kind in ("ok", "broken", "cancel", "idle", "cancel_race", "cancel_mid"):
         return [_good_call(rng, ids()) for _ in range(rng.randint(1, 3))]
+    if kind in ("early", "early_cancel"):
+        return [_early_call(rng, ids()) if rng.random() < 0.7 else _good_call(rng, ids())
+                for _ in range(rng.randint(1, 4))]
+    if kind == "tight":
+        return [_good_call(rng, ids()) for _ in range(rng.randint(2, 4))]
+    if kind in ("reuse", "early_reuse"):
+        first = _early_call(rng, ids()) if kind == "early_reuse" else _good_call(rng, ids())
+        again = _good_call(rng, first.call_id)
+        calls = [first, _good_call(rng, ids())] if rng.random() < 0.5 else [first]
+        return [*calls, again]
     if kind == "parallel":
         return [_good_call(rng, ids()) for _ in range(rng.randint(3, 6))]
     if kind == "large":
@@ -181,27 +232,38 @@ def _calls(rng: random.Random, kind: str, ids: Callable[[], str]) -> list[CallSp
     return [_bad_call(rng, ids(), kind) for _ in range(rng.randint(1, 2))]
 
 
-def _run(rng: random.Random, run_id: str, provider: str, kind: str) -> RunPlan:
+def _run(rng: random.Random, run_id: str, provider: str, kind: str,
+         early: bool = True) -> RunPlan:
     counter = itertools.count()
     stem = {"openai.chat": "call", "anthropic.messages": "toolu", "openai.responses": "call"}
     calls = _calls(rng, kind, lambda: f"{stem[provider]}_{rng.getrandbits(48):012x}"
                    f"{next(counter)}")
-    complete = kind not in ("broken", "cancel", "idle")
+    complete = kind not in ("broken", "cancel", "idle", "early_cancel", "cancel_race",
+                            "cancel_mid")
     events = PROVIDER_EVENTS[provider](rng, calls, complete)
     if not complete:  # cut the stream somewhere after its first call opened
         first = next(i for i, (_, opens) in enumerate(events) if opens is not None)
         events = events[: rng.randint(first + 1, len(events))]
     opened_ids = [opens for _, opens in events if opens is not None]
-    reason = {"broken": "stream_error", "cancel": "cancelled", "idle": "assemble_idle_timeout"}
+    reason = {"broken": "stream_error", "cancel": "cancelled", "idle": "assemble_idle_timeout",
+              "cancel_race": "cancelled", "cancel_mid": "cancelled",
+              "reuse": "duplicate_call_id"}
     opened = {}
+    reused = {c.call_id for c in calls if sum(o.call_id == c.call_id for o in calls) > 1}
     for call in calls:
         if call.call_id in opened_ids:
             opened[call.call_id] = call
+            if kind == "reuse" and call.call_id not in reused:
+                continue
             if kind in reason:
                 call.intent = reason[kind]
+            elif kind in ANY_OUTCOME:
+                call.intent = "any"
     tools = [_tool(provider, name) for name in TOOL_SCHEMAS]
     docs: list[dict[str, Any]] = [{"v": 1, "run_id": run_id, "seq": 0, "type": "run.start",
                                    "provider": provider, "tenant": "chaos", "tools": tools}]
+    if kind == "tight":
+        docs[0]["limits"] = {"max_tool_calls": 1}
     docs += [{"v": 1, "run_id": run_id, "seq": n, "type": "provider.event", "event": event}
              for n, (event, _) in enumerate(events, start=1)]
     if complete:
@@ -210,9 +272,27 @@ def _run(rng: random.Random, run_id: str, provider: str, kind: str) -> RunPlan:
         docs.append({"v": 1, "run_id": run_id, "seq": len(docs), "type": "stream.error",
                      "error": "connection reset by peer"})
     cancel = None
-    if kind == "cancel":
+    if kind in ("cancel", "early_cancel", *RACED):
         cancel = orjson.dumps({"v": 1, "run_id": run_id, "type": "cancel", "reason": "user_stop"})
-    return RunPlan(run_id, provider, kind, [orjson.dumps(d) for d in docs], cancel, opened)
+    if kind == "early_cancel":  # what the stream committed early stays committed
+        for call in opened.values():
+            if not (early and call.name == "lookup"
+                    and _block_closed(events, call.call_id, provider)):
+                call.intent = "cancelled"
+    return RunPlan(run_id, provider, kind, [orjson.dumps(d) for d in docs], cancel, opened,
+                   cancel_after=RACED.get(kind, len(docs)))
+
+
+def _block_closed(events: list[Event], call_id: str, provider: str) -> bool:
+    """Whether the stream holds the end of the call's block (where early commit happens)."""
+    if provider == "openai.chat":
+        return False  # a chat call's block ends with the stream
+    at = next(i for i, (_, opens) in enumerate(events) if opens == call_id)
+    index_key = "index" if provider == "anthropic.messages" else "output_index"
+    index = events[at][0].get(index_key)
+    closing = "content_block_stop" if provider == "anthropic.messages" else \
+        "response.output_item.done"
+    return any(e.get("type") == closing and e.get(index_key) == index for e, _ in events[at:])
 
 
 def _tool(provider: str, name: str) -> dict[str, Any]:
@@ -349,13 +429,23 @@ def check_intent(run: RunPlan) -> None:
     meant, and the run exactly one final message."""
     problems = []
     outcomes = {}
+    every: dict[str, set[str]] = {}  # call id -> every outcome the core gives it
     for emit in run.expected:
         if emit.topic is Topic.COMMITTED:
-            outcomes[emit.value["call_id"]] = ("commit", emit.value["arguments"])
+            call_id, kind = emit.value["call_id"], "committed"
+            outcomes[call_id] = ("commit", emit.value["arguments"])
         elif emit.topic is Topic.ERRORS:
-            outcomes[emit.value["tool_call_id"]] = (emit.value["reason"], None)
+            call_id, kind = emit.value["tool_call_id"], str(emit.value["reason"])
+            outcomes[call_id] = (emit.value["reason"], None)
+        else:
+            continue
+        every.setdefault(call_id, set()).add(kind)
+    problems += [f"{cid}: {len(kinds)} outcomes ({', '.join(sorted(kinds))}) for one id"
+                 for cid, kinds in every.items() if len(kinds) > 1]
     for call in run.opened.values():
         want = ("commit", call.args) if call.intent == "commit" else (call.intent, None)
+        if call.intent == "any" and call.call_id in outcomes:
+            continue
         if outcomes.get(call.call_id) != want:
             problems.append(f"{call.call_id}: meant {want[0]}, core gives "
                             f"{outcomes.get(call.call_id, ('nothing',))[0]}")

@@ -12,19 +12,28 @@ errors, final, DLQ), from the beginning, and counts
   arguments included), a record nobody expected, a DLQ record of no bad input or with
   another reason.
 
-Byte-identical repeats are counted as ``duplicates`` (delivery is at least once).
+* one outcome per call id: a call id with two different outcomes is a contradiction, and a
+  run's final message must agree with its records;
+* every cancel the broker acknowledged ends its run ``cancelled`` and each of its calls
+  ``cancelled`` unless already committed (``missing`` otherwise: the cancel was lost).
+  A *flexible* run (its cancel raced against its ``run.start``) is held to this promise
+  rather than to exact records: where the cancel lands decides which calls it opened.
+
+Byte-identical repeats are counted as ``duplicates``: harmless at least once (the faust
+engine), a failure for the kafka engine read at ``read_committed`` (``exactly_once``).
 """
 
 from __future__ import annotations
 
 import base64
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from worker.core.outputs import idempotency_key
 from worker.tools.chaos.plan import BadInput, Plan
 
 #: run_id -> tool call id -> the (state, reason) pairs its records carry.
@@ -52,10 +61,13 @@ class Verdict:
     contradictions: int = 0
     mismatched: int = 0
     failures: list[str] = field(default_factory=list)
+    #: Duplicates break the promise too (the kafka engine, read at read_committed).
+    exactly_once: bool = False
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.contradictions or self.mismatched)
+        return not (self.missing or self.contradictions or self.mismatched
+                    or (self.exactly_once and self.duplicates))
 
     def fail(self, counter: str, message: str) -> None:
         setattr(self, counter, getattr(self, counter) + 1)
@@ -76,11 +88,15 @@ def _outcome(value: dict[str, Any]) -> tuple[Any, ...]:
     return (value.get("state"), value.get("reason"))
 
 
-def verify(plan: Plan, records: Iterable[OutRecord]) -> Verdict:
-    """Check the promises on ``records`` (every output record) against the plan."""
-    verdict = Verdict(runs=len(plan.runs), calls=plan.calls)
+def verify(plan: Plan, records: Iterable[OutRecord],
+           acked_cancels: Collection[str] | None = None, exactly_once: bool = False) -> Verdict:
+    """Check the promises on ``records`` (every output record) against the plan;
+    ``acked_cancels`` are the runs whose cancel the broker acknowledged (default: every run
+    with a cancel); with ``exactly_once`` a duplicate fails the verdict too."""
+    verdict = Verdict(runs=len(plan.runs), calls=plan.calls, exactly_once=exactly_once)
+    flexible = {run.run_id for run in plan.runs if run.flexible}
     expected = {(e.topic.value, e.value["idempotency_key"]): orjson.dumps(e.value)
-                for run in plan.runs for e in run.expected}
+                for run in plan.runs if run.run_id not in flexible for e in run.expected}
     by_key: dict[tuple[str, str], list[bytes]] = defaultdict(list)
     by_call: dict[tuple[str, str], set[tuple[Any, ...]]] = defaultdict(set)
     dlq: dict[tuple[bytes | None, bytes], list[dict[str, Any]]] = defaultdict(list)
@@ -99,18 +115,25 @@ def verify(plan: Plan, records: Iterable[OutRecord]) -> Verdict:
             dlq[(key, base64.b64decode(value.get("original_b64") or ""))].append(value)
             continue
         ikey = (record.role, str(value.get("idempotency_key")))
+        if value.get("run_id") in flexible:
+            expected.setdefault(ikey, record.value)  # any record, but one set of bytes
         by_key[ikey].append(record.value)
         decoded.setdefault(ikey, value)
         if record.role in ("committed", "errors"):
             call = value.get("call_id") if record.role == "committed" else value.get(
                 "tool_call_id")
-            by_call[(str(value.get("run_id")), str(call))].add(_outcome(value))
+            # A call is its id and its place: with block-level early commit, a later block
+            # may reuse an id already committed, and that other call fails duplicate_call_id
+            # under its own idempotency key (README, "Choices the contract leaves open").
+            by_call[(str(value.get("run_id")), f"{call} at {value.get('index')}")].add(
+                _outcome(value))
             state = ("committed", None) if record.role == "committed" else (
                 value.get("state"), value.get("reason"))
             states[str(value.get("run_id"))][str(call)].add(state)
     _check_records(verdict, expected, by_key)
     _check_calls(verdict, by_call)
     _check_finals(verdict, plan, decoded, states)
+    _check_cancels(verdict, plan, decoded, states, acked_cancels)
     _check_dlq(verdict, plan, dlq)
     verdict.committed = sum(1 for role, _ in by_key if role == "committed")
     verdict.errors = sum(1 for role, _ in by_key if role == "errors")
@@ -148,7 +171,7 @@ def _check_finals(verdict: Verdict, plan: Plan,
                   decoded: dict[tuple[str, str], dict[str, Any]], states: States) -> None:
     """Each run's final message lists the outcomes that its records carry, call by call."""
     for run in plan.runs:
-        final = decoded.get(("final", f"{run.run_id}:final"))
+        final = decoded.get(("final", idempotency_key(run.run_id, "final")))
         if final is None:
             continue  # counted as missing by _check_records
         said: dict[str, set[tuple[Any, Any]]] = defaultdict(set)
@@ -158,6 +181,26 @@ def _check_finals(verdict: Verdict, plan: Plan,
         if said != records:
             verdict.fail("contradictions", f"the final message of {run.run_id} says "
                          f"{dict(said)}, its records say {dict(records)}")
+
+
+def _check_cancels(verdict: Verdict, plan: Plan, decoded: dict[tuple[str, str], dict[str, Any]],
+                   states: States, acked: Collection[str] | None) -> None:
+    """Every acknowledged cancel ended its run ``cancelled`` and each call the run opened
+    ``cancelled``, unless committed before it (early commit)."""
+    for run in plan.runs:
+        final = decoded.get(("final", f"{run.run_id}:final"))
+        if final is None and run.flexible:  # the exact check does not know this run's records
+            verdict.fail("missing", f"no final message for {run.run_id}")
+        if final is None or run.cancel is None or (acked is not None
+                                                   and run.run_id not in acked):
+            continue
+        if final.get("status") != "cancelled":
+            verdict.fail("missing", f"the cancel of {run.run_id} was acknowledged, but the "
+                         f"run ended {final.get('status')}")
+        for call_id, outcome in states.get(run.run_id, {}).items():
+            if not outcome <= {("committed", None), ("cancelled", "cancelled")}:
+                verdict.fail("missing", f"the cancel of {run.run_id} was acknowledged, but "
+                             f"{call_id} ended {sorted(map(str, outcome))}")
 
 
 def _check_dlq(verdict: Verdict, plan: Plan,

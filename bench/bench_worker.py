@@ -1,0 +1,712 @@
+"""The worker side by side with the least a worker could do, on one broker, in one run.
+
+    python bench/bench_worker.py                       # 3 rounds, 400 runs, latency mode off
+    python bench/bench_worker.py --rounds 5 --latency  # and the paced latency mode
+    python bench/bench_worker.py --contenders latch-faust,bare-faust
+    python bench/bench_worker.py --quick               # small (CI smoke): 1 round, 16 runs
+    python bench/bench_worker.py --python .venv-compiled/bin/python   # Latch's compiled core
+
+Contenders (``--contenders``, a comma list; each a process of its own):
+
+* ``latch-faust``: ``python -m worker worker`` (the faust engine);
+* ``latch-kafka``: the same with ``LATCH_WORKER__ENGINE=kafka`` (the confluent-kafka engine);
+  skipped, with a printed line, when the configuration does not accept ``engine: kafka``;
+* ``bare-faust``: a faust agent that parses each value and forwards one record per
+  ``stream.end`` (``bench/bare.py faust``);
+* ``bare-loop``: a confluent-kafka consume -> parse -> produce loop (``bench/bare.py loop``).
+
+What it does:
+
+1. starts the project's broker (``worker.tools.broker``) on ``--port`` with its data in
+   ``--broker-dir`` (fresh), unless ``--bootstrap`` names a running one; stops it at the end;
+2. builds the backlog with ``bench/bench_core.py``'s generator (runs of the three providers
+   from the recorded provider streams, mostly text deltas, two or three parallel calls, one run
+   in twenty with a 64 KiB argument), publishes it once to an events topic whose records carry
+   the broker's append time (``LogAppendTime``);
+3. each round, each contender in turn (the order rotates by round) reads the whole backlog
+   cold with a fresh consumer group and fresh output topics (``LogAppendTime`` too); the
+   benchmark waits for one final record per run, stops the contender, and checks that its
+   group committed the end of every events partition (it read every envelope);
+4. throughput: envelopes / (last final record's append time - first one's), the same window
+   for every contender; CPU seconds of the contender's process in that window (``/proc``,
+   sampled when the first and the last final record are seen) and in total (start-up
+   included); ratios Latch / bare, per round, and their median;
+5. ``--latency``: for each contender, fresh topics, the contender started and warmed up (one
+   run through it), then ``--latency-runs`` runs published at ``--fraction`` of its median
+   envelopes/s; for each run, "``stream.end`` appended -> final record appended" (broker
+   append times) and "-> final record visible to a ``read_committed`` consumer" (a live
+   watcher's clock, same host); p50/p99 of each.
+
+Every figure is of this machine at that moment: on a shared machine, compare the ratios of
+one run, not the absolute rates of two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+# the checkout last: an installed build of worker (the compiled core) comes first
+sys.path[:0] = [str(ROOT / "bench")]
+sys.path.append(str(ROOT))
+
+import bench_core  # noqa: E402
+import orjson  # noqa: E402
+from confluent_kafka import (  # noqa: E402
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient  # noqa: E402
+
+from tests import worker_harness  # noqa: E402
+from worker.core import Assembler, AssembleSettings  # noqa: E402
+from worker.runtime import admin  # noqa: E402
+from worker.runtime.config import load_config  # noqa: E402
+
+#: faust timings that make start-up quick on a local broker (tests/worker_harness.py's).
+FAST_FAUST = {"broker_session_timeout": 6, "broker_heartbeat_interval": 1,
+              "broker_rebalance_timeout": 20, "broker_commit_interval": 0.5}
+APPEND_TIME = ("message.timestamp.type", "LogAppendTime")
+OUTPUTS = ("committed", "errors", "final", "progress", "dlq")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+Record = tuple[bytes, bytes, int]
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process, from ``/proc/PID/stat``."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def find_fixtures() -> Path:
+    """The shared provider fixtures: beside the checkout, or beside its main checkout."""
+    for base in (ROOT, *ROOT.parents):
+        candidate = base / "shared" / "fixtures" / "providers"
+        if candidate.is_dir():
+            return candidate
+    raise SystemExit("no shared/fixtures/providers beside the checkout: pass --fixtures")
+
+
+# -- the broker and topics ---------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def own_broker(args: argparse.Namespace) -> Iterator[str]:
+    """The broker at ``--bootstrap``, or the project's own, started fresh and stopped after."""
+    if args.bootstrap:
+        yield args.bootstrap
+        return
+    env = os.environ | {"LATCH_BROKER_DIR": str(args.broker_dir)}
+    command = [sys.executable, "-m", "worker.tools.broker"]
+    say(f"starting the broker on 127.0.0.1:{args.port} (data in {args.broker_dir})")
+    out = subprocess.run([*command, "start", "--fresh", "--port", str(args.port),
+                          "--controller-port", str(args.port + 1000), "--timeout", "180"],
+                         env=env, capture_output=True, text=True, check=False, cwd=ROOT)
+    if out.returncode != 0:
+        raise SystemExit(f"broker start failed: {out.stderr.strip()}")
+    try:
+        yield out.stdout.strip().splitlines()[-1]
+    finally:
+        subprocess.run([*command, "stop"], env=env, check=False, cwd=ROOT,
+                       capture_output=True)
+        say("broker stopped")
+
+
+class Topics:
+    """Creates topics (all with the broker's append times) and deletes them all at the end."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.created: list[str] = []
+
+    def create(self, specs: Sequence[admin.TopicSpec]) -> None:
+        admin.create(self.admin, specs)
+        self.created += [s.name for s in specs]
+
+    def simple(self, names: Sequence[str], partitions: int) -> None:
+        self.create([admin.TopicSpec(n, partitions, 1, (APPEND_TIME,)) for n in names])
+
+    def delete_all(self) -> None:
+        if not self.created:
+            return
+        futures = self.admin.delete_topics(self.created, operation_timeout=30)
+        for future in futures.values():
+            with contextlib.suppress(KafkaException):
+                future.result(timeout=60)
+        self.created = []
+
+
+def publish(bootstrap: str, topic: str, records: Sequence[Record]) -> None:
+    """Publish as a gateway does (the integration tests' publisher)."""
+    worker_harness.publish(bootstrap, topic, ((key, value) for key, value, _ in records))
+
+
+def end_offsets(consumer: Consumer, topic: str, partitions: int) -> list[int]:
+    return [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)]
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in range(partitions)],
+                                   timeout=10)
+        return [max(tp.offset, 0) for tp in found]
+    finally:
+        consumer.close()
+
+
+# -- contenders -----------------------------------------------------------------------------
+
+
+@dataclass
+class Setup:
+    """One contender's topics in one round (or in the latency mode)."""
+
+    bootstrap: str
+    group: str
+    events: str
+    partitions: int
+    work: Path
+
+    def topic(self, role: str) -> str:
+        return f"{self.group}.{role}"
+
+
+@dataclass
+class Contender:
+    """How to start one contender; ``latch`` contenders write Latch's five output topics,
+    bare ones only ``final``."""
+
+    name: str
+    latch: bool
+    start: Callable[[Setup, Path], subprocess.Popen[bytes]]
+    #: Why it cannot run here, or None.
+    unavailable: Callable[[], str | None] = lambda: None
+
+    def outputs(self) -> tuple[str, ...]:
+        return OUTPUTS if self.latch else ("final",)
+
+    def prepare(self, topics: Topics, setup: Setup) -> None:
+        if not self.latch:
+            topics.simple([setup.topic("final")], setup.partitions)
+            return
+        config = load_config(None, env=latch_env(setup))
+        outs = {config.topics.committed, config.topics.errors, config.topics.final,
+                config.topics.progress, config.topics.dlq}
+        specs = [replace(s, config=(*s.config, APPEND_TIME)) if s.name in outs else s
+                 for s in admin.specs(config) if s.name != setup.events]
+        topics.create(specs)
+        topics.created.append(f"{setup.group}-__assignor-__leader")
+
+
+def latch_env(setup: Setup, engine: str | None = None) -> dict[str, str]:
+    env = {f"LATCH_TOPICS__{role.upper()}": setup.topic(role) for role in ("control", *OUTPUTS)}
+    env |= {"LATCH_TOPICS__EVENTS": setup.events,
+            "LATCH_KAFKA__BOOTSTRAP_SERVERS": setup.bootstrap,
+            "LATCH_TOPICS__PARTITIONS": str(setup.partitions),
+            "LATCH_WORKER__APP_ID": setup.group,
+            "LATCH_WORKER__WEB_PORT": "0"}
+    if engine is not None:
+        env["LATCH_WORKER__ENGINE"] = engine
+    return env
+
+
+def spawn(command: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    with open(log_path, "wb") as log:
+        # cwd: the work directory, so that `-m worker` imports the installed package (the
+        # compiled core, when installed so) rather than this checkout's sources.
+        return subprocess.Popen(command, env=os.environ | env | {"PYTHONUNBUFFERED": "1"},
+                                cwd=log_path.parent, stdout=log, stderr=subprocess.STDOUT)
+
+
+@functools.cache
+def empty_dir() -> str:
+    """A directory with nothing in it, where ``python -c 'import worker'`` finds the
+    installed package, not a checkout or a stray ``worker`` directory."""
+    return tempfile.mkdtemp(prefix="latch-bench-empty-")
+
+
+def contenders(python: str, baseline: str | None = None) -> dict[str, Contender]:
+    """The contenders; with ``baseline`` (another interpreter, e.g. a venv holding main's
+    worker), ``latch-faust-baseline`` too, for a before/after in the same rounds."""
+    faust_args = [f"--faust-setting={k}={v}" for k, v in FAST_FAUST.items()]
+
+    def faust_engine(interpreter: str) -> Callable[[Setup, Path], subprocess.Popen[bytes]]:
+        def start(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
+            return spawn([interpreter, "-m", "worker", "worker", *faust_args], latch_env(setup),
+                         log)
+        return start
+
+    def latch_kafka(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
+        return spawn([python, "-m", "worker", "worker"], latch_env(setup, "kafka"), log)
+
+    def kafka_missing() -> str | None:
+        code = ("from worker.runtime.config import load_config\n"
+                "load_config(None, env={'LATCH_WORKER__ENGINE': 'kafka'})")
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                             cwd=empty_dir(), check=False)
+        if out.returncode == 0:
+            return None
+        last = (out.stderr.strip().splitlines() or ["?"])[-1]
+        if "engine" not in last:
+            raise SystemExit(f"cannot load Latch's configuration with {python}: {last}")
+        return f"worker.engine does not accept 'kafka' in this build ({last})"
+
+    def bare(mode: str) -> Callable[[Setup, Path], subprocess.Popen[bytes]]:
+        def start(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
+            env = {"BARE_BOOTSTRAP": setup.bootstrap, "BARE_EVENTS": setup.events,
+                   "BARE_OUTPUT": setup.topic("final"), "BARE_GROUP": setup.group,
+                   "BARE_PARTITIONS": str(setup.partitions)}
+            return spawn([python, str(ROOT / "bench" / "bare.py"), mode], env, log)
+        return start
+
+    found = [Contender("latch-faust", True, faust_engine(python)),
+             Contender("latch-kafka", True, latch_kafka, kafka_missing),
+             Contender("bare-faust", False, bare("faust")),
+             Contender("bare-loop", False, bare("loop"))]
+    if baseline:
+        found.insert(1, Contender("latch-faust-baseline", True, faust_engine(baseline)))
+    return {c.name: c for c in found}
+
+
+#: The ratios reported: (Latch contender, the bare one it is measured against).
+RATIOS = (("latch-faust", "bare-faust"), ("latch-faust-baseline", "bare-faust"),
+          ("latch-kafka", "bare-loop"), ("latch-faust", "latch-faust-baseline"))
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        return proc.wait(45)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+# -- watching outputs --------------------------------------------------------------------------
+
+
+@dataclass
+class Watch:
+    """The final records of one contender, as they become visible (read_committed)."""
+
+    #: run key -> (broker append time ms, time seen by the watcher ms), first seen only.
+    finals: dict[bytes, tuple[int, float]] = field(default_factory=dict)
+    cpu_first: float = float("nan")
+    cpu_last: float = float("nan")
+
+
+def watch_finals(setup: Setup, proc: subprocess.Popen[bytes], wanted: set[bytes],
+                 timeout: float, label: str, progress_every: float = 10.0) -> Watch:
+    """Read the final topic live until every wanted run has a final record; sample the
+    contender's CPU when the first and the last arrive; a progress line on long waits."""
+    consumer = Consumer({"bootstrap.servers": setup.bootstrap, "group.id": "unused",
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "fetch.wait.max.ms": 5})
+    topic = setup.topic("final")
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
+                     for p in range(setup.partitions)])
+    watch = Watch()
+    started = time.monotonic()
+    shown = started
+    try:
+        while not wanted <= watch.finals.keys():
+            now = time.monotonic()
+            if now - started > timeout:
+                raise RuntimeError(f"{label}: {len(wanted & watch.finals.keys())}/{len(wanted)} "
+                                   f"finals after {timeout:.0f} s")
+            if proc.poll() is not None:
+                raise RuntimeError(f"{label}: the contender exited {proc.returncode}")
+            if now - shown >= progress_every:
+                shown = now
+                say(f"    {label}: {len(wanted & watch.finals.keys())}/{len(wanted)} runs "
+                    f"finished, {now - started:.0f} s")
+            for msg in consumer.consume(1000, timeout=0.05):
+                if msg.error() is not None or msg.key() in watch.finals:
+                    continue
+                if not watch.finals:
+                    watch.cpu_first = cpu_seconds(proc.pid)
+                watch.finals[msg.key()] = (msg.timestamp()[1], time.time() * 1000)
+        watch.cpu_last = cpu_seconds(proc.pid)
+        return watch
+    finally:
+        consumer.close()
+
+
+def count_outputs(setup: Setup, roles: Sequence[str]) -> dict[str, int]:
+    consumer = Consumer({"bootstrap.servers": setup.bootstrap, "group.id": "unused"})
+    try:
+        return {role: sum(end_offsets(consumer, setup.topic(role), setup.partitions))
+                for role in roles}
+    finally:
+        consumer.close()
+
+
+# -- throughput ------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    contender: str
+    round: int
+    envelopes: int
+    window_s: float
+    cpu_window_s: float
+    cpu_total_s: float
+    wall_s: float
+    read_all: bool
+    outputs: dict[str, int]
+
+    @property
+    def rate(self) -> float:
+        return self.envelopes / self.window_s if self.window_s > 0 else float("nan")
+
+
+def throughput_round(c: Contender, n: int, bootstrap: str, events: str, backlog: list[int],
+                     runs: set[bytes], envelopes: int, topics: Topics, work: Path) -> Result:
+    """One contender reads the backlog (whose partitions end at ``backlog``) cold."""
+    partitions = len(backlog)
+    setup = Setup(bootstrap, f"latch-bench-{c.name}-r{n}-{uuid.uuid4().hex[:6]}", events,
+                  partitions, work)
+    c.prepare(topics, setup)
+    log_path = work / f"{c.name}-r{n}.log"
+    began = time.monotonic()
+    proc = c.start(setup, log_path)
+    try:
+        watch = watch_finals(setup, proc, runs, max(180.0, envelopes / 500),
+                             f"{c.name} round {n}")
+        wall = time.monotonic() - began
+        cpu_total = cpu_seconds(proc.pid)
+    finally:
+        status = stop(proc)
+    if status != 0:
+        say(f"    {c.name}: exited {status} on SIGTERM (log: {log_path})")
+    # Latch's ticks land in the events topic too: every backlog offset must be committed.
+    done = committed(bootstrap, setup.group, events, partitions)
+    read_all = all(d >= end for d, end in zip(done, backlog, strict=True))
+    times = sorted(t for t, _ in watch.finals.values())
+    return Result(c.name, n, envelopes, (times[-1] - times[0]) / 1000,
+                  watch.cpu_last - watch.cpu_first, cpu_total, wall, read_all,
+                  count_outputs(setup, c.outputs()))
+
+
+def end_offsets_of(bootstrap: str, topic: str, partitions: int) -> list[int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused"})
+    try:
+        return end_offsets(consumer, topic, partitions)
+    finally:
+        consumer.close()
+
+
+# -- latency ---------------------------------------------------------------------------------
+
+
+def warm_records(tag: str) -> list[Record]:
+    """One tiny run (start, end), published first so that the contender is assigned and
+    running before the paced load begins."""
+    key = f"warm-{tag}".encode()
+    start = {"v": 1, "run_id": key.decode(), "seq": 0, "type": "run.start",
+             "provider": "openai.chat", "tenant": "t1", "tools": []}
+    end = {"v": 1, "run_id": key.decode(), "seq": 1, "type": "stream.end"}
+    return [(key, orjson.dumps(start), 0), (key, orjson.dumps(end), 0)]
+
+
+def paced_publish(bootstrap: str, topic: str, records: Sequence[Record], rate: float) -> float:
+    """Publish ``records`` at ``rate`` per second; return the rate achieved."""
+    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random",
+                         "linger.ms": 1, "message.max.bytes": 4 << 20})
+    began = time.monotonic()
+    sent = 0
+    while sent < len(records):
+        due = min(len(records), int((time.monotonic() - began) * rate) + 1)
+        while sent < due:
+            key, value, _ = records[sent]
+            try:
+                producer.produce(topic, key=key, value=value)
+            except BufferError:
+                producer.poll(0.01)
+                continue
+            sent += 1
+        producer.poll(0)
+        time.sleep(0.001)
+    elapsed = time.monotonic() - began
+    producer.flush(60)
+    return len(records) / elapsed if elapsed > 0 else float("nan")
+
+
+def stream_end_times(bootstrap: str, topic: str, partitions: int) -> dict[bytes, int]:
+    """The broker append time of each run's ``stream.end``."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused",
+                         "enable.auto.commit": False})
+    ends = end_offsets(consumer, topic, partitions)
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    found: dict[bytes, int] = {}
+    position = [0] * partitions
+    try:
+        while any(position[p] < ends[p] for p in range(partitions)):
+            for msg in consumer.consume(1000, timeout=1.0):
+                if msg.error() is not None:
+                    continue
+                position[msg.partition()] = msg.offset() + 1
+                if b'"stream.end"' in msg.value() and \
+                        orjson.loads(msg.value()).get("type") == "stream.end":
+                    found[msg.key()] = msg.timestamp()[1]
+    finally:
+        consumer.close()
+    return found
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+@dataclass
+class Latency:
+    contender: str
+    rate: float
+    achieved: float
+    runs: int
+    appended: list[float]
+    visible: list[float]
+
+
+def latency_run(c: Contender, bootstrap: str, partitions: int, records: list[Record],
+                rate: float, topics: Topics, work: Path) -> Latency:
+    tag = uuid.uuid4().hex[:6]
+    group = f"latch-bench-lat-{c.name}-{tag}"
+    setup = Setup(bootstrap, group, f"{group}.events", partitions, work)
+    topics.simple([setup.events], partitions)
+    c.prepare(topics, setup)
+    proc = c.start(setup, work / f"{c.name}-latency.log")
+    try:
+        warm = warm_records(tag)
+        publish(bootstrap, setup.events, warm)
+        watch_finals(setup, proc, {warm[0][0]}, 120, f"{c.name} warm-up")
+        say(f"    {c.name}: warm; publishing {len(records):,} envelopes at {rate:,.0f}/s")
+        runs = {key for key, _, _ in records}
+        # The watcher must see each final as it appears: publish from another thread.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            publishing = pool.submit(paced_publish, bootstrap, setup.events, records, rate)
+            watch = watch_finals(setup, proc, runs, 300, f"{c.name} latency")
+            achieved = publishing.result()
+    finally:
+        stop(proc)
+    ends = stream_end_times(bootstrap, setup.events, partitions)
+    appended = [watch.finals[k][0] - ends[k] for k in runs]
+    visible = [watch.finals[k][1] - ends[k] for k in runs]
+    return Latency(c.name, rate, achieved, len(runs), appended, visible)
+
+
+# -- reporting -------------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def report(results: list[Result], order: list[str]) -> dict[str, Any]:
+    say(f"\n{'contender':14}{'envelopes/s':>13}{'CPU s':>8}{'CPU µs/env':>12}"
+        f"{'CPU s total':>13}{'wall s':>8}  rounds (envelopes/s)")
+    summary: dict[str, Any] = {"contenders": {}, "ratios": {}}
+    for name in order:
+        mine = [r for r in results if r.contender == name]
+        if not mine:
+            continue
+        rate = median([r.rate for r in mine])
+        summary["contenders"][name] = {
+            "envelopes_per_s": rate, "cpu_s": median([r.cpu_window_s for r in mine]),
+            "cpu_total_s": median([r.cpu_total_s for r in mine]),
+            "read_all": all(r.read_all for r in mine), "outputs": mine[-1].outputs,
+            "rounds": [r.rate for r in mine]}
+        s = summary["contenders"][name]
+        s["cpu_us_per_envelope"] = s["cpu_s"] / mine[0].envelopes * 1e6
+        say(f"{name:14}{rate:13,.0f}{s['cpu_s']:8.1f}{s['cpu_us_per_envelope']:12.0f}"
+            f"{s['cpu_total_s']:13.1f}"
+            f"{median([r.wall_s for r in mine]):8.1f}  "
+            + ", ".join(f"{r.rate:,.0f}" for r in mine))
+    for latch, bare in RATIOS:
+        per_round = [a.rate / b.rate for a in results if a.contender == latch
+                     for b in results if b.contender == bare and b.round == a.round]
+        if per_round:
+            ratio = median(per_round)
+            summary["ratios"][f"{latch}/{bare}"] = ratio
+            say(f"ratio {latch} / {bare}: {ratio:.2f} (median of {len(per_round)} rounds: "
+                + ", ".join(f"{r:.2f}" for r in per_round) + ")")
+        # The same ratio by CPU time (bare's CPU / Latch's, per round): what the rates would
+        # be if each had the cores to itself; less moved by the other load on the machine.
+        by_cpu = [b.cpu_window_s / a.cpu_window_s for a in results if a.contender == latch
+                  for b in results if b.contender == bare and b.round == a.round
+                  and a.cpu_window_s > 0]
+        if by_cpu:
+            summary["ratios"][f"{latch}/{bare} by CPU"] = median(by_cpu)
+            say(f"ratio {latch} / {bare} by CPU time: {median(by_cpu):.2f} (rounds: "
+                + ", ".join(f"{r:.2f}" for r in by_cpu) + ")")
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=400, help="LLM runs in the backlog")
+    parser.add_argument("--contenders", default="latch-faust,latch-kafka,bare-faust,bare-loop")
+    parser.add_argument("--latency", action="store_true", help="and the paced latency mode")
+    parser.add_argument("--fraction", type=float, default=0.5,
+                        help="latency mode: the load, as a fraction of the measured maximum")
+    parser.add_argument("--latency-runs", type=int, default=160)
+    parser.add_argument("--quick", action="store_true",
+                        help="small: 1 round of 16 runs (latency: 16 runs); for CI smoke")
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter that runs the contenders (e.g. a venv with the "
+                             "compiled core)")
+    parser.add_argument("--baseline-python",
+                        help="also run latch-faust-baseline: the faust engine of this "
+                             "interpreter (a venv with another build of the worker)")
+    parser.add_argument("--bootstrap", help="a running broker (default: start our own)")
+    parser.add_argument("--port", type=int, default=19492, help="our own broker's port")
+    parser.add_argument("--broker-dir", type=Path, default=ROOT / ".latch" / "bench-broker")
+    parser.add_argument("--fixtures", type=Path, help="shared/fixtures/providers")
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.runs, args.latency_runs = 1, 16, 16
+
+    args.python = os.path.abspath(args.python)  # the contenders run in another directory
+    every = contenders(args.python, args.baseline_python and
+                       os.path.abspath(args.baseline_python))
+    if args.baseline_python and "latch-faust-baseline" not in args.contenders:
+        args.contenders += ",latch-faust-baseline"
+    wanted = [n.strip() for n in args.contenders.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in every]
+    if unknown:
+        parser.error(f"unknown contenders {unknown}; known: {', '.join(every)}")
+    chosen = []
+    for name in wanted:
+        reason = every[name].unavailable()
+        if reason:
+            say(f"skipping {name}: {reason}")
+        else:
+            chosen.append(every[name])
+
+    probe = subprocess.run([args.python, "-c", "import worker; print(worker.compiled_core(), "
+                            "worker.__file__)"], capture_output=True, text=True,
+                           cwd=empty_dir(), check=True).stdout.split()
+    core = "compiled (mypyc)" if probe[0] == "True" else "pure Python"
+    say(f"Latch's core in the contenders: {core} ({probe[1]})")
+
+    fixtures = args.fixtures or find_fixtures()
+    records = bench_core.corpus(fixtures, args.runs)
+    runs = {key for key, _, _ in records}
+    size = sum(len(v) for _, v, _ in records)
+    offline = Assembler(AssembleSettings())
+    expected: dict[str, int] = {}
+    for key, value, now in records:
+        for emit in offline.feed_record(key, value, now):
+            expected[emit.topic.value] = expected.get(emit.topic.value, 0) + 1
+    say(f"backlog: {len(records):,} envelopes, {size / 1e6:.1f} MB, {len(runs)} runs; "
+        f"the offline core emits {expected}; {os.cpu_count()} cores, load average "
+        f"{load_average()}")
+
+    work = Path(tempfile.mkdtemp(prefix="latch-bench-worker-"))
+    results: list[Result] = []
+    latencies: list[Latency] = []
+    summary: dict[str, Any] = {}
+    with own_broker(args) as bootstrap:
+        topics = Topics(bootstrap)
+        try:
+            events = f"latch-bench-{uuid.uuid4().hex[:6]}.events"
+            topics.simple([events], args.partitions)
+            publish(bootstrap, events, records)
+            backlog = end_offsets_of(bootstrap, events, args.partitions)
+            say(f"published to {events} ({args.partitions} partitions)")
+            for n in range(1, args.rounds + 1):
+                shift = (n - 1) % max(1, len(chosen))
+                for c in chosen[shift:] + chosen[:shift]:
+                    say(f"  round {n}: {c.name} ...")
+                    result = throughput_round(c, n, bootstrap, events, backlog, runs,
+                                              len(records), topics, work)
+                    results.append(result)
+                    say(f"  round {n}: {c.name}: {result.rate:,.0f} envelopes/s, CPU "
+                        f"{result.cpu_window_s:.1f} s ({result.cpu_total_s:.1f} s total), "
+                        f"read every envelope: {result.read_all}, outputs {result.outputs}")
+            summary = report(results, [c.name for c in chosen])
+            summary["expected"] = expected
+            summary["envelopes"], summary["runs"] = len(records), len(runs)
+            summary["core"] = core
+            if args.latency:
+                paced = bench_core.corpus(fixtures, args.latency_runs, seed=11)
+                for c in chosen:
+                    rate = args.fraction * summary["contenders"][c.name]["envelopes_per_s"]
+                    latencies.append(latency_run(c, bootstrap, args.partitions, paced, rate,
+                                                 topics, work))
+                summary["latency"] = report_latency(latencies)
+        finally:
+            topics.delete_all()
+    say(f"load average at the end {load_average()}; logs in {work}")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+def report_latency(latencies: list[Latency]) -> dict[str, Any]:
+    say(f"\n{'latency, ms':14}{'load/s':>9}{'achieved':>10}{'runs':>6}"
+        f"{'appended p50':>14}{'p99':>7}{'visible p50':>13}{'p99':>7}")
+    out: dict[str, Any] = {}
+    for lat in latencies:
+        figures = {"rate": lat.rate, "achieved": lat.achieved, "runs": lat.runs,
+                   "appended_p50": percentile(lat.appended, 0.5),
+                   "appended_p99": percentile(lat.appended, 0.99),
+                   "visible_p50": percentile(lat.visible, 0.5),
+                   "visible_p99": percentile(lat.visible, 0.99)}
+        out[lat.contender] = figures
+        say(f"{lat.contender:14}{lat.rate:9,.0f}{lat.achieved:10,.0f}{lat.runs:6}"
+            f"{figures['appended_p50']:14.0f}{figures['appended_p99']:7.0f}"
+            f"{figures['visible_p50']:13.0f}{figures['visible_p99']:7.0f}")
+    bare = out.get("bare-faust")
+    if bare:
+        for name, figures in out.items():
+            if name.startswith("latch"):
+                say(f"{name} p99 - bare-faust p99: "
+                    f"{figures['visible_p99'] - bare['visible_p99']:+.0f} ms (visible), "
+                    f"{figures['appended_p99'] - bare['appended_p99']:+.0f} ms (appended)")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

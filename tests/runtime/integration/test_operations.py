@@ -1,0 +1,166 @@
+"""Operable in production, on the real broker: ``/metrics`` after the demo's runs holds the
+values those runs imply, ``/readyz`` turns ready only after the takeover's rebuild, and the
+trace the gateway's publisher started is on the committed records' headers."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client.parser import text_string_to_metric_families
+from worker_harness import Reader, Stack, WorkerProcess, finished, make_stack
+
+from worker.core import Assembler
+from worker.runtime.publisher import Publisher
+from worker.tools.demo import example_file, load_envelopes
+
+Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(port: int, path: str) -> tuple[int, bytes] | None:
+    """(status, body), or None while nothing listens."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+    except OSError:
+        return None
+
+
+def scrape(port: int) -> Samples:
+    answer = get(port, "/metrics")
+    assert answer is not None and answer[0] == 200
+    found: Samples = {}
+    for family in text_string_to_metric_families(answer[1].decode()):
+        for sample in family.samples:
+            found.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    return sum(value for key, value in samples.get(name, {}).items()
+               if all((k, v) in key for k, v in labels.items()))
+
+
+def start_worker(stack: Stack, log: Path, port: int) -> WorkerProcess:
+    prelude = f"import os; os.environ['LATCH_WORKER__HTTP_PORT'] = '{port}'"
+    return WorkerProcess(stack, log, prelude=prelude)
+
+
+def readiness(port: int, proc: WorkerProcess, timeout: float = 90.0) -> list[dict[str, object]]:
+    """Every /readyz answer until the first 200 (the last one in the list)."""
+    answers: list[dict[str, object]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.proc.poll() is None, proc.tail()
+        answer = get(port, "/readyz")
+        if answer is not None:
+            body = json.loads(answer[1])
+            answers.append(body | {"http": answer[0]})
+            if answer[0] == 200:
+                return answers
+        time.sleep(0.1)
+    raise AssertionError(f"/readyz never 200 in {timeout}s: {answers[-3:]}\n{proc.tail()}")
+
+
+@pytest.fixture
+def stack(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    with make_stack(kafka_bootstrap, request.node.name, partitions=3) as made:
+        yield made
+
+
+def offline(envelopes: list[dict[str, object]]) -> Counter[tuple[str, str, str]]:
+    """What the core decides for the envelopes: outcomes by (provider, state, reason)."""
+    found: Counter[tuple[str, str, str]] = Counter()
+    assembler = Assembler()
+    for envelope in envelopes:
+        for emit in assembler.feed_record(None, orjson.dumps(envelope)):
+            value = emit.value
+            if emit.topic.value == "committed":
+                found[(value["provider"], "committed", "")] += 1
+            elif emit.topic.value == "errors":
+                found[(value["provider"], value["state"], value["reason"])] += 1
+    return found
+
+
+def test_metrics_readiness_and_traces_on_the_real_broker(stack: Stack, tmp_path: Path) -> None:
+    """The demo's runs through a worker: its /metrics hold one invalid_json, six committed
+    calls and every outcome the offline core decides, one commit latency per committed call,
+    one argument size per checked call, the open run in latch_runs_open; the committed records
+    carry the publisher's trace id. A second worker that takes over after the first stops is
+    not ready until it has rebuilt its partitions (the open run's records re-read)."""
+    provider = TracerProvider()
+    demo = load_envelopes(example_file(), "ops/")
+    held = [{"v": 1, "run_id": "ops/held", "seq": 0, "type": "run.start",
+             "provider": "openai.chat", "tools": []}]
+    port = free_port()
+    first = start_worker(stack, tmp_path / "first.log", port)
+    try:
+        assert readiness(port, first)[-1]["member"] is True
+        gateway = provider.get_tracer("gateway")
+        with gateway.start_as_current_span("gateway") as span, Publisher(stack.config()) as pub:
+            for envelope in [*held, *demo]:
+                # a cancel straight into the events topic, where the control agent would
+                # forward it: in the file's order, so the outcome is the offline one
+                pub.send_raw(str(envelope["run_id"]), orjson.dumps(envelope))
+        trace_id = f"{span.get_span_context().trace_id:032x}"
+        runs = sorted({str(e["run_id"]) for e in demo})
+        reader = Reader(stack)
+        records = reader.collect(finished(runs), timeout=90)
+        reader.close()
+        committed = [r for r in records if r.role == "committed"]
+        assert len(committed) == 6
+        for record in committed:
+            traceparent = dict(record.headers)["traceparent"].decode()
+            assert traceparent.split("-")[1] == trace_id
+
+        samples = scrape(port)
+        assert total(samples, "tool_assemble_invalid_json_total") == 1
+        assert total(samples, "tool_assemble_overflow_total") == 0
+        outcomes = Counter({(dict(k)["provider"], dict(k)["state"], dict(k)["reason"]): v
+                            for k, v in samples["latch_call_outcomes_total"].items()})
+        assert outcomes == offline([*held, *demo])
+        assert total(samples, "latch_call_outcomes_total", state="committed") == 6
+        assert total(samples, "latch_runs_finished_total") == len(runs)
+        assert total(samples, "tool_assemble_args_bytes_count") == 7
+        assert total(samples, "tool_assemble_to_commit_seconds_count") == 6
+        assert total(samples, "latch_records_processed_total") >= len(demo) + 1
+        assert total(samples, "latch_runs_open") == 1  # ops/held
+        assert total(samples, "latch_buffered_bytes_budget") > 0
+        assert total(samples, "latch_dlq_records_total") == 0
+        assert total(samples, "latch_send_failures_total") == 0
+        assert total(samples, "latch_rebuild_seconds_count") == 3  # one takeover each
+        assert len(samples["latch_consumer_lag_records"]) == 3
+    finally:
+        assert first.stop() == 0, first.tail()
+
+    second = start_worker(stack, tmp_path / "second.log", port)
+    try:
+        answers = readiness(port, second)
+        assert answers[0]["http"] == 503
+        assert answers[-1]["owned"] == [0, 1, 2] and answers[-1]["rebuilding"] == 0
+        samples = scrape(port)
+        assert total(samples, "latch_rebuild_seconds_count") == 3
+        assert total(samples, "latch_rebuild_records_total") >= 1  # the held run's start
+        assert total(samples, "latch_runs_open") == 1
+        health = get(port, "/healthz")
+        assert health is not None and health[0] == 200
+    finally:
+        assert second.stop() == 0, second.tail()
+    assert first.problems() == [] and second.problems() == []

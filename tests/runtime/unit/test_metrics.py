@@ -1,0 +1,104 @@
+"""The worker's metrics: the names the design asks for, the values a run implies, closed
+labels, capped optional labels, and a Prometheus exposition that parses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from worker.core import Assembler, Topic
+from worker.runtime.metrics import METRIC_NAMES, OTHER, Metrics, MetricsError, PartitionView
+
+DEMO = Path(__file__).resolve().parents[3] / "examples" / "demo.jsonl"
+
+
+def samples(metrics: Metrics) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Prometheus samples by name, then by sorted labels."""
+    found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for sample in family.samples:
+            labels = tuple(sorted(sample.labels.items()))
+            found.setdefault(sample.name, {})[labels] = sample.value
+    return found
+
+
+def feed_demo(metrics: Metrics) -> Assembler:
+    assembler = Assembler()
+    assembler.sizes = []
+    for line in DEMO.read_bytes().splitlines():
+        if line.strip():
+            metrics.record(assembler.feed_record(None, line), assembler.sizes)
+    return assembler
+
+
+def test_the_demo_runs_give_the_values_they_imply() -> None:
+    """examples/demo.jsonl: six committed calls (one of them Bedrock's, one Gemini's), one
+    invalid_json, one stream_error, one cancelled; eight runs; 140 records; seven calls checked
+    by the latch (Bedrock's 26 bytes of input deltas; Gemini's 590 bytes of partialArgs
+    records, the buffer the latch builds its object from)."""
+    metrics = Metrics()
+    assembler = feed_demo(metrics)
+    assert assembler.sizes == []  # drained
+    found = samples(metrics)
+    assert sum(found["tool_assemble_invalid_json_total"].values()) == 1
+    assert set(found["tool_assemble_overflow_total"].values()) == {0}
+    outcomes = found["latch_call_outcomes_total"]
+    by_state: dict[str, float] = {}
+    for labels, value in outcomes.items():
+        state = dict(labels)["state"]
+        by_state[state] = by_state.get(state, 0) + value
+    assert by_state == {"committed": 6, "failed": 2, "cancelled": 1}
+    assert sum(found["latch_runs_finished_total"].values()) == 8
+    assert found["latch_records_processed_total"] == {(): 140}
+    assert found["tool_assemble_args_bytes_count"] == {(): 7}
+    assert found["tool_assemble_args_bytes_sum"] == {(): 20 + 21 + 48 + 52 + 40 + 26 + 590}
+    metrics.shutdown()
+
+
+def test_every_declared_name_is_exported_once_each_instrument_has_data() -> None:
+    """METRIC_NAMES is exactly what the exposition holds once every instrument has a point
+    (dashboards and alerts are checked against METRIC_NAMES)."""
+    metrics = Metrics()
+    feed_demo(metrics)
+    metrics.commit_delivered(1_000, 1.5)
+    metrics.send_failed(Topic.COMMITTED)
+    metrics.rebuilt(0.25, 40)
+    metrics.rejected_not_committed("not_a_committed_call")
+    metrics.watch(lambda: [PartitionView(0, 2, 100, 1000, 3, 1.5)])
+    found = samples(metrics)
+    missing = {name for name in METRIC_NAMES if name not in found and f"{name}_count" not in found}
+    assert not missing
+    assert found["tool_assemble_to_commit_seconds_sum"] == {(): 0.5}
+    assert found["latch_runs_open"] == {(("partition", "0"),): 2}
+    assert found["latch_consumer_lag_records"] == {(("partition", "0"),): 3}
+    assert found["latch_rebuild_records_total"] == {(): 40}
+    assert found["latch_send_failures_total"][(("topic", "committed"),)] == 1
+    assert found["latch_send_failures_total"][(("topic", "final"),)] == 0
+    metrics.shutdown()
+
+
+def test_optional_labels_are_off_by_default_and_capped_when_on() -> None:
+    """Without metrics_labels no tenant or tool label exists; with them, at most the cap of
+    distinct values each, the rest under _other."""
+    plain = Metrics(prometheus=False)
+    feed_demo(plain)
+    assert all(len(key) == 5 and key[3:] == ("", "") for key in plain.outcomes)
+    capped = Metrics(prometheus=False, labels=["tool"], label_cap=1)
+    feed_demo(capped)
+    tools = {key[4] for key in capped.outcomes}
+    assert len(tools - {OTHER}) == 1 and OTHER in tools
+    with pytest.raises(MetricsError):
+        Metrics(prometheus=False, labels=["run_id"])
+
+
+def test_two_instances_keep_separate_registries() -> None:
+    """Each Metrics has its own Prometheus registry (no duplicate families in one process)."""
+    first, second = Metrics(), Metrics()
+    first.rejected_not_committed("undecodable")
+    line = b'tool_execute_rejected_not_committed_total{reason="undecodable"}'
+    assert line + b" 1.0" in first.exposition()
+    assert line + b" 0.0" in second.exposition()
+    first.shutdown()
+    second.shutdown()

@@ -1,0 +1,57 @@
+"""The ``heads`` table as :class:`~worker.runtime.partition.Heads` writes it: faust's table,
+with each written key's partition told to faust's local store.
+
+Why (issue 9, item 9): faust's in-memory store learns which partition a key belongs to only
+from changelog recovery (``Store._key_partition``, filled by ``apply_changelog_batch``), and
+after each recovery drops the keys of partitions this worker no longer owns
+(``Store.on_recovery_completed``). A head written *live* was never registered, so it stayed
+in memory after its partition was revoked. When the partition came back, recovery re-read
+the changelog, but if compaction had meanwhile removed the tombstone that ended the head (a
+finished run's head, deleted after ``finished_run_retention_s``), nothing removed the stale
+copy: the worker saw the finished run as open, re-read the log from its start and published
+its outcomes again. Registering every written key lets faust's own clean-up drop it with its
+partition, so after any sequence of revocations and re-assignments the changelog alone (what
+recovery reads) decides the heads.
+
+Stores without that registry (``rocksdb://`` keeps one database per partition and drops
+revoked ones itself) are written as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+__all__ = ["PartitionTrackedTable"]
+
+
+class PartitionTrackedTable(MutableMapping[bytes, Any]):
+    """A mapping over a faust table whose writes register the head's partition (``"p"``)
+    with the table's local store, as changelog recovery does."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def __getitem__(self, key: bytes) -> Any:
+        return self.table[key]
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        self.table[key] = value
+        registry = getattr(self.table.data, "_key_partition", None)
+        if registry is not None:
+            registry[key] = value["p"]
+
+    def __delitem__(self, key: bytes) -> None:
+        del self.table[key]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.table)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def get(self, key: bytes, default: Any = None) -> Any:
+        return self.table.get(key, default)
+
+    def items(self) -> Any:
+        return self.table.items()

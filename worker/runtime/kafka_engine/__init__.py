@@ -1,0 +1,29 @@
+"""The kafka engine (``worker.engine: kafka``): a confluent-kafka consume, step, produce loop
+with Kafka transactions, around the same per-partition logic as the faust engine.
+
+* :mod:`.heads`: the heads table as a dict whose writes go to the heads changelog (the topic
+  and encoding the faust engine's table uses), restored from it on assignment.
+* :mod:`.reader`: a bounded, ``read_committed`` reader of one partition (rebuilds, restores).
+* :mod:`.loop`: the engine itself; ``docs/decisions/0004-kafka-engine.md`` says why it is
+  built this way.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from worker.runtime.config import Config
+from worker.runtime.kafka_engine.loop import KafkaEngine
+
+__all__ = ["KafkaEngine", "engine"]
+
+LOG_FORMAT = "[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s"
+
+
+def engine(config: Config) -> KafkaEngine:
+    """The engine of ``latch worker`` with ``worker.engine: kafka``, logging as configured;
+    ``.run()`` runs it to SIGTERM."""
+    logging.basicConfig(level=config.worker.log_level.upper(), format=LOG_FORMAT,
+                        stream=sys.stderr)
+    return KafkaEngine(config)

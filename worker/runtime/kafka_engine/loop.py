@@ -1,0 +1,406 @@
+"""The kafka engine: consume, step, produce, one Kafka transaction per batch.
+
+The same rules as the faust engine (``worker/runtime/app.py``; decision 0001), on
+confluent-kafka, with exactly once to readers at ``read_committed`` (decision 0004):
+
+* **One ordered history per run.** Cancels on the control topic are forwarded into the
+  events topic (keyed by ``run_id``, murmur2 as the gateway partitions) and ticks are written
+  into each owned events partition every ``worker.tick_interval_s``: the tick timer is the
+  only clock read. The core decides from the history and record times only.
+* **One transaction per batch.** A transactional producer (``transactional.id``
+  ``<app_id>-<instance>``) sends, between ``begin_transaction`` and ``commit_transaction``: the
+  outputs of the batch's records, the heads changelog writes they made, the ticks and the
+  forwarded cancels, and (``send_offsets_to_transaction`` with the consumer's group metadata,
+  KIP-447) the next offsets of the events and control partitions the batch consumed. A batch
+  ends after ``worker.batch_max_records`` records or ``worker.batch_max_ms`` after it began,
+  whether or not records arrive: the worker never waits for its own uncommitted ticks or
+  cancels, which its ``read_committed`` consumer sees once the batch commits.
+* **Rebuild on assignment.** For each events partition it gets, the worker restores the
+  partition's heads from the changelog (read to its end), then feeds the open runs' records
+  from the earliest open ``start`` up to the committed offset to a fresh assembler (outputs
+  discarded: they were committed with that offset), and starts consuming at that offset.
+* **Abort and rewind.** A transaction that cannot commit is aborted; every owned partition is
+  then rebuilt from its committed offset as on assignment (the in-memory state had moved past
+  it). On revocation the open transaction is committed first (aborted if that fails); a lost
+  assignment aborts it. A fatal error (this producer fenced by a newer one) stops the worker
+  with status 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from worker.core import Assembler, Emit, Topic
+from worker.runtime import admin, control, step
+from worker.runtime import partition as partition_module
+from worker.runtime.config import Config
+from worker.runtime.kafka_engine import reader
+from worker.runtime.kafka_engine.heads import HeadsTable
+from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.telemetry import Telemetry
+
+__all__ = ["Batch", "KafkaEngine", "consumer_settings", "producer_settings"]
+
+log = logging.getLogger("latch.worker")
+
+#: Transactions aborted in a row (no commit between them) before the worker gives up.
+MAX_ABORTS = 10
+_CLIENT_TIMEOUT_S = 30.0
+
+
+class Fatal(Exception):
+    """The worker cannot go on (fenced, or transactions keep failing): exit 1."""
+
+
+@dataclass(slots=True)
+class Batch:
+    """The open transaction: when it began, how many input records it holds, and the next
+    offset of each input partition it consumed."""
+
+    began: float
+    records: int = 0
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def due(self, now: float, max_records: int, max_s: float) -> bool:
+        """Whether the batch is full or old enough to commit."""
+        return self.records >= max_records or now - self.began >= max_s
+
+    def positions(self) -> list[TopicPartition]:
+        """The consumed positions to commit with the transaction."""
+        return [TopicPartition(t, p, o) for (t, p), o in sorted(self.offsets.items())]
+
+
+def consumer_settings(config: Config) -> dict[str, Any]:
+    """The group consumer: offsets only through transactions, committed records only."""
+    return {"session.timeout.ms": 15000, **config.kafka.confluent_config(),
+            "group.id": config.worker.app_id, "enable.auto.commit": False,
+            "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed", "partition.assignment.strategy": "range"}
+
+
+def producer_settings(config: Config, instance: str) -> dict[str, Any]:
+    """The transactional producer: Java's partitioner (a forwarded cancel lands in its run's
+    partition, as the gateway's records do), output records up to the output topics' size."""
+    worker = config.worker
+    return {**config.kafka.confluent_config(),
+            "transactional.id": f"{worker.app_id}-{instance}",
+            "transaction.timeout.ms": int(worker.transaction_timeout_s * 1000),
+            "partitioner": "murmur2_random", "linger.ms": 5,
+            "message.max.bytes": admin.OUTPUT_MAX_BYTES}
+
+
+class KafkaEngine:
+    """The consumer, the transactional producer, and the partitions this worker owns."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        topics, worker = config.topics, config.worker
+        self.events, self.control = topics.events, topics.control
+        self.changelog = admin.heads_changelog(config)
+        self.outputs = {t: str(getattr(topics, t.value)) for t in Topic}
+        self.table = HeadsTable()
+        self.heads = Heads(self.table, worker.finished_run_retention_s)
+        self.partitions: dict[int, PartitionState] = {}
+        #: The next offset to forward of each control partition this worker owns.
+        self.control_next: dict[int, int] = {}
+        self.telemetry = Telemetry(worker.otel_exporter)
+        self.reader_settings = config.kafka.confluent_config()
+        self.instance = worker.instance_id or uuid.uuid4().hex
+        self.consumer = Consumer(consumer_settings(config))
+        self.producer = Producer(producer_settings(config, self.instance))
+        self.batch: Batch | None = None
+        self.aborts = 0
+        self.stopping = False
+        self.ready = False
+
+    # -- running ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until SIGTERM or SIGINT; return the exit status."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._stop)
+        try:
+            self.producer.init_transactions(_CLIENT_TIMEOUT_S)
+            self.consumer.subscribe([self.events, self.control], on_assign=self._on_assign,
+                                    on_revoke=self._on_revoke, on_lost=self._on_lost)
+            self._loop()
+            self._commit()
+            return 0
+        except (Fatal, KafkaException) as exc:
+            log.error("stopping: %s", _describe(exc))
+            return 1
+        finally:
+            self._close()
+
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+
+    def _close(self) -> None:
+        try:
+            self.consumer.close()  # revokes: commits the open transaction, if any
+        except (Fatal, KafkaException, RuntimeError) as exc:
+            log.warning("closing the consumer: %s", _describe(exc))
+        self.telemetry.shutdown()
+
+    def _loop(self) -> None:
+        worker = self.config.worker
+        max_s = worker.batch_max_ms / 1000
+        next_tick = time.monotonic() + worker.tick_interval_s
+        while not self.stopping:
+            room = worker.batch_max_records - (self.batch.records if self.batch else 0)
+            wait = max_s if self.batch is None else max(0.0, self.batch.began + max_s
+                                                         - time.monotonic())
+            for msg in self.consumer.consume(max(room, 1), timeout=min(wait, 0.5)):
+                self._handle(msg)
+            now = time.monotonic()
+            if now >= next_tick:
+                self._tick()
+                next_tick = now + worker.tick_interval_s
+            if self.batch is not None and self.batch.due(now, worker.batch_max_records, max_s):
+                self._commit()
+
+    def _handle(self, msg: Message) -> None:
+        error = msg.error()
+        if error is not None:
+            if error.fatal():
+                raise Fatal(f"consumer: {error.str()}")
+            log.warning("consumer: %s", error.str())
+            return
+        if msg.topic() == self.events:
+            self._apply_event(msg)
+        else:
+            self._apply_control(msg)
+
+    # -- records ----------------------------------------------------------------------
+
+    def _apply_event(self, msg: Message) -> None:
+        _, partition, offset = reader.where(msg)
+        state = self.partitions.get(partition)
+        if state is None or offset < state.next_offset:  # not ours (any more), or a repeat
+            return
+        batch = self._begin()
+        record = reader.record_of(msg)
+        key = record[0]
+        run_id = key.decode("utf-8", "replace") if key else ""
+        was_open = state.assembler.is_open(run_id)
+        emits = state.apply(record)
+        self.telemetry.record(emits)
+        self._publish(key, emits)
+        if not was_open and state.assembler.is_open(run_id):
+            self.heads.opened(key, partition, offset)  # type: ignore[arg-type]  # a run has a key
+        finished = partition_module.finished_runs(emits)
+        if finished:
+            self.heads.finished(state, partition, finished)
+        if key == TICK:
+            self.heads.forget_finished(state)
+        self._write_heads()
+        state.next_offset = offset + 1
+        batch.offsets[(self.events, partition)] = offset + 1
+        batch.records += 1
+
+    def _apply_control(self, msg: Message) -> None:
+        _, partition, offset = reader.where(msg)
+        expected = self.control_next.get(partition)
+        if expected is None or offset < expected:
+            return
+        batch = self._begin()
+        record = reader.record_of(msg)
+        routed = control.route(record)
+        if isinstance(routed, Emit):
+            self.telemetry.record([routed])
+            self._produce(self.outputs[Topic.DLQ], record[0], step.out_value(routed))
+        else:
+            self._produce(self.events, *routed)
+        self.control_next[partition] = offset + 1
+        batch.offsets[(self.control, partition)] = offset + 1
+        batch.records += 1
+
+    def _tick(self) -> None:
+        """Write a tick into each events partition this worker owns (the only clock read)."""
+        if not self.partitions:
+            return
+        self._begin()
+        value = orjson.dumps({"v": 1, "type": "tick", "ts": int(time.time() * 1000)})
+        for partition in sorted(self.partitions):
+            self._produce(self.events, TICK, value, partition)
+
+    def _publish(self, key: bytes | None, emits: Sequence[Emit]) -> None:
+        """Send each emit, in order; a DLQ record keeps the input record's key."""
+        for emit in emits:
+            self._produce(self.outputs[emit.topic], step.out_key(emit, key), step.out_value(emit))
+
+    def _write_heads(self) -> None:
+        if not self.table.pending:
+            return
+        for partition, key, value in self.table.take_pending():
+            self._produce(self.changelog, key, value, partition)
+
+    def _produce(self, topic: str, key: bytes | None, value: bytes | None,
+                 partition: int | None = None) -> None:
+        """Queue one record in the open transaction; a delivery failure surfaces when the
+        transaction commits (it must then abort)."""
+        while True:
+            try:
+                if partition is None:
+                    self.producer.produce(topic, value, key)
+                else:
+                    self.producer.produce(topic, value, key, partition)
+                return
+            except BufferError:  # the local queue is full: let librdkafka send
+                self.producer.poll(0.05)
+
+    # -- transactions -----------------------------------------------------------------
+
+    def _begin(self) -> Batch:
+        if self.batch is None:
+            self.producer.begin_transaction()
+            self.batch = Batch(time.monotonic())
+        return self.batch
+
+    def _commit(self, rewind: bool = True) -> None:
+        """Commit the open transaction with its consumed offsets. If it must be aborted,
+        abort it and (``rewind``) rebuild every owned partition from its committed offset."""
+        batch, self.batch = self.batch, None
+        if batch is None:
+            return
+        try:
+            self._retrying(lambda: self._send_offsets(batch.positions()))
+            self._retrying(lambda: self.producer.commit_transaction(_CLIENT_TIMEOUT_S))
+            self.aborts = 0
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not error.txn_requires_abort():
+                raise Fatal(f"transaction: {error.str()}") from exc
+            self._abort(error.str(), rewind)
+
+    def _send_offsets(self, positions: list[TopicPartition]) -> None:
+        if positions:
+            self.producer.send_offsets_to_transaction(
+                positions, self.consumer.consumer_group_metadata(), _CLIENT_TIMEOUT_S)
+
+    def _retrying(self, call: Callable[[], None]) -> None:
+        """``call``, again while it fails with a retriable error (librdkafka's advice for
+        ``send_offsets_to_transaction`` and ``commit_transaction``)."""
+        while True:
+            try:
+                call()
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.fatal():
+                    raise Fatal(f"transaction: {error.str()}") from exc
+                if not error.retriable():
+                    raise
+                log.warning("transaction: %s; retrying", error.str())
+                time.sleep(0.5)
+
+    def _abort(self, reason: str, rewind: bool) -> None:
+        self.aborts += 1
+        log.warning("transaction aborted (%s); %s", reason,
+                    "rebuilding from the committed offsets" if rewind else "partitions go")
+        if self.aborts > MAX_ABORTS:
+            raise Fatal(f"{self.aborts} transactions aborted in a row")
+        self._retrying(lambda: self.producer.abort_transaction(_CLIENT_TIMEOUT_S))
+        self.table.take_pending()
+        if rewind:
+            time.sleep(min(self.aborts, 5))
+            self._take_over(self.consumer.assignment(), seek=True)
+
+    # -- assignment -------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, assigned: list[TopicPartition]) -> None:
+        """Rebuild each events partition as it was at its committed offset; consume every
+        partition from that offset."""
+        self._take_over(assigned, seek=False)
+        if not self.ready:
+            self.ready = True
+            log.info("kafka engine ready (transactional.id %s-%s)", self.config.worker.app_id,
+                     self.instance)
+
+    def _on_revoke(self, consumer: Consumer, revoked: list[TopicPartition]) -> None:
+        """Commit the open transaction while the partitions are still ours, then drop them."""
+        self._commit(rewind=False)
+        self._drop(revoked)
+
+    def _on_lost(self, consumer: Consumer, lost: list[TopicPartition]) -> None:
+        """The partitions are someone else's already: abort, drop them."""
+        if self.batch is not None:
+            self.batch = None
+            self._abort("the assignment was lost", rewind=False)
+        self._drop(lost)
+
+    def _drop(self, partitions: Iterable[TopicPartition]) -> None:
+        for tp in partitions:
+            if tp.topic == self.events:
+                self.partitions.pop(tp.partition, None)
+                self.table.drop(tp.partition)
+            elif tp.topic == self.control:
+                self.control_next.pop(tp.partition, None)
+
+    def _take_over(self, partitions: list[TopicPartition], seek: bool) -> None:
+        """Rebuild ``partitions`` at their committed offsets and consume from there (assign
+        them, or seek when they are assigned already)."""
+        if not partitions:
+            return
+        committed = self.consumer.committed(partitions, timeout=_CLIENT_TIMEOUT_S)
+        changelogs = reader.read_all(self.reader_settings, self.changelog,
+                                     [tp.partition for tp in committed if tp.topic == self.events])
+        positions = []
+        for tp in committed:
+            low, _ = self.consumer.get_watermark_offsets(tp, timeout=_CLIENT_TIMEOUT_S)
+            resume = max(tp.offset, low)
+            if tp.topic == self.events:
+                self.table.restore(tp.partition, changelogs[tp.partition])
+                self.partitions[tp.partition] = self._rebuild(tp.partition, resume)
+            elif tp.topic == self.control:
+                self.control_next[tp.partition] = resume
+            positions.append(TopicPartition(tp.topic, tp.partition, resume))
+        if seek:
+            for tp in positions:
+                self.consumer.seek(tp)
+        else:
+            self.consumer.assign(positions)
+        log.info("events partitions assigned: %s", sorted(self.partitions))
+
+    def _rebuild(self, partition: int, resume: int) -> PartitionState:
+        """A fresh assembler for ``partition`` in its state at offset ``resume`` (its heads
+        restored already)."""
+        state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
+        open_runs = self.heads.load(state, partition)
+        starts = [start for start in open_runs.values() if start < resume]
+        count, replayed = 0, list[Emit]()
+        if starts:
+            for msg in reader.read(self.reader_settings, self.events, partition, min(starts),
+                                   resume):
+                count += 1
+                replayed += partition_module.replay(state, open_runs, reader.record_of(msg))
+        log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
+                 partition, resume, count, state.assembler.open_runs)
+        self._refinish(state, partition, replayed)
+        return state
+
+    def _refinish(self, state: PartitionState, partition: int, replayed: list[Emit]) -> None:
+        """Runs that finished during a rebuild have no ``done`` head (never expected with
+        transactions: a head commits with its outputs): publish them again and record them."""
+        outputs = partition_module.refinished(partition, replayed)
+        if outputs:
+            self._begin()
+            self._publish(None, [e for e in outputs if e.topic is not Topic.DLQ])
+            self.heads.finished(state, partition, partition_module.finished_runs(outputs))
+            self._write_heads()
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
+        return str(exc.args[0].str())
+    return str(exc)
+
