@@ -8,7 +8,8 @@ the adapter makes unique within the run:
 
 * chat: ``"<choice>.<tool index>"``, and ``"<choice>.<tool index>#<n>"`` when a new id
   reuses an index (contract rule 2);
-* Anthropic: ``"<content block index>"``;
+* Anthropic and Bedrock: ``"<content block index>"``;
+* Gemini: ``"<candidate>.<n>"`` (the candidate's n-th call);
 * Responses: ``"<output_index>"``;
 * a call started after a protocol break: ``"!<n>"`` (:meth:`Adapter.late_key`);
 * a call unwrapped from the parallel wrapper at key ``k``: ``"k/<position>"`` (the assembler).
@@ -156,13 +157,6 @@ class UpstreamError:
 
     def __repr__(self) -> str:
         return f"UpstreamError({self.detail!r}, {self.reason!r})"
-
-
-def broken(detail: str) -> list[Op]:
-    """The ops of a stream that broke its own protocol (a block started twice, content after
-    the message's end...): the run fails ``stream_error``, every call it opened still gets its
-    one outcome, and nothing of what follows is joined to what came before."""
-    return [UpstreamError(f"the stream broke its protocol: {detail}", Reason.STREAM_ERROR)]
 
 
 class ProtocolError:

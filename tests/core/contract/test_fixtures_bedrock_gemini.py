@@ -17,8 +17,9 @@ and the outcomes below are written by hand from reading each file:
   ``google-stream-tool-call-array-arguments-missing-terminal-function-call`` (nested array
   paths, the call ending at a part without ``willContinue``).
 
-Derived variants change one thing in a real stream and say what. The fixtures are read in
-place (Apache-2.0 / MIT, LICENSE beside each folder); a missing file fails, never skips.
+Derived variants change one thing in a real stream (or splice two) and say what. The fixtures
+are read in place (Apache-2.0 / MIT, LICENSE beside each folder); a missing file fails, never
+skips.
 """
 
 from __future__ import annotations
@@ -333,6 +334,48 @@ def test_gemini_missing_finish_reason_fails() -> None:
     events = load_events(fixture(GEMINI_TOOL_CALL))[:-1]
     lines = run_events(GEMINI, events, gemini_tools({"weather": OBJ}))
     assert [s[4] for s in summary(lines)] == ["stream_error"]
+
+
+def test_bedrock_spliced_streams_fail_protocol_error() -> None:
+    """Derived (tool-call.1, then json-with-tools, as a proxy that splices two streams): the
+    second stream's first event, a text delta after messageStop, breaks the protocol.
+    tool-use-id, complete before the break, fails protocol_error at it; tool-1, tool-2 and
+    json-tool-id, started after it, each get their own protocol_error outcome; nothing is
+    committed or sent to the DLQ, the final message keeps the first stream's content only, and
+    the run fails."""
+    events = load_events(fixture(BEDROCK_TOOL_CALL)) + load_events(fixture(BEDROCK_JSON_TOOLS))
+    tools = bedrock_tools({"test-tool": OBJ, "tool-a": OBJ, "tool-b": OBJ, "json": OBJ})
+    lines = run_events(BEDROCK, events, tools)
+    assert not topic(lines, "dlq")
+    assert summary(lines) == [("error", "tool-use-id", "test-tool", 0, "protocol_error"),
+                              ("error", "tool-1", "tool-a", 1, "protocol_error"),
+                              ("error", "tool-2", "tool-b", 2, "protocol_error"),
+                              ("error", "json-tool-id", "json", 4, "protocol_error")]
+    final = only_final(lines)
+    assert final["status"] == "failed"
+    assert final["message"]["content"] == [{"toolUse": {
+        "toolUseId": "tool-use-id", "name": "test-tool", "input": {"value": "Sparkle Day"}}}]
+
+
+def test_gemini_spliced_streams_fail_protocol_error() -> None:
+    """Derived (google-stream-no-args-tool-call, then google-tool-call): the second stream's
+    weather call comes after candidate 0's finishReason, a protocol break. The four calls
+    before it fail protocol_error; weather gets its own outcome under the candidate's next
+    id, ``latch-0-4-capture``; nothing is committed, the final message keeps the first
+    stream's parts only, and the run fails."""
+    events = load_events(fixture(GEMINI_NO_ARGS)) + load_events(fixture(GEMINI_TOOL_CALL))
+    lines = run_events(GEMINI, events, gemini_tools(
+        {"read_theme": OBJ, "read_screen": OBJ, "weather": OBJ}))
+    assert not topic(lines, "dlq")
+    assert summary(lines) == [
+        ("error", f"latch-0-{n}-capture", name, n, "protocol_error")
+        for n, name in enumerate(["read_theme", "read_screen", "read_screen", "read_screen",
+                                  "weather"])]
+    final = only_final(lines)
+    assert final["status"] == "failed"
+    assert [p["functionCall"]["name"] for p in final["message"]["parts"]
+            if "functionCall" in p] == ["read_theme", "read_screen", "read_screen",
+                                        "read_screen"]
 
 
 @pytest.mark.parametrize(("provider", "relative"),

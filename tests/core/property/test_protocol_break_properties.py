@@ -1,8 +1,9 @@
 """Property: a stream that breaks its own protocol fails the run cleanly, and every call id it
 carried before its end gets exactly one outcome (issue 11, item 4; README, "Protocol breaks").
 
-For each of the three providers a well-formed run of 1 to 3 calls, cut into any number of
-fragments, gets one injected event of one of the four kinds of break, at any place:
+For each of the five providers a well-formed run of 1 to 3 calls, cut into any number of
+fragments, gets one injected event of one of its kinds of break, at any place where it breaks
+the protocol. Chat, Anthropic and Responses:
 
 * ``repeat``: a second start (Anthropic ``message_start`` with another id, or a
   ``tool_use`` block start at an index in use; Responses ``output_item.added`` at an
@@ -10,13 +11,29 @@ fragments, gets one injected event of one of the four kinds of break, at any pla
 * ``delta``: a delta for a block / item / tool index never opened;
 * ``stop``: a stop for a block never started (Anthropic ``content_block_stop``, Responses
   ``output_item.done``; chat, which has none: a ``finish_reason`` for a choice never seen);
-* ``after``: an event that opens a call after the run's end.
+* ``after``: an event that opens a call after the run's end (every provider).
+
+Bedrock (its run ends at ``stream.end``):
+
+* ``repeat``: a ``toolUse`` block started at index 0 again (or before the stream's own block
+  0, whose start is then the break);
+* ``message``: a second ``messageStart``;
+* ``delta``: a text delta at index 0, a ``toolUse`` block (open: a delta of another kind;
+  stopped: content after its stop; not yet started: the block's start is then the break);
+* ``late``: a ``toolUse`` block started after ``messageStop``.
+
+Gemini (its run ends at ``stream.end``):
+
+* ``finished``: a chunk whose ``functionCall`` comes after its candidate's ``finishReason``;
+* ``nameless``: a ``functionCall`` with an id and ``partialArgs`` but no name, at a place
+  where no call streams.
 
 Checked for every example: every line fits ``schemas/output-line.schema.json``; exactly one
 final record; each call id carried before the end has exactly one outcome (committed or error)
 and the final record lists the same outcomes; nothing went to the DLQ but the event after the
-end (``run_finished``); and for Anthropic and Responses, whose protocol has starts and stops,
-any break before the end leaves the run ``failed`` with nothing committed after the break.
+end (``run_finished``); and for every provider but chat, whose protocol has no per-call start
+or stop, any break before the end leaves the run ``failed`` with nothing committed after the
+break and the break's ``protocol_error`` among the outcomes.
 """
 
 from __future__ import annotations
@@ -28,13 +45,17 @@ from typing import Any
 import orjson
 from builders import (
     ANTHROPIC,
+    BEDROCK,
     CHAT,
+    GEMINI,
+    NEW_PROVIDERS,
     PROVIDERS,
     RESPONSES,
     chat_chunk,
     chat_tool_delta,
     check_schemas,
     feed,
+    gemini_chunk,
     provider_calls,
     run_envelopes,
     tools_for,
@@ -44,7 +65,10 @@ from hypothesis import strategies as st
 
 from worker.core import Assembler, Emit, Topic
 
-KINDS = ("repeat", "delta", "stop", "after")
+OPENAI_KINDS = ("repeat", "delta", "stop", "after")
+KINDS = {CHAT: OPENAI_KINDS, ANTHROPIC: OPENAI_KINDS, RESPONSES: OPENAI_KINDS,
+         BEDROCK: ("repeat", "message", "delta", "late", "after"),
+         GEMINI: ("finished", "nameless", "after")}
 ARGS = st.sampled_from(['{"a": 1}', "{}", '{"path": "/x", "n": [1, 2]}', "{bad"])
 
 
@@ -59,6 +83,25 @@ def injected(provider: str, kind: str) -> dict[str, Any]:
             "stop": {"type": "content_block_stop", "index": 99},
             "after": {"type": "content_block_start", "index": 50, "content_block": {
                 "type": "tool_use", "id": "inj_after", "name": "f", "input": {}}},
+        }[kind]
+    if provider == BEDROCK:
+        def start(index: int, call_id: str) -> dict[str, Any]:
+            return {"contentBlockStart": {"contentBlockIndex": index, "start": {
+                "toolUse": {"toolUseId": call_id, "name": "f"}}}}
+        return {
+            "repeat": start(0, "inj_start"),
+            "message": {"messageStart": {"role": "assistant"}},
+            "delta": {"contentBlockDelta": {"contentBlockIndex": 0, "delta": {"text": "x"}}},
+            "late": start(50, "inj_late"),
+            "after": start(50, "inj_after"),
+        }[kind]
+    if provider == GEMINI:
+        return {
+            "finished": gemini_chunk([{"functionCall": {"name": "f", "id": "inj_finished",
+                                                        "args": {}}}]),
+            "nameless": gemini_chunk([{"functionCall": {"id": "inj_nameless", "partialArgs": [
+                {"jsonPath": "$.a", "numberValue": 1}], "willContinue": True}}]),
+            "after": gemini_chunk([{"functionCall": {"name": "f", "id": "inj_after"}}]),
         }[kind]
     if provider == RESPONSES:
         def item(call_id: str) -> dict[str, Any]:
@@ -88,6 +131,13 @@ def opened_ids(provider: str, event: dict[str, Any]) -> list[str]:
         block = event.get("content_block") or {}
         return [block["id"]] if event.get("type") == "content_block_start" and block.get(
             "type") == "tool_use" else []
+    if provider == BEDROCK:
+        tool = (event.get("contentBlockStart") or {}).get("start", {}).get("toolUse") or {}
+        return [tool["toolUseId"]] if "toolUseId" in tool else []
+    if provider == GEMINI:
+        calls = [p["functionCall"] for c in event.get("candidates", ())
+                 for p in c["content"]["parts"] if "functionCall" in p]
+        return [c["id"] for c in calls if "id" in c]
     if provider == RESPONSES:
         item = event.get("item") or {}
         return [item["call_id"]] if item.get("type") == "function_call" else []
@@ -99,11 +149,31 @@ def is_end(provider: str, event: dict[str, Any]) -> bool:
     return event.get("type") in ("message_stop", "response.completed")
 
 
+def places(provider: str, kind: str, events: list[dict[str, Any]]) -> list[int]:
+    """Where the break of ``kind`` may go in ``events`` (a position before which it is
+    inserted) so that it breaks the protocol: after the message's start and, for Anthropic
+    and Responses, before the provider's own end; for the Bedrock ``late`` and Gemini
+    ``finished`` kinds, after the message's end; for Gemini ``nameless``, where no call streams
+    (the stream's start, or after a call's closing ``functionCall: {}``)."""
+    if (provider, kind) in ((BEDROCK, "late"), (GEMINI, "finished")):
+        end = next(n for n, e in enumerate(events) if "messageStop" in e or any(
+            "finishReason" in c for c in e.get("candidates", ())))
+        return list(range(end + 1, len(events) + 1))
+    if provider == GEMINI:
+        return [n for n in range(len(events)) if n == 0 or events[n - 1].get("candidates", [{}])[
+            0].get("content", {}).get("parts") == [{"functionCall": {}}]]
+    first = {CHAT: 0, ANTHROPIC: 1, RESPONSES: 2, BEDROCK: 1}[provider]  # after the start
+    last = len(events) - (1 if provider in (ANTHROPIC, RESPONSES) else 0)
+    return list(range(first, last + 1))
+
+
 @st.composite
 def broken_runs(draw: st.DrawFn) -> tuple[str, str, list[dict[str, Any]]]:
-    provider = draw(st.sampled_from(PROVIDERS))
-    kind = draw(st.sampled_from(KINDS))
+    provider = draw(st.sampled_from((*PROVIDERS, *NEW_PROVIDERS)))
+    kind = draw(st.sampled_from(KINDS[provider]))
     texts = draw(st.lists(ARGS, min_size=1, max_size=3))
+    if provider == GEMINI:  # Gemini sends parsed args (or partialArgs): never a bad text
+        texts = [t if t != "{bad" else '{"s": "x"}' for t in texts]
     calls = [(f"call_{n}", "f", text) for n, text in enumerate(texts)]
     events = provider_calls(provider, calls, pieces=draw(st.integers(1, 4)))
     bad = injected(provider, kind)
@@ -112,9 +182,7 @@ def broken_runs(draw: st.DrawFn) -> tuple[str, str, list[dict[str, Any]]]:
         envelopes.append({"v": 1, "run_id": "r1", "seq": len(envelopes),
                           "type": "provider.event", "event": bad})
         return provider, kind, envelopes
-    first = {CHAT: 0, ANTHROPIC: 1, RESPONSES: 2}[provider]  # after the message's start
-    last = len(events) - (0 if provider == CHAT else 1)  # before the provider's own end
-    at = draw(st.integers(first, last))
+    at = draw(st.sampled_from(places(provider, kind, events)))
     events = [*events[:at], bad, *events[at:]]
     return provider, kind, run_envelopes("r1", provider, tools_for(provider, {"f": {}}), events)
 
@@ -155,6 +223,8 @@ def test_a_broken_stream_gives_each_carried_id_one_outcome(
         broke_at = next((n for n, e in enumerate(emits)
                          if e.value.get("reason") == "protocol_error"), final_at)
         assert all(e.topic is not Topic.COMMITTED for e in emits[broke_at:])
+        assert broke_at < final_at or all(o["state"] == "committed"
+                                          for o in finals[0]["outcomes"])
 
 
 # -- re-chunking: the same text in any fragments gives the same records -----------------------

@@ -15,6 +15,7 @@ from builders import (
     bedrock_tool_block,
     check_outputs,
     committed,
+    dlq,
     errors,
     feed,
     finals,
@@ -205,8 +206,10 @@ def test_bedrock_server_tool_is_kept_not_committed() -> None:
 @pytest.mark.parametrize("breach", ["restart", "after_stop", "second_message", "late_block"])
 def test_bedrock_broken_protocol_fails_every_call_once(breach: str) -> None:
     """A content block index reused, content after its block's stop, a second messageStart,
-    or a block after messageStop: the run fails, every call either message opened gets
-    exactly one outcome (stream_error), and the later events go to the DLQ, not into a call."""
+    or a block after messageStop: the run stays open to its end and fails protocol_error,
+    every call either message opened gets exactly one outcome (protocol_error; a call started
+    after the break under its own late key), nothing is committed, nothing goes to the DLQ,
+    and nothing after the break is kept for the final message."""
     first = bedrock_calls([("c1", "read_file", '{"path": "/a"}')], stop_reason=None)[:-1]
     extra = {
         "restart": bedrock_tool_block(0, "c2", "read_file", '{"path": "/b"}'),
@@ -220,26 +223,68 @@ def test_bedrock_broken_protocol_fails_every_call_once(breach: str) -> None:
     emits = feed(Assembler(), run_envelopes("r1", BEDROCK, tools_for(BEDROCK,
                                             {"read_file": PATH_SCHEMA}), first + extra))
     check_outputs(emits)
-    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [("c1", "stream_error")]
-    assert committed(emits) == []
+    late = [] if breach == "after_stop" else [("c2", "protocol_error")]
+    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [
+        ("c1", "protocol_error"), *late]
+    assert committed(emits) == [] and dlq(emits) == []
     [final] = finals(emits)
     assert final["status"] == "failed"
-    assert [o["tool_call_id"] for o in final["outcomes"]] == ["c1"]
+    assert [o["tool_call_id"] for o in final["outcomes"]] == ["c1", *(i for i, _ in late)]
+    assert [next(iter(c)) for c in final["message"]["content"]] == ["toolUse"]
+    assert final["message"]["content"][0]["toolUse"]["input"] == {"path": "/a"}
 
 
 def test_gemini_partial_args_without_a_call_fail_the_run() -> None:
-    """``partialArgs`` with no streamed call open (a spliced or broken stream): the run fails
-    stream_error and the call that was open gets its one outcome."""
+    """``partialArgs`` with no streamed call open (a spliced or broken stream): the call
+    that was open fails protocol_error, the run stays open to its end and fails
+    protocol_error, and the text after the break is not kept for the final message."""
     chunks = [gemini_chunk([{"functionCall": {"name": "read_file", "id": "c1",
                                               "args": {"path": "/a"}}}]),
               gemini_chunk([{"functionCall": {"partialArgs": [
                   {"jsonPath": "$.path", "stringValue": "/b"}]}}]),
-              gemini_chunk([{"text": ""}], finish_reason="STOP")]
+              gemini_chunk([{"text": "spliced"}], finish_reason="STOP")]
     emits = feed(Assembler(), run_envelopes("r1", GEMINI, tools_for(
         GEMINI, {"read_file": PATH_SCHEMA}), chunks))
     check_outputs(emits)
-    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [("c1", "stream_error")]
-    assert finals(emits)[0]["status"] == "failed"
+    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [("c1", "protocol_error")]
+    assert committed(emits) == [] and dlq(emits) == []
+    [final] = finals(emits)
+    assert final["status"] == "failed"
+    assert [list(p) for p in final["message"]["parts"]] == [["functionCall"]]
+
+
+@pytest.mark.parametrize("breach", ["after_finish", "nameless", "nameless_with_id"])
+def test_gemini_broken_protocol_gives_every_carried_id_one_outcome(breach: str) -> None:
+    """A part after its candidate's finishReason, or a nameless functionCall while no call
+    streams: the run fails protocol_error at its end; the call before the break and every
+    call the stream still carries (with its own id, or the next ``latch-`` id when it has
+    none) get exactly one outcome, protocol_error; nothing is committed or sent to the DLQ."""
+    late_call = {"name": "read_file", "args": {"path": "/b"}}
+    chunks = [gemini_chunk([{"functionCall": {"name": "read_file", "id": "c1",
+                                              "args": {"path": "/a"}}}])]
+    late_ids = ["latch-0-1-r1"]
+    if breach == "after_finish":
+        chunks += [gemini_chunk([{"text": "x"}], finish_reason="STOP"),
+                   gemini_chunk([{"functionCall": late_call}])]
+    elif breach == "nameless":
+        chunks += [gemini_chunk([{"functionCall": {"willContinue": True}}]),
+                   gemini_chunk([{"functionCall": {**late_call, "id": "c3"}}]),
+                   gemini_chunk([{"text": ""}], finish_reason="STOP")]
+        late_ids = ["c3"]
+    else:
+        chunks += [gemini_chunk([{"functionCall": {"id": "c2", "partialArgs": []}}]),
+                   gemini_chunk([{"functionCall": late_call}]),
+                   gemini_chunk([{"text": ""}], finish_reason="STOP")]
+        late_ids = ["c2", "latch-0-2-r1"]
+    emits = feed(Assembler(), run_envelopes("r1", GEMINI, tools_for(
+        GEMINI, {"read_file": PATH_SCHEMA}), chunks))
+    check_outputs(emits)
+    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [
+        (i, "protocol_error") for i in ["c1", *late_ids]]
+    assert committed(emits) == [] and dlq(emits) == []
+    [final] = finals(emits)
+    assert final["status"] == "failed"
+    assert [o["tool_call_id"] for o in final["outcomes"]] == ["c1", *late_ids]
 
 
 def test_gemini_new_call_ends_the_streamed_one() -> None:

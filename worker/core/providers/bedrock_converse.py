@@ -30,10 +30,12 @@ How Latch reads it:
   reason this version does not know fails them ``upstream_error``. A stream that ends without
   ``messageStop`` fails ``stream_error``;
 * an exception member fails the open calls ``upstream_error`` at once;
-* a stream that breaks its own protocol (a content block started twice, content after its
-  block's stop or after ``messageStop``, a delta of another kind than its block, a second
-  ``messageStart`` or ``messageStop``) fails the run ``stream_error``: no text of two messages is
-  joined, and every call it opened still gets its one outcome.
+* what breaks the protocol (``ops.ProtocolError``; README, "Protocol breaks"): a content
+  block started twice, content after its block's stop or after ``messageStop``, a delta of
+  another kind than its block, a second ``messageStart`` or ``messageStop``. From the break on
+  nothing more is kept for the final message (no text of two messages is joined), each client
+  ``toolUse`` still started opens under a late key (it fails at once: one outcome per id), and
+  the run fails ``protocol_error`` at ``stream.end``.
 
 The final message is a Converse ``Message``: ``{"role": "assistant", "content": [{"text"},
 {"reasoningContent": {"reasoningText": {"text", "signature"}}} or {"reasoningContent":
@@ -99,8 +101,10 @@ class BedrockConverse(op.Adapter):
         if stop is not None:
             return self._block_stop(stop)
         if "messageStart" in event:
+            if self.broken:
+                return []
             if self._started or self._stop is not None or self._blocks:
-                return op.broken("a second messageStart, or one after content")
+                return [self.protocol_error("a second messageStart, or one after content")]
             self._started = True
             return []
         if "messageStop" in event:
@@ -115,10 +119,8 @@ class BedrockConverse(op.Adapter):
         index, start = _index(event), event.get("start")
         if not isinstance(start, dict):
             raise ValueError("contentBlockStart without a start object")
-        if index in self._blocks:
-            return op.broken(f"content block {index} started twice")
-        if self._stop is not None:
-            return op.broken("a content block after messageStop")
+        if self.broken or index in self._blocks or self._stop is not None:
+            return self._late_start(index, start)
         tool = start.get("toolUse")
         if isinstance(tool, dict):
             kind = tool.get("type")
@@ -139,15 +141,32 @@ class BedrockConverse(op.Adapter):
         self._blocks[index] = _Block(name, dict(op.bounded(start[name])))
         return []
 
+    def _late_start(self, index: int, start: dict[str, Any]) -> list[op.Op]:
+        """A block start that breaks the protocol (an index started twice, a block after
+        ``messageStop``), or any start after a break: nothing of it is kept, and a client
+        ``toolUse`` opens its own call under a late key, which fails at once."""
+        ops: list[op.Op] = []
+        if not self.broken:
+            where = ("after messageStop" if self._stop is not None and index not in self._blocks
+                     else "started twice")
+            ops.append(self.protocol_error(f"content block {index} {where}"))
+        tool = start.get("toolUse")
+        if isinstance(tool, dict) and tool.get("type") in (None, "tool_use"):
+            ops.append(op.OpenCall(self.late_key(), index, None, _text(tool.get("toolUseId")),
+                                   _text(tool.get("name"))))
+        return ops
+
     def _delta(self, event: Any) -> list[op.Op]:
         index, delta = _index(event), event.get("delta")
         if not isinstance(delta, dict):
             raise ValueError("contentBlockDelta without a delta object")
+        if self.broken:  # after a break nothing is kept
+            return []
         block = self._blocks.get(index)
         if block is None:  # text arrives without a contentBlockStart
             block = self._blocks[index] = _Block("pending")
         if block.stopped or self._stop is not None:
-            return op.broken(f"content for block {index} after its end")
+            return [self.protocol_error(f"content for block {index} after its end")]
         text = delta.get("text")
         if text is not None:
             if type(text) is not str:
@@ -161,7 +180,8 @@ class BedrockConverse(op.Adapter):
             if block.key is not None:  # held (and counted) once, by the call
                 return [op.AppendArgs(block.key, fragment)]
             if block.kind != "serverToolUse":
-                return op.broken(f"tool input for block {index}, which is not a tool use")
+                return [self.protocol_error(f"tool input for block {index}, which is not a "
+                                            "tool use")]
             block.json.append(fragment)
             return []
         reasoning = delta.get("reasoningContent")
@@ -174,7 +194,7 @@ class BedrockConverse(op.Adapter):
             if block.kind == "pending":
                 block.kind = "toolResult"
             if block.kind != "toolResult":
-                return op.broken(f"a tool result for block {index}, which is not one")
+                return [self.protocol_error(f"a tool result for block {index}, which is not one")]
             block.results.extend(op.bounded(results))
         return []  # citations, images: not kept in this version
 
@@ -182,7 +202,7 @@ class BedrockConverse(op.Adapter):
         if block.kind == "pending":
             block.kind = kind
         elif block.kind != kind:
-            return op.broken(f"{kind} for a {block.kind} block")
+            return [self.protocol_error(f"{kind} for a {block.kind} block")]
         block.text.append(text)
         return []
 
@@ -205,8 +225,8 @@ class BedrockConverse(op.Adapter):
     def _block_stop(self, event: Any) -> list[op.Op]:
         index = _index(event)
         block = self._blocks.get(index)
-        if block is None or block.stopped:  # a stop alone, or again: it ends nothing new
-            return []
+        if block is None or block.stopped or self.broken:  # a stop alone, or again, or after
+            return []  # a break: it ends nothing new
         block.stopped = True
         return [op.CloseCall(block.key)] if block.key is not None else []
 
@@ -214,8 +234,10 @@ class BedrockConverse(op.Adapter):
         reason = event.get("stopReason") if isinstance(event, dict) else None
         if not isinstance(reason, str):
             raise ValueError("messageStop without a stopReason string")
+        if self.broken:
+            return []
         if self._stop is not None:
-            return op.broken("a second messageStop")
+            return [self.protocol_error("a second messageStop")]
         self._stop = reason
         return []
 

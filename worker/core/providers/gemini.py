@@ -37,8 +37,13 @@ Ends: ``finishReason`` arrives on a chunk that a usage chunk may follow, so the 
 ``content_filtered``; ``MALFORMED_FUNCTION_CALL``, ``UNEXPECTED_TOOL_CALL`` and
 ``MALFORMED_RESPONSE`` fail them ``malformed_output``; ``TOO_MANY_TOOL_CALLS`` fails them
 ``too_many_tool_calls``; any other reason fails them ``upstream_error``. A stream that ends
-without a ``finishReason`` for each candidate fails ``stream_error``; so does a part after its
-candidate's ``finishReason``, or ``partialArgs`` with no call streaming (a broken protocol).
+without a ``finishReason`` for each candidate fails ``stream_error``.
+
+What breaks the protocol (``ops.ProtocolError``; README, "Protocol breaks"): a part after its
+candidate's ``finishReason``, or a ``functionCall`` without a name (``partialArgs``, an id)
+while no call of the candidate streams. From the break on no part is kept for the final
+message; each ``functionCall`` still seen with a name or an id opens under a late key (it fails
+at once: one outcome per id), and the run fails ``protocol_error`` at ``stream.end``.
 
 Spellings: every field is read in camelCase and in the snake_case that the proto JSON mapping
 also accepts (``function_call``, ``partial_args``, ``will_continue``, ``finish_reason``,
@@ -147,8 +152,9 @@ class Gemini(op.Adapter):
         if parts:
             if not isinstance(parts, list):
                 raise ValueError("parts is not an array")
-            if candidate.finish is not None:
-                return op.broken(f"content for candidate {index} after its finishReason")
+            if candidate.finish is not None and not self.broken:
+                ops.append(self.protocol_error(
+                    f"content for candidate {index} after its finishReason"))
             for part in parts:
                 ops += self._part(index, candidate, part)
         finish = _field(body, "finishReason", "finish_reason")
@@ -161,10 +167,13 @@ class Gemini(op.Adapter):
             raise ValueError("a part that is not an object")
         call = _field(part, "functionCall", "function_call")
         if call is None:
-            self._keep(candidate, part)
+            if not self.broken:  # after a break nothing is kept
+                self._keep(candidate, part)
             return []
         if not isinstance(call, dict):
             raise ValueError("functionCall is not an object")
+        if self.broken:
+            return self._late_call(index, candidate, call)
         partial = _field(call, "partialArgs", "partial_args")
         if partial is not None and not isinstance(partial, list):
             raise ValueError("partialArgs is not an array")
@@ -183,7 +192,8 @@ class Gemini(op.Adapter):
             ops.append(op.CloseCall(key))
         if name is None:
             if call:  # partialArgs, or an id, with no call streaming
-                return op.broken("a functionCall part without a name while no call streams")
+                return [self.protocol_error("a functionCall part without a name while no call "
+                                            "streams"), *self._late_call(index, candidate, call)]
             return ops  # an empty functionCall {} that ends nothing
         return ops + self._open(index, candidate, part, call, name, partial, more)
 
@@ -208,6 +218,19 @@ class Gemini(op.Adapter):
             ops.append(op.SetArgs(key, orjson.dumps(call["args"]).decode()))
         ops.append(op.CloseCall(key))
         return ops
+
+    def _late_call(self, index: int, candidate: _Candidate, call: dict[str, Any]) -> list[op.Op]:
+        """A ``functionCall`` at or after a protocol break: nothing of it is kept; one with a
+        name or an id opens its own call under a late key, which fails at once (an id-less
+        one gets the candidate's next ``latch-`` id)."""
+        name, call_id = _text(call.get("name")), _text(call.get("id"))
+        if name is None and call_id is None:
+            return []
+        candidate.streaming = None
+        n = candidate.calls
+        candidate.calls += 1
+        return [op.OpenCall(self.late_key(), n, index,
+                            call_id or f"latch-{index}-{n}-{self._run_id}", name)]
 
     @staticmethod
     def _keep(candidate: _Candidate, part: dict[str, Any]) -> None:
