@@ -6,6 +6,7 @@ alerts well-formed and documented, and the Dockerfile clean for hadolint."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -140,7 +141,8 @@ def test_alerts_parse_query_exported_metrics_and_are_documented() -> None:
     """deploy/prometheus/alerts.yml is a Prometheus rule file (groups of rules with alert,
     expr, a severity and a summary), its expressions have balanced brackets and query only
     exported metrics (or Prometheus' own `up`), and docs/operations.md explains each alert.
-    (promtool is not installed here: this is the parser check.)"""
+    (promtool, where it is installed, checks the same file as Prometheus would load it: the
+    test below.)"""
     rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
     runbook = (ROOT / "docs" / "operations.md").read_text()
     names = []
@@ -161,6 +163,30 @@ def test_alerts_parse_query_exported_metrics_and_are_documented() -> None:
             names.append(rule["alert"])
             assert f"`{rule['alert']}`" in runbook, f"{rule['alert']} not in the runbook"
     assert len(names) == len(set(names)) >= 8
+
+
+def test_alerts_pass_promtool(tmp_path: Path) -> None:
+    """``promtool check rules`` (Prometheus' own checker: PromQL parsed, durations, labels)
+    accepts deploy/prometheus/alerts.yml and rejects a copy with a broken expression. CI
+    installs promtool (Debian's prometheus package, .ci/run) and requires it there; elsewhere
+    the test is skipped with that reason."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool is missing in CI: .ci/run installs Debian's prometheus")
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    alerts = DEPLOY / "prometheus" / "alerts.yml"
+    good = subprocess.run([promtool, "check", "rules", str(alerts)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "SUCCESS" in good.stdout
+    broken = tmp_path / "alerts.yml"
+    text = alerts.read_text()
+    expr = yaml.safe_load(text)["groups"][0]["rules"][0]["expr"]
+    broken.write_text(text.replace(expr, expr.rstrip() + " +", 1))
+    bad = subprocess.run([promtool, "check", "rules", str(broken)], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert bad.returncode != 0, bad.stdout
 
 
 def test_compose_prometheus_scrapes_the_worker_port() -> None:
