@@ -71,7 +71,7 @@ class EngineHooks:
         was_open = assembler.is_open(run_id)
         emits = state.apply(record)
         opened = not was_open and assembler.is_open(run_id)
-        self.telemetry.record(emits, assembler.sizes)
+        self.metrics.record(emits, assembler.sizes)
         if opened and callable(headers):
             headers = headers()
         self.tracing.on_record(record[3]["partition"], run_id, opened, headers, emits)
@@ -79,7 +79,7 @@ class EngineHooks:
 
     def routed(self, emit: Emit) -> None:
         """Count a control record that went to the DLQ instead of its run's partition."""
-        self.telemetry.record([emit])
+        self.metrics.record([emit])
 
     def headers(self, emit: Emit) -> Headers | None:
         """The trace headers of an output record (None: its run carries no trace)."""
