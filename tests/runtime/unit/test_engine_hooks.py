@@ -231,3 +231,30 @@ def test_the_kafka_engines_lag_is_behind_its_position_not_behind_transaction_mar
     lags = {view.partition: view.lag_records for view in engine._partition_views()}
     assert lags == {0: 0, 1: 4}
     assert engine._alive()
+
+
+def test_the_kafka_engine_logs_one_json_object_per_line_when_asked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``worker.log_format: json`` installs the JSON formatter for the kafka engine too (the
+    logging configuration both engines use), at the configured level."""
+    import logging
+
+    from worker.runtime import kafka_engine
+    from worker.runtime.logs import JsonFormatter
+
+    monkeypatch.setattr(loop, "Producer", FakeProducer)
+    monkeypatch.setattr(loop, "Consumer", FakeConsumer)
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        kafka_engine.engine(load_config(None, env={
+            "LATCH_WORKER__HTTP_PORT": "0", "LATCH_WORKER__LOG_FORMAT": "json",
+            "LATCH_WORKER__LOG_LEVEL": "warning"}))
+        added = [h for h in root.handlers if h not in saved[0]]
+        assert added and all(isinstance(h.formatter, JsonFormatter) for h in added)
+        assert root.level == logging.WARNING
+    finally:
+        for handler in [h for h in root.handlers if h not in saved[0]]:
+            root.removeHandler(handler)
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
