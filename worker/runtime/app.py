@@ -380,8 +380,7 @@ class LatchWorker:
         try:
             server = self.hooks.serve_http()
         except OSError as exc:
-            print(f"latch worker: cannot serve worker.http_port "
-                  f"{self.config.worker.http_port}: {exc.strerror}", file=sys.stderr)
+            print(self.hooks.http_error(exc), file=sys.stderr)
             return 2
         worker = faust.Worker(self.app, loglevel=self.config.worker.log_level, quiet=True,
                               logging_config=logs.faust_logging_config(self.config.worker))

@@ -142,6 +142,11 @@ class EngineHooks:
         return HttpServer(worker.http_host, worker.http_port, self.health,
                           self.metrics.exposition).start()
 
+    def http_error(self, exc: OSError) -> str:
+        """The message of a worker that cannot serve ``worker.http_port`` (it exits 2)."""
+        return f"latch worker: cannot serve worker.http_port {self.config.worker.http_port}: " \
+               f"{exc.strerror}"
+
     def stop(self, server: HttpServer | None) -> None:
         """The worker is stopping: leave the group's readiness, stop the port, flush."""
         self.health.left()

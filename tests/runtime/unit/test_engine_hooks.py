@@ -258,3 +258,26 @@ def test_the_kafka_engine_logs_one_json_object_per_line_when_asked(
             root.removeHandler(handler)
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def test_the_kafka_engine_exits_2_when_its_http_port_is_taken(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A kafka-engine worker whose ``worker.http_port`` is in use says so and exits with
+    status 2 before it touches Kafka (as the faust engine does)."""
+    import signal
+    import socket
+
+    monkeypatch.setattr(loop, "Producer", FakeProducer)
+    monkeypatch.setattr(loop, "Consumer", FakeConsumer)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        engine = loop.KafkaEngine(load_config(None, env={"LATCH_WORKER__HTTP_PORT": str(port)}))
+        try:
+            assert engine.run() == 2
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+    assert f"cannot serve worker.http_port {port}" in capsys.readouterr().err

@@ -152,8 +152,7 @@ class KafkaEngine:
         try:
             self.server = self.hooks.serve_http()
         except OSError as exc:
-            print(f"latch worker: cannot serve worker.http_port "
-                  f"{self.config.worker.http_port}: {exc.strerror}", file=sys.stderr)
+            print(self.hooks.http_error(exc), file=sys.stderr)
             return 2
         self.thread = threading.current_thread()
         try:
