@@ -54,11 +54,12 @@ from worker.runtime import partition as partition_module
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.gaps import StallWatch
 from worker.runtime.heads_store import PartitionTrackedTable
-from worker.runtime.health import Health, HttpServer, loop_heartbeat
+from worker.runtime.health import loop_heartbeat
+from worker.runtime.hooks import EngineHooks
 from worker.runtime.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.step import Record
-from worker.runtime.telemetry import Telemetry, TelemetryError
+from worker.runtime.telemetry import TelemetryError
 
 log = logging.getLogger("latch.worker")
 
@@ -80,12 +81,9 @@ class LatchWorker:
         self.heads = self.app.Table("heads", partitions=names.partitions, key_type=bytes)
         self.run_heads = Heads(PartitionTrackedTable(self.heads),
                                config.worker.finished_run_retention_s)
-        self.telemetry = Telemetry(config.worker.otel_exporter,
-                                   labels=config.worker.metrics_labels,
-                                   label_cap=config.worker.metrics_label_cap)
-        self.metrics, self.tracing = self.telemetry.metrics, self.telemetry.tracing
+        self.hooks = EngineHooks(config)
+        self.metrics, self.health = self.hooks.metrics, self.hooks.health
         self.metrics.watch(self._partition_views)
-        self.health = Health()
         self.reader_options = kafka_io.aiokafka_options(config.kafka)
         self.partitions: dict[int, PartitionState] = {}
         #: The next offset to forward of each control partition this worker owns.
@@ -217,13 +215,7 @@ class LatchWorker:
         """Feed one record to the partition's assembler; publish, then record heads."""
         key, source = record[0], record[3]
         partition, offset = source["partition"], source["offset"]
-        assembler = state.assembler
-        run_id = key.decode("utf-8", "replace") if key else ""
-        was_open = assembler.is_open(run_id)
-        emits = state.apply(record)
-        opened = not was_open and state.assembler.is_open(run_id)
-        self.telemetry.record(emits, state.assembler.sizes)
-        self.tracing.on_record(partition, run_id, opened, headers, emits)
+        emits, opened = self.hooks.apply(state, record, headers)
         await self._publish(state, key, emits, record[2])
         if opened:
             self.run_heads.opened(key, partition, offset)  # type: ignore[arg-type]  # a run has a key
@@ -241,7 +233,7 @@ class LatchWorker:
         """Forward a cancel into its run's events partition; anything else goes to the DLQ."""
         routed = control.route(record)
         if isinstance(routed, Emit):
-            self.telemetry.record([routed])
+            self.hooks.routed(routed)
             sent = await self.outputs[Topic.DLQ].send(key=record[0],
                                                       value=step.out_value(routed))
         else:
@@ -272,11 +264,10 @@ class LatchWorker:
         revoked: set[TP] = args[0]
         self.revocations += 1
         events, control = self.events.get_topic_name(), self.control.get_topic_name()
-        self.health.revoked([tp.partition for tp in revoked if tp.topic == events])
+        self.hooks.revoked([tp.partition for tp in revoked if tp.topic == events])
         for tp in revoked:
             if tp.topic == events:
                 self.partitions.pop(tp.partition, None)
-                self.tracing.forget_partition(tp.partition)
             elif tp.topic == control:
                 self.control_next.pop(tp.partition, None)
 
@@ -284,7 +275,7 @@ class LatchWorker:
         """faust's ``on_partitions_assigned`` signal: log the events partitions we own."""
         events = self.events.get_topic_name()
         owned = sorted(tp.partition for tp in args[0] if tp.topic == events)
-        self.health.assigned(owned)
+        self.hooks.assigned(owned)
         log.info("events partitions assigned: %s", owned)
 
     # -- the core, and what it emits --------------------------------------------------
@@ -296,7 +287,7 @@ class LatchWorker:
         for emit in emits:
             sent = await self.outputs[emit.topic].send(
                 key=step.out_key(emit, key), value=step.out_value(emit),
-                headers=self.tracing.headers(emit.key))
+                headers=self.hooks.headers(emit))
             if emit.topic is not Topic.PROGRESS:
                 state.unconfirmed.append(sent)
                 sent.add_done_callback(self._delivery(emit.topic, record_ms))  # type: ignore[attr-defined]  # a future
@@ -316,8 +307,7 @@ class LatchWorker:
         offset: the open runs' records before it are read from the log and fed again, their
         outputs discarded (they were flushed before that offset was committed)."""
         revocations = self.revocations
-        began = time.monotonic()
-        with self.health.rebuilding(partition):
+        with self.hooks.rebuilding(partition) as rebuild:
             resume = await kafka_io.resume_offset(self.reader_options,
                                                   self.config.worker.app_id, topic, partition)
             state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
@@ -327,8 +317,7 @@ class LatchWorker:
             if starts:
                 records = self._read(topic, partition, min(starts), resume)
                 count, replayed = await partition_module.rebuild(state, open_runs, records)
-        state.assembler.sizes = []  # argument sizes count from here (a rebuild's are not new)
-        self.metrics.rebuilt(time.monotonic() - began, count)
+            rebuild.state, rebuild.records = state, count
         log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
                  partition, resume, count, state.assembler.open_runs,
                  extra=logs.where(topic, partition, resume))
@@ -361,45 +350,26 @@ class LatchWorker:
     def _delivery(self, topic: Topic, record_ms: int | None) -> Callable[[Any], None]:
         """The done-callback of one send: a failure, or a committed call's latency."""
         def done(future: Any) -> None:
-            if future.cancelled() or future.exception() is not None:
-                self.metrics.send_failed(topic)
-            elif topic is Topic.COMMITTED:
-                self.metrics.commit_delivered(record_ms, time.time())
+            self.hooks.delivered(topic, record_ms,
+                                 not future.cancelled() and future.exception() is None)
         return done
 
-    def _highwater(self, partition: int) -> int | None:
+    def _lag(self, partition: int, state: PartitionState) -> int | None:
         try:
             tp = TP(self.events.get_topic_name(), partition)
-            return int(self.app.consumer.highwater(tp))
+            return max(0, int(self.app.consumer.highwater(tp)) - state.next_offset)
         except Exception:  # not started, not assigned, not fetched yet: unknown
             return None
 
     def _partition_views(self) -> list[PartitionView]:
         """The owned partitions for the metrics (called on the HTTP thread: reads only)."""
-        views, now = [], time.time()
-        budget = self.config.assemble.max_buffered_bytes
-        for partition, state in tuple(self.partitions.items()):
-            high = self._highwater(partition)
-            lag = None if high is None else max(0, high - state.next_offset)
-            seconds = None if lag is None else (
-                max(0.0, now - state.clock_ms / 1000) if lag and state.clock_ms else 0.0)
-            views.append(PartitionView(partition, state.assembler.open_runs,
-                                       state.assembler.buffered_bytes, budget, lag, seconds))
-        return views
+        return self.hooks.views(self.partitions, self._lag)
 
     async def _watch_loop(self) -> None:
         """faust task at start: /healthz asks this event loop to answer."""
         self.health.heartbeat = loop_heartbeat(asyncio.get_running_loop())
 
     # -- running ----------------------------------------------------------------------
-
-    def serve_http(self) -> HttpServer | None:
-        """Start the HTTP port (``worker.http_port``; 0: none)."""
-        worker = self.config.worker
-        if worker.http_port == 0:
-            return None
-        return HttpServer(worker.http_host, worker.http_port, self.health,
-                          self.metrics.exposition).start()
 
     def run(self) -> int:
         """Run until SIGTERM or SIGINT; return the exit status."""
@@ -408,10 +378,9 @@ class LatchWorker:
             log.warning("the worker's Kafka clients ignore these kafka settings (only `latch "
                         "topics` passes them on): %s", ", ".join(ignored))
         try:
-            server = self.serve_http()
+            server = self.hooks.serve_http()
         except OSError as exc:
-            print(f"latch worker: cannot serve worker.http_port "
-                  f"{self.config.worker.http_port}: {exc.strerror}", file=sys.stderr)
+            print(self.hooks.http_error(exc), file=sys.stderr)
             return 2
         worker = faust.Worker(self.app, loglevel=self.config.worker.log_level, quiet=True,
                               logging_config=logs.faust_logging_config(self.config.worker))
@@ -420,10 +389,7 @@ class LatchWorker:
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else 1
         finally:
-            self.health.left()
-            if server is not None:
-                server.stop()
-            self.telemetry.shutdown()
+            self.hooks.stop(server)
         return 0  # pragma: no cover  (execute_from_commandline always raises SystemExit)
 
 

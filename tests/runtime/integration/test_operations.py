@@ -1,6 +1,7 @@
-"""Operable in production, on the real broker: ``/metrics`` after the demo's runs holds the
-values those runs imply, ``/readyz`` turns ready only after the takeover's rebuild, and the
-trace the gateway's publisher started is on the committed records' headers."""
+"""Operable in production, on the real broker, with each engine (faust, and the kafka
+engine's transactions): ``/metrics`` after the demo's runs holds the values those runs imply,
+``/readyz`` turns ready only after the takeover's rebuild, and the trace the gateway's
+publisher started is on the committed records' headers."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import orjson
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.parser import text_string_to_metric_families
-from worker_harness import Reader, Stack, WorkerProcess, finished, make_stack
+from worker_harness import ENGINES, Reader, Stack, WorkerProcess, finished, make_stack
 
 from worker.core import Assembler
 from worker.runtime.publisher import Publisher
@@ -79,9 +80,29 @@ def readiness(port: int, proc: WorkerProcess, timeout: float = 90.0) -> list[dic
     raise AssertionError(f"/readyz never 200 in {timeout}s: {answers[-3:]}\n{proc.tail()}")
 
 
-@pytest.fixture
+def caught_up(port: int, proc: WorkerProcess, ticks: int = 12, timeout: float = 30.0) -> None:
+    """Wait until the worker applied ``ticks`` more records (its own ticks: nothing else is
+    published meanwhile) and every owned partition's lag gauge reads 0 records: it applied
+    everything up to the end it can read (with the kafka engine, the transaction markers
+    after its ticks are no lag)."""
+    records = total(scrape(port), "latch_records_processed_total") + ticks
+    lags: dict[tuple[tuple[str, str], ...], float] = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.proc.poll() is None, proc.tail()
+        samples = scrape(port)
+        lags = samples.get("latch_consumer_lag_records", {})
+        applied = total(samples, "latch_records_processed_total")
+        if applied >= records and len(lags) == 3 and not any(lags.values()):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"lag never 0 in {timeout}s: {lags}")
+
+
+@pytest.fixture(params=ENGINES)
 def stack(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    with make_stack(kafka_bootstrap, request.node.name, partitions=3) as made:
+    with make_stack(kafka_bootstrap, request.node.name, partitions=3,
+                    worker__engine=request.param) as made:
         yield made
 
 
@@ -100,11 +121,12 @@ def offline(envelopes: list[dict[str, object]]) -> Counter[tuple[str, str, str]]
 
 
 def test_metrics_readiness_and_traces_on_the_real_broker(stack: Stack, tmp_path: Path) -> None:
-    """The demo's runs through a worker: its /metrics hold one invalid_json, six committed
-    calls and every outcome the offline core decides, one commit latency per committed call,
-    one argument size per checked call, the open run in latch_runs_open; the committed records
-    carry the publisher's trace id. A second worker that takes over after the first stops is
-    not ready until it has rebuilt its partitions (the open run's records re-read)."""
+    """The demo's runs through a worker (of each engine): its /metrics hold one invalid_json,
+    six committed calls and every outcome the offline core decides, one commit latency per
+    committed call, one argument size per checked call, the open run in latch_runs_open, no
+    lag once the worker caught up; the committed records carry the publisher's trace id. A
+    second worker that takes over after the first stops is not ready until it has rebuilt its
+    partitions (the open run's records re-read)."""
     provider = TracerProvider()
     demo = load_envelopes(example_file(), "ops/")
     held = [{"v": 1, "run_id": "ops/held", "seq": 0, "type": "run.start",
@@ -147,6 +169,7 @@ def test_metrics_readiness_and_traces_on_the_real_broker(stack: Stack, tmp_path:
         assert total(samples, "latch_send_failures_total") == 0
         assert total(samples, "latch_rebuild_seconds_count") == 3  # one takeover each
         assert len(samples["latch_consumer_lag_records"]) == 3
+        caught_up(port, first)
     finally:
         assert first.stop() == 0, first.tail()
 

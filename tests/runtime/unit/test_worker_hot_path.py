@@ -44,8 +44,8 @@ def _worker() -> tuple[worker_app.LatchWorker, InMemoryMetricReader, CountingHea
     latch = worker_app.LatchWorker(load_config(None, env={
         "LATCH_TOPICS__EVENTS": TOPIC, "LATCH_WORKER__WEB_PORT": "0"}))
     reader = InMemoryMetricReader()
-    latch.telemetry = Telemetry("none", readers=[reader], prometheus=False)
-    latch.metrics = latch.telemetry.metrics
+    latch.hooks.telemetry = Telemetry("none", readers=[reader], prometheus=False)
+    latch.metrics = latch.hooks.metrics = latch.hooks.telemetry.metrics
     table = CountingHeads()
     latch.run_heads = Heads(table, 3600)
     published: list[Emit] = []

@@ -10,20 +10,17 @@ with Kafka transactions, around the same per-partition logic as the faust engine
 
 from __future__ import annotations
 
-import logging
-import sys
+import logging.config
 
+from worker.runtime import logs
 from worker.runtime.config import Config
 from worker.runtime.kafka_engine.loop import KafkaEngine
 
 __all__ = ["KafkaEngine", "engine"]
 
-LOG_FORMAT = "[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s"
-
 
 def engine(config: Config) -> KafkaEngine:
     """The engine of ``latch worker`` with ``worker.engine: kafka``, logging as configured;
     ``.run()`` runs it to SIGTERM."""
-    logging.basicConfig(level=config.worker.log_level.upper(), format=LOG_FORMAT,
-                        stream=sys.stderr)
+    logging.config.dictConfig(logs.faust_logging_config(config.worker))
     return KafkaEngine(config)

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -41,13 +43,14 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from worker.core import Assembler, Emit, Topic
-from worker.runtime import admin, control, step
+from worker.runtime import admin, control, logs, step
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config
+from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import reader
 from worker.runtime.kafka_engine.heads import HeadsTable
+from worker.runtime.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
-from worker.runtime.telemetry import Telemetry
 
 __all__ = ["Batch", "KafkaEngine", "consumer_settings", "producer_settings"]
 
@@ -56,6 +59,11 @@ log = logging.getLogger("latch.worker")
 #: Transactions aborted in a row (no commit between them) before the worker gives up.
 MAX_ABORTS = 10
 _CLIENT_TIMEOUT_S = 30.0
+#: /healthz: the engine's thread turned its loop within this many seconds (a commit may retry
+#: for a while; a rebuild holds the loop as long as it takes and counts as alive).
+LIVE_S = 2 * _CLIENT_TIMEOUT_S
+#: How often the loop reads the consumer's positions and cached end offsets (lag gauges).
+_LAGS_EVERY_S = 1.0
 
 
 class Fatal(Exception):
@@ -70,6 +78,8 @@ class Batch:
     began: float
     records: int = 0
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: The record time of the input of each committed call sent (visible once it commits).
+    committed: list[int | None] = field(default_factory=list)
 
     def due(self, now: float, max_records: int, max_s: float) -> bool:
         """Whether the batch is full or old enough to commit."""
@@ -113,12 +123,22 @@ class KafkaEngine:
         self.partitions: dict[int, PartitionState] = {}
         #: The next offset to forward of each control partition this worker owns.
         self.control_next: dict[int, int] = {}
-        self.telemetry = Telemetry(worker.otel_exporter)
+        self.hooks = EngineHooks(config)
+        self.hooks.metrics.watch(self._partition_views)
+        self.hooks.health.heartbeat = self._alive
+        self.topic_of = {name: topic for topic, name in self.outputs.items()}
+        #: The lag of each owned events partition, as the loop last read it from the consumer
+        #: (the HTTP thread reads this, never the consumer).
+        self.lags: dict[int, int] = {}
+        self.lags_read = 0.0
+        self.beat = time.monotonic()
+        self.thread = threading.current_thread()
         self.reader_settings = config.kafka.confluent_config()
         self.instance = worker.instance_id or uuid.uuid4().hex
-        self.consumer = Consumer(consumer_settings(config))
-        self.producer = Producer(producer_settings(config, self.instance))
+        self.consumer = Consumer(logs.kafka_config(consumer_settings(config)))
+        self.producer = Producer(logs.kafka_config(producer_settings(config, self.instance)))
         self.batch: Batch | None = None
+        self.server: Any = None
         self.aborts = 0
         self.stopping = False
         self.ready = False
@@ -129,6 +149,12 @@ class KafkaEngine:
         """Run until SIGTERM or SIGINT; return the exit status."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop)
+        try:
+            self.server = self.hooks.serve_http()
+        except OSError as exc:
+            print(self.hooks.http_error(exc), file=sys.stderr)
+            return 2
+        self.thread = threading.current_thread()
         try:
             self.producer.init_transactions(_CLIENT_TIMEOUT_S)
             self.consumer.subscribe([self.events, self.control], on_assign=self._on_assign,
@@ -150,13 +176,17 @@ class KafkaEngine:
             self.consumer.close()  # revokes: commits the open transaction, if any
         except (Fatal, KafkaException, RuntimeError) as exc:
             log.warning("closing the consumer: %s", _describe(exc))
-        self.telemetry.shutdown()
+        self.hooks.stop(self.server)
 
     def _loop(self) -> None:
         worker = self.config.worker
         max_s = worker.batch_max_ms / 1000
         next_tick = time.monotonic() + worker.tick_interval_s
         while not self.stopping:
+            self.beat = now = time.monotonic()
+            if now - self.lags_read >= _LAGS_EVERY_S:
+                self._read_lags()
+                self.lags_read = now
             room = worker.batch_max_records - (self.batch.records if self.batch else 0)
             wait = max_s if self.batch is None else max(0.0, self.batch.began + max_s
                                                          - time.monotonic())
@@ -191,12 +221,9 @@ class KafkaEngine:
         batch = self._begin()
         record = reader.record_of(msg)
         key = record[0]
-        run_id = key.decode("utf-8", "replace") if key else ""
-        was_open = state.assembler.is_open(run_id)
-        emits = state.apply(record)
-        self.telemetry.record(emits)
-        self._publish(key, emits)
-        if not was_open and state.assembler.is_open(run_id):
+        emits, opened = self.hooks.apply(state, record, msg.headers)
+        self._publish(key, emits, record[2])
+        if opened:
             self.heads.opened(key, partition, offset)  # type: ignore[arg-type]  # a run has a key
         finished = partition_module.finished_runs(emits)
         if finished:
@@ -217,7 +244,7 @@ class KafkaEngine:
         record = reader.record_of(msg)
         routed = control.route(record)
         if isinstance(routed, Emit):
-            self.telemetry.record([routed])
+            self.hooks.routed(routed)
             self._produce(self.outputs[Topic.DLQ], record[0], step.out_value(routed))
         else:
             self._produce(self.events, *routed)
@@ -234,10 +261,19 @@ class KafkaEngine:
         for partition in sorted(self.partitions):
             self._produce(self.events, TICK, value, partition)
 
-    def _publish(self, key: bytes | None, emits: Sequence[Emit]) -> None:
-        """Send each emit, in order; a DLQ record keeps the input record's key."""
+    def _publish(self, key: bytes | None, emits: Sequence[Emit],
+                 record_ms: int | None = None) -> None:
+        """Send each emit, in order, with its run's trace headers; a DLQ record keeps the
+        input record's key. ``record_ms``: the time of the record that produced them."""
+        hooks = self.hooks
         for emit in emits:
-            self._produce(self.outputs[emit.topic], step.out_key(emit, key), step.out_value(emit))
+            topic = emit.topic
+            watched = topic is not Topic.PROGRESS
+            self._produce(self.outputs[topic], step.out_key(emit, key), step.out_value(emit),
+                          headers=hooks.headers(emit),
+                          on_delivery=self._delivered if watched else None)
+            if topic is Topic.COMMITTED and self.batch is not None:
+                self.batch.committed.append(record_ms)
 
     def _write_heads(self) -> None:
         if not self.table.pending:
@@ -246,15 +282,22 @@ class KafkaEngine:
             self._produce(self.changelog, key, value, partition)
 
     def _produce(self, topic: str, key: bytes | None, value: bytes | None,
-                 partition: int | None = None) -> None:
+                 partition: int | None = None, headers: list[tuple[str, bytes]] | None = None,
+                 on_delivery: Callable[[KafkaError | None, Message], None] | None = None
+                 ) -> None:
         """Queue one record in the open transaction; a delivery failure surfaces when the
         transaction commits (it must then abort)."""
+        options: dict[str, Any] = {}
+        if headers:
+            options["headers"] = headers
+        if on_delivery is not None:
+            options["on_delivery"] = on_delivery
         while True:
             try:
                 if partition is None:
-                    self.producer.produce(topic, value, key)
+                    self.producer.produce(topic, value, key, **options)
                 else:
-                    self.producer.produce(topic, value, key, partition)
+                    self.producer.produce(topic, value, key, partition, **options)
                 return
             except BufferError:  # the local queue is full: let librdkafka send
                 self.producer.poll(0.05)
@@ -277,6 +320,8 @@ class KafkaEngine:
             self._retrying(lambda: self._send_offsets(batch.positions()))
             self._retrying(lambda: self.producer.commit_transaction(_CLIENT_TIMEOUT_S))
             self.aborts = 0
+            for record_ms in batch.committed:  # visible to read_committed readers now
+                self.hooks.delivered(Topic.COMMITTED, record_ms, True)
         except KafkaException as exc:
             error = exc.args[0]
             if not error.txn_requires_abort():
@@ -321,6 +366,7 @@ class KafkaEngine:
     def _on_assign(self, consumer: Consumer, assigned: list[TopicPartition]) -> None:
         """Rebuild each events partition as it was at its committed offset; consume every
         partition from that offset."""
+        self.hooks.assigned([tp.partition for tp in assigned if tp.topic == self.events])
         self._take_over(assigned, seek=False)
         if not self.ready:
             self.ready = True
@@ -340,6 +386,8 @@ class KafkaEngine:
         self._drop(lost)
 
     def _drop(self, partitions: Iterable[TopicPartition]) -> None:
+        partitions = list(partitions)
+        self.hooks.revoked([tp.partition for tp in partitions if tp.topic == self.events])
         for tp in partitions:
             if tp.topic == self.events:
                 self.partitions.pop(tp.partition, None)
@@ -375,15 +423,18 @@ class KafkaEngine:
     def _rebuild(self, partition: int, resume: int) -> PartitionState:
         """A fresh assembler for ``partition`` in its state at offset ``resume`` (its heads
         restored already)."""
-        state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
-        open_runs = self.heads.load(state, partition)
-        starts = [start for start in open_runs.values() if start < resume]
-        count, replayed = 0, list[Emit]()
-        if starts:
-            for msg in reader.read(self.reader_settings, self.events, partition, min(starts),
-                                   resume):
-                count += 1
-                replayed += partition_module.replay(state, open_runs, reader.record_of(msg))
+        with self.hooks.rebuilding(partition) as rebuild:
+            state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
+            open_runs = self.heads.load(state, partition)
+            starts = [start for start in open_runs.values() if start < resume]
+            count, replayed = 0, list[Emit]()
+            if starts:
+                for msg in reader.read(self.reader_settings, self.events, partition,
+                                       min(starts), resume):
+                    count += 1
+                    replayed += partition_module.replay(state, open_runs,
+                                                        reader.record_of(msg))
+            rebuild.state, rebuild.records = state, count
         log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
                  partition, resume, count, state.assembler.open_runs)
         self._refinish(state, partition, replayed)
@@ -398,6 +449,41 @@ class KafkaEngine:
             self._publish(None, [e for e in outputs if e.topic is not Topic.DLQ])
             self.heads.finished(state, partition, partition_module.finished_runs(outputs))
             self._write_heads()
+
+    # -- operations: delivery, lag, liveness -------------------------------------------
+
+    def _delivered(self, error: KafkaError | None, msg: Message) -> None:
+        """The delivery report of a watched output (served while the transaction commits):
+        a failure is counted (the transaction then aborts)."""
+        if error is not None:
+            self.hooks.delivered(self.topic_of[str(msg.topic())], None, False)
+
+    def _read_lags(self) -> None:
+        """Note each owned events partition's lag: its end offset in the consumer's cache (at
+        ``read_committed``, the last stable offset; no request to the broker) less the
+        consumer's position, which passes the transaction markers that no record follows."""
+        lags = {}
+        try:
+            positions = self.consumer.position(
+                [TopicPartition(self.events, p) for p in self.partitions])
+            for tp in positions:
+                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
+                if high >= 0 and tp.offset >= 0:
+                    lags[tp.partition] = max(0, high - tp.offset)
+        except KafkaException:  # unknown until the next turn
+            pass
+        self.lags = lags
+
+    def _partition_views(self) -> list[PartitionView]:
+        """The owned partitions for the metrics (called on the HTTP thread: reads only)."""
+        lags = self.lags
+        return self.hooks.views(self.partitions, lambda partition, _: lags.get(partition))
+
+    def _alive(self) -> bool:
+        """/healthz: the engine's thread runs and turns its loop (or is rebuilding)."""
+        return self.thread.is_alive() and (
+            self.hooks.health.rebuilds_running > 0 or time.monotonic() - self.beat < LIVE_S)
+
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):

@@ -19,6 +19,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from worker.runtime import logs
 from worker.runtime.step import Record
 
 __all__ = ["read", "read_all", "record_of", "where"]
@@ -41,9 +42,10 @@ def record_of(msg: Message) -> Record:
 
 def _reader(settings: Mapping[str, str]) -> Consumer:
     # fetch.wait.max.ms: an empty partition's end is known at once, not after 500 ms
-    return Consumer({**settings, "group.id": "latch-reader", "enable.auto.commit": False,
-                     "enable.partition.eof": True, "auto.offset.reset": "earliest",
-                     "isolation.level": "read_committed", "fetch.wait.max.ms": 10})
+    return Consumer(logs.kafka_config({
+        **settings, "group.id": "latch-reader", "enable.auto.commit": False,
+        "enable.partition.eof": True, "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed", "fetch.wait.max.ms": 10}))
 
 
 def read(settings: Mapping[str, str], topic: str, partition: int, start: int | None = None,
