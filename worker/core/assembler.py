@@ -78,7 +78,7 @@ from worker.core.envelope import (
 from worker.core.model import CallState, DlqReason, Emit, Reason, RunStatus
 from worker.core.outputs import Outputs, dlq_record
 from worker.core.providers import adapter_for
-from worker.core.run import Call, Latch, utf8_len
+from worker.core.run import FOLD_PIECES, Call, Latch, utf8_len
 from worker.core.schemacheck import SchemaLimits
 from worker.core.settings import AssembleSettings
 from worker.core.tools import (
@@ -124,6 +124,9 @@ def _order_key(value: Any) -> bool:
     return type(value) is int and 0 <= value <= MAX_ORDER_KEY
 
 
+_NONE_TRUNCATED: frozenset[int | None] = frozenset()
+
+
 class Run:
     """The state of one open run."""
 
@@ -141,7 +144,8 @@ class Run:
         self.last_seq = start.seq
         self.last_ms = now_ms
         self.calls: dict[str, Call] = {}
-        self.truncated: set[int | None] = set()
+        #: The choices cut short (None: the whole message); a shared empty set until one is.
+        self.truncated: frozenset[int | None] = _NONE_TRUNCATED
         #: Argument bytes this run's calls hold (its share of ``Assembler.buffered_bytes``).
         self.nbytes = 0
         #: How the stream broke its protocol, once it did (see ``Assembler._break``).
@@ -492,7 +496,7 @@ class Assembler:
             case op.CloseCall(key):
                 return self._close(run, key)
             case op.Truncated(choice):
-                run.truncated.add(choice)
+                run.truncated = run.truncated | {choice}
                 return []
             case op.Complete():
                 if run.broken is not None:
@@ -551,9 +555,13 @@ class Assembler:
                           "bytes) cannot hold this run's calls; this call's text was dropped")
                 return []
             emits = self._make_room(run, growth, budget)
+        parts = call.parts
         if replace:
-            call.parts.clear()
-        call.parts.append(text)
+            parts.clear()
+            call.folded = 0
+        parts.append(text)
+        if len(parts) - call.folded >= FOLD_PIECES:
+            call.fold()
         call.nbytes = total
         run.nbytes += growth
         self._buffered += growth
@@ -692,6 +700,7 @@ class Assembler:
         run.nbytes -= call.nbytes
         self._buffered -= call.nbytes
         call.parts.clear()
+        call.folded = 0
         call.nbytes = 0
 
     def _make_room(self, run: Run, growth: int, budget: int) -> list[Emit]:

@@ -135,7 +135,9 @@ class ValidatorCache:
             return ToolSchema(self, None, SchemaCheck(None, "not JSON"))
         if max_bytes is not None and len(text) > max_bytes:
             return ToolSchema(self, None, SchemaCheck(None, f"more than {max_bytes} bytes"))
-        return ToolSchema(self, text, None)
+        # orjson's result keeps the whole buffer it was written into (4 KiB at least) for
+        # as long as it lives, and an open run holds its tools' texts: keep an exact copy.
+        return ToolSchema(self, bytes(memoryview(text)), None)
 
     def compiled(self, text: bytes) -> SchemaCheck:
         """The compiled check for the schema whose canonical JSON text is ``text``."""

@@ -42,8 +42,9 @@ from worker.core import ops as op
 @dataclass(slots=True)
 class _Choice:
     content: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-    refusal: list[str] = field(default_factory=list)
+    #: Made at their first text (rare): an open choice holds two lists less.
+    reasoning: list[str] | None = None
+    refusal: list[str] | None = None
     finish_reason: str | None = None
     #: tool index -> the buffer key of the call now at that index, and its id.
     slots: dict[int, tuple[str, str | None]] = field(default_factory=dict)
@@ -128,10 +129,16 @@ class OpenAIChat(op.Adapter):
 
     @staticmethod
     def _other_text(choice: _Choice, delta: Any) -> None:
-        for kept, name in ((choice.reasoning, "reasoning_content"), (choice.refusal, "refusal")):
-            text = delta.get(name)
-            if isinstance(text, str) and text:
-                kept.append(text)
+        text = delta.get("reasoning_content")
+        if isinstance(text, str) and text:
+            if choice.reasoning is None:
+                choice.reasoning = []
+            choice.reasoning.append(text)
+        text = delta.get("refusal")
+        if isinstance(text, str) and text:
+            if choice.refusal is None:
+                choice.refusal = []
+            choice.refusal.append(text)
 
     def _tool_call(self, ci: int, choice: _Choice, entry: dict[str, Any],
                    ops: list[op.Op]) -> None:
