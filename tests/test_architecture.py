@@ -74,3 +74,16 @@ def test_the_core_importing_io_breaks_purity(copy_of_the_package: Path, library:
     assert result.returncode != 0
     assert "The core imports no Kafka client, framework, telemetry or I/O library BROKEN" \
         in result.stdout
+
+
+def test_every_package_ships_in_the_wheel() -> None:
+    """Each package directory under ``worker/`` is listed in ``[tool.setuptools] packages``:
+    an unlisted one is missing from ``pip install .`` and the image, though an editable
+    checkout still imports it (the kafka engine once went missing that way)."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"])
+    found = {".".join(init.parent.relative_to(REPO).parts)
+             for init in (REPO / "worker").rglob("__init__.py")}
+    assert found - listed == set()
