@@ -79,7 +79,8 @@ class LatchWorker:
         self.outputs = {t: self.app.topic(getattr(names, t.value), **_RAW) for t in Topic}
         # key_type bytes: raw run_id keys; no value_type: JSON values.
         self.heads = self.app.Table("heads", partitions=names.partitions, key_type=bytes)
-        self.run_heads = Heads(PartitionTrackedTable(self.heads),
+        self.heads_store = PartitionTrackedTable(self.heads)
+        self.run_heads = Heads(self.heads_store,
                                config.worker.finished_run_retention_s)
         self.hooks = EngineHooks(config)
         self.metrics, self.health = self.hooks.metrics, self.hooks.health
@@ -272,11 +273,14 @@ class LatchWorker:
                 self.control_next.pop(tp.partition, None)
 
     async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
-        """faust's ``on_partitions_assigned`` signal: log the events partitions we own."""
+        """faust's ``on_partitions_assigned`` signal: drop the local heads of partitions we
+        no longer own (``PartitionTrackedTable.keep_only``) and log the ones we own."""
         events = self.events.get_topic_name()
         owned = sorted(tp.partition for tp in args[0] if tp.topic == events)
+        dropped = self.heads_store.keep_only(owned)
         self.hooks.assigned(owned)
-        log.info("events partitions assigned: %s", owned)
+        log.info("events partitions assigned: %s%s", owned,
+                 f" (dropped {dropped} heads of partitions owned elsewhere)" if dropped else "")
 
     # -- the core, and what it emits --------------------------------------------------
 

@@ -13,13 +13,21 @@ its outcomes again. Registering every written key lets faust's own clean-up drop
 partition, so after any sequence of revocations and re-assignments the changelog alone (what
 recovery reads) decides the heads.
 
+That clean-up runs only when faust's recovery of the new assignment completes, and faust's
+recovery can stall until the next rebalance (seen in CI: a worker whose partition went away
+and came back within one stalled recovery kept the stale head; faust-streaming issues #21,
+#74, #597 describe such stalls). So the worker also drops, itself, every key of the
+partitions it does not own as each assignment arrives (:meth:`keep_only`). That is safe
+because faust forgets a revoked changelog partition's read offset (``Recovery.revoke``): when
+the partition comes back, recovery re-reads its changelog from the earliest offset.
+
 Stores without that registry (``rocksdb://`` keeps one database per partition and drops
 revoked ones itself) are written as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Collection, Iterator, MutableMapping
 from typing import Any
 
 __all__ = ["PartitionTrackedTable"]
@@ -49,6 +57,21 @@ class PartitionTrackedTable(MutableMapping[bytes, Any]):
 
     def __len__(self) -> int:
         return len(self.table)
+
+    def keep_only(self, partitions: Collection[int]) -> int:
+        """Drop the local copy of every key registered to a partition not in
+        ``partitions`` (no changelog write: the partition's owner keeps it); return how many.
+        """
+        store = self.table.data
+        registry = getattr(store, "_key_partition", None)
+        if registry is None:
+            return 0
+        owned = set(partitions)
+        gone = [key for key, partition in registry.items() if partition not in owned]
+        for key in gone:
+            store.data.pop(key, None)
+            registry.pop(key, None)
+        return len(gone)
 
     def get(self, key: bytes, default: Any = None) -> Any:
         return self.table.get(key, default)

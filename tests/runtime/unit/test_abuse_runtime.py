@@ -383,6 +383,26 @@ def test_heads_written_live_leave_memory_with_their_partition() -> None:
     assert heads.load(state, 1) == {}  # partition 1 is back: nothing stale is open
 
 
+def test_an_assignment_drops_the_heads_of_partitions_owned_elsewhere() -> None:
+    """faust's own clean-up waits for its recovery to complete, and that recovery can stall
+    until the next rebalance (CI saw it: partition 0 went to another worker and came back
+    within one stalled recovery, and the finished run's stale head made the worker publish
+    its outcomes again). The worker's assignment handler drops, on the real faust store, the
+    heads of every partition it no longer owns, by itself; the owned ones stay."""
+    latch = LatchWorker(load_config(None, env={"LATCH_TOPICS__PARTITIONS": "3"}))
+    store = latch.heads.data
+    heads = Heads(PartitionTrackedTable(_LiveTable(store)), retention_s=3600)
+    heads.opened(b"stale", partition=0, offset=0)
+    heads.opened(b"kept", partition=1, offset=7)
+    heads.opened(b"also-gone", partition=2, offset=3)
+    latch.heads_store = PartitionTrackedTable(_LiveTable(store))
+    events = latch.events.get_topic_name()
+    asyncio.run(latch._on_assigned(latch.app, {TP(events, 1), TP("other", 0)}))
+    assert dict(store.items()) == {b"kept": {"p": 1, "start": 7}}
+    assert store._key_partition == {b"kept": 1}
+    assert heads.load(PartitionState(Assembler(), next_offset=9), 0) == {}
+
+
 # -- a control range faust never delivers ---------------------------------------------------
 
 
