@@ -28,9 +28,10 @@ What it does:
    benchmark waits for one final record per run, stops the contender, and checks that its
    group committed the end of every events partition (it read every envelope);
 4. throughput: envelopes / (last final record's append time - first one's), the same window
-   for every contender; CPU seconds of the contender's process in that window (``/proc``,
-   sampled when the first and the last final record are seen) and in total (start-up
-   included); ratios Latch / bare, per round, and their median;
+   for every contender, the finals read at ``read_committed`` (an exactly-once engine's count
+   only once committed); CPU seconds of the contender's process (all its threads) in that
+   window (:class:`CpuTimeline`: sampled every 10 ms, in ns) and in total (start-up included);
+   ratios Latch / bare, by rate and by CPU, per round, and their median;
 5. ``--latency``: for each contender, fresh topics, the contender started and warmed up (one
    run through it), then ``--latency-runs`` runs published at ``--fraction`` of its median
    envelopes/s; for each run, "``stream.end`` appended -> final record appended" (broker
@@ -44,6 +45,7 @@ one run, not the absolute rates of two.
 from __future__ import annotations
 
 import argparse
+import bisect
 import concurrent.futures
 import contextlib
 import functools
@@ -53,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -107,6 +110,62 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+class CpuTimeline:
+    """A contender's CPU time sampled every ``every`` seconds by a thread, in nanoseconds
+    (the scheduler's ``/proc/PID/task/*/schedstat``: ``/proc/PID/stat`` counts in 10 ms
+    ticks, too coarse for a bare loop that reads the backlog in 0.3 s of CPU), so that the
+    CPU of any window can be read afterwards: :meth:`between` two wall-clock times. Sampled
+    apart from the watcher, which may see a whole window's outputs in one fetch (then the
+    CPU read when it saw the first and the last was the same, and the window's CPU came out
+    0). A thread that ends keeps the time it had at its last sample."""
+
+    def __init__(self, pid: int, every: float = 0.01) -> None:
+        self.pid, self.every = pid, every
+        self.threads: dict[str, int] = {}
+        self.samples: list[tuple[float, float]] = []  # (wall time s, CPU s)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="cpu-timeline", daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        now = time.time()
+        try:
+            tasks = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return
+        for tid in tasks:
+            try:
+                with open(f"/proc/{self.pid}/task/{tid}/schedstat", "rb") as f:
+                    self.threads[tid] = int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+        self.samples.append((now, sum(self.threads.values()) / 1e9))
+
+    def _run(self) -> None:
+        while not self.done.wait(self.every):
+            self._sample()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def at(self, wall_s: float) -> float:
+        """The CPU seconds at ``wall_s``, interpolated between the samples around it."""
+        samples = self.samples
+        if not samples:
+            return float("nan")
+        i = bisect.bisect_left(samples, (wall_s, -1.0))
+        if i == 0:
+            return samples[0][1]
+        if i == len(samples):
+            return samples[-1][1]
+        (t0, c0), (t1, c1) = samples[i - 1], samples[i]
+        return c0 + (c1 - c0) * (wall_s - t0) / (t1 - t0) if t1 > t0 else c1
+
+    def between(self, start_s: float, end_s: float) -> float:
+        return self.at(end_s) - self.at(start_s)
 
 
 def find_fixtures() -> Path:
@@ -274,7 +333,9 @@ def contenders(python: str, baseline: str | None = None) -> dict[str, Contender]
         return start
 
     def latch_kafka(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
-        return spawn([python, "-m", "worker", "worker"], latch_env(setup, "kafka"), log)
+        # no HTTP port: another worker on this machine may hold the default one
+        return spawn([python, "-m", "worker", "worker"],
+                     latch_env(setup, "kafka") | {"LATCH_WORKER__HTTP_PORT": "0"}, log)
 
     def kafka_missing() -> str | None:
         code = ("from worker.runtime.config import load_config\n"
@@ -307,7 +368,8 @@ def contenders(python: str, baseline: str | None = None) -> dict[str, Contender]
 
 #: The ratios reported: (Latch contender, the bare one it is measured against).
 RATIOS = (("latch-faust", "bare-faust"), ("latch-faust-baseline", "bare-faust"),
-          ("latch-kafka", "bare-loop"), ("latch-faust", "latch-faust-baseline"))
+          ("latch-kafka", "bare-loop"), ("latch-kafka", "bare-faust"),
+          ("latch-faust", "latch-faust-baseline"))
 
 
 def stop(proc: subprocess.Popen[bytes]) -> int:
@@ -426,12 +488,14 @@ def throughput_round(c: Contender, n: int, bootstrap: str, events: str, backlog:
     log_path = work / f"{c.name}-r{n}.log"
     began = time.monotonic()
     proc = c.start(setup, log_path)
+    cpu = CpuTimeline(proc.pid)
     try:
         watch = watch_finals(setup, proc, runs, max(180.0, envelopes / 500),
                              f"{c.name} round {n}")
         wall = time.monotonic() - began
         cpu_total = cpu_seconds(proc.pid)
     finally:
+        cpu.stop()
         status = stop(proc)
     if status != 0:
         say(f"    {c.name}: exited {status} on SIGTERM (log: {log_path})")
@@ -439,8 +503,9 @@ def throughput_round(c: Contender, n: int, bootstrap: str, events: str, backlog:
     done = committed(bootstrap, setup.group, events, partitions)
     read_all = all(d >= end for d, end in zip(done, backlog, strict=True))
     times = sorted(t for t, _ in watch.finals.values())
+    # the CPU of the same window as the rate: first final appended -> last final appended
     return Result(c.name, n, envelopes, (times[-1] - times[0]) / 1000,
-                  watch.cpu_last - watch.cpu_first, cpu_total, wall, read_all,
+                  cpu.between(times[0] / 1000, times[-1] / 1000), cpu_total, wall, read_all,
                   count_outputs(setup, c.outputs()))
 
 
@@ -577,7 +642,7 @@ def report(results: list[Result], order: list[str]) -> dict[str, Any]:
             "rounds": [r.rate for r in mine]}
         s = summary["contenders"][name]
         s["cpu_us_per_envelope"] = s["cpu_s"] / mine[0].envelopes * 1e6
-        say(f"{name:14}{rate:13,.0f}{s['cpu_s']:8.1f}{s['cpu_us_per_envelope']:12.0f}"
+        say(f"{name:14}{rate:13,.0f}{s['cpu_s']:8.2f}{s['cpu_us_per_envelope']:12.1f}"
             f"{s['cpu_total_s']:13.1f}"
             f"{median([r.wall_s for r in mine]):8.1f}  "
             + ", ".join(f"{r.rate:,.0f}" for r in mine))
@@ -684,7 +749,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                               len(records), topics, work)
                     results.append(result)
                     say(f"  round {n}: {c.name}: {result.rate:,.0f} envelopes/s, CPU "
-                        f"{result.cpu_window_s:.1f} s ({result.cpu_total_s:.1f} s total), "
+                        f"{result.cpu_window_s:.2f} s ({result.cpu_total_s:.1f} s total), "
                         f"read every envelope: {result.read_all}, outputs {result.outputs}")
             summary = report(results, [c.name for c in chosen])
             summary["expected"] = expected

@@ -183,7 +183,7 @@ class WorkerSettings:
     otel_exporter: str = "none"
     engine: str = "faust"
     instance_id: str | None = None
-    batch_max_records: int = 2000
+    batch_max_records: int = 10000
     batch_max_ms: int = 100
     transaction_timeout_s: float = 10.0
     metrics_labels: tuple[str, ...] = ()

@@ -4,12 +4,20 @@ exactly once hold."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
 from faust.serializers import codecs
 
-from worker.core import Assembler, RunStatus
+from worker.core import Assembler, RunStatus, Topic
 from worker.runtime.config import load_config
 from worker.runtime.kafka_engine.heads import HeadsTable, decode, encode
-from worker.runtime.kafka_engine.loop import Batch, consumer_settings, producer_settings
+from worker.runtime.kafka_engine.loop import (
+    Batch,
+    KafkaEngine,
+    consumer_settings,
+    producer_settings,
+)
 from worker.runtime.partition import Heads, PartitionState
 
 
@@ -97,3 +105,97 @@ def test_client_settings_hold_exactly_once_whatever_the_kafka_section_says() -> 
     producer = producer_settings(config, "slot-1")
     assert (producer["transactional.id"], producer["transaction.timeout.ms"],
             producer["partitioner"]) == ("app-slot-1", 7000, "murmur2_random")
+
+
+def test_the_transactional_producer_retries_quickly_unless_configured_otherwise() -> None:
+    """The producer's retry backoff is 10 ms (librdkafka's 100 ms default made each
+    ``send_offsets_to_transaction`` wait out CONCURRENT_TRANSACTIONS retries right after the
+    previous commit); a ``kafka:`` setting still overrides it."""
+    assert producer_settings(load_config(None, env={}), "i")["retry.backoff.ms"] == 10
+    config = load_config(None, env={"LATCH_KAFKA__RETRY_BACKOFF_MS": "50"})
+    assert producer_settings(config, "i")["retry.backoff.ms"] == "50"
+
+
+class _Message:
+    """A consumed events record, as confluent-kafka hands it over."""
+
+    def __init__(self, topic: str, partition: int, offset: int, key: bytes,
+                 doc: dict[str, Any]) -> None:
+        self._where, self._key, self._value = (topic, partition, offset), key, orjson.dumps(doc)
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return self._where[0]
+
+    def partition(self) -> int:
+        return self._where[1]
+
+    def offset(self) -> int:
+        return self._where[2]
+
+    def key(self) -> bytes:
+        return self._key
+
+    def value(self) -> bytes:
+        return self._value
+
+    def timestamp(self) -> tuple[int, int]:
+        return 1, 1_700_000_000_000 + self._where[2]
+
+    def headers(self) -> None:
+        return None
+
+
+class _Producer:
+    """Records what the engine queues in its transaction."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, int | None]] = []
+        self.transactions = 0
+
+    def begin_transaction(self) -> None:
+        self.transactions += 1
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None,
+                partition: int | None = None, **options: Any) -> None:
+        self.sent.append((topic, key, partition))
+
+
+def test_per_record_only_the_offset_moves_unless_a_run_opens_or_ends() -> None:
+    """In one transaction: the record that opens a run writes its head, records that neither
+    open nor end a run write nothing (no head, no output) and only advance the partition's
+    next offset and the batch's position, and the record that ends the run sends its outputs
+    and its ``done`` head."""
+    config = load_config(None, env={"LATCH_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    engine = KafkaEngine(config)  # clients that never connect
+    producer = _Producer()
+    engine.producer = producer  # type: ignore[assignment]
+    engine.partitions = {3: PartitionState(Assembler(config.assemble), next_offset=10)}
+    run = {"v": 1, "run_id": "r1", "provider": "openai.chat"}
+    docs = [run | {"seq": 0, "type": "run.start", "tenant": "t1", "tools": []}]
+    docs += [run | {"seq": n, "type": "provider.event", "event": {
+        "id": "c1", "object": "chat.completion.chunk", "choices": [
+            {"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}}
+        for n in (1, 2, 3)]
+    docs.append(run | {"seq": 4, "type": "stream.end"})
+    messages = [_Message(engine.events, 3, 10 + n, b"r1", doc) for n, doc in enumerate(docs)]
+
+    engine._handle(messages[0])  # type: ignore[arg-type]
+    assert producer.sent == [(engine.changelog, b"r1", 3)]
+    for msg in messages[1:4]:
+        engine._handle(msg)  # type: ignore[arg-type]
+    assert producer.sent == [(engine.changelog, b"r1", 3)]
+    assert engine.batch is not None and engine.batch.records == 4
+    assert engine.batch.offsets == {(engine.events, 3): 14}
+    assert engine.partitions[3].next_offset == 14
+
+    engine._handle(messages[4])  # type: ignore[arg-type]
+    topics = [topic for topic, _, _ in producer.sent[1:]]
+    assert topics[-1] == engine.changelog and engine.outputs[Topic.FINAL] in topics
+    assert engine.table[b"r1"]["done"] is True
+    assert engine.batch.offsets == {(engine.events, 3): 15} and producer.transactions == 1
+    engine._handle(messages[2])  # type: ignore[arg-type]  # a repeat: ignored
+    assert engine.batch.records == 5
+    engine.consumer.close()

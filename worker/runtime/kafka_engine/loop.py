@@ -64,6 +64,9 @@ _CLIENT_TIMEOUT_S = 30.0
 LIVE_S = 2 * _CLIENT_TIMEOUT_S
 #: How often the loop reads the consumer's positions and cached end offsets (lag gauges).
 _LAGS_EVERY_S = 1.0
+#: Records taken per ``consume`` call: the batch's age is checked between calls, so a call's
+#: records (about 5 ms of work for 1,000) are how far a batch can overrun ``batch_max_ms``.
+_CONSUME_MAX = 1000
 
 
 class Fatal(Exception):
@@ -100,9 +103,16 @@ def consumer_settings(config: Config) -> dict[str, Any]:
 
 def producer_settings(config: Config, instance: str) -> dict[str, Any]:
     """The transactional producer: Java's partitioner (a forwarded cancel lands in its run's
-    partition, as the gateway's records do), output records up to the output topics' size."""
+    partition, as the gateway's records do), output records up to the output topics' size.
+
+    ``retry.backoff.ms`` 10 (librdkafka's default 100; overridable under ``kafka:``): right
+    after a commit the coordinator is still writing the markers and answers the next
+    transaction's AddOffsetsToTxn with CONCURRENT_TRANSACTIONS; each retry waited 100 ms, and
+    ``send_offsets_to_transaction`` took 84 to 108 ms a transaction against 3 to 15 ms
+    (measured on the local broker; Java's client lowered this backoff for the same reason,
+    KAFKA-5477). librdkafka still backs off exponentially to ``retry.backoff.max.ms``."""
     worker = config.worker
-    return {**config.kafka.confluent_config(),
+    return {"retry.backoff.ms": 10, **config.kafka.confluent_config(),
             "transactional.id": f"{worker.app_id}-{instance}",
             "transaction.timeout.ms": int(worker.transaction_timeout_s * 1000),
             "partitioner": "murmur2_random", "linger.ms": 5,
@@ -190,7 +200,8 @@ class KafkaEngine:
             room = worker.batch_max_records - (self.batch.records if self.batch else 0)
             wait = max_s if self.batch is None else max(0.0, self.batch.began + max_s
                                                          - time.monotonic())
-            for msg in self.consumer.consume(max(room, 1), timeout=min(wait, 0.5)):
+            for msg in self.consumer.consume(min(max(room, 1), _CONSUME_MAX),
+                                             timeout=min(wait, 0.5)):
                 self._handle(msg)
             now = time.monotonic()
             if now >= next_tick:
@@ -205,8 +216,7 @@ class KafkaEngine:
             if error.fatal():
                 raise Fatal(f"consumer: {error.str()}")
             log.warning("consumer: %s", error.str())
-            return
-        if msg.topic() == self.events:
+        elif msg.topic() == self.events:
             self._apply_event(msg)
         else:
             self._apply_control(msg)
@@ -214,23 +224,32 @@ class KafkaEngine:
     # -- records ----------------------------------------------------------------------
 
     def _apply_event(self, msg: Message) -> None:
-        _, partition, offset = reader.where(msg)
+        # The hot path (every envelope): reader.record_of inlined; the heads, the outputs and
+        # the changelog touched only when the record opened a run or emitted something.
+        # (reader.where's assertion, without its cost: both are set on a consumed record)
+        partition: int = msg.partition()  # type: ignore[assignment]
+        offset: int = msg.offset()  # type: ignore[assignment]
         state = self.partitions.get(partition)
         if state is None or offset < state.next_offset:  # not ours (any more), or a repeat
             return
-        batch = self._begin()
-        record = reader.record_of(msg)
-        key = record[0]
+        batch = self.batch or self._begin()
+        key = msg.key()
+        kind, ts = msg.timestamp()
+        record_ms = None if kind == 0 else ts
+        record = (key, msg.value() or b"", record_ms,
+                  {"topic": self.events, "partition": partition, "offset": offset})
         emits, opened = self.hooks.apply(state, record, msg.headers)
-        self._publish(key, emits, record[2])
         if opened:
             self.heads.opened(key, partition, offset)  # type: ignore[arg-type]  # a run has a key
-        finished = partition_module.finished_runs(emits)
-        if finished:
-            self.heads.finished(state, partition, finished)
+        if emits:
+            self._publish(key, emits, record_ms)
+            finished = partition_module.finished_runs(emits)
+            if finished:
+                self.heads.finished(state, partition, finished)
         if key == TICK:
             self.heads.forget_finished(state)
-        self._write_heads()
+        if self.table.pending:
+            self._write_heads()
         state.next_offset = offset + 1
         batch.offsets[(self.events, partition)] = offset + 1
         batch.records += 1
