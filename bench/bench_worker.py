@@ -323,7 +323,8 @@ def empty_dir() -> str:
 
 def contenders(python: str, baseline: str | None = None) -> dict[str, Contender]:
     """The contenders; with ``baseline`` (another interpreter, e.g. a venv holding main's
-    worker), ``latch-faust-baseline`` too, for a before/after in the same rounds."""
+    worker), ``latch-faust-baseline`` and ``latch-kafka-baseline`` too, for a before/after in
+    the same rounds."""
     faust_args = [f"--faust-setting={k}={v}" for k, v in FAST_FAUST.items()]
 
     def faust_engine(interpreter: str) -> Callable[[Setup, Path], subprocess.Popen[bytes]]:
@@ -332,10 +333,12 @@ def contenders(python: str, baseline: str | None = None) -> dict[str, Contender]
                          log)
         return start
 
-    def latch_kafka(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
-        # no HTTP port: another worker on this machine may hold the default one
-        return spawn([python, "-m", "worker", "worker"],
-                     latch_env(setup, "kafka") | {"LATCH_WORKER__HTTP_PORT": "0"}, log)
+    def kafka_engine(interpreter: str) -> Callable[[Setup, Path], subprocess.Popen[bytes]]:
+        def start(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
+            # no HTTP port: another worker on this machine may hold the default one
+            return spawn([interpreter, "-m", "worker", "worker"],
+                         latch_env(setup, "kafka") | {"LATCH_WORKER__HTTP_PORT": "0"}, log)
+        return start
 
     def kafka_missing() -> str | None:
         code = ("from worker.runtime.config import load_config\n"
@@ -358,18 +361,21 @@ def contenders(python: str, baseline: str | None = None) -> dict[str, Contender]
         return start
 
     found = [Contender("latch-faust", True, faust_engine(python)),
-             Contender("latch-kafka", True, latch_kafka, kafka_missing),
+             Contender("latch-kafka", True, kafka_engine(python), kafka_missing),
              Contender("bare-faust", False, bare("faust")),
              Contender("bare-loop", False, bare("loop"))]
     if baseline:
         found.insert(1, Contender("latch-faust-baseline", True, faust_engine(baseline)))
+        # named in --contenders only (the baseline must have the kafka engine)
+        found.insert(3, Contender("latch-kafka-baseline", True, kafka_engine(baseline)))
     return {c.name: c for c in found}
 
 
 #: The ratios reported: (Latch contender, the bare one it is measured against).
 RATIOS = (("latch-faust", "bare-faust"), ("latch-faust-baseline", "bare-faust"),
           ("latch-kafka", "bare-loop"), ("latch-kafka", "bare-faust"),
-          ("latch-faust", "latch-faust-baseline"))
+          ("latch-kafka-baseline", "bare-loop"), ("latch-faust", "latch-faust-baseline"),
+          ("latch-kafka", "latch-kafka-baseline"))
 
 
 def stop(proc: subprocess.Popen[bytes]) -> int:
@@ -683,7 +689,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "compiled core)")
     parser.add_argument("--baseline-python",
                         help="also run latch-faust-baseline: the faust engine of this "
-                             "interpreter (a venv with another build of the worker)")
+                             "interpreter (a venv with another build of the worker); or "
+                             "name latch-kafka-baseline in --contenders (its kafka engine)")
     parser.add_argument("--bootstrap", help="a running broker (default: start our own)")
     parser.add_argument("--port", type=int, default=19492, help="our own broker's port")
     parser.add_argument("--broker-dir", type=Path, default=ROOT / ".latch" / "bench-broker")
@@ -696,7 +703,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.python = os.path.abspath(args.python)  # the contenders run in another directory
     every = contenders(args.python, args.baseline_python and
                        os.path.abspath(args.baseline_python))
-    if args.baseline_python and "latch-faust-baseline" not in args.contenders:
+    if args.baseline_python and "-baseline" not in args.contenders:
         args.contenders += ",latch-faust-baseline"
     wanted = [n.strip() for n in args.contenders.split(",") if n.strip()]
     unknown = [n for n in wanted if n not in every]
