@@ -62,11 +62,11 @@ _CLIENT_TIMEOUT_S = 30.0
 #: /healthz: the engine's thread turned its loop within this many seconds (a commit may retry
 #: for a while; a rebuild holds the loop as long as it takes and counts as alive).
 LIVE_S = 2 * _CLIENT_TIMEOUT_S
-#: How often the loop reads the consumer's positions and cached end offsets (lag gauges).
-_LAGS_EVERY_S = 1.0
 #: Records taken per ``consume`` call: the batch's age is checked between calls, so a call's
 #: records (about 5 ms of work for 1,000) are how far a batch can overrun ``batch_max_ms``.
 _CONSUME_MAX = 1000
+#: How often the loop reads the consumer's positions and cached end offsets (lag gauges).
+_LAGS_EVERY_S = 1.0
 
 
 class Fatal(Exception):
