@@ -40,6 +40,8 @@ Record = tuple[bytes | None, bytes, int | None, dict[str, Any]]
 
 def step(assembler: Assembler, record: Record) -> list[Emit]:
     """What the worker publishes for one events record, in order."""
+    if record[0] is not None:  # keyed: every envelope but a tick (or a bad record)
+        return feed(assembler, record)
     emits = keyless(record)
     return feed(assembler, record) if emits is None else emits
 

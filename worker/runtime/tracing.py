@@ -108,6 +108,12 @@ class RunTracer:
         self._runs: dict[str, tuple[int, trace.Span | None, Headers]] = {}
         self._ended: list[str] = []
 
+    @property
+    def idle(self) -> bool:
+        """Whether :meth:`on_record` of a record that opened no run and emitted nothing would
+        do nothing (no ended run left to forget)."""
+        return not self._ended
+
     def on_record(self, partition: int, run_id: str | None, opened: bool,
                   headers: Any, emits: Sequence[Emit]) -> None:
         """After the core applied a record of ``run_id`` (``opened``: it started the run)."""

@@ -83,6 +83,21 @@ def test_apply_counts_each_record_and_puts_the_runs_trace_on_its_outputs() -> No
     assert sample(hooks, "tool_assemble_args_bytes_count") == 2
 
 
+def test_a_record_that_emits_nothing_is_counted_and_still_lets_an_ended_run_go() -> None:
+    """A record that opens nothing and emits nothing takes the short path (counted, not
+    traced), except right after a run ended: then the tracer still forgets that run, as it
+    does at every record after a final message."""
+    hooks = EngineHooks(config())
+    state = PartitionState(Assembler(config().assemble), next_offset=0)
+    first, second = one_run("r1"), one_run("r2")
+    applied = [hooks.apply(state, record, HEADERS)[0]
+               for record in records([second[0], *first, second[1], second[2]])]
+    assert applied[-2:] == [[], []]  # r2's first events: nothing emitted
+    assert hooks.tracing.headers("r1") is None and hooks.tracing.open_spans == 1
+    assert hooks.tracing.headers("r2") == HEADERS
+    assert sample(hooks, "latch_records_processed_total") == len(first) + 3
+
+
 def test_readiness_and_rebuild_metrics_around_a_rebuild() -> None:
     """Not ready while a partition rebuilds; ready after; the rebuild's records are counted
     once and the sizes of calls it replayed are not; a revocation makes the worker not ready
