@@ -87,6 +87,11 @@ def test_a_batch_is_due_by_records_or_by_age_and_commits_the_next_offsets() -> N
     batch.offsets[("events", 2)] = 9
     assert [(tp.topic, tp.partition, tp.offset) for tp in batch.positions()] == [
         ("control", 0, 2), ("events", 2, 9)]
+    batch.events_topic = "events"
+    batch.events[1] = 5
+    batch.events[2] = 11  # the events partitions the loop records by number
+    assert [(tp.topic, tp.partition, tp.offset) for tp in batch.positions()] == [
+        ("control", 0, 2), ("events", 1, 5), ("events", 2, 11)]
 
 
 def test_client_settings_hold_exactly_once_whatever_the_kafka_section_says() -> None:
@@ -188,14 +193,15 @@ def test_per_record_only_the_offset_moves_unless_a_run_opens_or_ends() -> None:
         engine._handle(msg)  # type: ignore[arg-type]
     assert producer.sent == [(engine.changelog, b"r1", 3)]
     assert engine.batch is not None and engine.batch.records == 4
-    assert engine.batch.offsets == {(engine.events, 3): 14}
+    assert [(tp.topic, tp.partition, tp.offset) for tp in engine.batch.positions()] == [
+        (engine.events, 3, 14)]
     assert engine.partitions[3].next_offset == 14
 
     engine._handle(messages[4])  # type: ignore[arg-type]
     topics = [topic for topic, _, _ in producer.sent[1:]]
     assert topics[-1] == engine.changelog and engine.outputs[Topic.FINAL] in topics
     assert engine.table[b"r1"]["done"] is True
-    assert engine.batch.offsets == {(engine.events, 3): 15} and producer.transactions == 1
+    assert engine.batch.positions()[0].offset == 15 and producer.transactions == 1
     engine._handle(messages[2])  # type: ignore[arg-type]  # a repeat: ignored
     assert engine.batch.records == 5
     engine.consumer.close()

@@ -81,6 +81,10 @@ class Batch:
     began: float
     records: int = 0
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: The next offset of each partition of ``events_topic`` consumed (apart from
+    #: ``offsets``: an int key per record costs less than a (topic, partition) tuple).
+    events: dict[int, int] = field(default_factory=dict)
+    events_topic: str = ""
     #: The record time of the input of each committed call sent (visible once it commits).
     committed: list[int | None] = field(default_factory=list)
 
@@ -90,7 +94,8 @@ class Batch:
 
     def positions(self) -> list[TopicPartition]:
         """The consumed positions to commit with the transaction."""
-        return [TopicPartition(t, p, o) for (t, p), o in sorted(self.offsets.items())]
+        offsets = self.offsets | {(self.events_topic, p): o for p, o in self.events.items()}
+        return [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
 
 
 def consumer_settings(config: Config) -> dict[str, Any]:
@@ -200,9 +205,13 @@ class KafkaEngine:
             room = worker.batch_max_records - (self.batch.records if self.batch else 0)
             wait = max_s if self.batch is None else max(0.0, self.batch.began + max_s
                                                          - time.monotonic())
+            events, apply_event = self.events, self._apply_event
             for msg in self.consumer.consume(min(max(room, 1), _CONSUME_MAX),
                                              timeout=min(wait, 0.5)):
-                self._handle(msg)
+                if msg.error() is None and msg.topic() == events:  # (most records)
+                    apply_event(msg)
+                else:
+                    self._handle(msg)
             now = time.monotonic()
             if now >= next_tick:
                 self._tick()
@@ -250,8 +259,7 @@ class KafkaEngine:
             self.heads.forget_finished(state)
         if self.table.pending:
             self._write_heads()
-        state.next_offset = offset + 1
-        batch.offsets[(self.events, partition)] = offset + 1
+        state.next_offset = batch.events[partition] = offset + 1
         batch.records += 1
 
     def _apply_control(self, msg: Message) -> None:
@@ -326,7 +334,7 @@ class KafkaEngine:
     def _begin(self) -> Batch:
         if self.batch is None:
             self.producer.begin_transaction()
-            self.batch = Batch(time.monotonic())
+            self.batch = Batch(time.monotonic(), events_topic=self.events)
         return self.batch
 
     def _commit(self, rewind: bool = True) -> None:
