@@ -91,6 +91,7 @@ from worker.core.tools import (
 
 _OPEN = CallState.OPEN
 _COMPLETE = CallState.ARGS_COMPLETE
+_UNWRAPPED = CallState.UNWRAPPED
 #: Between a parallel wrapper's call id and an entry's position in the ids of the calls it is
 #: unwrapped into (``call_abc`` -> ``call_abc#0``, ``call_abc#1``; README, "The parallel
 #: wrapper"). OpenAI's call ids are ``call_`` and letters and digits, never ``#``; an id that
@@ -583,7 +584,7 @@ class Assembler:
         ready = [c for c in ready if c.name in self._pipelined and c.state is _COMPLETE]
         for each in ready:
             self._decide(run, each)
-        return run.out.outcomes(ready, run.calls.values()) if ready else []
+        return self._outcomes(run, ready) if ready else []
 
     # -- the parallel wrapper (README, "The parallel wrapper") --------------------------
 
@@ -660,8 +661,9 @@ class Assembler:
 
     def _decide(self, run: Run, call: Call) -> None:
         truncated = None in run.truncated or call.choice in run.truncated
-        same_id = [c for c in run.calls.values() if c.call_id and c.call_id == call.call_id]
-        run.latch.decide(call, truncated, len(same_id) > 1)
+        tool_call_id = call.tool_call_id
+        shared = sum(1 for c in run.calls.values() if c.tool_call_id == tool_call_id) > 1
+        run.latch.decide(call, truncated, shared)
         if self.sizes is not None:
             self.sizes.append(call.nbytes)
 
@@ -679,7 +681,7 @@ class Assembler:
                 self._decide(run, call)
             elif call.state in (CallState.OPEN, CallState.ARGS_COMPLETE):
                 call.fail(reason or Reason.STREAM_ERROR, detail)
-        emits = run.out.outcomes(calls)
+        emits = self._outcomes(run, calls)
         emits.append(run.out.final(run.adapter, calls, status))
         del self._runs[run.run_id]
         self._buffered -= run.nbytes
@@ -688,6 +690,29 @@ class Assembler:
             self._finished.popitem(last=False)
         self.stats[f"runs_{status}"] += 1
         return emits
+
+    def _outcomes(self, run: Run, batch: list[Call]) -> list[Emit]:
+        """The records of ``batch``'s decided calls not yet emitted, one kind of outcome per
+        ``tool_call_id`` (README, "Choices the contract leaves open"). Among calls that share
+        an id: once one of them has its record out (block-level early commit, or an early
+        error), the others get none (the final message lists them ``failed``,
+        ``duplicate_call_id``; counted in ``reused_ids_suppressed``); until then, each fails
+        ``duplicate_call_id``, whatever else ended it, under a key of its own."""
+        calls = run.calls
+        if len(calls) > 1:
+            ids = Counter(c.tool_call_id for c in calls.values())
+            answered = {c.tool_call_id for c in calls.values() if c.emitted}
+            for call in batch:
+                if call.emitted or call.state is _UNWRAPPED or ids[call.tool_call_id] < 2:
+                    continue
+                if call.tool_call_id in answered:
+                    call.duplicate("another call of this run with the same id already has its "
+                                   "outcome; this one gets no record")
+                    call.emitted = True
+                    self.stats["reused_ids_suppressed"] += 1
+                elif call.reason is not Reason.DUPLICATE_CALL_ID:
+                    call.duplicate("another call of this run has the same id")
+        return run.out.outcomes(batch, calls.values())
 
     # -- memory budgets (module docstring) ---------------------------------------------
 
