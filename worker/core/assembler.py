@@ -268,7 +268,10 @@ class Assembler:
         return self._stream_end(run)
 
     def expire(self, now_ms: int) -> list[Emit]:
-        """Fail every run that has seen no event for ``assemble_idle_timeout_s``."""
+        """Fail every run that has seen no event for ``assemble_idle_timeout_s``, and forget
+        the cancels that waited ``early_cancel_ttl_s`` for their ``run.start`` in vain."""
+        if self._early_cancels:  # by record time too: what the worker's heads mirror
+            self._forget_early_cancels(now_ms)
         limit = self.settings.assemble_idle_timeout_s * 1000
         idle = [r for r in self._runs.values() if now_ms - r.last_ms >= limit]
         emits: list[Emit] = []
@@ -397,6 +400,11 @@ class Assembler:
         self._forget_early_cancels(now_ms)
         found = self._early_cancels.pop(run_id, None)
         return None if found is None else found[1]
+
+    @property
+    def early_cancels_waiting(self) -> int:
+        """How many cancels are remembered, waiting for their ``run.start``."""
+        return len(self._early_cancels)
 
     def early_cancel_pending(self, run_id: str) -> bool:
         """Whether a cancel of ``run_id`` is remembered, waiting for its ``run.start``."""

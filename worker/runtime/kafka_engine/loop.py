@@ -223,8 +223,7 @@ class KafkaEngine:
         key = record[0]
         emits, opened = self.hooks.apply(state, record, msg.headers)
         self._publish(key, emits, record[2])
-        if opened:
-            self.heads.opened(key, partition, offset)  # type: ignore[arg-type]  # a run has a key
+        self.heads.applied(state, key, partition, offset, opened, emits)
         finished = partition_module.finished_runs(emits)
         if finished:
             self.heads.finished(state, partition, finished)
