@@ -17,7 +17,9 @@ Each test proves one line of this list (the input, then its defined outcome):
 * A cancel that reaches the log before its run's ``run.start``: remembered (bounded count,
   expiry in record time) and applied when the run starts: the run ends ``cancelled`` at once
   and nothing of it commits; a cancel older than the expiry, or forgotten beyond the count,
-  changes nothing.
+  changes nothing. (That it survives a worker killed before the ``run.start``: a run head at
+  the cancel's offset, ``tests/runtime/unit/test_early_cancel_heads.py`` and
+  ``tests/runtime/integration/test_early_cancel_takeover.py``.)
 * Assistant text or thinking beyond ``max_run_text_bytes``: the run ends ``failed``, its
   uncommitted calls fail ``budget_exceeded``; argument fragments are not counted as text.
 * 2.9 MB of arguments in 1-byte-ish fragments with ``ui_forward_partial_args``: progress
