@@ -84,3 +84,52 @@ def test_a_tick_waits_for_the_control_backlog_for_a_bounded_time() -> None:
     assert engine._tick(200.0 + loop._TICK_DEFER_MAX_S - 0.5) is False
     assert engine._tick(200.0 + loop._TICK_DEFER_MAX_S) is True
     assert len(producer.sent) == 2
+
+
+class _GroupConsumer(_Consumer):
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+    def assignment(self) -> list[Any]:
+        return []
+
+
+def test_a_wedged_offsets_call_replaces_the_producer_and_too_many_stop_the_worker(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit whose ``send_offsets_to_transaction`` never returns gets a new producer
+    (initialised for transactions: that fences the wedged one); once more than
+    ``MAX_WEDGED`` calls are wedged at once, the worker stops (exit 1) instead of piling up
+    fenced producers."""
+    monkeypatch.setattr(loop, "_WEDGED_GRACE_S", -0.95)  # a wait of 0.05 s, not 3 s
+    config = load_config(None, env={"LATCH_WORKER__TRANSACTION_TIMEOUT_S": "1"})
+    engine = loop.KafkaEngine(config)
+    release = threading.Event()
+    made: list[Any] = []
+
+    class Wedging(_Producer):
+        initialised = False
+
+        def send_offsets_to_transaction(self, *args: Any) -> None:
+            release.wait()
+
+        def init_transactions(self, timeout: float) -> None:
+            self.initialised = True
+
+    def new_producer() -> Any:
+        made.append(Wedging())
+        return made[-1]
+
+    engine._new_producer = new_producer  # type: ignore[method-assign]
+    engine.producer = new_producer()
+    engine.consumer = _GroupConsumer()  # type: ignore[assignment]
+    try:
+        for n in range(loop.MAX_WEDGED):
+            engine.batch = loop.Batch(0.0, offsets={(engine.events, 0): 1})
+            engine._commit(rewind=False)
+            assert len(made) == n + 2 and engine.producer is made[-1]
+            assert engine.producer.initialised and engine.batch is None
+        engine.batch = loop.Batch(0.0, offsets={(engine.events, 0): 1})
+        with pytest.raises(loop.Fatal):
+            engine._commit(rewind=False)
+    finally:
+        release.set()

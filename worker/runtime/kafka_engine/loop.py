@@ -83,8 +83,17 @@ _WEDGED_GRACE_S = 2.0
 _TICK_DEFER_MAX_S = 10.0
 
 
+#: Calls that may stay wedged at once (each holds a fenced producer) before the worker exits.
+MAX_WEDGED = 3
+
+
 class Wedged(Exception):
-    """A transactional producer call did not return in time: the producer must be replaced."""
+    """A transactional producer call did not return in time: the producer must be replaced.
+    ``thread`` is the thread still in the call (it holds the old producer until it returns)."""
+
+    def __init__(self, message: str, thread: threading.Thread) -> None:
+        super().__init__(message)
+        self.thread = thread
 
 
 class Fatal(Exception):
@@ -158,9 +167,8 @@ class KafkaEngine:
         self.instance = worker.instance_id or uuid.uuid4().hex
         self.consumer = Consumer(logs.kafka_config(consumer_settings(config)))
         self.producer = self._new_producer()
-        #: Producers replaced while a call of theirs was wedged (kept: a thread still uses
-        #: them; they are fenced).
-        self.wedged: list[Producer] = []
+        #: Threads still in a wedged call of a replaced (fenced) producer.
+        self.wedged: list[threading.Thread] = []
         #: When the tick waiting for the control backlog first fell due (None: none waits).
         self.tick_deferred: float | None = None
         self.batch: Batch | None = None
@@ -372,6 +380,9 @@ class KafkaEngine:
             for record_ms in batch.committed:  # visible to read_committed readers now
                 self.hooks.delivered(Topic.COMMITTED, record_ms, True)
         except Wedged as exc:
+            self.wedged = [t for t in self.wedged if t.is_alive()] + [exc.thread]
+            if len(self.wedged) > MAX_WEDGED:
+                raise Fatal(f"{len(self.wedged)} transactional calls wedged") from exc
             self._abort(str(exc), rewind, wedged=True)
         except KafkaException as exc:
             error = exc.args[0]
@@ -432,7 +443,6 @@ class KafkaEngine:
         the epoch, so the wedged producer is fenced and its open transaction aborted."""
         log.warning("replacing the wedged transactional producer (transactional.id %s-%s)",
                     self.config.worker.app_id, self.instance)
-        self.wedged.append(self.producer)
         self.producer = self._new_producer()
         self._retrying(lambda: self.producer.init_transactions(_CLIENT_TIMEOUT_S))
 
@@ -574,9 +584,10 @@ def _bounded(call: Callable[[], None], wait_s: float) -> None:
         finally:
             done.set()
 
-    threading.Thread(target=target, name="latch-txn-call", daemon=True).start()
+    thread = threading.Thread(target=target, name="latch-txn-call", daemon=True)
+    thread.start()
     if not done.wait(wait_s):
-        raise Wedged(f"send_offsets_to_transaction did not return in {wait_s:g}s")
+        raise Wedged(f"send_offsets_to_transaction did not return in {wait_s:g}s", thread)
     if failed:
         raise failed[0]
 
