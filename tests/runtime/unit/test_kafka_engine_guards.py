@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from worker.core import Assembler
 from worker.runtime.config import load_config
-from worker.runtime.kafka_engine import loop
+from worker.runtime.kafka_engine import loop, reader
 from worker.runtime.partition import TICK, PartitionState
 
 
@@ -133,3 +133,35 @@ def test_a_wedged_offsets_call_replaces_the_producer_and_too_many_stop_the_worke
             engine._commit(rewind=False)
     finally:
         release.set()
+
+
+def test_a_takeover_query_outlasts_a_destroyed_broker_handle() -> None:
+    """``_query`` calls again after a non-fatal failure (a cluster node killed mid-query:
+    ``_DESTROY_BROKER``, which stopped two workers of the 3-broker chaos run) and returns the
+    answer; a fatal error is raised at once."""
+    engine = loop.KafkaEngine(load_config(None, env={}))
+    failures = [KafkaException(KafkaError(KafkaError._DESTROY_BROKER))]
+
+    def query() -> tuple[int, int]:
+        if failures:
+            raise failures.pop()
+        return 0, 7
+
+    assert engine._query(query) == (0, 7)
+    fatal = KafkaException(KafkaError(KafkaError._FENCED, fatal=True))
+
+    def fenced() -> None:
+        raise fatal
+
+    with pytest.raises(KafkaException):
+        engine._query(fenced)
+
+
+def test_a_reader_reads_on_past_errors_the_consumer_recovers_from() -> None:
+    """A broker or node away (transport, all brokers down, destroyed handle, no leader) is
+    passed over by the rebuild's reader; an unknown partition or a fatal error is not."""
+    assert all(reader.passing(KafkaError(code)) for code in (
+        KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._DESTROY_BROKER,
+        KafkaError.LEADER_NOT_AVAILABLE))
+    assert not reader.passing(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+    assert not reader.passing(KafkaError(KafkaError._TRANSPORT, fatal=True))

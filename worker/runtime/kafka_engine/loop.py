@@ -39,6 +39,7 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import sys
@@ -48,7 +49,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -62,6 +63,8 @@ from worker.runtime.kafka_engine import reader
 from worker.runtime.kafka_engine.heads import HeadsTable
 from worker.runtime.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
+
+_T = TypeVar("_T")
 
 __all__ = ["Batch", "KafkaEngine", "consumer_settings", "producer_settings"]
 
@@ -485,12 +488,14 @@ class KafkaEngine:
         them, or seek when they are assigned already)."""
         if not partitions:
             return
-        committed = self.consumer.committed(partitions, timeout=_CLIENT_TIMEOUT_S)
+        committed = self._query(lambda: self.consumer.committed(partitions,
+                                                                timeout=_CLIENT_TIMEOUT_S))
         changelogs = reader.read_all(self.reader_settings, self.changelog,
                                      [tp.partition for tp in committed if tp.topic == self.events])
         positions = []
         for tp in committed:
-            low, _ = self.consumer.get_watermark_offsets(tp, timeout=_CLIENT_TIMEOUT_S)
+            low, _ = self._query(functools.partial(self.consumer.get_watermark_offsets, tp,
+                                                   timeout=_CLIENT_TIMEOUT_S))
             resume = max(tp.offset, low)
             if tp.topic == self.events:
                 self.table.restore(tp.partition, changelogs[tp.partition])
@@ -504,6 +509,21 @@ class KafkaEngine:
         else:
             self.consumer.assign(positions)
         log.info("events partitions assigned: %s", sorted(self.partitions))
+
+    def _query(self, call: Callable[[], _T]) -> _T:
+        """A broker query of a takeover, again while it fails other than fatally (for up to
+        twice the client time-out): a cluster node killed mid-query destroys its broker
+        handle (``_DESTROY_BROKER``), and the takeover must outlast that."""
+        deadline = time.monotonic() + 2 * _CLIENT_TIMEOUT_S
+        while True:
+            try:
+                return call()
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.fatal() or time.monotonic() > deadline:
+                    raise
+                log.warning("takeover: %s; retrying", error.str())
+                time.sleep(0.5)
 
     def _rebuild(self, partition: int, resume: int) -> PartitionState:
         """A fresh assembler for ``partition`` in its state at offset ``resume`` (its heads
