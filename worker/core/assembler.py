@@ -24,12 +24,17 @@ happens at each bound is an outcome, never a silent drop or a refused run:
   the order depends only on the input order. A ``run.start`` that finds the limit reached is
   accepted, and the least recently active run is ended first: its uncommitted calls fail
   ``budget_exceeded``, its final message has status ``failed``.
-* **Buffered argument bytes** (``max_buffered_bytes``): the UTF-8 argument text held by all open
-  runs, kept as a running total (added on append, released when a buffer is dropped or
-  replaced and when its run ends). A fragment that would cross the budget ends the least
-  recently active runs that hold bytes, other than the receiving run, the same way, until it
-  fits. When the receiving run alone would cross it, nobody else is ended: the receiving call
-  fails ``budget_exceeded`` and its buffer is dropped; the run goes on.
+* **Buffered bytes** (``max_buffered_bytes``): the UTF-8 argument text held by all open runs,
+  their tools' schema text, and the text their adapters keep for the final messages
+  (assistant text, thinking, content blocks, output items: the bytes each adapter reports in
+  ``Adapter.kept``, UTF-8 for text and the JSON text of a kept value), kept as a running total
+  (added on append, released when a buffer is dropped or replaced and when its run ends). A
+  fragment, or an event whose kept text, would cross the budget ends the least recently
+  active runs that hold bytes, other than the receiving run, the same way, until it fits.
+  When the receiving run alone would cross it, nobody else is ended: for an argument
+  fragment the receiving call fails ``budget_exceeded`` and its buffer is dropped, and the
+  run goes on; for kept text (which a final message in the making cannot drop) the receiving
+  run ends (status ``failed``, its uncommitted calls fail ``budget_exceeded``).
 * **Calls per run**: ``max_tool_calls_in_flight_assemble`` bounds the calls assembled at once,
   and each call beyond it still gets a failed placeholder (``too_many_tool_calls``) so that it
   has its one outcome. Placeholders cost memory too, so a run may hold at most
@@ -43,8 +48,9 @@ happens at each bound is an outcome, never a silent drop or a refused run:
   (less the whole record for a lone fragment within :data:`FRAGMENT_ENVELOPE` bytes of its
   text): the event that crosses the bound ends the run (status ``failed``, its
   uncommitted calls fail ``budget_exceeded``), so no final message grows past what the output
-  topics accept. These bytes are not in ``max_buffered_bytes``: they overcount the text they
-  bound (the envelopes of small deltas) many times.
+  topics accept. This per-run bound counts event bytes, an overcount of the text kept (the
+  envelopes of small deltas) that is never below the text's JSON size in the final message;
+  the partition's ``max_buffered_bytes`` counts the text actually kept.
 
 Every end of a run above is the same ``_finish`` as a stream error's, so each call still gets
 exactly one outcome and the run one final message.
@@ -146,7 +152,8 @@ class Run:
         self.calls: dict[str, Call] = {}
         #: The choices cut short (None: the whole message); a shared empty set until one is.
         self.truncated: frozenset[int | None] = _NONE_TRUNCATED
-        #: Argument bytes this run's calls hold (its share of ``Assembler.buffered_bytes``).
+        #: Argument, schema and text bytes this run holds (its share of
+        #: ``Assembler.buffered_bytes``).
         self.nbytes = 0
         #: How the stream broke its protocol, once it did (see ``Assembler._break``).
         self.broken: str | None = None
@@ -286,7 +293,8 @@ class Assembler:
 
     @property
     def buffered_bytes(self) -> int:
-        """Argument bytes held by all open runs (what ``max_buffered_bytes`` bounds)."""
+        """Argument, schema and kept text bytes held by all open runs (what
+        ``max_buffered_bytes`` bounds)."""
         return self._buffered
 
     def is_open(self, run_id: str) -> bool:
@@ -441,6 +449,16 @@ class Assembler:
             self.stats["runs_over_text_bytes"] += 1
             return self._finish(run, RunStatus.FAILED, Reason.BUDGET_EXCEEDED, "the run's text "
                                 f"and thinking exceeded {self._max_run_text_bytes} bytes")
+        kept = run.adapter.kept
+        if kept:  # text kept for the final message: held in max_buffered_bytes
+            run.adapter.kept = 0
+            ended = self._hold_text(run, kept)
+            if ended:  # runs ended to make room, perhaps this one
+                return ended + self._ops(run, ops) if run.run_id in self._runs else ended
+        return self._ops(run, ops)
+
+    def _ops(self, run: Run, ops: list[op.Op]) -> list[Emit]:
+        """Apply one provider event's ops, until one ends the run."""
         if not ops:  # most events (text deltas) have none
             return []
         if len(ops) == 1:
@@ -702,6 +720,24 @@ class Assembler:
         call.parts.clear()
         call.folded = 0
         call.nbytes = 0
+
+    def _hold_text(self, run: Run, growth: int) -> list[Emit]:
+        """Count ``growth`` more bytes of text that ``run``'s adapter kept (fewer when
+        negative) in ``max_buffered_bytes``, making room as for argument text: the runs ended
+        to make it (``_make_room``), or ``run`` itself when it alone would cross the budget
+        (its text cannot be dropped from a final message in the making, so the run ends)."""
+        budget = self._max_buffered_bytes
+        emits: list[Emit] = []
+        if growth > 0 and self._buffered + growth > budget:
+            if run.nbytes + growth > budget:
+                self.stats["runs_over_buffered_bytes_text"] += 1
+                return self._finish(run, RunStatus.FAILED, Reason.BUDGET_EXCEEDED, (
+                    f"the worker's byte budget ({budget} bytes) cannot hold this run's text "
+                    "and arguments; the run was ended"))
+            emits = self._make_room(run, growth, budget)
+        run.nbytes += growth
+        self._buffered += growth
+        return emits
 
     def _make_room(self, run: Run, growth: int, budget: int) -> list[Emit]:
         """End the least recently active runs holding bytes, other than ``run``, until

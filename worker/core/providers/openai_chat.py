@@ -113,9 +113,10 @@ class OpenAIChat(op.Adapter):
             content = delta.get("content")  # nearly every chunk: a text delta, and only that
             if type(content) is str and content:
                 choice.content.append(content)
+                self.kept += len(content) if content.isascii() else op.utf8_len(content)
             if len(delta) > (content is not None):  # more than the content: look further
                 if "reasoning_content" in delta or "refusal" in delta:
-                    self._other_text(choice, delta)
+                    self.kept += self._other_text(choice, delta)
                 tool_calls = delta.get("tool_calls")
                 if tool_calls:
                     for entry in _array(tool_calls):
@@ -128,17 +129,22 @@ class OpenAIChat(op.Adapter):
         return ops
 
     @staticmethod
-    def _other_text(choice: _Choice, delta: Any) -> None:
+    def _other_text(choice: _Choice, delta: Any) -> int:
+        """Keep a delta's reasoning and refusal text; the bytes kept."""
+        kept = 0
         text = delta.get("reasoning_content")
         if isinstance(text, str) and text:
             if choice.reasoning is None:
                 choice.reasoning = []
             choice.reasoning.append(text)
+            kept += op.utf8_len(text)
         text = delta.get("refusal")
         if isinstance(text, str) and text:
             if choice.refusal is None:
                 choice.refusal = []
             choice.refusal.append(text)
+            kept += op.utf8_len(text)
+        return kept
 
     def _tool_call(self, ci: int, choice: _Choice, entry: dict[str, Any],
                    ops: list[op.Op]) -> None:
