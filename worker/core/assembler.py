@@ -432,29 +432,45 @@ class Assembler:
                         value: bytes, source: dict[str, Any] | None) -> list[Emit]:
         try:
             ops = run.adapter.feed(event)
-            if ops and (len(ops) > 1 or not isinstance(ops[0], op.AppendArgs)):  # a fragment
-                _check_order_keys(ops)  # alone opens no call: nothing to check
+            n = len(ops)
+            if n and (n > 1 or not isinstance(ops[0], op.AppendArgs)):  # a fragment alone
+                _check_order_keys(ops)  # opens no call: nothing to check
         except Exception as exc:  # a malformed provider event: contained, never raised
             return [self._unreadable(run, exc, key, value, source)]
         # What an adapter keeps for the final message (text, thinking, blocks, items) comes
         # from the event's bytes that are not argument text: they bound the run's text. A lone
         # argument fragment's own envelope (at most FRAGMENT_ENVELOPE bytes) is not counted.
         size = len(value) if value else len(dumps(event))
-        if ops:
-            size -= sum(len(o.text) for o in ops if isinstance(o, (op.AppendArgs, op.SetArgs)))
-            if len(ops) == 1 and size <= FRAGMENT_ENVELOPE:
+        if n == 1:
+            first = ops[0]
+            if isinstance(first, (op.AppendArgs, op.SetArgs)):
+                size -= len(first.text)
+            if size <= FRAGMENT_ENVELOPE:
                 size = 0
-        run.text_bytes += size
-        if run.text_bytes > self._max_run_text_bytes:
+        elif n:
+            for item in ops:
+                if isinstance(item, (op.AppendArgs, op.SetArgs)):
+                    size -= len(item.text)
+        text_bytes = run.text_bytes + size
+        run.text_bytes = text_bytes
+        if text_bytes > self._max_run_text_bytes:
             self.stats["runs_over_text_bytes"] += 1
             return self._finish(run, RunStatus.FAILED, Reason.BUDGET_EXCEEDED, "the run's text "
                                 f"and thinking exceeded {self._max_run_text_bytes} bytes")
         kept = run.adapter.kept
         if kept:  # text kept for the final message: held in max_buffered_bytes
             run.adapter.kept = 0
-            ended = self._hold_text(run, kept)
-            if ended:  # runs ended to make room, perhaps this one
-                return ended + self._ops(run, ops) if run.run_id in self._runs else ended
+            if kept < 0 or self._buffered + kept <= self._max_buffered_bytes:
+                run.nbytes += kept  # it fits: _hold_text, inline
+                self._buffered += kept
+            else:
+                ended = self._hold_text(run, kept)
+                if ended:  # runs ended to make room, perhaps this one
+                    return ended + self._ops(run, ops) if run.run_id in self._runs else ended
+        if n == 1:
+            item = ops[0]
+            if isinstance(item, op.AppendArgs):  # _apply(run, item), inline: nearly every op
+                return self._args(run, item.key, item.text, replace=False)
         return self._ops(run, ops)
 
     def _ops(self, run: Run, ops: list[op.Op]) -> list[Emit]:

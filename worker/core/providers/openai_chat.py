@@ -100,16 +100,21 @@ class OpenAIChat(op.Adapter):
         choices = event.get("choices")
         if not choices:
             return []
+        if not isinstance(choices, list):
+            raise ValueError("expected an array")
         ops: list[op.Op] = []
-        for raw in _array(choices):
-            raw = _object(raw)
+        for raw in choices:
+            if not isinstance(raw, dict):
+                raise ValueError("expected an object")
             ci = raw.get("index", 0)
             if type(ci) is not int or ci < 0:  # absent, odd or negative: rare, and refused
                 ci = _index(ci) or 0
             choice = self._choices.get(ci)
             if choice is None:  # not setdefault: that would build a _Choice for every chunk
                 choice = self._choices[ci] = _Choice()
-            delta = _object(raw.get("delta") or _NO_DELTA)
+            delta = raw.get("delta") or _NO_DELTA
+            if not isinstance(delta, dict):
+                raise ValueError("expected an object")
             content = delta.get("content")  # nearly every chunk: a text delta, and only that
             if type(content) is str and content:
                 choice.content.append(content)
