@@ -58,6 +58,7 @@ exactly one outcome and the run one final message.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -137,10 +138,10 @@ class Run:
     """The state of one open run."""
 
     __slots__ = ("adapter", "broken", "calls", "key", "last_ms", "last_seq", "latch", "nbytes",
-                 "out", "run_id", "start", "text_bytes", "truncated")
+                 "out", "run_id", "text_bytes", "truncated")
 
     def __init__(self, start: RunStart, adapter: op.Adapter, latch: Latch, now_ms: int) -> None:
-        self.start = start
+        # (the run.start itself is not kept: its tools are the latch's, the rest the outputs')
         self.run_id = start.run_id
         #: The record key of the run's envelopes (its run id, UTF-8).
         self.key = start.run_id.encode()
@@ -334,8 +335,9 @@ class Assembler:
         if start.max_tool_calls is not None:
             budget = min(budget, start.max_tool_calls)
         adapter = adapter_for(start.provider, start.run_id)
-        latch = Latch(self.settings, tools, budget, adapter.parse_arguments)
-        run = Run(start._replace(tools=None), adapter, latch, now_ms)
+        latch = Latch(self.settings, tools, budget, adapter.parse_arguments
+                      if adapter.parses_own_arguments else strictjson.parse)
+        run = Run(start, adapter, latch, now_ms)
         run.nbytes = cost
         self._buffered += cost
         self._runs[start.run_id] = run
@@ -551,7 +553,10 @@ class Assembler:
         if run.broken is not None and item.call_id is not None and any(
                 c.call_id == item.call_id for c in run.calls.values()):
             return []  # after a break, an id the run holds already has its one outcome
-        call = Call(item.key, item.index, item.choice, len(run.calls), item.call_id, item.name,
+        name = item.name
+        if name is not None and name in run.latch.tools:
+            name = sys.intern(name)  # the tool map's key (tools.client_tools): one string
+        call = Call(item.key, item.index, item.choice, len(run.calls), item.call_id, name,
                     item.kind, item.tool)
         limit = self.settings.max_tool_calls_in_flight_assemble
         cap = CALLS_PER_RUN_FACTOR * limit

@@ -268,6 +268,9 @@ class Adapter:
     #: Names of the ``multi_tool_use.parallel`` wrapper that the assembler unwraps into one
     #: call per ``tool_uses[]`` entry when the run registered no tool of that name.
     wrapper_names: ClassVar[frozenset[str]] = frozenset()
+    #: Whether :meth:`parse_arguments` is the adapter's own (else strict JSON: the latch then
+    #: takes ``strictjson.parse`` itself, and a run holds no bound method for it).
+    parses_own_arguments: ClassVar[bool] = False
 
     def __init__(self) -> None:
         #: Whether the stream broke its protocol (the adapter said :class:`ProtocolError`).

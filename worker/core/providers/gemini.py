@@ -108,6 +108,7 @@ class Gemini(op.Adapter):
     """Adapter for ``google.gemini``."""
 
     completes_on_stream_end: ClassVar[bool] = False
+    parses_own_arguments: ClassVar[bool] = True
 
     def __init__(self, run_id: str = "") -> None:
         super().__init__()
