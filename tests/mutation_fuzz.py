@@ -366,14 +366,14 @@ class SpyAssembler(Assembler):
         # (an id it holds already, after a protocol break) opens none.
         before = len(run.calls)
         emits = super()._open(run, item)
-        self.opened[run.start.run_id] += len(run.calls) - before
+        self.opened[run.run_id] += len(run.calls) - before
         return emits
 
     def _unwrap(self, run: Any, call: Any) -> Any:
         # A parallel wrapper gets no outcome of its own; each of its entries gets one.
         children = super()._unwrap(run, call)
         if children:
-            self.opened[run.start.run_id] += len(children) - 1
+            self.opened[run.run_id] += len(children) - 1
         return children
 
     def _start(self, start: Any, run: Any, now_ms: int, raw: Any) -> list[Emit]:

@@ -22,6 +22,9 @@ Each test proves one line of this list (the input, then its defined outcome):
   ``tests/runtime/integration/test_early_cancel_takeover.py``.)
 * Assistant text or thinking beyond ``max_run_text_bytes``: the run ends ``failed``, its
   uncommitted calls fail ``budget_exceeded``; argument fragments are not counted as text.
+* Many runs of big assistant text: the text kept counts in ``max_buffered_bytes``; the least
+  recently active runs end ``failed`` to make room, and a run whose text alone exceeds it
+  ends (``test_text_budget.py``).
 * 2.9 MB of arguments in 1-byte-ish fragments with ``ui_forward_partial_args``: progress
   records carry each fragment and its offset, so their size is linear in the argument bytes.
 
