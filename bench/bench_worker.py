@@ -32,10 +32,10 @@ What it does:
    sampled when the first and the last final record are seen) and in total (start-up
    included); ratios Latch / bare, per round, and their median;
 5. ``--latency``: for each contender, fresh topics, the contender started and warmed up (one
-   run through it), then ``--latency-runs`` runs published at ``--fraction`` of its median
-   envelopes/s; for each run, "``stream.end`` appended -> final record appended" (broker
-   append times) and "-> final record visible to a ``read_committed`` consumer" (a live
-   watcher's clock, same host); p50/p99 of each.
+   tiny run through each events partition), then ``--latency-runs`` runs published at
+   ``--fraction`` of its median envelopes/s; for each run, "``stream.end`` appended ->
+   final record appended" (broker append times) and "-> final record visible to a
+   ``read_committed`` consumer" (a live watcher's clock, same host); p50/p99 of each.
 
 Every figure is of this machine at that moment: on a shared machine, compare the ratios of
 one run, not the absolute rates of two.
@@ -455,14 +455,29 @@ def end_offsets_of(bootstrap: str, topic: str, partitions: int) -> list[int]:
 # -- latency ---------------------------------------------------------------------------------
 
 
-def warm_records(tag: str) -> list[Record]:
-    """One tiny run (start, end), published first so that the contender is assigned and
-    running before the paced load begins."""
-    key = f"warm-{tag}".encode()
-    start = {"v": 1, "run_id": key.decode(), "seq": 0, "type": "run.start",
-             "provider": "openai.chat", "tenant": "t1", "tools": []}
-    end = {"v": 1, "run_id": key.decode(), "seq": 1, "type": "stream.end"}
-    return [(key, orjson.dumps(start), 0), (key, orjson.dumps(end), 0)]
+def warm_records(tag: str, partitions: int) -> list[tuple[int, Record]]:
+    """One tiny run (start, end) into each events partition, published first so that the
+    contender is assigned and has taken over every partition (Latch: its first record there
+    rebuilds it) before the paced load begins: otherwise the first paced run of each
+    partition pays for the takeover."""
+    warm = []
+    for partition in range(partitions):
+        run_id = f"warm-{tag}-{partition}"
+        start = {"v": 1, "run_id": run_id, "seq": 0, "type": "run.start",
+                 "provider": "openai.chat", "tenant": "t1", "tools": []}
+        end = {"v": 1, "run_id": run_id, "seq": 1, "type": "stream.end"}
+        warm += [(partition, (run_id.encode(), orjson.dumps(doc), 0)) for doc in (start, end)]
+    return warm
+
+
+def publish_to_partitions(bootstrap: str, topic: str,
+                          records: Sequence[tuple[int, Record]]) -> None:
+    """Publish each record into the partition given with it."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+    for partition, (key, value, _) in records:
+        producer.produce(topic, key=key, value=value, partition=partition)
+    if producer.flush(60):
+        raise RuntimeError("the warm-up records were not all delivered")
 
 
 def paced_publish(bootstrap: str, topic: str, records: Sequence[Record], rate: float) -> float:
@@ -536,9 +551,9 @@ def latency_run(c: Contender, bootstrap: str, partitions: int, records: list[Rec
     c.prepare(topics, setup)
     proc = c.start(setup, work / f"{c.name}-latency.log")
     try:
-        warm = warm_records(tag)
-        publish(bootstrap, setup.events, warm)
-        watch_finals(setup, proc, {warm[0][0]}, 120, f"{c.name} warm-up")
+        warm = warm_records(tag, partitions)
+        publish_to_partitions(bootstrap, setup.events, warm)
+        watch_finals(setup, proc, {key for _, (key, _, _) in warm}, 120, f"{c.name} warm-up")
         say(f"    {c.name}: warm; publishing {len(records):,} envelopes at {rate:,.0f}/s")
         runs = {key for key, _, _ in records}
         # The watcher must see each final as it appears: publish from another thread.
