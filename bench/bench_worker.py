@@ -48,6 +48,7 @@ import concurrent.futures
 import contextlib
 import functools
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -358,12 +359,14 @@ def watch_finals(setup: Setup, proc: subprocess.Popen[bytes], wanted: set[bytes]
                 shown = now
                 say(f"    {label}: {len(wanted & watch.finals.keys())}/{len(wanted)} runs "
                     f"finished, {now - started:.0f} s")
-            for msg in consumer.consume(1000, timeout=0.05):
-                if msg.error() is not None or msg.key() in watch.finals:
-                    continue
-                if not watch.finals:
-                    watch.cpu_first = cpu_seconds(proc.pid)
-                watch.finals[msg.key()] = (msg.timestamp()[1], time.time() * 1000)
+            # poll, not consume(n, timeout): a batch consume waits out its timeout unless n
+            # records arrive, which would add up to that timeout to every "visible" time
+            msg = consumer.poll(0.05)
+            if msg is None or msg.error() is not None or msg.key() in watch.finals:
+                continue
+            if not watch.finals:
+                watch.cpu_first = cpu_seconds(proc.pid)
+            watch.finals[msg.key()] = (msg.timestamp()[1], time.time() * 1000)
         watch.cpu_last = cpu_seconds(proc.pid)
         return watch
     finally:
@@ -556,8 +559,10 @@ def latency_run(c: Contender, bootstrap: str, partitions: int, records: list[Rec
         watch_finals(setup, proc, {key for _, (key, _, _) in warm}, 120, f"{c.name} warm-up")
         say(f"    {c.name}: warm; publishing {len(records):,} envelopes at {rate:,.0f}/s")
         runs = {key for key, _, _ in records}
-        # The watcher must see each final as it appears: publish from another thread.
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        # The watcher must see each final as it appears: publish from another process (a
+        # thread would share this one's interpreter lock with the watcher).
+        fork = multiprocessing.get_context("fork")
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=fork) as pool:
             publishing = pool.submit(paced_publish, bootstrap, setup.events, records, rate)
             watch = watch_finals(setup, proc, runs, 300, f"{c.name} latency")
             achieved = publishing.result()
