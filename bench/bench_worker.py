@@ -270,8 +270,9 @@ def contenders(python: str, baseline: str | None = None) -> dict[str, Contender]
 
     def faust_engine(interpreter: str) -> Callable[[Setup, Path], subprocess.Popen[bytes]]:
         def start(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
-            return spawn([interpreter, "-m", "worker", "worker", *faust_args], latch_env(setup),
-                         log)
+            # no HTTP port: another worker on this machine may hold the default one
+            return spawn([interpreter, "-m", "worker", "worker", *faust_args],
+                         latch_env(setup) | {"LATCH_WORKER__HTTP_PORT": "0"}, log)
         return start
 
     def latch_kafka(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
@@ -434,6 +435,7 @@ def throughput_round(c: Contender, n: int, bootstrap: str, events: str, backlog:
                              f"{c.name} round {n}")
         wall = time.monotonic() - began
         cpu_total = cpu_seconds(proc.pid)
+        wait_committed(bootstrap, setup.group, events, backlog, 15.0)
     finally:
         status = stop(proc)
     if status != 0:
@@ -445,6 +447,19 @@ def throughput_round(c: Contender, n: int, bootstrap: str, events: str, backlog:
     return Result(c.name, n, envelopes, (times[-1] - times[0]) / 1000,
                   watch.cpu_last - watch.cpu_first, cpu_total, wall, read_all,
                   count_outputs(setup, c.outputs()))
+
+
+def wait_committed(bootstrap: str, group: str, topic: str, backlog: list[int],
+                   timeout: float) -> None:
+    """Wait (``timeout`` at most) until ``group`` has committed the end of the backlog: the
+    last final record can be out before the record that made it is acked and committed (at
+    the next commit interval), and stopping the contender then would leave it uncommitted."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = committed(bootstrap, group, topic, len(backlog))
+        if all(d >= end for d, end in zip(done, backlog, strict=True)):
+            return
+        time.sleep(0.25)
 
 
 def end_offsets_of(bootstrap: str, topic: str, partitions: int) -> list[int]:
@@ -714,8 +729,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 paced = bench_core.corpus(fixtures, args.latency_runs, seed=11)
                 for c in chosen:
                     rate = args.fraction * summary["contenders"][c.name]["envelopes_per_s"]
-                    latencies.append(latency_run(c, bootstrap, args.partitions, paced, rate,
-                                                 topics, work))
+                    try:
+                        latencies.append(latency_run(c, bootstrap, args.partitions, paced,
+                                                     rate, topics, work))
+                    except RuntimeError as exc:  # the others' figures still count
+                        say(f"    {c.name}: no latency figures: {exc}")
                 summary["latency"] = report_latency(latencies)
         finally:
             topics.delete_all()
