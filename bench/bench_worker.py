@@ -242,7 +242,9 @@ def latch_env(setup: Setup, engine: str | None = None) -> dict[str, str]:
             "LATCH_KAFKA__BOOTSTRAP_SERVERS": setup.bootstrap,
             "LATCH_TOPICS__PARTITIONS": str(setup.partitions),
             "LATCH_WORKER__APP_ID": setup.group,
-            "LATCH_WORKER__WEB_PORT": "0"}
+            "LATCH_WORKER__WEB_PORT": "0",
+            # no HTTP port: another worker on this machine may hold the default one
+            "LATCH_WORKER__HTTP_PORT": "0"}
     if engine is not None:
         env["LATCH_WORKER__ENGINE"] = engine
     return env
@@ -270,9 +272,8 @@ def contenders(python: str, baseline: str | None = None) -> dict[str, Contender]
 
     def faust_engine(interpreter: str) -> Callable[[Setup, Path], subprocess.Popen[bytes]]:
         def start(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
-            # no HTTP port: another worker on this machine may hold the default one
-            return spawn([interpreter, "-m", "worker", "worker", *faust_args],
-                         latch_env(setup) | {"LATCH_WORKER__HTTP_PORT": "0"}, log)
+            return spawn([interpreter, "-m", "worker", "worker", *faust_args], latch_env(setup),
+                         log)
         return start
 
     def latch_kafka(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
