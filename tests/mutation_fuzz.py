@@ -19,9 +19,9 @@ few runs of those captures and, at a given rate, damages them the ways real inpu
 ``feed_record`` never raises; every output serializes with orjson (as the worker publishes it)
 and validates against ``schemas/output-line.schema.json``; a DLQ record keeps the original
 bytes; nothing of a run follows its final message; and, once :meth:`Checker.finish` has fed a
-tick far in the future, every run that started has ended and every call it opened has exactly
-one outcome, the same ones its final message lists. Everything is driven by one
-``random.Random``, so a seed reproduces a sequence exactly.
+tick far in the future, every run that started has ended and every call it opened is in its
+final message, each ``tool_call_id`` with one kind of outcome (:func:`check_final`).
+Everything is driven by one ``random.Random``, so a seed reproduces a sequence exactly.
 """
 
 from __future__ import annotations
@@ -366,14 +366,14 @@ class SpyAssembler(Assembler):
         # (an id it holds already, after a protocol break) opens none.
         before = len(run.calls)
         emits = super()._open(run, item)
-        self.opened[run.start.run_id] += len(run.calls) - before
+        self.opened[run.run_id] += len(run.calls) - before
         return emits
 
     def _unwrap(self, run: Any, call: Any) -> Any:
         # A parallel wrapper gets no outcome of its own; each of its entries gets one.
         children = super()._unwrap(run, call)
         if children:
-            self.opened[run.start.run_id] += len(children) - 1
+            self.opened[run.run_id] += len(children) - 1
         return children
 
     def _start(self, start: Any, run: Any, now_ms: int, raw: Any) -> list[Emit]:
@@ -395,6 +395,39 @@ def _entry(emit: Emit) -> dict[str, Any]:
     if not committed:
         entry["reason"] = v["reason"]
     return entry
+
+
+#: The final's entry of a call that has no record: it reused an id whose outcome was out.
+UNRECORDED = {"state": "failed", "reason": "duplicate_call_id"}
+
+
+def check_final(run_id: str, records: list[Emit], final: dict[str, Any], early: bool) -> None:
+    """A run's outcome records against its final message: every ``tool_call_id`` has one
+    kind of outcome ("committed" or one reason), whatever the calls that share it; the final
+    lists each record's outcome (in the same order, or, with early commit, which sends some
+    first, as a multiset) and, only with early commit, a ``failed``/``duplicate_call_id``
+    entry without a record for a call that reused an id whose outcome was out already; no two
+    records share an idempotency key."""
+    kinds: dict[str, set[str]] = defaultdict(set)
+    for e in records:
+        committed = e.topic is Topic.COMMITTED
+        kinds[e.value["call_id" if committed else "tool_call_id"]].add(
+            "committed" if committed else e.value["reason"])
+    assert all(len(k) == 1 for k in kinds.values()), (run_id, dict(kinds))
+    entries = [orjson.dumps(_entry(e), option=orjson.OPT_SORT_KEYS) for e in records]
+    listed = [orjson.dumps(o, option=orjson.OPT_SORT_KEYS) for o in final["outcomes"]]
+    if not early:
+        assert entries == listed, (run_id, entries, listed)
+    else:
+        unrecorded = Counter(listed)
+        unrecorded.subtract(entries)
+        assert all(n >= 0 for n in unrecorded.values()), (run_id, entries, listed)
+        for line, n in unrecorded.items():
+            entry = orjson.loads(line)
+            assert not n or (entry["tool_call_id"] in kinds
+                             and {k: entry.get(k) for k in UNRECORDED} == UNRECORDED), entry
+    keys = [e.value["idempotency_key"] for e in records]
+    assert len(set(keys)) == len(keys), keys
 
 
 @dataclass
@@ -445,17 +478,9 @@ class Checker:
     def _final(self, run_id: str, final: dict[str, Any]) -> None:
         self._finals.add(run_id)
         records = self._pending.pop(run_id, [])
-        entries = [orjson.dumps(_entry(e), option=orjson.OPT_SORT_KEYS) for e in records]
-        listed = [orjson.dumps(o, option=orjson.OPT_SORT_KEYS) for o in final["outcomes"]]
-        if self.settings.execute_before_stream_end:  # early commits go out first
-            entries, listed = sorted(entries), sorted(listed)
-        assert entries == listed, (run_id, entries, listed)
-        assert len(records) == self.asm.opened[run_id], (run_id, len(records))
-        committed = [e.value["call_id"] for e in records if e.topic is Topic.COMMITTED]
-        assert len(set(committed)) == len(committed), committed
-        keys = [e.value["idempotency_key"] for e in records]
-        assert len(set(keys)) == len(keys), keys
-        self.outcomes_checked += len(records)
+        check_final(run_id, records, final, self.settings.execute_before_stream_end)
+        assert len(final["outcomes"]) == self.asm.opened[run_id], (run_id, len(records))
+        self.outcomes_checked += len(final["outcomes"])
 
     def finish(self) -> None:
         """A tick far in the future ends every open run; then every run that started has its

@@ -24,12 +24,17 @@ happens at each bound is an outcome, never a silent drop or a refused run:
   the order depends only on the input order. A ``run.start`` that finds the limit reached is
   accepted, and the least recently active run is ended first: its uncommitted calls fail
   ``budget_exceeded``, its final message has status ``failed``.
-* **Buffered argument bytes** (``max_buffered_bytes``): the UTF-8 argument text held by all open
-  runs, kept as a running total (added on append, released when a buffer is dropped or
-  replaced and when its run ends). A fragment that would cross the budget ends the least
-  recently active runs that hold bytes, other than the receiving run, the same way, until it
-  fits. When the receiving run alone would cross it, nobody else is ended: the receiving call
-  fails ``budget_exceeded`` and its buffer is dropped; the run goes on.
+* **Buffered bytes** (``max_buffered_bytes``): the UTF-8 argument text held by all open runs,
+  their tools' schema text, and the text their adapters keep for the final messages
+  (assistant text, thinking, content blocks, output items: the bytes each adapter reports in
+  ``Adapter.kept``, UTF-8 for text and the JSON text of a kept value), kept as a running total
+  (added on append, released when a buffer is dropped or replaced and when its run ends). A
+  fragment, or an event whose kept text, would cross the budget ends the least recently
+  active runs that hold bytes, other than the receiving run, the same way, until it fits.
+  When the receiving run alone would cross it, nobody else is ended: for an argument
+  fragment the receiving call fails ``budget_exceeded`` and its buffer is dropped, and the
+  run goes on; for kept text (which a final message in the making cannot drop) the receiving
+  run ends (status ``failed``, its uncommitted calls fail ``budget_exceeded``).
 * **Calls per run**: ``max_tool_calls_in_flight_assemble`` bounds the calls assembled at once,
   and each call beyond it still gets a failed placeholder (``too_many_tool_calls``) so that it
   has its one outcome. Placeholders cost memory too, so a run may hold at most
@@ -43,8 +48,9 @@ happens at each bound is an outcome, never a silent drop or a refused run:
   (less the whole record for a lone fragment within :data:`FRAGMENT_ENVELOPE` bytes of its
   text): the event that crosses the bound ends the run (status ``failed``, its
   uncommitted calls fail ``budget_exceeded``), so no final message grows past what the output
-  topics accept. These bytes are not in ``max_buffered_bytes``: they overcount the text they
-  bound (the envelopes of small deltas) many times.
+  topics accept. This per-run bound counts event bytes, an overcount of the text kept (the
+  envelopes of small deltas) that is never below the text's JSON size in the final message;
+  the partition's ``max_buffered_bytes`` counts the text actually kept.
 
 Every end of a run above is the same ``_finish`` as a stream error's, so each call still gets
 exactly one outcome and the run one final message.
@@ -52,6 +58,7 @@ exactly one outcome and the run one final message.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -91,6 +98,7 @@ from worker.core.tools import (
 
 _OPEN = CallState.OPEN
 _COMPLETE = CallState.ARGS_COMPLETE
+_UNWRAPPED = CallState.UNWRAPPED
 #: Between a parallel wrapper's call id and an entry's position in the ids of the calls it is
 #: unwrapped into (``call_abc`` -> ``call_abc#0``, ``call_abc#1``; README, "The parallel
 #: wrapper"). OpenAI's call ids are ``call_`` and letters and digits, never ``#``; an id that
@@ -131,10 +139,10 @@ class Run:
     """The state of one open run."""
 
     __slots__ = ("adapter", "broken", "calls", "key", "last_ms", "last_seq", "latch", "nbytes",
-                 "out", "run_id", "start", "text_bytes", "truncated")
+                 "out", "run_id", "text_bytes", "truncated")
 
     def __init__(self, start: RunStart, adapter: op.Adapter, latch: Latch, now_ms: int) -> None:
-        self.start = start
+        # (the run.start itself is not kept: its tools are the latch's, the rest the outputs')
         self.run_id = start.run_id
         #: The record key of the run's envelopes (its run id, UTF-8).
         self.key = start.run_id.encode()
@@ -146,7 +154,8 @@ class Run:
         self.calls: dict[str, Call] = {}
         #: The choices cut short (None: the whole message); a shared empty set until one is.
         self.truncated: frozenset[int | None] = _NONE_TRUNCATED
-        #: Argument bytes this run's calls hold (its share of ``Assembler.buffered_bytes``).
+        #: Argument, schema and text bytes this run holds (its share of
+        #: ``Assembler.buffered_bytes``).
         self.nbytes = 0
         #: How the stream broke its protocol, once it did (see ``Assembler._break``).
         self.broken: str | None = None
@@ -267,7 +276,10 @@ class Assembler:
         return self._stream_end(run)
 
     def expire(self, now_ms: int) -> list[Emit]:
-        """Fail every run that has seen no event for ``assemble_idle_timeout_s``."""
+        """Fail every run that has seen no event for ``assemble_idle_timeout_s``, and forget
+        the cancels that waited ``early_cancel_ttl_s`` for their ``run.start`` in vain."""
+        if self._early_cancels:  # by record time too: what the worker's heads mirror
+            self._forget_early_cancels(now_ms)
         limit = self.settings.assemble_idle_timeout_s * 1000
         idle = [r for r in self._runs.values() if now_ms - r.last_ms >= limit]
         emits: list[Emit] = []
@@ -286,7 +298,8 @@ class Assembler:
 
     @property
     def buffered_bytes(self) -> int:
-        """Argument bytes held by all open runs (what ``max_buffered_bytes`` bounds)."""
+        """Argument, schema and kept text bytes held by all open runs (what
+        ``max_buffered_bytes`` bounds)."""
         return self._buffered
 
     def is_open(self, run_id: str) -> bool:
@@ -326,8 +339,9 @@ class Assembler:
         if start.max_tool_calls is not None:
             budget = min(budget, start.max_tool_calls)
         adapter = adapter_for(start.provider, start.run_id)
-        latch = Latch(self.settings, tools, budget, adapter.parse_arguments)
-        run = Run(start._replace(tools=None), adapter, latch, now_ms)
+        latch = Latch(self.settings, tools, budget, adapter.parse_arguments
+                      if adapter.parses_own_arguments else strictjson.parse)
+        run = Run(start, adapter, latch, now_ms)
         run.nbytes = cost
         self._buffered += cost
         self._runs[start.run_id] = run
@@ -397,6 +411,11 @@ class Assembler:
         found = self._early_cancels.pop(run_id, None)
         return None if found is None else found[1]
 
+    @property
+    def early_cancels_waiting(self) -> int:
+        """How many cancels are remembered, waiting for their ``run.start``."""
+        return len(self._early_cancels)
+
     def early_cancel_pending(self, run_id: str) -> bool:
         """Whether a cancel of ``run_id`` is remembered, waiting for its ``run.start``."""
         return run_id in self._early_cancels
@@ -424,23 +443,49 @@ class Assembler:
                         value: bytes, source: dict[str, Any] | None) -> list[Emit]:
         try:
             ops = run.adapter.feed(event)
-            if ops and (len(ops) > 1 or not isinstance(ops[0], op.AppendArgs)):  # a fragment
-                _check_order_keys(ops)  # alone opens no call: nothing to check
+            n = len(ops)
+            if n and (n > 1 or not isinstance(ops[0], op.AppendArgs)):  # a fragment alone
+                _check_order_keys(ops)  # opens no call: nothing to check
         except Exception as exc:  # a malformed provider event: contained, never raised
             return [self._unreadable(run, exc, key, value, source)]
         # What an adapter keeps for the final message (text, thinking, blocks, items) comes
         # from the event's bytes that are not argument text: they bound the run's text. A lone
         # argument fragment's own envelope (at most FRAGMENT_ENVELOPE bytes) is not counted.
         size = len(value) if value else len(dumps(event))
-        if ops:
-            size -= sum(len(o.text) for o in ops if isinstance(o, (op.AppendArgs, op.SetArgs)))
-            if len(ops) == 1 and size <= FRAGMENT_ENVELOPE:
+        if n == 1:
+            first = ops[0]
+            if isinstance(first, (op.AppendArgs, op.SetArgs)):
+                size -= len(first.text)
+            if size <= FRAGMENT_ENVELOPE:
                 size = 0
-        run.text_bytes += size
-        if run.text_bytes > self._max_run_text_bytes:
+        elif n:
+            for item in ops:
+                if isinstance(item, (op.AppendArgs, op.SetArgs)):
+                    size -= len(item.text)
+        text_bytes = run.text_bytes + size
+        run.text_bytes = text_bytes
+        if text_bytes > self._max_run_text_bytes:
             self.stats["runs_over_text_bytes"] += 1
             return self._finish(run, RunStatus.FAILED, Reason.BUDGET_EXCEEDED, "the run's text "
                                 f"and thinking exceeded {self._max_run_text_bytes} bytes")
+        kept = run.adapter.kept
+        if kept:  # text kept for the final message: held in max_buffered_bytes
+            run.adapter.kept = 0
+            if kept < 0 or self._buffered + kept <= self._max_buffered_bytes:
+                run.nbytes += kept  # it fits: _hold_text, inline
+                self._buffered += kept
+            else:
+                ended = self._hold_text(run, kept)
+                if ended:  # runs ended to make room, perhaps this one
+                    return ended + self._ops(run, ops) if run.run_id in self._runs else ended
+        if n == 1:
+            item = ops[0]
+            if isinstance(item, op.AppendArgs):  # _apply(run, item), inline: nearly every op
+                return self._args(run, item.key, item.text, replace=False)
+        return self._ops(run, ops)
+
+    def _ops(self, run: Run, ops: list[op.Op]) -> list[Emit]:
+        """Apply one provider event's ops, until one ends the run."""
         if not ops:  # most events (text deltas) have none
             return []
         if len(ops) == 1:
@@ -517,7 +562,10 @@ class Assembler:
         if run.broken is not None and item.call_id is not None and any(
                 c.call_id == item.call_id for c in run.calls.values()):
             return []  # after a break, an id the run holds already has its one outcome
-        call = Call(item.key, item.index, item.choice, len(run.calls), item.call_id, item.name,
+        name = item.name
+        if name is not None and name in run.latch.tools:
+            name = sys.intern(name)  # the tool map's key (tools.client_tools): one string
+        call = Call(item.key, item.index, item.choice, len(run.calls), item.call_id, name,
                     item.kind, item.tool)
         limit = self.settings.max_tool_calls_in_flight_assemble
         cap = CALLS_PER_RUN_FACTOR * limit
@@ -583,7 +631,7 @@ class Assembler:
         ready = [c for c in ready if c.name in self._pipelined and c.state is _COMPLETE]
         for each in ready:
             self._decide(run, each)
-        return run.out.outcomes(ready, run.calls.values()) if ready else []
+        return self._outcomes(run, ready) if ready else []
 
     # -- the parallel wrapper (README, "The parallel wrapper") --------------------------
 
@@ -660,8 +708,9 @@ class Assembler:
 
     def _decide(self, run: Run, call: Call) -> None:
         truncated = None in run.truncated or call.choice in run.truncated
-        same_id = [c for c in run.calls.values() if c.call_id and c.call_id == call.call_id]
-        run.latch.decide(call, truncated, len(same_id) > 1)
+        tool_call_id = call.tool_call_id
+        shared = sum(1 for c in run.calls.values() if c.tool_call_id == tool_call_id) > 1
+        run.latch.decide(call, truncated, shared)
         if self.sizes is not None:
             self.sizes.append(call.nbytes)
 
@@ -679,7 +728,7 @@ class Assembler:
                 self._decide(run, call)
             elif call.state in (CallState.OPEN, CallState.ARGS_COMPLETE):
                 call.fail(reason or Reason.STREAM_ERROR, detail)
-        emits = run.out.outcomes(calls)
+        emits = self._outcomes(run, calls)
         emits.append(run.out.final(run.adapter, calls, status))
         del self._runs[run.run_id]
         self._buffered -= run.nbytes
@@ -688,6 +737,29 @@ class Assembler:
             self._finished.popitem(last=False)
         self.stats[f"runs_{status}"] += 1
         return emits
+
+    def _outcomes(self, run: Run, batch: list[Call]) -> list[Emit]:
+        """The records of ``batch``'s decided calls not yet emitted, one kind of outcome per
+        ``tool_call_id`` (README, "Choices the contract leaves open"). Among calls that share
+        an id: once one of them has its record out (block-level early commit, or an early
+        error), the others get none (the final message lists them ``failed``,
+        ``duplicate_call_id``; counted in ``reused_ids_suppressed``); until then, each fails
+        ``duplicate_call_id``, whatever else ended it, under a key of its own."""
+        calls = run.calls
+        if len(calls) > 1:
+            ids = Counter(c.tool_call_id for c in calls.values())
+            answered = {c.tool_call_id for c in calls.values() if c.emitted}
+            for call in batch:
+                if call.emitted or call.state is _UNWRAPPED or ids[call.tool_call_id] < 2:
+                    continue
+                if call.tool_call_id in answered:
+                    call.duplicate("another call of this run with the same id already has its "
+                                   "outcome; this one gets no record")
+                    call.emitted = True
+                    self.stats["reused_ids_suppressed"] += 1
+                elif call.reason is not Reason.DUPLICATE_CALL_ID:
+                    call.duplicate("another call of this run has the same id")
+        return run.out.outcomes(batch, calls.values())
 
     # -- memory budgets (module docstring) ---------------------------------------------
 
@@ -702,6 +774,24 @@ class Assembler:
         call.parts.clear()
         call.folded = 0
         call.nbytes = 0
+
+    def _hold_text(self, run: Run, growth: int) -> list[Emit]:
+        """Count ``growth`` more bytes of text that ``run``'s adapter kept (fewer when
+        negative) in ``max_buffered_bytes``, making room as for argument text: the runs ended
+        to make it (``_make_room``), or ``run`` itself when it alone would cross the budget
+        (its text cannot be dropped from a final message in the making, so the run ends)."""
+        budget = self._max_buffered_bytes
+        emits: list[Emit] = []
+        if growth > 0 and self._buffered + growth > budget:
+            if run.nbytes + growth > budget:
+                self.stats["runs_over_buffered_bytes_text"] += 1
+                return self._finish(run, RunStatus.FAILED, Reason.BUDGET_EXCEEDED, (
+                    f"the worker's byte budget ({budget} bytes) cannot hold this run's text "
+                    "and arguments; the run was ended"))
+            emits = self._make_room(run, growth, budget)
+        run.nbytes += growth
+        self._buffered += growth
+        return emits
 
     def _make_room(self, run: Run, growth: int, budget: int) -> list[Emit]:
         """End the least recently active runs holding bytes, other than ``run``, until

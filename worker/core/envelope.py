@@ -26,6 +26,7 @@ worker's own marker (key :data:`TICK_KEY`) that carries the record time used for
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -36,6 +37,8 @@ from worker.core.strictjson import MAX_DEPTH, nested_deeper
 
 PROVIDERS: frozenset[str] = frozenset({"openai.chat", "openai.responses", "anthropic.messages",
                                        "bedrock.converse", "google.gemini"})
+#: Each provider name to itself: what a run keeps is this constant, not the record's copy.
+_PROVIDER_NAMES: dict[str, str] = {p: p for p in PROVIDERS}
 TICK_KEY = "__latch_tick__"
 _TICK_KEY_BYTES = TICK_KEY.encode()
 #: The longest run id accepted, in characters (``maxLength`` in the envelope schemas). Every
@@ -204,7 +207,9 @@ def _run_start(doc: dict[str, Any], run_id: str, seq: int, ts: int | None) -> En
     cap = limits.get("max_tool_calls") if isinstance(limits, dict) else None
     if not isinstance(limits, dict) or (cap is not None and not _is_count(cap)):
         return Rejected(DlqReason.INVALID_ENVELOPE, "limits.max_tool_calls is invalid", run_id)
-    return RunStart(run_id, seq, ts, str(provider), tenant, tools, cap)
+    # Kept by each open run: the provider's own constant, and one string per distinct tenant.
+    return RunStart(run_id, seq, ts, _PROVIDER_NAMES[provider],
+                    None if tenant is None else sys.intern(tenant), tools, cap)
 
 
 def _is_count(value: Any) -> bool:

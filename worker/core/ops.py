@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, TypeVar
 
+import orjson
+
 from worker.core import strictjson
 from worker.core.model import Reason
 from worker.core.strictjson import MAX_DEPTH, nested_deeper
@@ -207,6 +209,17 @@ def bounded(value: T) -> T:
     return value
 
 
+def utf8_len(text: str) -> int:
+    """The UTF-8 length of ``text`` (a lone surrogate counted as its 3 bytes)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def json_len(value: Any) -> int:
+    """The length of ``value`` written as JSON: what a value an adapter keeps for the final
+    message (a block's body, an output item, a part) is counted as."""
+    return len(orjson.dumps(value))
+
+
 def is_index(value: Any) -> bool:
     """Whether a provider's order key can be emitted as a call's ``index``: an int >= 0."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
@@ -255,11 +268,20 @@ class Adapter:
     #: Names of the ``multi_tool_use.parallel`` wrapper that the assembler unwraps into one
     #: call per ``tool_uses[]`` entry when the run registered no tool of that name.
     wrapper_names: ClassVar[frozenset[str]] = frozenset()
+    #: Whether :meth:`parse_arguments` is the adapter's own (else strict JSON: the latch then
+    #: takes ``strictjson.parse`` itself, and a run holds no bound method for it).
+    parses_own_arguments: ClassVar[bool] = False
 
     def __init__(self) -> None:
         #: Whether the stream broke its protocol (the adapter said :class:`ProtocolError`).
         self.broken = False
         self._late = 0
+        #: Bytes the adapter kept for the final message (text, thinking, blocks, items) since
+        #: the assembler last took them (it sets this back to 0 after each event, and counts
+        #: them in ``max_buffered_bytes``); negative when a kept value was replaced by a
+        #: smaller one. Text counts its UTF-8 bytes, a kept value its JSON text's
+        #: (:func:`json_len`). Argument text is the assembler's, never counted here.
+        self.kept = 0
 
     def protocol_error(self, detail: str) -> ProtocolError:
         """Mark the stream broken and say so; from now on the adapter keeps no content and

@@ -33,13 +33,18 @@ def idempotency_key(*parts: str) -> str:
 class Outputs:
     """Builds the output records of one run."""
 
-    __slots__ = ("_head", "_run_id")
+    __slots__ = ("_provider", "_run_id", "_tenant")
 
     def __init__(self, start: RunStart) -> None:
+        # (the head of every record is made when one is: an open run holds no dict for it)
         self._run_id = start.run_id
-        self._head: dict[str, Any] = {
-            "v": 1, "run_id": start.run_id, "tenant": start.tenant, "provider": start.provider,
-        }
+        self._tenant = start.tenant
+        self._provider = start.provider
+
+    def _head(self) -> dict[str, Any]:
+        """What every output of the run starts with."""
+        return {"v": 1, "run_id": self._run_id, "tenant": self._tenant,
+                "provider": self._provider}
 
     def outcomes(self, calls: Sequence[Call], every: Iterable[Call] | None = None) -> list[Emit]:
         """The committed call or error result of each terminal call of ``calls`` not yet
@@ -68,7 +73,7 @@ class Outputs:
         return where
 
     def _committed(self, call: Call) -> Emit:
-        value = {**self._head, "call_id": call.call_id, "name": call.name, **self._where(call)}
+        value = {**self._head(), "call_id": call.call_id, "name": call.name, **self._where(call)}
         if call.kind == CUSTOM:  # free-form input, as the provider sent it
             value["input"] = call.text
         else:
@@ -84,7 +89,7 @@ class Outputs:
         key = (idempotency_key(self._run_id, call.tool_call_id, call.key)
                if shared or reason is Reason.DUPLICATE_CALL_ID
                else idempotency_key(self._run_id, call.tool_call_id))
-        value = {**self._head, "tool_call_id": call.tool_call_id, "name": call.name or "unknown",
+        value = {**self._head(), "tool_call_id": call.tool_call_id, "name": call.name or "unknown",
                  **self._where(call), "is_error": True, "state": str(call.state),
                  "reason": str(reason), "content": f"{reason}: {call.detail}",
                  "idempotency_key": key}
@@ -97,7 +102,7 @@ class Outputs:
                           c.text if c.text is not None else "".join(c.parts),
                           c.arguments, c.parsed, c.parent) for c in calls]
         message, choices = adapter.final(views)
-        value: dict[str, Any] = {**self._head, "status": str(status), "message": message}
+        value: dict[str, Any] = {**self._head(), "status": str(status), "message": message}
         if choices is not None:
             value["choices"] = choices
         value["outcomes"] = [self._outcome(c) for c in calls]
@@ -116,7 +121,7 @@ class Outputs:
         that replaces the call's text from UTF-8 byte ``offset`` on (the fragment just
         appended, or the whole text restated): never the whole buffer again, so progress grows
         linearly with the argument bytes."""
-        value = {**self._head, "call_key": call.key, "tool_call_id": call.call_id,
+        value = {**self._head(), "call_key": call.key, "tool_call_id": call.call_id,
                  "name": call.name, "index": call.index, "bytes": call.nbytes}
         if delta is not None:
             value["arguments_offset"] = offset

@@ -6,7 +6,7 @@ these hold, checked in this order, the first failure naming the reason:
 
 1. the message was not truncated (``truncated``, rule 5);
 2. it has a non-empty id and name (``missing_id_or_name``);
-3. no other call of the run claims the same id (``duplicate_call_id``);
+3. no other call of the run claims the same id, its ``tool_call_id`` (``duplicate_call_id``);
 4. the name is a client tool registered by ``run.start`` (``unknown_tool``);
 5. its text is strict JSON (``invalid_json``, rule 1), empty text meaning ``{}`` (rule 3);
 6. the value is an object (``arguments_not_object``) when ``arguments_must_be_object``;
@@ -22,6 +22,10 @@ against the tool of their type (``tools.client_tools``), whose schema is empty.
 Limits that can be known earlier fail the call earlier, while its text streams in:
 ``arguments_exceed_max_bytes`` (the buffer is dropped at once) and ``too_many_tool_calls``
 (a placeholder that keeps the call's place so that it still gets its one outcome).
+
+Whatever ended them, calls that share one ``tool_call_id`` end with one kind of outcome
+(``Assembler._outcomes``): ``duplicate_call_id`` for each, or, when one of them already had
+its record emitted (block-level early commit), that record alone.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from worker.core import strictjson
-from worker.core.model import CallState, Reason, check_transition
+from worker.core.model import CallState, IllegalTransition, Reason, check_transition
 from worker.core.ops import CUSTOM, FUNCTION
 from worker.core.settings import AssembleSettings
 from worker.core.tools import ToolSchema
@@ -101,6 +105,15 @@ class Call:
         if reason is Reason.ARGUMENTS_EXCEED_MAX_BYTES:
             self.parts.clear()
             self.folded = 0
+
+    def duplicate(self, detail: str) -> None:
+        """Fail a call whose id another call of the run shares, once it is terminal and its
+        outcome not yet emitted: ``duplicate_call_id`` replaces whatever failed or cancelled
+        it (one kind of outcome per id, ``Assembler._outcomes``). The one move out of a
+        terminal state; a committed call is never taken back (IllegalTransition)."""
+        if self.state is not CallState.FAILED and self.state is not CallState.CANCELLED:
+            raise IllegalTransition(f"{self.state} -> duplicate_call_id")
+        self.state, self.reason, self.detail = CallState.FAILED, Reason.DUPLICATE_CALL_ID, detail
 
     def fold(self) -> None:
         """Join the loose fragments at the end of ``parts`` into one piece, then merge it with

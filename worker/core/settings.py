@@ -45,10 +45,11 @@ class AssembleSettings:
     #: accepted, and the least recently active open run is ended first: its uncommitted calls
     #: fail ``budget_exceeded``, its final message has status ``failed``.
     max_open_runs: int = 100_000
-    #: Argument bytes (UTF-8) that all open runs of one assembler may buffer together. A
-    #: fragment that would cross it ends least recently active runs holding bytes (as
-    #: ``max_open_runs`` does) until it fits; when the receiving run alone would cross it, the
-    #: receiving call fails ``budget_exceeded`` and its buffer is dropped.
+    #: Bytes that all open runs of one assembler may hold together: argument text (UTF-8),
+    #: tool schema text, and the text kept for final messages. A fragment or event that would
+    #: cross it ends least recently active runs holding bytes (as ``max_open_runs`` does)
+    #: until it fits; when the receiving run alone would cross it, the receiving call fails
+    #: ``budget_exceeded`` and its buffer is dropped (argument text), or the run ends (text).
     max_buffered_bytes: int = 64 * 1024 * 1024
     #: Finished run ids remembered to recognise re-deliveries and late events.
     remember_finished_runs: int = 100_000

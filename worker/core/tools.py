@@ -41,6 +41,7 @@ reference outside itself, bounded size and fan-out, RE2 patterns), registers the
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -121,6 +122,11 @@ class ValidatorCache:
         self._bytes = 0
         self.limits = limits or SchemaLimits()
         self._checks: OrderedDict[bytes, SchemaCheck] = OrderedDict()
+        #: One :class:`ToolSchema` per distinct schema text, shared by every run that
+        #: registers it (most runs of a deployment register the same few tools), most
+        #: recently used last; bounded like ``_checks``.
+        self._texts: OrderedDict[bytes, ToolSchema] = OrderedDict()
+        self._text_bytes = 0
 
     def get(self, schema: Any) -> SchemaCheck:
         """The compiled check for ``schema`` (any JSON value)."""
@@ -135,9 +141,19 @@ class ValidatorCache:
             return ToolSchema(self, None, SchemaCheck(None, "not JSON"))
         if max_bytes is not None and len(text) > max_bytes:
             return ToolSchema(self, None, SchemaCheck(None, f"more than {max_bytes} bytes"))
+        shared = self._texts.get(text)
+        if shared is not None:
+            self._texts.move_to_end(text)
+            return shared
         # orjson's result keeps the whole buffer it was written into (4 KiB at least) for
         # as long as it lives, and an open run holds its tools' texts: keep an exact copy.
-        return ToolSchema(self, bytes(memoryview(text)), None)
+        exact = bytes(memoryview(text))
+        tool = self._texts[exact] = ToolSchema(self, exact, None)
+        self._text_bytes += len(exact)
+        while len(self._texts) > self._size or (self._text_bytes > self._max_bytes
+                                                and len(self._texts) > 1):
+            self._text_bytes -= len(self._texts.popitem(last=False)[0])
+        return tool
 
     def compiled(self, text: bytes) -> SchemaCheck:
         """The compiled check for the schema whose canonical JSON text is ``text``."""
@@ -275,7 +291,8 @@ def client_tools(provider: str, tools: Any) -> dict[str, Any]:
             continue
         entry = _client_tool(provider, tool)
         if entry is not None and entry[0] not in found:
-            found[entry[0]] = entry[1]
+            # interned: a call of the tool keeps its name as this one string (Assembler._open)
+            found[sys.intern(entry[0])] = entry[1]
     return found
 
 

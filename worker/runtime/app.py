@@ -229,8 +229,7 @@ class LatchWorker:
             state.next_offset = offset + 1  # most records: nothing to send, write or wait for
             return
         await self._publish(state, key, emits, record[2])
-        if opened:
-            self.run_heads.opened(key, partition, offset)  # type: ignore[arg-type]  # a run has a key
+        self.run_heads.applied(state, key, partition, offset, opened, emits)
         if emits:
             await self._record_finished(state, partition, emits)
         if key == TICK:  # at a tick, so in stream context, and by record time

@@ -8,9 +8,15 @@ mapping that the engine persists (faust's changelog-backed table).
   next record to apply, the sends not yet confirmed, and the latest record time.
 * :class:`Heads`: per run, ``{"p", "start"}`` (the offset of its ``run.start``) while it is
   open, and ``{"p", "done", "seq", "status", "at"}`` once it has finished; done heads are
-  tombstoned after ``finished_run_retention_s`` of record time.
-* :func:`replay`: one record of a rebuild (the log read back from the earliest open run's
-  start up to the committed offset), fed only when it belongs to an open run or is a tick.
+  tombstoned after ``finished_run_retention_s`` of record time. A cancel that reached the log
+  before its run's ``run.start`` (the core remembers it, ``remember_early_cancels``) gets
+  ``{"p", "start", "cancel": true}`` at the cancel's offset, so that a rebuild on any worker
+  reads from there and the run is still cancelled as it starts; that head is replaced when
+  the run starts (by its ``start`` or, cancelled at once, its ``done`` head) and tombstoned
+  at the first tick after the core let the cancel go (expired in record time, or forgotten).
+* :func:`replay`: one record of a rebuild (the log read back from the earliest head's start
+  up to the committed offset), fed only when it is a tick, or belongs to a run with a head
+  that starts at or before it.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterable, Awaitable, Collection, MutableMapping, Sequence
+from collections.abc import AsyncIterable, Awaitable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +55,9 @@ class PartitionState:
     clock_ms: int = 0
     #: Done heads of this partition in the order they were written: (record time, key).
     done: deque[tuple[int, bytes]] = field(default_factory=deque)
+    #: Runs whose cancel came before their ``run.start`` and was held by the core, as last
+    #: seen (checked at each tick: :meth:`Heads.forget_finished`).
+    waiting: set[bytes] = field(default_factory=set)
 
     def apply(self, record: Record) -> list[Emit]:
         """The emits of the partition's next record, in order (its time moves the clock)."""
@@ -68,12 +77,18 @@ def finished_runs(emits: Sequence[Emit]) -> list[str]:
     return [e.key for e in emits if e.topic is Topic.FINAL and e.key is not None]
 
 
-def replay(state: PartitionState, open_runs: Collection[bytes], record: Record) -> list[Emit]:
-    """Feed one record of a rebuild: only ticks and the open runs' records count (a finished
-    run's records are known to the heads); progress records are never kept."""
+def replay(state: PartitionState, open_runs: Mapping[bytes, int], record: Record
+           ) -> list[Emit]:
+    """Feed one record of a rebuild: only ticks and the records of the runs with an open head
+    (``open_runs``: key -> its start offset), from that start on, count (a finished run's
+    records are known to the heads; a record of a run before its head's start was read when
+    the run had not started, and changed nothing it holds now); progress records are never
+    kept."""
     key = record[0]
-    if key != TICK and key not in open_runs:
-        return []
+    if key != TICK:
+        start = open_runs.get(key) if key is not None else None
+        if start is None or record[3]["offset"] < start:
+            return []
     return [e for e in state.apply(record) if e.topic is not Topic.PROGRESS]
 
 
@@ -88,7 +103,7 @@ def refinished(partition: int, replayed: Sequence[Emit]) -> list[Emit]:
     return [e for e in replayed if e.key in runs]
 
 
-async def rebuild(state: PartitionState, open_runs: Collection[bytes],
+async def rebuild(state: PartitionState, open_runs: Mapping[bytes, int],
                   records: AsyncIterable[Record],
                   pause_every: int = 1000) -> tuple[int, list[Emit]]:
     """Feed the records of a rebuild; return how many were read and what the core emitted
@@ -112,8 +127,29 @@ class Heads:
         self.retention_ms = retention_s * 1000
 
     def opened(self, key: bytes, partition: int, offset: int) -> None:
-        """A run opened at ``offset``: a rebuild starts reading there."""
+        """A run opened at ``offset``: a rebuild starts reading there. (It replaces the head of
+        a cancel that waited for it: a run that opens did not take that cancel, which the
+        core let go, so its rebuild must not read it again.)"""
         self.table[key] = {"p": partition, "start": offset}
+
+    def applied(self, state: PartitionState, key: bytes | None, partition: int, offset: int,
+                opened: bool, emits: Sequence[Emit]) -> None:
+        """The heads of the record at ``offset``, just applied (``opened``: it opened its
+        run): the run's ``start``, or, for a cancel that the core now holds for a run not
+        started yet, ``{"p", "start", "cancel": true}`` at the cancel's offset (a run with a
+        head already, a finished one, keeps it). Per record otherwise: a test of ``emits``
+        and of the core's count of such cancels, which is 0 almost always."""
+        if opened and key is not None:  # (a run that opens has a key)
+            self.opened(key, partition, offset)
+            state.waiting.discard(key)
+            return
+        if emits or not state.assembler.early_cancels_waiting or key is None or key == TICK \
+                or key in state.waiting:
+            return
+        if state.assembler.early_cancel_pending(key.decode("utf-8", "replace")):
+            state.waiting.add(key)
+            if self.table.get(key) is None:
+                self.table[key] = {"p": partition, "start": offset, "cancel": True}
 
     def finished(self, state: PartitionState, partition: int, run_ids: Sequence[str]) -> None:
         """Record runs as finished; their outputs must be confirmed first."""
@@ -125,18 +161,27 @@ class Heads:
             state.done.append((state.clock_ms, key))
 
     def forget_finished(self, state: PartitionState) -> None:
-        """Tombstone the done heads older than the retention, by record time (the same on
-        every worker)."""
+        """At a tick: tombstone the done heads older than the retention, by record time (the
+        same on every worker), and the heads of cancels that no longer wait for their run
+        (the core, at this tick, let go those older than ``early_cancel_ttl_s``)."""
         horizon = state.clock_ms - self.retention_ms
         while state.done and state.done[0][0] < horizon:
             _, key = state.done.popleft()
             head = self.table.get(key)
             if head is not None and head.get("done"):
                 del self.table[key]
+        if state.waiting:
+            assembler = state.assembler
+            for key in [k for k in state.waiting
+                        if not assembler.early_cancel_pending(k.decode("utf-8", "replace"))]:
+                state.waiting.discard(key)
+                head = self.table.get(key)
+                if head is not None and head.get("cancel"):  # not replaced by its run's
+                    del self.table[key]
 
     def load(self, state: PartitionState, partition: int) -> dict[bytes, int]:
         """Register the partition's finished runs with its assembler; return its open runs
-        and the offsets where they start."""
+        (and runs with a cancel waiting for them) and the offsets where they start."""
         open_runs: dict[bytes, int] = {}
         done: list[tuple[int, bytes]] = []
         for key, head in self.table.items():
@@ -144,6 +189,8 @@ class Heads:
                 continue
             if "start" in head:
                 open_runs[key] = head["start"]
+                if head.get("cancel"):  # a cancel waiting for its run: replayed from there
+                    state.waiting.add(key)
             elif head.get("seq") is not None:
                 state.assembler.remember_finished(key.decode(), head["seq"],
                                                   RunStatus(head["status"]))

@@ -81,10 +81,15 @@ class MissingToolError(BrokerError):
 
 @dataclass(frozen=True)
 class Paths:
-    """Where the jars and the broker's state live."""
+    """Where the jars and the broker's state live, as absolute paths: the broker runs in
+    its data directory, so a relative path would name another place there."""
 
     home: Path
     data: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "home", Path(self.home).expanduser().absolute())
+        object.__setattr__(self, "data", Path(self.data).expanduser().absolute())
 
     @classmethod
     def from_env(cls) -> Paths:

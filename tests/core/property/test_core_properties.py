@@ -13,8 +13,9 @@ What the file proves, one property per test:
   stream ends and errors) never raises out of ``Assembler.feed_record`` (contract rule 9).
 * **Exactly one outcome.** Once every run has ended, every call that was opened has exactly one
   committed call or error result, every run exactly one final message whose ``outcomes`` are
-  those records, and no ``tool_call_id`` is both committed and failed except for the documented
-  ``duplicate_call_id`` case.
+  those records (with early commit, plus a ``failed``/``duplicate_call_id`` entry without a
+  record for a call that reused an id whose outcome was out), and per run, per
+  ``tool_call_id``, the set of emitted outcome kinds has size 1.
 * **Determinism.** The same records give byte-identical output on a fresh assembler, and a
   re-delivery of any prefix of the records changes no outcome.
 * **Schemas.** Every emitted record, as a ``latch assemble`` line, is valid against
@@ -32,7 +33,7 @@ import base64
 import itertools
 import json
 import random
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
-from mutation_fuzz import SpyAssembler  # tests/ is on the path (pyproject)
+from mutation_fuzz import SpyAssembler, check_final  # tests/ is on the path (pyproject)
 from referencing import Registry, Resource
 
 from worker.core import Assembler, AssembleSettings, Emit, decode
@@ -707,18 +708,6 @@ def test_feed_record_is_total(records: list[Record], settings_name: str) -> None
         lines(emits)
 
 
-def outcome_of(record: dict[str, Any], topic: str) -> dict[str, Any]:
-    """The entry a committed call or error result must have in its run's final ``outcomes``."""
-    entry = {"tool_call_id": record["call_id" if topic == "committed" else "tool_call_id"],
-             "name": record["name"], "index": record["index"]}
-    if "choice" in record:
-        entry["choice"] = record["choice"]
-    entry["state"] = "committed" if topic == "committed" else record["state"]
-    if topic == "errors":
-        entry["reason"] = record["reason"]
-    return entry
-
-
 def check_outcomes(asm: SpyAssembler, emits: list[Emit], pipelined: bool) -> None:
     """The exactly-one-outcome invariants over everything ``asm`` emitted (see the test)."""
     per_run: dict[str, list[Emit]] = defaultdict(list)
@@ -734,27 +723,8 @@ def check_outcomes(asm: SpyAssembler, emits: list[Emit], pipelined: bool) -> Non
             per_run[run_id].append(emit)
     assert set(finals) == asm.started
     for run_id, final in finals.items():
-        records = per_run[run_id]
-        entries = [outcome_of(e.value, e.topic) for e in records]
-        if pipelined:  # early commits go out at their block's end, before the others
-            assert sorted(map(orjson.dumps, entries)) == sorted(map(orjson.dumps,
-                                                                    final["outcomes"]))
-        else:
-            assert entries == final["outcomes"]
-        assert len(records) == asm.opened[run_id]
-        committed = {e.value["call_id"] for e in records if e.topic == "committed"}
-        assert len(committed) == sum(e.topic == "committed" for e in records)
-        sharing = Counter(o["tool_call_id"] for o in final["outcomes"])
-        for e in records:
-            tool_call_id = e.value.get("tool_call_id")
-            if e.topic == "errors" and tool_call_id in committed:
-                # Only when two calls claim the id (duplicate_call_id; or a call whose check
-                # failed earlier, or an id-less call whose fallback buffer key is another
-                # call's id), and then the error's idempotency key names its own call.
-                assert sharing[tool_call_id] > 1, e.value
-                assert e.value["idempotency_key"] != f"{run_id}:{tool_call_id}", e.value
-        keys = [e.value["idempotency_key"] for e in records]
-        assert len(set(keys)) == len(keys), orjson.dumps([e.value for e in records]).decode()
+        check_final(run_id, per_run[run_id], final, early=pipelined)
+        assert len(final["outcomes"]) == asm.opened[run_id]
 
 
 @bounded(250)
@@ -764,10 +734,10 @@ def test_every_call_gets_exactly_one_outcome(
     records: list[Record], ends: list[str], settings_name: str
 ) -> None:
     """Once every run has ended (stream end, stream error, cancel or idle tick), every opened
-    call has exactly one outcome record, every run one final message whose ``outcomes`` are
-    those records, nothing of a run follows its final, a ``tool_call_id`` is committed at most
-    once and failed alongside a commit only when another call of the run claims the same id
-    (``duplicate_call_id`` and its kin), and no two records share an idempotency key."""
+    call is in its run's one final message, whose ``outcomes`` are the run's records (with
+    early commit, plus an unrecorded ``duplicate_call_id`` entry for a call reusing an id
+    whose outcome was out), nothing of a run follows its final, each ``tool_call_id`` has
+    one kind of outcome, and no two records share an idempotency key."""
     asm = SpyAssembler(SETTINGS[settings_name])
     emits = feed_all(asm, records)
     clock = max((now or 0 for _, _, now in records), default=0)

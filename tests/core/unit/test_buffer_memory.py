@@ -59,3 +59,44 @@ def test_schema_text_is_exact_size() -> None:
         tracemalloc.stop()
     assert all(k.text is not None for k in kept)
     assert held < 100 * 400  # about 180 bytes each; with orjson's buffer, over 4,000
+
+
+def test_runs_registering_one_schema_share_its_text() -> None:
+    """The runs that register the same schema share one prepared tool (its text held once
+    per process, not once per run); another schema gets its own; the shared ones are bounded
+    like the compiled ones (``size`` most recently used)."""
+    cache = ValidatorCache(size=2)
+    first = cache.prepare({"type": "object", "properties": {"a": {"type": "string"}}})
+    again = cache.prepare({"properties": {"a": {"type": "string"}}, "type": "object"})
+    assert again is first
+    other = cache.prepare({"type": "object"})
+    assert other is not first and other.text == b'{"type":"object"}'
+    cache.prepare({"type": "array"})  # a third text: the least recently used one goes
+    assert cache.prepare({"type": "object", "properties": {"a": {"type": "string"}}}) is not first
+
+
+def test_an_open_run_holds_under_2_kib() -> None:
+    """2,000 open chat runs, each with one registered tool and one call opened (id and name,
+    no argument or assistant text yet), hold less than 2 KiB each in all (issue 13's target;
+    bench/bench_memory.py measures it for 10,000)."""
+    tool = chat_tool("write_file", {"type": "object", "properties": {"path": {"type": "string"}},
+                                    "required": ["path"]})
+    assembler = Assembler(AssembleSettings())
+    records = []
+    for n in range(2000):
+        run_id = f"run-{n:06d}-{'x' * 20}"
+        records.append((run_id.encode(), orjson.dumps(run_start(run_id, CHAT, [tool]))))
+        records.append((run_id.encode(), orjson.dumps({
+            "v": 1, "run_id": run_id, "seq": 1, "type": "provider.event",
+            "event": chat_chunk([chat_tool_delta(0, f"call_{n:08d}", "write_file", "")])})))
+    assembler.feed_record(records[0][0], records[0][1], 1)  # the shared tool, prepared once
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for key, value in records[2:]:
+            assert assembler.feed_record(key, value, 1) == []
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert assembler.open_runs == 2000
+    assert held / 1999 < 2048, f"{held / 1999:.0f} bytes per open run"

@@ -8,16 +8,23 @@ Each test proves one line of this list (the input, then its defined outcome):
   (each part is percent-encoded, ``%`` and ``:``).
 * A chat run with n > 1 choices: choice 0's message is written once, in ``message``; its
   ``choices`` entry holds only its index and finish reason.
-* With block-level early commit, a later block reusing an id already committed: the
-  committed call stands, the later call fails ``duplicate_call_id`` under its own key
-  (``run:id:buffer key``); no idempotency key carries two outcomes, and the committed key
-  never gets an error result.
+* With block-level early commit, a later block reusing an id whose outcome is out already
+  (committed early, or failed early): that outcome stands and the later call gets no record
+  at all (the final message lists it ``failed``, ``duplicate_call_id``); every call id gets
+  one kind of outcome, so a runner pairing results by id gets one result per id. Without
+  early commit, calls sharing an id all fail ``duplicate_call_id``, each under its own key,
+  whatever else ended them (an oversize text, a cancel).
 * A cancel that reaches the log before its run's ``run.start``: remembered (bounded count,
   expiry in record time) and applied when the run starts: the run ends ``cancelled`` at once
   and nothing of it commits; a cancel older than the expiry, or forgotten beyond the count,
-  changes nothing.
+  changes nothing. (That it survives a worker killed before the ``run.start``: a run head at
+  the cancel's offset, ``tests/runtime/unit/test_early_cancel_heads.py`` and
+  ``tests/runtime/integration/test_early_cancel_takeover.py``.)
 * Assistant text or thinking beyond ``max_run_text_bytes``: the run ends ``failed``, its
   uncommitted calls fail ``budget_exceeded``; argument fragments are not counted as text.
+* Many runs of big assistant text: the text kept counts in ``max_buffered_bytes``; the least
+  recently active runs end ``failed`` to make room, and a run whose text alone exceeds it
+  ends (``test_text_budget.py``).
 * 2.9 MB of arguments in 1-byte-ish fragments with ``ui_forward_partial_args``: progress
   records carry each fragment and its offset, so their size is linear in the argument bytes.
 
@@ -30,6 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from builders import (
     ANTHROPIC,
     CHAT,
@@ -54,7 +62,7 @@ from test_abuse import checked
 from worker.core import Assembler, AssembleSettings, Emit, Topic
 from worker.core.outputs import idempotency_key
 from worker.runtime.config import load_config
-from worker.tools.chaos.plan import Plan, RunPlan, expected_emits
+from worker.tools.chaos.plan import CallSpec, Plan, PlanError, RunPlan, check_intent, expected_emits
 from worker.tools.chaos.verify import OutRecord, verify
 
 OBJECT = {"type": "object"}
@@ -152,42 +160,120 @@ def early_commit_reuse_run(run_id: str = "r") -> list[dict[str, Any]]:
 EARLY = {"execute_before_stream_end": True, "allow_pipelined_execute": ("f",)}
 
 
-def test_early_committed_id_reused_later_gets_one_outcome_per_key() -> None:
-    """Block 0 commits ``X`` at its block end; block 2 reuses ``X``: it fails
-    ``duplicate_call_id`` under ``r:X:2``, the committed ``r:X`` stands, and no key is told
-    two things (each key has one record, the committed key none on the errors topic)."""
-    emits = checked(feed(make(**EARLY), early_commit_reuse_run()))
+def kinds_per_id(emits: list[Emit]) -> dict[str, set[str]]:
+    """Per call id, the kinds of outcome its records carry ("committed" or the reason)."""
+    kinds: dict[str, set[str]] = {}
+    for e in emits:
+        if e.topic is Topic.COMMITTED:
+            kinds.setdefault(e.value["call_id"], set()).add("committed")
+        elif e.topic is Topic.ERRORS:
+            kinds.setdefault(e.value["tool_call_id"], set()).add(e.value["reason"])
+    return kinds
+
+
+def test_early_committed_id_reused_later_gets_no_second_outcome() -> None:
+    """Block 0 commits ``X`` at its block end; block 2 reuses ``X``: it gets no record (the
+    committed ``r:X`` stays the id's only outcome), the final lists it ``failed``,
+    ``duplicate_call_id`` after the committed one, and the assembler counts it."""
+    asm = make(**EARLY)
+    emits = checked(feed(asm, early_commit_reuse_run()))
     done = committed(emits)
     assert [(c["call_id"], c["index"], c["idempotency_key"]) for c in done] == [
         ("X", 0, "r:X"), ("Y", 1, "r:Y")]
-    errs = errors(emits)
-    assert [(e["tool_call_id"], e["index"], e["reason"], e["idempotency_key"]) for e in errs] == [
-        ("X", 2, "duplicate_call_id", "r:X:2")]
-    keys = [e.value["idempotency_key"] for e in emits]
-    assert len(keys) == len(set(keys))
-    assert [o["state"] for o in finals(emits)[0]["outcomes"]] == ["committed", "committed",
-                                                                  "failed"]
+    assert errors(emits) == []
+    assert kinds_per_id(emits) == {"X": {"committed"}, "Y": {"committed"}}
+    assert [(o["tool_call_id"], o["index"], o["state"], o.get("reason"))
+            for o in finals(emits)[0]["outcomes"]] == [
+        ("X", 0, "committed", None), ("Y", 1, "committed", None),
+        ("X", 2, "failed", "duplicate_call_id")]
+    assert asm.stats["reused_ids_suppressed"] == 1
 
 
-def test_chaos_verifier_accepts_an_early_committed_id_reused_later() -> None:
-    """The chaos verifier reads a call as its id and its place: the outputs of the run above
-    are no contradiction, while a second outcome for the same call (same id and index) still
-    is one."""
+def test_early_error_then_a_reused_id_gets_no_second_outcome() -> None:
+    """Block 0 (``X``, early commit allowed) fails ``invalid_json`` at its block end; block 1
+    reuses ``X`` with valid arguments: no record for it either (not a commit, not a
+    ``duplicate_call_id``): ``X`` has the one error result, the final lists both calls."""
+    events = [anthropic_message_start(), *anthropic_tool_block(0, "X", "f", '{"a": '),
+              *anthropic_tool_block(1, "X", "f", "{}"), *anthropic_tail()]
+    asm = make(**EARLY)
+    emits = checked(feed(asm, run_envelopes("r", ANTHROPIC, tools_for(ANTHROPIC, {"f": OBJECT}),
+                                            events)))
+    assert kinds_per_id(emits) == {"X": {"invalid_json"}}
+    assert [e["idempotency_key"] for e in errors(emits)] == ["r:X"]
+    assert [(o["state"], o.get("reason")) for o in finals(emits)[0]["outcomes"]] == [
+        ("failed", "invalid_json"), ("failed", "duplicate_call_id")]
+    assert asm.stats["reused_ids_suppressed"] == 1
+
+
+def test_without_early_commit_calls_sharing_an_id_all_fail_duplicate_call_id() -> None:
+    """Without early commit every call sharing an id fails ``duplicate_call_id`` under its
+    own key, whatever else ended it: an oversize text or a cancel does not give the id a
+    second kind of outcome."""
+    run = early_commit_reuse_run()
+    emits = checked(feed(make(), run))
+    assert kinds_per_id(emits) == {"X": {"duplicate_call_id"}, "Y": {"committed"}}
+    assert [e["idempotency_key"] for e in errors(emits)] == ["r:X:0", "r:X:2"]
+    big = [anthropic_message_start(), *anthropic_tool_block(0, "X", "f", '{"a": "' + "x" * 99
+                                                             + '"}'),
+           *anthropic_tool_block(1, "X", "f", "{}"), *anthropic_tail()]
+    emits = checked(feed(make(max_tool_argument_bytes=64),
+                         run_envelopes("r", ANTHROPIC, tools_for(ANTHROPIC, {"f": OBJECT}), big)))
+    assert kinds_per_id(emits) == {"X": {"duplicate_call_id"}}
+    cut = run_envelopes("r", ANTHROPIC, tools_for(ANTHROPIC, {"f": OBJECT}), big[:-4], end=False)
+    emits = checked(feed(make(max_tool_argument_bytes=64), [*cut, cancel("r")]))
+    assert kinds_per_id(emits) == {"X": {"duplicate_call_id"}}
+    assert len(errors(emits)) == 2
+
+
+def _early_reuse_plan(run_id: str) -> tuple[RunPlan, Any]:
     config = load_config(None, env={
         "LATCH_AGENT_STREAM_ASSEMBLE__EXECUTE_BEFORE_STREAM_END": "true",
         "LATCH_AGENT_STREAM_ASSEMBLE__ALLOW_PIPELINED_EXECUTE": "[\"f\"]"})
-    envelopes = [orjson.dumps(e) for e in early_commit_reuse_run("a:b")]
-    run = RunPlan("a:b", ANTHROPIC, "early", envelopes, None, {})
+    envelopes = [orjson.dumps(e) for e in early_commit_reuse_run(run_id)]
+    opened = {cid: CallSpec(cid, "f", "{}", "commit", {}) for cid in ("X", "Y")}
+    run = RunPlan(run_id, ANTHROPIC, "early", envelopes, None, opened)
     run.expected = expected_emits(run, config)
+    return run, config
+
+
+def _old_rule(emits: list[Emit], run_id: str) -> list[Emit]:
+    """``emits`` as the core gave them before (issue 9 item 4): the later call reusing the
+    committed id ``X`` also had an error result, ``duplicate_call_id`` under its own key."""
+    final = next(e for e in emits if e.topic is Topic.FINAL)
+    error = {"v": 1, "run_id": run_id, "tenant": "t1", "provider": ANTHROPIC,
+             "tool_call_id": "X", "name": "f", "index": 2, "is_error": True, "state": "failed",
+             "reason": "duplicate_call_id", "content": "duplicate_call_id: another call of "
+             "this run has the same id", "idempotency_key": idempotency_key(run_id, "X", "2")}
+    return [e for e in emits if e is not final] + [Emit(Topic.ERRORS, run_id, error), final]
+
+
+def test_chaos_checks_demand_one_kind_of_outcome_per_id() -> None:
+    """The chaos verifier and the plan's ``check_intent`` accept the run above (the final
+    lists the unrecorded reuse), and both refuse the old rule's records (a committed ``X``
+    and a ``duplicate_call_id`` result for ``X``), as well as a forged second outcome for
+    the committed call."""
+    run, _ = _early_reuse_plan("a:b")
     plan = Plan(1, [run], [])
-    records = [OutRecord(e.topic.value, 0, n, b"a:b", orjson.dumps(e.value))
-               for n, e in enumerate(run.expected)]
-    verdict = verify(plan, records)
+
+    def records(emits: list[Emit]) -> list[OutRecord]:
+        return [OutRecord(e.topic.value, 0, n, b"a:b", orjson.dumps(e.value))
+                for n, e in enumerate(emits)]
+
+    verdict = verify(plan, records(run.expected))
     assert verdict.ok, verdict.failures
-    forged = {**orjson.loads(records[0].value), "is_error": True, "state": "failed",
-              "reason": "schema_invalid", "idempotency_key": "other"}
+    check_intent(run)
+
+    old = _old_rule(run.expected, "a:b")
+    assert verify(plan, records(old)).contradictions
+    old_run = RunPlan("a:b", ANTHROPIC, "early", run.envelopes, None, run.opened, expected=old)
+    with pytest.raises(PlanError, match="2 kinds of outcome"):
+        check_intent(old_run)
+
+    forged = {**orjson.loads(records(run.expected)[0].value), "is_error": True,
+              "state": "failed", "reason": "schema_invalid", "idempotency_key": "other"}
     forged["tool_call_id"] = forged.pop("call_id")
-    assert verify(plan, [*records, OutRecord("errors", 0, 99, b"a:b", orjson.dumps(forged))]
+    assert verify(plan, [*records(run.expected),
+                         OutRecord("errors", 0, 99, b"a:b", orjson.dumps(forged))]
                   ).contradictions
 
 

@@ -516,10 +516,11 @@ class TestRule4Completion:
                                   allow_pipelined_execute=("read_file",)), envs)
         assert first_position(per, Topic.COMMITTED) == len(envs) - 1
 
-    def test_early_outcomes_of_a_shared_id_have_their_own_keys(self) -> None:
+    def test_early_outcomes_of_a_shared_id_are_one_kind(self) -> None:
         """Two blocks that claim the same id, each ended early after the provider reported
-        truncation, get two error results with two idempotency keys: the second is emitted
-        knowing the run's other calls, not only itself (found by the outcome property)."""
+        truncation: the first fails ``duplicate_call_id`` (it is emitted knowing the run's
+        other calls, not only itself: its key names its buffer), and the second, whose id has
+        its outcome out already, gets no record; the final lists both."""
         events = [anthropic_message_start(),
                   *anthropic_tool_block(0, "dup", "read_file", '{"path": "/a"}', stop=False),
                   *anthropic_tool_block(1, "dup", "read_file", '{"path": "/b"}', stop=False),
@@ -530,9 +531,10 @@ class TestRule4Completion:
                                allow_pipelined_execute=("read_file",)),
                      anthropic_run("r1", tools_for(ANTHROPIC, TOOLS), events))
         check_outputs(emits)
-        keys = [e["idempotency_key"] for e in errors(emits)]
-        assert [e["reason"] for e in errors(emits)] == ["truncated", "truncated"]
-        assert len(set(keys)) == 2, keys
+        assert [(e["reason"], e["idempotency_key"]) for e in errors(emits)] == [
+            ("duplicate_call_id", "r1:dup:0")]
+        assert [(o["index"], o["reason"]) for o in finals(emits)[0]["outcomes"]] == [
+            (0, "duplicate_call_id"), (1, "duplicate_call_id")]
 
     def test_early_committed_call_is_not_emitted_again(self) -> None:
         """A call committed at its block's end gets no second outcome at the message end."""

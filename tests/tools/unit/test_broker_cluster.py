@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from worker.tools import broker
 
 
@@ -65,3 +67,16 @@ def test_a_cluster_is_described_in_its_data_dir(tmp_path: Path) -> None:
     assert loaded == cluster
     assert loaded is not None and loaded.quorum(5).replication == 3
     assert broker.Cluster.load(broker.Paths(tmp_path, tmp_path / "elsewhere")) is None
+
+
+def test_broker_paths_are_absolute_whatever_they_were_given_as(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker runs in its data directory, so a relative ``LATCH_BROKER_DIR`` (or
+    ``latch chaos --work-dir``) must be taken from the caller's directory, not the broker's:
+    a relative path used to name a place inside the data directory, and a restarted broker
+    never came back."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LATCH_BROKER_DIR", "rel/broker")
+    paths = broker.Paths.from_env()
+    assert paths.data == tmp_path / "rel" / "broker"
+    assert broker.Paths(Path("h"), Path("d")).home == tmp_path / "h"

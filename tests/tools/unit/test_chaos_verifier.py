@@ -207,7 +207,7 @@ EARLY = load_config(None, env={"LATCH_AGENT_STREAM_ASSEMBLE__ASSEMBLE_IDLE_TIMEO
 
 @pytest.fixture(scope="module")
 def early_plan() -> Plan:
-    return build_plan(seed=11, runs=400, config=EARLY, exclude=("early_reuse",))
+    return build_plan(seed=11, runs=400, config=EARLY)
 
 
 def test_plan_has_the_issue_9_kinds(early_plan: Plan) -> None:
@@ -223,17 +223,40 @@ def test_plan_has_the_issue_9_kinds(early_plan: Plan) -> None:
     assert any(c.intent == "commit" for r in early_cancelled for c in r.opened.values())
 
 
+def test_an_early_committed_id_reused_later_has_one_record(early_plan: Plan) -> None:
+    """In the plan's ``early_reuse`` runs whose first call commits at its block's end, the
+    later call reusing its id has no record: the id's one record is the committed call, and
+    the final lists the later call ``failed``/``duplicate_call_id`` (checked offline by
+    ``check_intent`` when the plan was built, and by the verifier on the records)."""
+    runs = [r for r in early_plan.runs if r.kind == "early_reuse" and r.provider != "openai.chat"]
+    assert runs
+    for run in runs:
+        first = next(iter(run.opened.values()))
+        records = [e for e in run.expected if e.topic in (Topic.COMMITTED, Topic.ERRORS)
+                   and first.call_id in (e.value.get("call_id"), e.value.get("tool_call_id"))]
+        assert [e.topic for e in records] == [Topic.COMMITTED]
+        final = next(e for e in run.expected if e.topic is Topic.FINAL)
+        assert [(o["state"], o.get("reason")) for o in final.value["outcomes"]
+                if o["tool_call_id"] == first.call_id] == [
+            ("committed", None), ("failed", "duplicate_call_id")]
+    assert verify(early_plan, _records(early_plan)).ok
+
+
 @pytest.mark.parametrize(("reason", "key", "problem"), [
-    # a committed id failing anything but the early-commit reuse rule contradicts it
-    ("schema_invalid", "{run}:x", r"2 outcomes .* for one id"),
-    # the reuse rule itself, but under the committed call's own key: a runner would drop one
+    # a committed id failing anything contradicts it
+    ("schema_invalid", "{run}:x", r"2 kinds of outcome .* for one id"),
+    # the old early-commit reuse rule (issue 9, item 4): a duplicate_call_id result for the
+    # id under a key of its own; a runner pairing results by id gets two for one call id
+    ("duplicate_call_id", "{run}:x:9", r"2 kinds of outcome .* for one id"),
+    # the same, under the committed call's own key: a runner would drop one
     ("duplicate_call_id", "{committed}", r"2 outcomes under one idempotency key"),
 ])
 def test_the_plan_catches_two_outcomes_for_one_id(early_plan: Plan, reason: str, key: str,
                                                   problem: str) -> None:
-    """A core that gives an early-committed call id a contradicting error, or a second
-    record under the committed call's idempotency key, fails the plan itself, before
-    anything is published (issue 9, item 4; README, the early-commit rule)."""
+    """A core that gives an early-committed call id an error result as well (a contradicting
+    one, or the old rule's ``duplicate_call_id`` for a later call reusing the id), or a
+    second record under the committed call's idempotency key, fails the plan itself, before
+    anything is published (issue 9, item 4; README, one kind of outcome per id)."""
     run = next(r for r in early_plan.runs if r.kind == "early" and any(
         e.topic is Topic.COMMITTED for e in r.expected))
     committed = next(e for e in run.expected if e.topic is Topic.COMMITTED)

@@ -89,6 +89,7 @@ class AnthropicMessages(op.Adapter):
                 if type(text) is not str:  # the final message joins it: refuse it here
                     raise ValueError("text_delta is not a string")
                 block.text.append(text)
+                self.kept += len(text) if text.isascii() else op.utf8_len(text)
                 return []
             return self._delta(block, delta)
         if kind == "message_start":
@@ -127,6 +128,7 @@ class AnthropicMessages(op.Adapter):
         if self._message is None:
             self._message = {k: message[k] for k in ("id", "model")
                              if isinstance(message.get(k), str)}
+            self.kept += op.json_len(self._message)
             self._message_id = message_id
             return []
         if self.broken or message_id == self._message_id:
@@ -170,6 +172,7 @@ class AnthropicMessages(op.Adapter):
             return ops
         if kind in ("text", "thinking") and not isinstance(body.get(kind, ""), str):
             raise ValueError(f"a {kind} block whose {kind} is not a string")
+        self.kept += op.json_len(body)
         if kind != "tool_use":
             self._blocks[index] = _Block(_own(body))
             return []
@@ -184,10 +187,16 @@ class AnthropicMessages(op.Adapter):
             if not isinstance(text, str):  # the final message joins it: refuse it here
                 raise ValueError(f"{kind} is not a string")
             block.text.append(text)
+            self.kept += op.utf8_len(text)
         elif kind == "signature_delta":
+            if "signature" in block.body:  # replaced: the old one is no longer kept
+                self.kept -= op.json_len(block.body["signature"])
             block.body["signature"] = op.bounded(delta["signature"])
+            self.kept += op.json_len(block.body["signature"])
         elif kind == "citations_delta":
-            block.body.setdefault("citations", []).append(op.bounded(delta["citation"]))
+            citation = op.bounded(delta["citation"])
+            block.body.setdefault("citations", []).append(citation)
+            self.kept += op.json_len(citation)
         elif kind == "input_json_delta":
             fragment = delta["partial_json"]
             if not isinstance(fragment, str):
@@ -196,6 +205,7 @@ class AnthropicMessages(op.Adapter):
             if block.key is not None:  # held (and counted) once, by the call
                 return [op.AppendArgs(block.key, fragment)]
             block.json.append(fragment)
+            self.kept += op.utf8_len(fragment)
         return []
 
     def _stop(self, index: Any, block: _Block) -> list[op.Op]:

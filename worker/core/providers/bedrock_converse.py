@@ -126,6 +126,7 @@ class BedrockConverse(op.Adapter):
             kind = tool.get("type")
             body = {k: tool[k] for k in ("toolUseId", "name", "type")
                     if isinstance(tool.get(k), str)}
+            self.kept += op.json_len(body)
             if kind is not None and kind != "tool_use":  # server_tool_use: Bedrock runs it
                 self._blocks[index] = _Block("serverToolUse", body)
                 return []
@@ -139,6 +140,7 @@ class BedrockConverse(op.Adapter):
             return []
         name = "toolResult" if "toolResult" in members else members[0]
         self._blocks[index] = _Block(name, dict(op.bounded(start[name])))
+        self.kept += op.json_len(self._blocks[index].body)
         return []
 
     def _late_start(self, index: int, start: dict[str, Any]) -> list[op.Op]:
@@ -183,6 +185,7 @@ class BedrockConverse(op.Adapter):
                 return [self.protocol_error(f"tool input for block {index}, which is not a "
                                             "tool use")]
             block.json.append(fragment)
+            self.kept += op.utf8_len(fragment)
             return []
         reasoning = delta.get("reasoningContent")
         if reasoning is not None:
@@ -196,6 +199,7 @@ class BedrockConverse(op.Adapter):
             if block.kind != "toolResult":
                 return [self.protocol_error(f"a tool result for block {index}, which is not one")]
             block.results.extend(op.bounded(results))
+            self.kept += op.json_len(results)
         return []  # citations, images: not kept in this version
 
     def _text(self, block: _Block, kind: str, text: str) -> list[op.Op]:
@@ -204,6 +208,7 @@ class BedrockConverse(op.Adapter):
         elif block.kind != kind:
             return [self.protocol_error(f"{kind} for a {block.kind} block")]
         block.text.append(text)
+        self.kept += len(text) if text.isascii() else op.utf8_len(text)
         return []
 
     def _reasoning(self, block: _Block, index: int, reasoning: Any) -> list[op.Op]:
@@ -217,9 +222,13 @@ class BedrockConverse(op.Adapter):
         if ops:
             return ops
         if isinstance(reasoning.get("signature"), str):
+            if "signature" in block.body:  # replaced: the old one is no longer kept
+                self.kept -= op.json_len(block.body["signature"])
             block.body["signature"] = reasoning["signature"]
+            self.kept += op.json_len(block.body["signature"])
         elif "redactedContent" in reasoning:
             block.redacted.append(_bytes(reasoning["redactedContent"]))
+            self.kept += len(block.redacted[-1])
         return []
 
     def _block_stop(self, event: Any) -> list[op.Op]:

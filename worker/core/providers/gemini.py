@@ -108,6 +108,7 @@ class Gemini(op.Adapter):
     """Adapter for ``google.gemini``."""
 
     completes_on_stream_end: ClassVar[bool] = False
+    parses_own_arguments: ClassVar[bool] = True
 
     def __init__(self, run_id: str = "") -> None:
         super().__init__()
@@ -168,7 +169,7 @@ class Gemini(op.Adapter):
         call = _field(part, "functionCall", "function_call")
         if call is None:
             if not self.broken:  # after a break nothing is kept
-                self._keep(candidate, part)
+                self.kept += self._keep(candidate, part)
             return []
         if not isinstance(call, dict):
             raise ValueError("functionCall is not an object")
@@ -208,6 +209,7 @@ class Gemini(op.Adapter):
         signature = _field(part, "thoughtSignature", "thought_signature")
         if isinstance(signature, str):
             candidate.signatures[key] = signature
+            self.kept += op.utf8_len(signature)
         ops: list[op.Op] = [op.OpenCall(key, n, index, call_id, name)]
         if partial is not None or more:  # streamed
             ops += [op.AppendArgs(key, gemini_args.record(p)) for p in partial or ()]
@@ -233,23 +235,26 @@ class Gemini(op.Adapter):
                             call_id or f"latch-{index}-{n}-{self._run_id}", name)]
 
     @staticmethod
-    def _keep(candidate: _Candidate, part: dict[str, Any]) -> None:
-        """Keep a part that is not a call for the final message; text runs are joined."""
+    def _keep(candidate: _Candidate, part: dict[str, Any]) -> int:
+        """Keep a part that is not a call for the final message (text runs are joined); the
+        bytes kept."""
         text = part.get("text")
         if not isinstance(text, str) or not part.keys() <= _TEXT_KEYS:
             candidate.parts.append(op.bounded(part))
-            return
+            return op.json_len(part)
         thought = part.get("thought") is True
         signature = _field(part, "thoughtSignature", "thought_signature")
         last = candidate.parts[-1] if candidate.parts else None
         if not (isinstance(last, _Text) and last.thought == thought and last.signature is None):
             if not text and not isinstance(signature, str):
-                return  # an empty text part carries nothing
+                return 0  # an empty text part carries nothing
             last = _Text(thought)
             candidate.parts.append(last)
         last.pieces.append(text)
         if isinstance(signature, str):
             last.signature = signature
+            return op.utf8_len(text) + op.utf8_len(signature)
+        return op.utf8_len(text)
 
     def parse_arguments(self, text: str) -> Any | strictjson.ParseError:
         if gemini_args.is_records(text):

@@ -41,8 +41,8 @@ from worker.core import ops as op
 
 @dataclass(slots=True)
 class _Choice:
-    content: list[str] = field(default_factory=list)
-    #: Made at their first text (rare): an open choice holds two lists less.
+    #: Made at their first text: an open choice without text holds no list.
+    content: list[str] | None = None
     reasoning: list[str] | None = None
     refusal: list[str] | None = None
     finish_reason: str | None = None
@@ -92,7 +92,10 @@ class OpenAIChat(op.Adapter):
 
     def __init__(self) -> None:
         super().__init__()
-        self._choices: dict[int, _Choice] = {}
+        #: Choice 0 (nearly every stream's only one), and the others by index (made at the
+        #: first): an open run holds no map for one choice.
+        self._first: _Choice | None = None
+        self._choices: dict[int, _Choice] | None = None
 
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
         # Each value read is checked for its JSON type before it is used, which also lets the
@@ -100,22 +103,39 @@ class OpenAIChat(op.Adapter):
         choices = event.get("choices")
         if not choices:
             return []
+        if not isinstance(choices, list):
+            raise ValueError("expected an array")
         ops: list[op.Op] = []
-        for raw in _array(choices):
-            raw = _object(raw)
+        for raw in choices:
+            if not isinstance(raw, dict):
+                raise ValueError("expected an object")
             ci = raw.get("index", 0)
             if type(ci) is not int or ci < 0:  # absent, odd or negative: rare, and refused
                 ci = _index(ci) or 0
-            choice = self._choices.get(ci)
-            if choice is None:  # not setdefault: that would build a _Choice for every chunk
-                choice = self._choices[ci] = _Choice()
-            delta = _object(raw.get("delta") or _NO_DELTA)
+            if ci == 0:
+                choice = self._first
+                if choice is None:
+                    choice = self._first = _Choice()
+            else:
+                others = self._choices
+                if others is None:
+                    others = self._choices = {}
+                choice = others.get(ci)
+                if choice is None:  # not setdefault: that would build a _Choice every chunk
+                    choice = others[ci] = _Choice()
+            delta = raw.get("delta") or _NO_DELTA
+            if not isinstance(delta, dict):
+                raise ValueError("expected an object")
             content = delta.get("content")  # nearly every chunk: a text delta, and only that
             if type(content) is str and content:
-                choice.content.append(content)
+                if choice.content is None:
+                    choice.content = [content]
+                else:
+                    choice.content.append(content)
+                self.kept += len(content) if content.isascii() else op.utf8_len(content)
             if len(delta) > (content is not None):  # more than the content: look further
                 if "reasoning_content" in delta or "refusal" in delta:
-                    self._other_text(choice, delta)
+                    self.kept += self._other_text(choice, delta)
                 tool_calls = delta.get("tool_calls")
                 if tool_calls:
                     for entry in _array(tool_calls):
@@ -128,17 +148,22 @@ class OpenAIChat(op.Adapter):
         return ops
 
     @staticmethod
-    def _other_text(choice: _Choice, delta: Any) -> None:
+    def _other_text(choice: _Choice, delta: Any) -> int:
+        """Keep a delta's reasoning and refusal text; the bytes kept."""
+        kept = 0
         text = delta.get("reasoning_content")
         if isinstance(text, str) and text:
             if choice.reasoning is None:
                 choice.reasoning = []
             choice.reasoning.append(text)
+            kept += op.utf8_len(text)
         text = delta.get("refusal")
         if isinstance(text, str) and text:
             if choice.refusal is None:
                 choice.refusal = []
             choice.refusal.append(text)
+            kept += op.utf8_len(text)
+        return kept
 
     def _tool_call(self, ci: int, choice: _Choice, entry: dict[str, Any],
                    ops: list[op.Op]) -> None:
@@ -203,10 +228,13 @@ class OpenAIChat(op.Adapter):
         by_key = {c.key: c for c in calls}
         children = op.unwrapped_calls(calls)
         messages: list[dict[str, Any]] = []
-        for ci in sorted(self._choices) or [0]:
-            choice = self._choices.get(ci, _Choice())
+        choices = dict(self._choices or {})
+        if self._first is not None:
+            choices[0] = self._first
+        for ci in sorted(choices) or [0]:
+            choice = choices.get(ci, _Choice())
             message: dict[str, Any] = {"role": "assistant",
-                                       "content": "".join(choice.content) or None}
+                                       "content": "".join(choice.content or ()) or None}
             if choice.reasoning:
                 message["reasoning_content"] = "".join(choice.reasoning)
             if choice.refusal:

@@ -99,6 +99,7 @@ class OpenAIResponses(op.Adapter):
             if text is None:  # not setdefault: that would build a list for every delta
                 text = self._text[index] = []
             text.append(delta)
+            self.kept += len(delta) if delta.isascii() else op.utf8_len(delta)
             return []
         if kind in _TEXT_DELTAS:
             fragment = _str(event["delta"])
@@ -134,8 +135,10 @@ class OpenAIResponses(op.Adapter):
                                         "response was spliced into the stream")]
         if self.broken:  # perhaps another response's: nothing of it is kept or checked
             return self._terminal(kind, response)
+        self.kept -= op.json_len(self._response) if self._response else 0
         self._response = {k: response[k] for k in ("id", "model", "status")
                           if isinstance(response.get(k), str)}
+        self.kept += op.json_len(self._response)
         if kind == "response.completed":
             return [*self._check_output(response.get("output")), op.Complete()]
         return self._terminal(kind, response)
@@ -197,6 +200,7 @@ class OpenAIResponses(op.Adapter):
                 ops.append(self._open(self.late_key(), index, item))
             return ops
         self._items[index], self._types[index] = kept, kind
+        self.kept += op.json_len(kept)
         if isinstance(item.get("id"), str):
             self._index_of[item["id"]] = index
         if kind not in _CALL_ITEMS:
@@ -219,6 +223,7 @@ class OpenAIResponses(op.Adapter):
             if kind in _CALL_ITEMS and (self.broken or index not in self._types):
                 ops.append(self._open(self.late_key(), index, item))
             return ops
+        self.kept += op.json_len(kept) - op.json_len(self._items[index])  # replaces the added
         self._items[index] = kept
         if kind not in _CALL_ITEMS:
             return []

@@ -24,10 +24,22 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   it). On revocation the open transaction is committed first (aborted if that fails); a lost
   assignment aborts it. A fatal error (this producer fenced by a newer one) stops the worker
   with status 1.
+* **A wedged producer is replaced.** librdkafka's ``send_offsets_to_transaction`` can wait
+  without bound for its group-coordinator request (confluentinc/librdkafka#5456; seen here
+  after a broker restart: every worker blocked in it for good, so no cancel was forwarded and
+  runs expired). The call runs in a thread of its own; if it has not returned within the
+  transaction timeout (librdkafka caps the call's own timeout to it) and a grace, the worker
+  creates a new producer with the same ``transactional.id``: its ``init_transactions`` fences
+  the wedged one and aborts its transaction, and the worker rewinds as after an abort.
+* **Ticks wait for the control backlog.** A tick is written only once every control record
+  this worker has seen in the log is forwarded (at most ``_TICK_DEFER_MAX_S`` late):
+  after a takeover the first tick would otherwise reach the events log before the cancels
+  that arrived while the partition stood still, and expire the runs they stop.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import sys
@@ -37,7 +49,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -52,6 +64,8 @@ from worker.runtime.kafka_engine.heads import HeadsTable
 from worker.runtime.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
 
+_T = TypeVar("_T")
+
 __all__ = ["Batch", "KafkaEngine", "consumer_settings", "producer_settings"]
 
 log = logging.getLogger("latch.worker")
@@ -64,6 +78,25 @@ _CLIENT_TIMEOUT_S = 30.0
 LIVE_S = 2 * _CLIENT_TIMEOUT_S
 #: How often the loop reads the consumer's positions and cached end offsets (lag gauges).
 _LAGS_EVERY_S = 1.0
+#: How long past the transaction timeout a ``send_offsets_to_transaction`` may take before
+#: its producer counts as wedged and is replaced.
+_WEDGED_GRACE_S = 2.0
+#: Seconds a tick may wait for the control backlog (a control partition whose end is never
+#: reached, e.g. held by someone's open transaction, must not stop the clock).
+_TICK_DEFER_MAX_S = 10.0
+
+
+#: Calls that may stay wedged at once (each holds a fenced producer) before the worker exits.
+MAX_WEDGED = 3
+
+
+class Wedged(Exception):
+    """A transactional producer call did not return in time: the producer must be replaced.
+    ``thread`` is the thread still in the call (it holds the old producer until it returns)."""
+
+    def __init__(self, message: str, thread: threading.Thread) -> None:
+        super().__init__(message)
+        self.thread = thread
 
 
 class Fatal(Exception):
@@ -136,7 +169,11 @@ class KafkaEngine:
         self.reader_settings = config.kafka.confluent_config()
         self.instance = worker.instance_id or uuid.uuid4().hex
         self.consumer = Consumer(logs.kafka_config(consumer_settings(config)))
-        self.producer = Producer(logs.kafka_config(producer_settings(config, self.instance)))
+        self.producer = self._new_producer()
+        #: Threads still in a wedged call of a replaced (fenced) producer.
+        self.wedged: list[threading.Thread] = []
+        #: When the tick waiting for the control backlog first fell due (None: none waits).
+        self.tick_deferred: float | None = None
         self.batch: Batch | None = None
         self.server: Any = None
         self.aborts = 0
@@ -193,8 +230,7 @@ class KafkaEngine:
             for msg in self.consumer.consume(max(room, 1), timeout=min(wait, 0.5)):
                 self._handle(msg)
             now = time.monotonic()
-            if now >= next_tick:
-                self._tick()
+            if now >= next_tick and self._tick(now):
                 next_tick = now + worker.tick_interval_s
             if self.batch is not None and self.batch.due(now, worker.batch_max_records, max_s):
                 self._commit()
@@ -223,8 +259,7 @@ class KafkaEngine:
         key = record[0]
         emits, opened = self.hooks.apply(state, record, msg.headers)
         self._publish(key, emits, record[2])
-        if opened:
-            self.heads.opened(key, partition, offset)  # type: ignore[arg-type]  # a run has a key
+        self.heads.applied(state, key, partition, offset, opened, emits)
         finished = partition_module.finished_runs(emits)
         if finished:
             self.heads.finished(state, partition, finished)
@@ -252,14 +287,38 @@ class KafkaEngine:
         batch.offsets[(self.control, partition)] = offset + 1
         batch.records += 1
 
-    def _tick(self) -> None:
-        """Write a tick into each events partition this worker owns (the only clock read)."""
+    def _tick(self, now: float) -> bool:
+        """Write a tick into each events partition this worker owns (the only clock read),
+        unless a control record already in the log is still to forward (then try again at
+        the next turn, for at most ``_TICK_DEFER_MAX_S``); return whether it is done."""
         if not self.partitions:
-            return
+            return True
+        if self._control_behind():
+            if self.tick_deferred is None:
+                self.tick_deferred = now
+            if now - self.tick_deferred < _TICK_DEFER_MAX_S:
+                return False
+            log.warning("ticking with control records not yet forwarded (waited %.1fs)",
+                        now - self.tick_deferred)
+        self.tick_deferred = None
         self._begin()
         value = orjson.dumps({"v": 1, "type": "tick", "ts": int(time.time() * 1000)})
         for partition in sorted(self.partitions):
             self._produce(self.events, TICK, value, partition)
+        return True
+
+    def _control_behind(self) -> bool:
+        """Whether an owned control partition has records in the log (its end as the last
+        fetch reported it; unknown right after an assignment) not yet forwarded."""
+        for partition, next_offset in self.control_next.items():
+            try:
+                _, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(self.control, partition), cached=True)
+            except KafkaException:
+                return True
+            if high < 0 or next_offset < high:
+                return True
+        return False
 
     def _publish(self, key: bytes | None, emits: Sequence[Emit],
                  record_ms: int | None = None) -> None:
@@ -322,6 +381,11 @@ class KafkaEngine:
             self.aborts = 0
             for record_ms in batch.committed:  # visible to read_committed readers now
                 self.hooks.delivered(Topic.COMMITTED, record_ms, True)
+        except Wedged as exc:
+            self.wedged = [t for t in self.wedged if t.is_alive()] + [exc.thread]
+            if len(self.wedged) > MAX_WEDGED:
+                raise Fatal(f"{len(self.wedged)} transactional calls wedged") from exc
+            self._abort(str(exc), rewind, wedged=True)
         except KafkaException as exc:
             error = exc.args[0]
             if not error.txn_requires_abort():
@@ -329,9 +393,15 @@ class KafkaEngine:
             self._abort(error.str(), rewind)
 
     def _send_offsets(self, positions: list[TopicPartition]) -> None:
-        if positions:
-            self.producer.send_offsets_to_transaction(
-                positions, self.consumer.consumer_group_metadata(), _CLIENT_TIMEOUT_S)
+        """``send_offsets_to_transaction``, in a thread of its own: librdkafka may never
+        return from it (confluentinc/librdkafka#5456); :class:`Wedged` if it has not returned
+        by the transaction timeout (which caps the call's own) and a grace."""
+        if not positions:
+            return
+        producer, metadata = self.producer, self.consumer.consumer_group_metadata()
+        wait_s = self.config.worker.transaction_timeout_s + _WEDGED_GRACE_S
+        _bounded(lambda: producer.send_offsets_to_transaction(positions, metadata,
+                                                              _CLIENT_TIMEOUT_S), wait_s)
 
     def _retrying(self, call: Callable[[], None]) -> None:
         """``call``, again while it fails with a retriable error (librdkafka's advice for
@@ -349,17 +419,34 @@ class KafkaEngine:
                 log.warning("transaction: %s; retrying", error.str())
                 time.sleep(0.5)
 
-    def _abort(self, reason: str, rewind: bool) -> None:
+    def _abort(self, reason: str, rewind: bool, wedged: bool = False) -> None:
+        """Abort the open transaction (``wedged``: replace the producer, which fences it and
+        aborts its transaction), forget its changelog writes, and (``rewind``) rebuild every
+        owned partition from its committed offset."""
         self.aborts += 1
         log.warning("transaction aborted (%s); %s", reason,
                     "rebuilding from the committed offsets" if rewind else "partitions go")
         if self.aborts > MAX_ABORTS:
             raise Fatal(f"{self.aborts} transactions aborted in a row")
-        self._retrying(lambda: self.producer.abort_transaction(_CLIENT_TIMEOUT_S))
+        if wedged:
+            self._replace_producer()
+        else:
+            self._retrying(lambda: self.producer.abort_transaction(_CLIENT_TIMEOUT_S))
         self.table.take_pending()
         if rewind:
             time.sleep(min(self.aborts, 5))
             self._take_over(self.consumer.assignment(), seek=True)
+
+    def _new_producer(self) -> Producer:
+        return Producer(logs.kafka_config(producer_settings(self.config, self.instance)))
+
+    def _replace_producer(self) -> None:
+        """A new producer with the same ``transactional.id``: its ``init_transactions`` bumps
+        the epoch, so the wedged producer is fenced and its open transaction aborted."""
+        log.warning("replacing the wedged transactional producer (transactional.id %s-%s)",
+                    self.config.worker.app_id, self.instance)
+        self.producer = self._new_producer()
+        self._retrying(lambda: self.producer.init_transactions(_CLIENT_TIMEOUT_S))
 
     # -- assignment -------------------------------------------------------------------
 
@@ -400,12 +487,14 @@ class KafkaEngine:
         them, or seek when they are assigned already)."""
         if not partitions:
             return
-        committed = self.consumer.committed(partitions, timeout=_CLIENT_TIMEOUT_S)
+        committed = self._query(lambda: self.consumer.committed(partitions,
+                                                                timeout=_CLIENT_TIMEOUT_S))
         changelogs = reader.read_all(self.reader_settings, self.changelog,
                                      [tp.partition for tp in committed if tp.topic == self.events])
         positions = []
         for tp in committed:
-            low, _ = self.consumer.get_watermark_offsets(tp, timeout=_CLIENT_TIMEOUT_S)
+            low, _ = self._query(functools.partial(self.consumer.get_watermark_offsets, tp,
+                                                   timeout=_CLIENT_TIMEOUT_S))
             resume = max(tp.offset, low)
             if tp.topic == self.events:
                 self.table.restore(tp.partition, changelogs[tp.partition])
@@ -419,6 +508,21 @@ class KafkaEngine:
         else:
             self.consumer.assign(positions)
         log.info("events partitions assigned: %s", sorted(self.partitions))
+
+    def _query(self, call: Callable[[], _T]) -> _T:
+        """A broker query of a takeover, again while it fails other than fatally (for up to
+        twice the client time-out): a cluster node killed mid-query destroys its broker
+        handle (``_DESTROY_BROKER``), and the takeover must outlast that."""
+        deadline = time.monotonic() + 2 * _CLIENT_TIMEOUT_S
+        while True:
+            try:
+                return call()
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.fatal() or time.monotonic() > deadline:
+                    raise
+                log.warning("takeover: %s; retrying", error.str())
+                time.sleep(0.5)
 
     def _rebuild(self, partition: int, resume: int) -> PartitionState:
         """A fresh assembler for ``partition`` in its state at offset ``resume`` (its heads
@@ -483,6 +587,28 @@ class KafkaEngine:
         """/healthz: the engine's thread runs and turns its loop (or is rebuilding)."""
         return self.thread.is_alive() and (
             self.hooks.health.rebuilds_running > 0 or time.monotonic() - self.beat < LIVE_S)
+
+
+def _bounded(call: Callable[[], None], wait_s: float) -> None:
+    """Run ``call`` in a daemon thread; re-raise what it raised; :class:`Wedged` if it has
+    not returned within ``wait_s`` (the thread is left to it)."""
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed to the caller
+            failed.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=target, name="latch-txn-call", daemon=True)
+    thread.start()
+    if not done.wait(wait_s):
+        raise Wedged(f"send_offsets_to_transaction did not return in {wait_s:g}s", thread)
+    if failed:
+        raise failed[0]
 
 
 def _describe(exc: BaseException) -> str:

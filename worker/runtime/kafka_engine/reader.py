@@ -22,7 +22,7 @@ from confluent_kafka import (
 from worker.runtime import logs
 from worker.runtime.step import Record
 
-__all__ = ["read", "read_all", "record_of", "where"]
+__all__ = ["passing", "read", "read_all", "record_of", "where"]
 
 
 def where(msg: Message) -> tuple[str, int, int]:
@@ -38,6 +38,17 @@ def record_of(msg: Message) -> Record:
     topic, partition, offset = where(msg)
     source = {"topic": topic, "partition": partition, "offset": offset}
     return msg.key(), msg.value() or b"", None if kind == 0 else ts, source
+
+
+#: Errors the consumer reports and recovers from by itself (a broker or cluster node away).
+_PASSING = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+                      KafkaError._DESTROY_BROKER, KafkaError._TIMED_OUT, KafkaError._RESOLVE,
+                      KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION})
+
+
+def passing(error: KafkaError) -> bool:
+    """Whether a consumer error is one librdkafka recovers from itself: read on."""
+    return not error.fatal() and error.code() in _PASSING
 
 
 def _reader(settings: Mapping[str, str]) -> Consumer:
@@ -62,7 +73,8 @@ def read(settings: Mapping[str, str], topic: str, partition: int, start: int | N
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
                         return
-                    raise KafkaException(error)
+                    if not passing(error):
+                        raise KafkaException(error)
                 if stop is not None and where(msg)[2] >= stop:
                     return
                 yield msg
@@ -89,7 +101,7 @@ def read_all(settings: Mapping[str, str], topic: str, partitions: Iterable[int]
                     found[partition].append((msg.key(), msg.value()))
                 elif error.code() == KafkaError._PARTITION_EOF:
                     left.discard(partition)
-                else:
+                elif not passing(error):
                     raise KafkaException(error)
         return found
     finally:

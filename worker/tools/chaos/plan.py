@@ -62,7 +62,7 @@ KINDS: dict[str, int] = {
     "cancel_mid": 3,
 }
 #: Kinds whose calls may get any one outcome (the core decides which; one per call id).
-ANY_OUTCOME = frozenset({"early_reuse", "tight"})
+ANY_OUTCOME = frozenset({"tight"})
 #: Kinds whose cancel races the stream: how many of the run's envelopes are acknowledged
 #: before it goes out (``cancel_race``: none, so it may reach the log before the run.start;
 #: ``cancel_mid``: the run.start).
@@ -137,7 +137,8 @@ class Plan:
 
     @property
     def calls(self) -> int:
-        """Outcome records expected (calls that reuse an id get one each)."""
+        """Outcome records expected (calls that reuse an id get one each, but one that reuses
+        an id whose outcome was out already: it gets none)."""
         return sum(1 for r in self.runs for e in r.expected
                    if e.topic in (Topic.COMMITTED, Topic.ERRORS))
 
@@ -259,6 +260,15 @@ def _run(rng: random.Random, run_id: str, provider: str, kind: str,
                 call.intent = reason[kind]
             elif kind in ANY_OUTCOME:
                 call.intent = "any"
+    if kind == "early_reuse" and calls[0].call_id in opened:
+        # The first call commits at its block's end when that block closes before the
+        # stream ends; the later call reusing its id then gets no record (one kind of
+        # outcome per id). Otherwise (chat: no block ends early) both fail duplicate_call_id.
+        reused_id = calls[0].call_id
+        if early and _block_closed(events, reused_id, provider):
+            opened[reused_id] = calls[0]
+        else:
+            opened[reused_id].intent = "duplicate_call_id"
     tools = [_tool(provider, name) for name in TOOL_SCHEMAS]
     docs: list[dict[str, Any]] = [{"v": 1, "run_id": run_id, "seq": 0, "type": "run.start",
                                    "provider": provider, "tenant": "chaos", "tools": tools}]
@@ -426,10 +436,13 @@ def expected_emits(run: RunPlan, config: Config) -> list[Emit]:
 
 def check_intent(run: RunPlan) -> None:
     """Raise :class:`PlanError` unless the core gives every opened call the outcome the driver
-    meant, and the run exactly one final message."""
+    meant, each call id one kind of outcome, and the run exactly one final message that lists
+    every record's outcome."""
     problems = []
     outcomes = {}
-    every: dict[str, set[str]] = {}  # call id -> every outcome the core gives it
+    every: dict[str, set[str]] = {}  # call id -> every kind of outcome the core gives it
+    records: dict[str, int] = {}  # call id -> its records
+    listed: dict[str, list[tuple[str, str | None]]] = {}  # call id -> its final's outcomes
     for emit in run.expected:
         if emit.topic is Topic.COMMITTED:
             call_id, kind = emit.value["call_id"], "committed"
@@ -437,15 +450,16 @@ def check_intent(run: RunPlan) -> None:
         elif emit.topic is Topic.ERRORS:
             call_id, kind = emit.value["tool_call_id"], str(emit.value["reason"])
             outcomes[call_id] = (emit.value["reason"], None)
+        elif emit.topic is Topic.FINAL:
+            for entry in emit.value["outcomes"]:
+                listed.setdefault(entry["tool_call_id"], []).append(
+                    (entry["state"], entry.get("reason")))
+            continue
         else:
             continue
         every.setdefault(call_id, set()).add(kind)
-    # One outcome per id, but for the README's early-commit rule: a call committed before the
-    # stream ended stands, and a later call reusing its id fails duplicate_call_id under its
-    # own idempotency key (never two records under one key, checked below).
-    problems += [f"{cid}: {len(kinds)} outcomes ({', '.join(sorted(kinds))}) for one id"
-                 for cid, kinds in every.items()
-                 if len(kinds) > 1 and kinds != {"committed", "duplicate_call_id"}]
+        records[call_id] = records.get(call_id, 0) + 1
+    problems += _one_kind_per_id(every, records, listed)
     keys = [e.value["idempotency_key"] for e in run.expected
             if e.topic in (Topic.COMMITTED, Topic.ERRORS)]
     problems += [f"{key}: {keys.count(key)} outcomes under one idempotency key"
@@ -464,6 +478,30 @@ def check_intent(run: RunPlan) -> None:
         problems.append(f"{len(finals)} final messages and DLQ records")
     if problems:
         raise PlanError(f"run {run.run_id} ({run.provider}, {run.kind}): {'; '.join(problems)}")
+
+
+#: A call's entry in its final message when it has no record of its own: it reused an id
+#: whose outcome was out already (README, "Choices the contract leaves open").
+UNRECORDED = ("failed", "duplicate_call_id")
+
+
+def _one_kind_per_id(every: dict[str, set[str]], records: dict[str, int],
+                     listed: dict[str, list[tuple[str, str | None]]]) -> list[str]:
+    """One kind of outcome per call id (a runner pairs results by id): a committed id has one
+    record, never also an error result; and the final lists every call, a call without a
+    record only as failed ``duplicate_call_id``, reusing an id that has one."""
+    problems = [f"{cid}: {len(kinds)} kinds of outcome ({', '.join(sorted(kinds))}) for one id"
+                for cid, kinds in every.items() if len(kinds) > 1]
+    problems += [f"{cid}: committed, and {n - 1} more records for the id"
+                 for cid, n in records.items() if "committed" in every[cid] and n > 1]
+    for cid, entries in listed.items():
+        extra = len(entries) - records.get(cid, 0)
+        if extra < 0 or (extra and (not records.get(cid) or entries.count(UNRECORDED) < extra)):
+            problems.append(f"{cid}: the final lists {entries} for {records.get(cid, 0)} "
+                            "records")
+    problems += [f"{cid}: records but no entry in the final" for cid in records
+                 if cid not in listed]
+    return problems
 
 
 def _bad_inputs(rng: random.Random, prefix: str, count: int, config: Config) -> list[BadInput]:

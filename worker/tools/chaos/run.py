@@ -929,7 +929,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       faust=dict(pair.partition("=")[::2] for pair in args.faust_setting),
                       cluster=args.cluster, engine=args.engine,
                       exclude=tuple(args.exclude_kind))
-    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="latch-chaos-"))
+    # absolute: workers and the broker run in directories of their own
+    work_dir = (args.work_dir or Path(tempfile.mkdtemp(prefix="latch-chaos-"))).absolute()
     work_dir.mkdir(parents=True, exist_ok=True)
     broker: Broker | None = None
     own = args.bootstrap is None
@@ -946,7 +947,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bootstrap = broker.bootstrap
         else:
             bootstrap = args.bootstrap
-            broker = Broker.managed(args.broker_dir) if args.broker_dir else None
+            broker = Broker.managed(args.broker_dir.absolute()) if args.broker_dir else None
         result = run_chaos(options, broker, bootstrap, work_dir)
     except (PlanError, RuntimeError, OSError) as exc:
         _say(f"could not run: {exc} (work dir {work_dir})")

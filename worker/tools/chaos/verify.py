@@ -12,8 +12,11 @@ errors, final, DLQ), from the beginning, and counts
   arguments included), a record nobody expected, a DLQ record of no bad input or with
   another reason.
 
-* one outcome per call id: a call id with two different outcomes is a contradiction, and a
-  run's final message must agree with its records;
+* one kind of outcome per call id: a call id with two different outcomes (a committed call
+  and an error result, whatever their index) is a contradiction, and a run's final message
+  must agree with its records (it may add ``failed``/``duplicate_call_id`` for an id that
+  has records: a later call that reused the id once its outcome was out, which gets no
+  record of its own);
 * every cancel the broker acknowledged ends its run ``cancelled`` and each of its calls
   ``cancelled`` unless already committed (``missing`` otherwise: the cancel was lost).
   A *flexible* run (its cancel raced against its ``run.start``) is held to this promise
@@ -34,7 +37,7 @@ from typing import Any
 import orjson
 
 from worker.core.outputs import idempotency_key
-from worker.tools.chaos.plan import BadInput, Plan
+from worker.tools.chaos.plan import UNRECORDED, BadInput, Plan
 
 #: run_id -> tool call id -> the (state, reason) pairs its records carry.
 States = dict[str, dict[str, set[tuple[Any, Any]]]]
@@ -122,11 +125,9 @@ def verify(plan: Plan, records: Iterable[OutRecord],
         if record.role in ("committed", "errors"):
             call = value.get("call_id") if record.role == "committed" else value.get(
                 "tool_call_id")
-            # A call is its id and its place: with block-level early commit, a later block
-            # may reuse an id already committed, and that other call fails duplicate_call_id
-            # under its own idempotency key (README, "Choices the contract leaves open").
-            by_call[(str(value.get("run_id")), f"{call} at {value.get('index')}")].add(
-                _outcome(value))
+            # One kind of outcome per call id, whatever its place: a runner pairs results
+            # by id (README, "Choices the contract leaves open").
+            by_call[(str(value.get("run_id")), str(call))].add(_outcome(value))
             state = ("committed", None) if record.role == "committed" else (
                 value.get("state"), value.get("reason"))
             states[str(value.get("run_id"))][str(call)].add(state)
@@ -178,9 +179,21 @@ def _check_finals(verdict: Verdict, plan: Plan,
         for outcome in final.get("outcomes", []):
             said[outcome.get("tool_call_id")].add((outcome.get("state"), outcome.get("reason")))
         records = states.get(run.run_id, {})
-        if said != records:
+        if not _final_agrees(said, records):
             verdict.fail("contradictions", f"the final message of {run.run_id} says "
                          f"{dict(said)}, its records say {dict(records)}")
+
+
+def _final_agrees(said: dict[str, set[tuple[Any, Any]]],
+                  records: dict[str, set[tuple[Any, Any]]]) -> bool:
+    """Whether a final message's outcomes (per call id, the (state, reason) pairs it lists)
+    are those of its run's records: the same ids and pairs, but that the final may add
+    ``failed``/``duplicate_call_id`` for an id with records (a later call that reused the id
+    once its outcome was out gets no record of its own)."""
+    if said.keys() != records.keys():
+        return False
+    return all(records[cid] <= said[cid] and said[cid] - records[cid] <= {UNRECORDED}
+               for cid in said)
 
 
 def _check_cancels(verdict: Verdict, plan: Plan, decoded: dict[tuple[str, str], dict[str, Any]],
@@ -198,7 +211,8 @@ def _check_cancels(verdict: Verdict, plan: Plan, decoded: dict[tuple[str, str], 
             verdict.fail("missing", f"the cancel of {run.run_id} was acknowledged, but the "
                          f"run ended {final.get('status')}")
         for call_id, outcome in states.get(run.run_id, {}).items():
-            if not outcome <= {("committed", None), ("cancelled", "cancelled")}:
+            # (a call that shares its id with another is never run either)
+            if not outcome <= {("committed", None), ("cancelled", "cancelled"), UNRECORDED}:
                 verdict.fail("missing", f"the cancel of {run.run_id} was acknowledged, but "
                              f"{call_id} ended {sorted(map(str, outcome))}")
 

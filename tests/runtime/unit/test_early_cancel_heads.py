@@ -1,0 +1,192 @@
+"""A cancel that reaches the events log before its run's ``run.start`` survives a takeover
+(issue 9, item 7, in the runtime).
+
+The core remembers such a cancel (``remember_early_cancels``, ``early_cancel_ttl_s`` of record
+time), but a worker that takes the partition over rebuilds its assembler only from the heads:
+the open runs' records from the earliest ``start``. Without a head at the cancel's offset, the
+new owner never read the cancel, and the run committed the calls the user had stopped. These
+tests drive the shared per-partition logic (:mod:`worker.runtime.partition`) the way both
+engines do, record by record, without Kafka:
+
+* a cancel held by the core gets ``{"p", "start", "cancel": true}`` at its offset (and a second
+  cancel, a record of another run, or a finished run's head changes nothing);
+* a worker that loads those heads and rebuilds reads from that offset, and the run is cancelled
+  as it starts: no committed call;
+* the head goes at the first tick after the cancel expired in record time, and is replaced
+  when its run starts (by its ``done`` head, the run cancelled at once);
+* a rebuild feeds a run's records only from its head's start: a cancel the live core let go
+  before the run opened is not applied by the rebuilt one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+import orjson
+from builders import cancel, chat_calls, chat_run, chat_tool
+
+from worker.core import Assembler, AssembleSettings, Emit, Topic
+from worker.core.envelope import TICK_KEY
+from worker.runtime import partition
+from worker.runtime.partition import Heads, PartitionState
+from worker.runtime.step import Record
+
+TOOLS = [chat_tool("read_file", {"type": "object"})]
+TTL_S = 300.0
+
+
+def _settings(**overrides: Any) -> AssembleSettings:
+    return AssembleSettings(early_cancel_ttl_s=TTL_S, **overrides)
+
+
+class Log:
+    """One events partition: records appended with offsets and record times."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+
+    def append(self, key: bytes | None, value: bytes, ts: int) -> Record:
+        record = (key, value, ts, {"topic": "ev", "partition": 0, "offset": len(self.records)})
+        self.records.append(record)
+        return record
+
+    def envelopes(self, envelopes: Iterable[dict[str, Any]], ts: int) -> list[Record]:
+        return [self.append(e["run_id"].encode(), orjson.dumps(e), ts) for e in envelopes]
+
+    def cancel(self, run_id: str, ts: int) -> Record:
+        return self.append(run_id.encode(), orjson.dumps(cancel(run_id)), ts)
+
+    def tick(self, ts: int) -> Record:
+        return self.append(TICK_KEY.encode(), orjson.dumps({"v": 1, "type": "tick", "ts": ts}), ts)
+
+
+def process(state: PartitionState, heads: Heads, records: Sequence[Record]) -> list[Emit]:
+    """What each engine does with a record of the partition: apply it (``EngineHooks.apply``
+    tells whether it opened a run), then its heads (``Heads.applied``, the done heads of the
+    runs it finished, and at a tick ``Heads.forget_finished``)."""
+    out: list[Emit] = []
+    for record in records:
+        key = record[0]
+        run_id = key.decode() if key else ""
+        was_open = state.assembler.is_open(run_id)
+        emits = state.apply(record)
+        opened = not was_open and state.assembler.is_open(run_id)
+        heads.applied(state, key, 0, record[3]["offset"], opened, emits)
+        heads.finished(state, 0, partition.finished_runs(emits))
+        if key == partition.TICK:
+            heads.forget_finished(state)
+        state.next_offset = record[3]["offset"] + 1
+        out += emits
+    return out
+
+
+def take_over(table: dict[bytes, Any], log: Log, resume: int,
+              settings: AssembleSettings) -> PartitionState:
+    """A new owner: heads loaded, the log rebuilt from the earliest head's start up to the
+    committed offset ``resume`` (``partition.rebuild``, as the faust engine runs it)."""
+    state = PartitionState(Assembler(settings), next_offset=resume)
+    open_runs = Heads(table, 3600).load(state, 0)
+    starts = [s for s in open_runs.values() if s < resume]
+
+    async def read() -> AsyncIterator[Record]:
+        for record in log.records[min(starts):resume] if starts else []:
+            yield record
+
+    asyncio.run(partition.rebuild(state, open_runs, read()))
+    return state
+
+
+def _run(run_id: str) -> list[dict[str, Any]]:
+    return chat_run(run_id, TOOLS, chat_calls([(f"call_{run_id}", "read_file", '{"p": 1}')]))
+
+
+def _ends(emits: Sequence[Emit], run_id: str) -> tuple[str | None, list[str]]:
+    final = [e.value["status"] for e in emits if e.topic is Topic.FINAL and e.key == run_id]
+    committed = [e.value["call_id"] for e in emits
+                 if e.topic is Topic.COMMITTED and e.key == run_id]
+    return (final[0] if final else None), committed
+
+
+def test_a_cancel_before_its_run_gets_a_head_at_its_offset() -> None:
+    """The cancel of a run not started yet, held by the core, gets a head at its offset; a
+    second cancel of the run, the records of another run and a finished run's cancel write
+    no head (the per-record cost is a test of the core's count of waiting cancels)."""
+    log, table = Log(), dict[bytes, Any]()
+    heads = Heads(table, 3600)
+    state = PartitionState(Assembler(_settings()), next_offset=0)
+    process(state, heads, log.envelopes(_run("done")[:3], 1000))  # "done" opens at 0
+    assert table == {b"done": {"p": 0, "start": 0}}
+    process(state, heads, [log.cancel("r", 1001)])
+    assert table[b"r"] == {"p": 0, "start": 3, "cancel": True}
+    process(state, heads, [log.cancel("r", 1002), *log.envelopes(_run("done")[3:], 1003)])
+    assert table[b"r"] == {"p": 0, "start": 3, "cancel": True}
+    assert table[b"done"]["done"] and state.waiting == {b"r"}
+    process(state, heads, [log.cancel("done", 1004)])  # finished: ignored, its head stays
+    assert table[b"done"]["done"] and set(table) == {b"done", b"r"}
+
+
+def test_a_new_owner_reads_the_waiting_cancel_and_cancels_the_run_as_it_starts() -> None:
+    """The cancel of run R is applied and committed past by one worker, which then stops; the
+    next owner loads the heads, rebuilds from the cancel's offset, and when R's ``run.start``
+    and stream come, R ends ``cancelled`` with no committed call (without the head it
+    committed: the old behaviour, checked here by dropping the head)."""
+    log, table = Log(), dict[bytes, Any]()
+    first = PartitionState(Assembler(_settings()), next_offset=0)
+    process(first, Heads(table, 3600), [log.cancel("r", 1000), log.tick(2000)])
+    assert first.assembler.early_cancel_pending("r")
+    resume = len(log.records)
+    stream = log.envelopes(_run("r"), 3000)
+
+    second = take_over(table, log, resume, _settings())
+    assert second.assembler.early_cancel_pending("r")
+    status, committed = _ends(process(second, Heads(table, 3600), stream), "r")
+    assert (status, committed) == ("cancelled", [])
+    assert table[b"r"]["done"] and table[b"r"]["status"] == "cancelled"
+
+    without = take_over({}, log, resume, _settings())  # no head: the cancel is never read
+    assert _ends(process(without, Heads({}, 3600), stream), "r") == ("completed", ["call_r"])
+
+
+def test_the_head_goes_when_the_cancel_expires_in_record_time() -> None:
+    """A tick within ``early_cancel_ttl_s`` of the cancel's record time keeps its head (and a
+    takeover then still cancels the run); the first tick past it, by record time, tombstones
+    it, and a run starting later runs as if the cancel had never come, on any worker."""
+    log, table = Log(), dict[bytes, Any]()
+    heads = Heads(table, 3600)
+    state = PartitionState(Assembler(_settings()), next_offset=0)
+    ttl_ms = int(TTL_S * 1000)
+    process(state, heads, [log.cancel("r", 1000), log.tick(1000 + ttl_ms)])
+    assert b"r" in table
+    process(state, heads, [log.tick(1001 + ttl_ms)])
+    assert b"r" not in table and not state.waiting
+    assert not state.assembler.early_cancel_pending("r")
+    stream = log.envelopes(_run("r"), 2000 + ttl_ms)
+    rebuilt = take_over(table, log, len(log.records) - len(stream), _settings())
+    assert _ends(process(rebuilt, Heads(table, 3600), stream), "r") == ("completed", ["call_r"])
+
+
+def test_a_rebuild_feeds_a_run_only_from_its_heads_start() -> None:
+    """Run R's cancel is forgotten by the live core (``remember_early_cancels`` 1, a second
+    run's cancel came after it), so R opens and commits. A takeover that rebuilds from an
+    earlier open run's start must not feed R's cancel, which lies before R's ``start``
+    head: fed, the rebuilt core would hold it (the other cancel, whose run has finished, is
+    not fed) and cancel R, which the live worker ran."""
+    settings = _settings(remember_early_cancels=1)
+    log, table = Log(), dict[bytes, Any]()
+    heads = Heads(table, 3600)
+    live = PartitionState(Assembler(settings), next_offset=0)
+    process(live, heads, log.envelopes(_run("q")[:2], 1000))  # q opens at 0, stays open
+    process(live, heads, [log.cancel("r", 1001), log.cancel("s", 1002), log.tick(1003)])
+    assert b"r" not in table and table[b"s"]["cancel"]  # r forgotten: its head went
+    process(live, heads, log.envelopes(_run("s")[:1], 1004))  # s cancelled as it starts
+    r_start = len(log.records)
+    live_emits = process(live, heads, log.envelopes(_run("r")[:2], 1005))
+    assert live.assembler.is_open("r") and table[b"r"] == {"p": 0, "start": r_start}
+    assert not [e for e in live_emits if e.key == "r"]
+
+    rebuilt = take_over(table, log, len(log.records), settings)
+    assert rebuilt.assembler.is_open("r") and rebuilt.assembler.is_open("q")
+    rest = log.envelopes(_run("r")[2:], 1006)
+    assert _ends(process(rebuilt, Heads(table, 3600), rest), "r") == ("completed", ["call_r"])

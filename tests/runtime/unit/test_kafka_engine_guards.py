@@ -1,0 +1,167 @@
+"""The kafka engine's guards against what failed its chaos run, without a broker: a
+transactional call that never returns is reported (so the producer can be replaced), and a
+tick waits for the control records already in the log to be forwarded (for a bounded time).
+The real-broker proofs are ``tests/runtime/integration/test_kafka_engine_recovery.py``."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from worker.core import Assembler
+from worker.runtime.config import load_config
+from worker.runtime.kafka_engine import loop, reader
+from worker.runtime.partition import TICK, PartitionState
+
+
+def test_a_call_that_never_returns_is_reported_wedged() -> None:
+    """``_bounded`` raises ``Wedged`` for a call still blocked after its wait, re-raises what
+    a call raised, and returns when the call returns."""
+    release = threading.Event()
+    with pytest.raises(loop.Wedged):
+        loop._bounded(release.wait, 0.05)
+    release.set()
+    error = KafkaException(KafkaError(KafkaError._TIMED_OUT))
+
+    def fails() -> None:
+        raise error
+
+    with pytest.raises(KafkaException) as raised:
+        loop._bounded(fails, 30)
+    assert raised.value is error
+    loop._bounded(lambda: None, 30)
+
+
+class _Consumer:
+    """The cached end offset of each control partition, as the last fetch reported it."""
+
+    def __init__(self) -> None:
+        self.high: dict[int, int] = {}
+
+    def get_watermark_offsets(self, tp: Any, cached: bool = False) -> tuple[int, int]:
+        assert cached  # never a request to the broker from the loop
+        return 0, self.high.get(tp.partition, -1001)
+
+    def close(self) -> None:
+        pass
+
+
+class _Producer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, int | None]] = []
+
+    def begin_transaction(self) -> None:
+        pass
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None,
+                partition: int | None = None, **options: Any) -> None:
+        self.sent.append((topic, key, partition))
+
+
+def test_a_tick_waits_for_the_control_backlog_for_a_bounded_time() -> None:
+    """No tick while an owned control partition's end is unknown or past the next offset to
+    forward; a tick once it is forwarded; and a tick anyway after ``_TICK_DEFER_MAX_S``
+    of waiting."""
+    config = load_config(None, env={"LATCH_WORKER__TICK_INTERVAL_S": "1"})
+    engine = loop.KafkaEngine(config)
+    consumer, producer = _Consumer(), _Producer()
+    engine.consumer, engine.producer = consumer, producer  # type: ignore[assignment]
+    engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
+    engine.control_next = {0: 5}
+
+    assert engine._tick(100.0) is False  # end unknown: just assigned
+    consumer.high[0] = 7
+    assert engine._tick(101.0) is False  # two control records not forwarded yet
+    engine.control_next[0] = 7
+    assert engine._tick(102.0) is True
+    assert producer.sent == [(engine.events, TICK, 0)]
+
+    consumer.high[0] = 8
+    assert engine._tick(200.0) is False
+    assert engine._tick(200.0 + loop._TICK_DEFER_MAX_S - 0.5) is False
+    assert engine._tick(200.0 + loop._TICK_DEFER_MAX_S) is True
+    assert len(producer.sent) == 2
+
+
+class _GroupConsumer(_Consumer):
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+    def assignment(self) -> list[Any]:
+        return []
+
+
+def test_a_wedged_offsets_call_replaces_the_producer_and_too_many_stop_the_worker(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit whose ``send_offsets_to_transaction`` never returns gets a new producer
+    (initialised for transactions: that fences the wedged one); once more than
+    ``MAX_WEDGED`` calls are wedged at once, the worker stops (exit 1) instead of piling up
+    fenced producers."""
+    monkeypatch.setattr(loop, "_WEDGED_GRACE_S", -0.95)  # a wait of 0.05 s, not 3 s
+    config = load_config(None, env={"LATCH_WORKER__TRANSACTION_TIMEOUT_S": "1"})
+    engine = loop.KafkaEngine(config)
+    release = threading.Event()
+    made: list[Any] = []
+
+    class Wedging(_Producer):
+        initialised = False
+
+        def send_offsets_to_transaction(self, *args: Any) -> None:
+            release.wait()
+
+        def init_transactions(self, timeout: float) -> None:
+            self.initialised = True
+
+    def new_producer() -> Any:
+        made.append(Wedging())
+        return made[-1]
+
+    engine._new_producer = new_producer  # type: ignore[method-assign]
+    engine.producer = new_producer()
+    engine.consumer = _GroupConsumer()  # type: ignore[assignment]
+    try:
+        for n in range(loop.MAX_WEDGED):
+            engine.batch = loop.Batch(0.0, offsets={(engine.events, 0): 1})
+            engine._commit(rewind=False)
+            assert len(made) == n + 2 and engine.producer is made[-1]
+            assert engine.producer.initialised and engine.batch is None
+        engine.batch = loop.Batch(0.0, offsets={(engine.events, 0): 1})
+        with pytest.raises(loop.Fatal):
+            engine._commit(rewind=False)
+    finally:
+        release.set()
+
+
+def test_a_takeover_query_outlasts_a_destroyed_broker_handle() -> None:
+    """``_query`` calls again after a non-fatal failure (a cluster node killed mid-query:
+    ``_DESTROY_BROKER``, which stopped two workers of the 3-broker chaos run) and returns the
+    answer; a fatal error is raised at once."""
+    engine = loop.KafkaEngine(load_config(None, env={}))
+    failures = [KafkaException(KafkaError(KafkaError._DESTROY_BROKER))]
+
+    def query() -> tuple[int, int]:
+        if failures:
+            raise failures.pop()
+        return 0, 7
+
+    assert engine._query(query) == (0, 7)
+    fatal = KafkaException(KafkaError(KafkaError._FENCED, fatal=True))
+
+    def fenced() -> None:
+        raise fatal
+
+    with pytest.raises(KafkaException):
+        engine._query(fenced)
+
+
+def test_a_reader_reads_on_past_errors_the_consumer_recovers_from() -> None:
+    """A broker or node away (transport, all brokers down, destroyed handle, no leader) is
+    passed over by the rebuild's reader; an unknown partition or a fatal error is not."""
+    assert all(reader.passing(KafkaError(code)) for code in (
+        KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._DESTROY_BROKER,
+        KafkaError.LEADER_NOT_AVAILABLE))
+    assert not reader.passing(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+    assert not reader.passing(KafkaError(KafkaError._TRANSPORT, fatal=True))
