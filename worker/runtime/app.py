@@ -225,7 +225,8 @@ class LatchWorker:
         key, source = record[0], record[3]
         partition, offset = source["partition"], source["offset"]
         emits, opened = self.hooks.apply(state, record, headers)
-        if not (emits or opened or key == TICK or state.unconfirmed):
+        if not (emits or opened or key == TICK or state.unconfirmed
+                or state.assembler.early_cancels_waiting):
             state.next_offset = offset + 1  # most records: nothing to send, write or wait for
             return
         await self._publish(state, key, emits, record[2])

@@ -117,3 +117,21 @@ def test_without_faust_web_the_monitor_skips_per_message_statistics() -> None:
     assert type(full) is Monitor
     full.on_message_in(tp, 3, message)  # type: ignore[arg-type]
     assert full.messages_received_total == 1
+
+
+def test_an_early_cancel_gets_its_head_through_the_common_path() -> None:
+    """A cancel for a run not started yet emits nothing and opens nothing, yet it must leave
+    its ``{"p", "start", "cancel": true}`` head at its offset (a takeover's rebuild reads
+    from there): the path that skips the heads for records that emit nothing must not skip
+    it; the run's own start then replaces it."""
+    latch, _, table, _ = _worker()
+    cancel = {"v": 1, "run_id": "r9", "type": "cancel", "reason": "user_stop"}
+    messages = _messages([cancel], 10)
+
+    async def feed() -> None:
+        for message in messages:
+            await latch._apply_event(message)
+
+    asyncio.run(feed())
+    assert table[b"r9"] == {"p": 0, "start": 10, "cancel": True}
+    assert latch.partitions[0].next_offset == 11
