@@ -33,10 +33,10 @@ What it does:
    window (:class:`CpuTimeline`: sampled every 10 ms, in ns) and in total (start-up included);
    ratios Latch / bare, by rate and by CPU, per round, and their median;
 5. ``--latency``: for each contender, fresh topics, the contender started and warmed up (one
-   run through it), then ``--latency-runs`` runs published at ``--fraction`` of its median
-   envelopes/s; for each run, "``stream.end`` appended -> final record appended" (broker
-   append times) and "-> final record visible to a ``read_committed`` consumer" (a live
-   watcher's clock, same host); p50/p99 of each.
+   tiny run through each events partition), then ``--latency-runs`` runs published at
+   ``--fraction`` of its median envelopes/s; for each run, "``stream.end`` appended ->
+   final record appended" (broker append times) and "-> final record visible to a
+   ``read_committed`` consumer" (a live watcher's clock, same host); p50/p99 of each.
 
 Every figure is of this machine at that moment: on a shared machine, compare the ratios of
 one run, not the absolute rates of two.
@@ -50,6 +50,7 @@ import concurrent.futures
 import contextlib
 import functools
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -300,7 +301,9 @@ def latch_env(setup: Setup, engine: str | None = None) -> dict[str, str]:
             "LATCH_KAFKA__BOOTSTRAP_SERVERS": setup.bootstrap,
             "LATCH_TOPICS__PARTITIONS": str(setup.partitions),
             "LATCH_WORKER__APP_ID": setup.group,
-            "LATCH_WORKER__WEB_PORT": "0"}
+            "LATCH_WORKER__WEB_PORT": "0",
+            # no HTTP port: another worker on this machine may hold the default one
+            "LATCH_WORKER__HTTP_PORT": "0"}
     if engine is not None:
         env["LATCH_WORKER__ENGINE"] = engine
     return env
@@ -426,12 +429,14 @@ def watch_finals(setup: Setup, proc: subprocess.Popen[bytes], wanted: set[bytes]
                 shown = now
                 say(f"    {label}: {len(wanted & watch.finals.keys())}/{len(wanted)} runs "
                     f"finished, {now - started:.0f} s")
-            for msg in consumer.consume(1000, timeout=0.05):
-                if msg.error() is not None or msg.key() in watch.finals:
-                    continue
-                if not watch.finals:
-                    watch.cpu_first = cpu_seconds(proc.pid)
-                watch.finals[msg.key()] = (msg.timestamp()[1], time.time() * 1000)
+            # poll, not consume(n, timeout): a batch consume waits out its timeout unless n
+            # records arrive, which would add up to that timeout to every "visible" time
+            msg = consumer.poll(0.05)
+            if msg is None or msg.error() is not None or msg.key() in watch.finals:
+                continue
+            if not watch.finals:
+                watch.cpu_first = cpu_seconds(proc.pid)
+            watch.finals[msg.key()] = (msg.timestamp()[1], time.time() * 1000)
         watch.cpu_last = cpu_seconds(proc.pid)
         return watch
     finally:
@@ -500,6 +505,7 @@ def throughput_round(c: Contender, n: int, bootstrap: str, events: str, backlog:
                              f"{c.name} round {n}")
         wall = time.monotonic() - began
         cpu_total = cpu_seconds(proc.pid)
+        wait_committed(bootstrap, setup.group, events, backlog, 15.0)
     finally:
         cpu.stop()
         status = stop(proc)
@@ -515,6 +521,19 @@ def throughput_round(c: Contender, n: int, bootstrap: str, events: str, backlog:
                   count_outputs(setup, c.outputs()))
 
 
+def wait_committed(bootstrap: str, group: str, topic: str, backlog: list[int],
+                   timeout: float) -> None:
+    """Wait (``timeout`` at most) until ``group`` has committed the end of the backlog: the
+    last final record can be out before the record that made it is acked and committed (at
+    the next commit interval), and stopping the contender then would leave it uncommitted."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = committed(bootstrap, group, topic, len(backlog))
+        if all(d >= end for d, end in zip(done, backlog, strict=True)):
+            return
+        time.sleep(0.25)
+
+
 def end_offsets_of(bootstrap: str, topic: str, partitions: int) -> list[int]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused"})
     try:
@@ -526,14 +545,29 @@ def end_offsets_of(bootstrap: str, topic: str, partitions: int) -> list[int]:
 # -- latency ---------------------------------------------------------------------------------
 
 
-def warm_records(tag: str) -> list[Record]:
-    """One tiny run (start, end), published first so that the contender is assigned and
-    running before the paced load begins."""
-    key = f"warm-{tag}".encode()
-    start = {"v": 1, "run_id": key.decode(), "seq": 0, "type": "run.start",
-             "provider": "openai.chat", "tenant": "t1", "tools": []}
-    end = {"v": 1, "run_id": key.decode(), "seq": 1, "type": "stream.end"}
-    return [(key, orjson.dumps(start), 0), (key, orjson.dumps(end), 0)]
+def warm_records(tag: str, partitions: int) -> list[tuple[int, Record]]:
+    """One tiny run (start, end) into each events partition, published first so that the
+    contender is assigned and has taken over every partition (Latch: its first record there
+    rebuilds it) before the paced load begins: otherwise the first paced run of each
+    partition pays for the takeover."""
+    warm = []
+    for partition in range(partitions):
+        run_id = f"warm-{tag}-{partition}"
+        start = {"v": 1, "run_id": run_id, "seq": 0, "type": "run.start",
+                 "provider": "openai.chat", "tenant": "t1", "tools": []}
+        end = {"v": 1, "run_id": run_id, "seq": 1, "type": "stream.end"}
+        warm += [(partition, (run_id.encode(), orjson.dumps(doc), 0)) for doc in (start, end)]
+    return warm
+
+
+def publish_to_partitions(bootstrap: str, topic: str,
+                          records: Sequence[tuple[int, Record]]) -> None:
+    """Publish each record into the partition given with it."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+    for partition, (key, value, _) in records:
+        producer.produce(topic, key=key, value=value, partition=partition)
+    if producer.flush(60):
+        raise RuntimeError("the warm-up records were not all delivered")
 
 
 def paced_publish(bootstrap: str, topic: str, records: Sequence[Record], rate: float) -> float:
@@ -561,18 +595,24 @@ def paced_publish(bootstrap: str, topic: str, records: Sequence[Record], rate: f
 
 def stream_end_times(bootstrap: str, topic: str, partitions: int) -> dict[bytes, int]:
     """The broker append time of each run's ``stream.end``."""
+    # to the end of each partition as the consumer sees it (enable.partition.eof): the
+    # exactly-once engine's ticks leave transaction markers there, which take offsets but
+    # are never delivered, so the end offset itself may never be reached; read_uncommitted:
+    # the envelopes are not transactional, and an open transaction must not hide them
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused",
-                         "enable.auto.commit": False})
-    ends = end_offsets(consumer, topic, partitions)
+                         "enable.auto.commit": False, "enable.partition.eof": True,
+                         "isolation.level": "read_uncommitted"})
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
     found: dict[bytes, int] = {}
-    position = [0] * partitions
+    at_end: set[int] = set()
     try:
-        while any(position[p] < ends[p] for p in range(partitions)):
+        while len(at_end) < partitions:
             for msg in consumer.consume(1000, timeout=1.0):
-                if msg.error() is not None:
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        at_end.add(msg.partition())
                     continue
-                position[msg.partition()] = msg.offset() + 1
                 if b'"stream.end"' in msg.value() and \
                         orjson.loads(msg.value()).get("type") == "stream.end":
                     found[msg.key()] = msg.timestamp()[1]
@@ -607,13 +647,15 @@ def latency_run(c: Contender, bootstrap: str, partitions: int, records: list[Rec
     c.prepare(topics, setup)
     proc = c.start(setup, work / f"{c.name}-latency.log")
     try:
-        warm = warm_records(tag)
-        publish(bootstrap, setup.events, warm)
-        watch_finals(setup, proc, {warm[0][0]}, 120, f"{c.name} warm-up")
+        warm = warm_records(tag, partitions)
+        publish_to_partitions(bootstrap, setup.events, warm)
+        watch_finals(setup, proc, {key for _, (key, _, _) in warm}, 120, f"{c.name} warm-up")
         say(f"    {c.name}: warm; publishing {len(records):,} envelopes at {rate:,.0f}/s")
         runs = {key for key, _, _ in records}
-        # The watcher must see each final as it appears: publish from another thread.
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        # The watcher must see each final as it appears: publish from another process (a
+        # thread would share this one's interpreter lock with the watcher).
+        fork = multiprocessing.get_context("fork")
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=fork) as pool:
             publishing = pool.submit(paced_publish, bootstrap, setup.events, records, rate)
             watch = watch_finals(setup, proc, runs, 300, f"{c.name} latency")
             achieved = publishing.result()
@@ -766,8 +808,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 paced = bench_core.corpus(fixtures, args.latency_runs, seed=11)
                 for c in chosen:
                     rate = args.fraction * summary["contenders"][c.name]["envelopes_per_s"]
-                    latencies.append(latency_run(c, bootstrap, args.partitions, paced, rate,
-                                                 topics, work))
+                    try:
+                        latencies.append(latency_run(c, bootstrap, args.partitions, paced,
+                                                     rate, topics, work))
+                    except RuntimeError as exc:  # the others' figures still count
+                        say(f"    {c.name}: no latency figures: {exc}")
                 summary["latency"] = report_latency(latencies)
         finally:
             topics.delete_all()
@@ -795,8 +840,12 @@ def report_latency(latencies: list[Latency]) -> dict[str, Any]:
     if bare:
         for name, figures in out.items():
             if name.startswith("latch"):
-                say(f"{name} p99 - bare-faust p99: "
-                    f"{figures['visible_p99'] - bare['visible_p99']:+.0f} ms (visible), "
+                # the issue's criterion: committed (visible to read_committed readers) p99
+                # within 50 ms of the bare faust agent's
+                over = figures["visible_p99"] - bare["visible_p99"]
+                figures["visible_p99_over_bare_faust"] = over
+                say(f"{name} p99 - bare-faust p99: {over:+.0f} ms (visible; within 50 ms: "
+                    f"{'yes' if over <= 50 else 'no'}), "
                     f"{figures['appended_p99'] - bare['appended_p99']:+.0f} ms (appended)")
     return out
 

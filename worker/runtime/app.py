@@ -46,6 +46,7 @@ import orjson
 import yaml
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
+from faust.sensors import Monitor
 from faust.types import TP
 
 from worker.core import Assembler, Emit, Topic
@@ -73,7 +74,11 @@ class LatchWorker:
     def __init__(self, config: Config, faust_settings: Mapping[str, Any] | None = None) -> None:
         self.config = config
         names = config.topics
-        self.app = faust.App(config.worker.app_id, **app_settings(config, faust_settings or {}))
+        settings = app_settings(config, faust_settings or {})
+        # faust's web is the only reader of its Monitor's per-message statistics: without it,
+        # a monitor that keeps only what faust's consumer reads (``_LeanMonitor``).
+        monitor = None if settings["web_enabled"] else _LeanMonitor()
+        self.app = faust.App(config.worker.app_id, monitor=monitor, **settings)
         self.events = self.app.topic(names.events, partitions=names.partitions, **_RAW)
         self.control = self.app.topic(names.control, partitions=names.partitions, **_RAW)
         self.outputs = {t: self.app.topic(getattr(names, t.value), **_RAW) for t in Topic}
@@ -121,7 +126,10 @@ class LatchWorker:
         """Handle each record, then ack it; a failed send stops the worker unacked."""
         stream = stream.noack()
         ack = stream.ack
-        async for event in stream.events():
+        async for _ in stream:  # not stream.events(): one async generator less per record
+            event = stream.current_event
+            if event is None:  # a value that is not a Kafka record: none on a topic
+                continue
             if self.failed:  # faust restarts a crashed agent while the app stops: do nothing
                 return
             try:
@@ -217,6 +225,10 @@ class LatchWorker:
         key, source = record[0], record[3]
         partition, offset = source["partition"], source["offset"]
         emits, opened = self.hooks.apply(state, record, headers)
+        if not (emits or opened or key == TICK or state.unconfirmed
+                or state.assembler.early_cancels_waiting):
+            state.next_offset = offset + 1  # most records: nothing to send, write or wait for
+            return
         await self._publish(state, key, emits, record[2])
         self.run_heads.applied(state, key, partition, offset, opened, emits)
         if emits:
@@ -394,6 +406,26 @@ class LatchWorker:
         finally:
             self.hooks.stop(server)
         return 0  # pragma: no cover  (execute_from_commandline always raises SystemExit)
+
+
+class _LeanMonitor(Monitor):
+    """faust's Monitor without its per-message statistics (message and event counts, times
+    in and out), which only faust's web shows: four calls per record less. It keeps each
+    partition's last inbound time, which faust's consumer reads for its "slow processing"
+    warnings; everything else of the Monitor (commits, sends, assignments) is unchanged."""
+
+    def on_message_in(self, tp: TP, offset: int, message: Any) -> None:
+        pass
+
+    def on_stream_event_in(self, tp: TP, offset: int, stream: Any, event: Any) -> None:
+        self.stream_inbound_time[tp] = time.monotonic()
+
+    def on_stream_event_out(self, tp: TP, offset: int, stream: Any, event: Any,
+                            state: Any = None) -> None:
+        pass
+
+    def on_message_out(self, tp: TP, offset: int, message: Any) -> None:
+        pass
 
 
 def _record(message: Any) -> Record:

@@ -266,17 +266,23 @@ class _Topic:
 
 
 class _Stream:
-    """faust's stream as ``_consume`` uses it: events in, acks logged."""
+    """faust's stream as ``_consume`` uses it: each value yielded with the stream's
+    ``current_event`` set to its event (faust's ``Stream.__aiter__``), acks logged."""
 
     def __init__(self, log: list[str], messages: list[SimpleNamespace]) -> None:
         self.log, self.messages = log, messages
+        self.current_event: SimpleNamespace | None = None
 
     def noack(self) -> _Stream:
         return self
 
-    async def events(self) -> AsyncIterator[SimpleNamespace]:
+    async def __aiter__(self) -> AsyncIterator[bytes]:
         for message in self.messages:
-            yield SimpleNamespace(message=message)
+            self.current_event = SimpleNamespace(message=message)
+            try:
+                yield message.value
+            finally:
+                self.current_event = None
 
     async def ack(self, event: SimpleNamespace) -> None:
         self.log.append(f"ack {event.message.offset}")

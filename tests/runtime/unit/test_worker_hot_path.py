@@ -92,3 +92,46 @@ def test_in_order_records_take_the_common_path_with_the_same_outcome() -> None:
     assert table.writes == 2 and table[b"r1"]["done"] is True
     assert latch.partitions[0].next_offset == tick.offset + 1
     assert _records_counted(reader) == len(messages) + 1
+
+
+def test_without_faust_web_the_monitor_skips_per_message_statistics() -> None:
+    """With faust's web off (the default), the app's Monitor keeps no per-message statistics
+    (four calls per record less) but still records each partition's last inbound time, which
+    faust's consumer reads for its slow-processing warnings; with the web on, faust's own
+    Monitor counts messages as usual."""
+    from faust.sensors import Monitor
+    from faust.types import TP
+
+    tp = TP(TOPIC, 0)
+    message = SimpleNamespace(time_in=None)
+    lean = _worker()[0].app.monitor
+    assert type(lean) is not Monitor and isinstance(lean, Monitor)
+    lean.on_message_in(tp, 3, message)  # type: ignore[arg-type]
+    lean.on_stream_event_in(tp, 3, None, None)  # type: ignore[arg-type]
+    assert lean.messages_received_total == 0 and lean.events_total == 0
+    assert tp in lean.stream_inbound_time
+
+    full = worker_app.LatchWorker(load_config(None, env={
+        "LATCH_TOPICS__EVENTS": TOPIC, "LATCH_WORKER__WEB_ENABLED": "true",
+        "LATCH_WORKER__WEB_PORT": "6099"})).app.monitor
+    assert type(full) is Monitor
+    full.on_message_in(tp, 3, message)  # type: ignore[arg-type]
+    assert full.messages_received_total == 1
+
+
+def test_an_early_cancel_gets_its_head_through_the_common_path() -> None:
+    """A cancel for a run not started yet emits nothing and opens nothing, yet it must leave
+    its ``{"p", "start", "cancel": true}`` head at its offset (a takeover's rebuild reads
+    from there): the path that skips the heads for records that emit nothing must not skip
+    it; the run's own start then replaces it."""
+    latch, _, table, _ = _worker()
+    cancel = {"v": 1, "run_id": "r9", "type": "cancel", "reason": "user_stop"}
+    messages = _messages([cancel], 10)
+
+    async def feed() -> None:
+        for message in messages:
+            await latch._apply_event(message)
+
+    asyncio.run(feed())
+    assert table[b"r9"] == {"p": 0, "start": 10, "cancel": True}
+    assert latch.partitions[0].next_offset == 11
