@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from orjson import JSONDecodeError, dumps
@@ -176,6 +176,11 @@ class Assembler:
         self.stats: Counter[str] = Counter()
         #: Open runs, least recently active first.
         self._runs: OrderedDict[str, Run] = OrderedDict()
+        #: ``self._runs.move_to_end``, bound once: called for nearly every record, and
+        #: compiled a method call by name looks the method up each time (bench/bench_core.py).
+        self._move_to_end: Callable[[str], None] = self._runs.move_to_end
+        #: ``orjson.loads``, held by the instance: compiled, a module global is a dict lookup.
+        self._loads: Callable[[bytes], Any] = _loads
         self._buffered = 0
         self._finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
         #: Cancels of runs not started yet: run id -> (record time, reason), oldest first.
@@ -205,7 +210,7 @@ class Assembler:
         latest time seen, so that a capture without times never expires anything.
         """
         try:
-            parsed: Any = _loads(value)
+            parsed: Any = self._loads(value)
         except JSONDecodeError as exc:
             return [self._reject(undecodable(exc), key, value, source)]
         # The common case, a provider event of an open run in order, is applied here without
@@ -218,7 +223,9 @@ class Assembler:
         if isinstance(kind, str) and kind == "provider.event":
             run_id, version = doc.get("run_id"), doc.get("v")
             run = self._runs.get(run_id) if isinstance(run_id, str) else None
-            seq, ts, event = doc.get("seq"), doc.get("ts"), doc.get("event")
+            seq, event = doc.get("seq"), doc.get("event")
+            # Five members, and the five read are not null: they are all there is, so no ts.
+            ts = doc.get("ts") if len(doc) != 5 else None
             if (run is not None and type(seq) is int and seq > run.last_seq
                     and type(version) is int and version == 1
                     and (ts is None or (type(ts) is int and ts >= 0))
@@ -228,7 +235,7 @@ class Assembler:
                 if now_ms > self._clock:
                     self._clock = now_ms
                 run.last_seq, run.last_ms = seq, now_ms
-                self._runs.move_to_end(run.run_id)  # _touch(run), inline
+                self._move_to_end(run.run_id)  # _touch(run), inline
                 return self._provider_event(run, event, key, value, source)
         return self._feed_envelope(checked(parsed, key, value), key, value, now_ms, source)
 
@@ -441,8 +448,9 @@ class Assembler:
 
     def _provider_event(self, run: Run, event: dict[str, Any], key: bytes | None,
                         value: bytes, source: dict[str, Any] | None) -> list[Emit]:
+        adapter = run.adapter
         try:
-            ops = run.adapter.feed(event)
+            ops = adapter.feed(event)
             n = len(ops)
             if n and (n > 1 or not isinstance(ops[0], op.AppendArgs)):  # a fragment alone
                 _check_order_keys(ops)  # opens no call: nothing to check
@@ -452,6 +460,17 @@ class Assembler:
         # from the event's bytes that are not argument text: they bound the run's text. A lone
         # argument fragment's own envelope (at most FRAGMENT_ENVELOPE bytes) is not counted.
         size = len(value) if value else len(dumps(event))
+        if not n:  # nearly every event, a text delta: its text kept, no op (_ops, inline)
+            text_bytes = run.text_bytes + size
+            run.text_bytes = text_bytes
+            kept = adapter.kept
+            if text_bytes <= self._max_run_text_bytes and kept >= 0 and (
+                    self._buffered + kept <= self._max_buffered_bytes):
+                adapter.kept = 0
+                run.nbytes += kept  # it fits: _hold_text, inline
+                self._buffered += kept
+                return []
+            run.text_bytes -= size  # anything else: the general steps below
         if n == 1:
             first = ops[0]
             if isinstance(first, (op.AppendArgs, op.SetArgs)):
@@ -765,7 +784,7 @@ class Assembler:
 
     def _touch(self, run: Run) -> None:
         """``run`` had an envelope applied: it becomes the most recently active run."""
-        self._runs.move_to_end(run.run_id)
+        self._move_to_end(run.run_id)
 
     def _drop(self, run: Run, call: Call) -> None:
         """Drop ``call``'s argument text and release its bytes."""

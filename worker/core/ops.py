@@ -231,6 +231,12 @@ FinalMessage = tuple[dict[str, Any], list[dict[str, Any]] | None]
 Op = (OpenCall | Identify | AppendArgs | SetArgs | CloseCall | Truncated | Complete
       | UpstreamError | ProtocolError | Restated)
 
+#: What ``Adapter.feed`` returns for an event without ops (a text delta, nearly every event):
+#: one shared list, so that no list is made per event. Nobody changes the lists ``feed``
+#: returns (the assembler only reads them); tests/core/property/test_fast_paths.py checks that
+#: this one stays empty.
+NO_OPS: Final[list[Op]] = []
+
 
 @dataclass(frozen=True, slots=True)
 class CallView:

@@ -90,7 +90,7 @@ class AnthropicMessages(op.Adapter):
                     raise ValueError("text_delta is not a string")
                 block.text.append(text)
                 self.kept += len(text) if text.isascii() else op.utf8_len(text)
-                return []
+                return op.NO_OPS
             return self._delta(block, delta)
         if kind == "message_start":
             return self._message_start(event.get("message") or {})

@@ -105,6 +105,12 @@ class OpenAIChat(op.Adapter):
             return []
         if not isinstance(choices, list):
             raise ValueError("expected an array")
+        if len(choices) == 1 and self._text_delta(choices[0]):
+            return op.NO_OPS
+        return self._read_choices(choices)
+
+    def _read_choices(self, choices: list[Any]) -> list[op.Op]:
+        """The ops of a chunk's ``choices`` (each read in full: the general path)."""
         ops: list[op.Op] = []
         for raw in choices:
             if not isinstance(raw, dict):
@@ -146,6 +152,32 @@ class OpenAIChat(op.Adapter):
                 if finish == "length":
                     ops.append(op.Truncated(ci))
         return ops
+
+    def _text_delta(self, raw: Any) -> bool:
+        """Apply a lone choice that is nearly every chunk, choice 0 with a delta of a
+        non-empty ``content`` and nothing else, no ``finish_reason``; False, and nothing
+        done, for anything else (``feed``'s loop then reads it, to the same effect:
+        tests/core/property/test_fast_paths.py)."""
+        if not isinstance(raw, dict):
+            return False
+        delta = raw.get("delta")
+        if not isinstance(delta, dict) or len(delta) != 1:
+            return False
+        content = delta.get("content")
+        if type(content) is not str or not content or raw.get("finish_reason") is not None:
+            return False
+        ci = raw.get("index", 0)
+        if type(ci) is not int or ci != 0:
+            return False
+        choice = self._first
+        if choice is None:
+            choice = self._first = _Choice()
+        if choice.content is None:
+            choice.content = [content]
+        else:
+            choice.content.append(content)
+        self.kept += len(content) if content.isascii() else op.utf8_len(content)
+        return True
 
     @staticmethod
     def _other_text(choice: _Choice, delta: Any) -> int:

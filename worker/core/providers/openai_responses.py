@@ -100,7 +100,7 @@ class OpenAIResponses(op.Adapter):
                 text = self._text[index] = []
             text.append(delta)
             self.kept += len(delta) if delta.isascii() else op.utf8_len(delta)
-            return []
+            return op.NO_OPS
         if kind in _TEXT_DELTAS:
             fragment = _str(event["delta"])
             index = self._open_index(event)
