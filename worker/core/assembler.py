@@ -83,7 +83,7 @@ from worker.core.envelope import (
     undecodable,
 )
 from worker.core.model import CallState, DlqReason, Emit, Reason, RunStatus
-from worker.core.outputs import Outputs, dlq_record
+from worker.core.outputs import Outputs, dlq_record, id_counts
 from worker.core.providers import adapter_for
 from worker.core.run import FOLD_PIECES, Call, Latch, utf8_len
 from worker.core.schemacheck import SchemaLimits
@@ -766,10 +766,10 @@ class Assembler:
         ``duplicate_call_id``, whatever else ended it, under a key of its own."""
         calls = run.calls
         if len(calls) > 1:
-            ids = Counter(c.tool_call_id for c in calls.values())
+            ids = id_counts(calls.values())
             answered = {c.tool_call_id for c in calls.values() if c.emitted}
             for call in batch:
-                if call.emitted or call.state is _UNWRAPPED or ids[call.tool_call_id] < 2:
+                if call.emitted or call.state is _UNWRAPPED or ids.get(call.tool_call_id, 0) < 2:
                     continue
                 if call.tool_call_id in answered:
                     call.duplicate("another call of this run with the same id already has its "

@@ -14,7 +14,6 @@ argument text.
 from __future__ import annotations
 
 import base64
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -28,6 +27,16 @@ def idempotency_key(*parts: str) -> str:
     """``parts`` joined with ``:``, each with ``%`` and ``:`` percent-encoded (module docstring)."""
     return ":".join(p.replace("%", "%25").replace(":", "%3A") if ("%" in p or ":" in p) else p
                     for p in parts)
+
+
+def id_counts(calls: Iterable[Call]) -> dict[str, int]:
+    """How many of ``calls`` carry each ``tool_call_id`` (a ``Counter``, compiled: the
+    interpreter builds a ``Counter``, at every run's end)."""
+    counts: dict[str, int] = {}
+    for call in calls:
+        tool_call_id = call.tool_call_id
+        counts[tool_call_id] = counts.get(tool_call_id, 0) + 1
+    return counts
 
 
 class Outputs:
@@ -51,7 +60,7 @@ class Outputs:
         emitted. ``every`` is all the run's calls (default: ``calls``), among which an error's
         ``tool_call_id`` may be shared (see ``_error``)."""
         emits = []
-        seen = Counter(c.tool_call_id for c in (calls if every is None else every))
+        seen = id_counts(calls if every is None else every)
         for call in calls:
             if call.emitted or call.state not in (
                 CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED
@@ -59,7 +68,7 @@ class Outputs:
                 continue
             call.emitted = True
             emits.append(self._committed(call) if call.state is CallState.COMMITTED
-                         else self._error(call, shared=seen[call.tool_call_id] > 1))
+                         else self._error(call, shared=seen.get(call.tool_call_id, 0) > 1))
         return emits
 
     def _where(self, call: Call) -> dict[str, Any]:
