@@ -34,7 +34,8 @@ What it does:
    ratios Latch / bare, by rate and by CPU, per round, and their median;
 5. ``--latency``: for each contender, fresh topics, the contender started and warmed up (one
    tiny run through each events partition), then ``--latency-runs`` runs published at
-   ``--fraction`` of its median envelopes/s; for each run, "``stream.end`` appended ->
+   ``--fraction`` of its median envelopes/s (or ``--latency-rate`` envelopes/s, the same for
+   every contender); for each run, "``stream.end`` appended ->
    final record appended" (broker append times) and "-> final record visible to a
    ``read_committed`` consumer" (a live watcher's clock, same host); p50/p99 of each.
 
@@ -722,6 +723,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--latency", action="store_true", help="and the paced latency mode")
     parser.add_argument("--fraction", type=float, default=0.5,
                         help="latency mode: the load, as a fraction of the measured maximum")
+    parser.add_argument("--latency-rate", type=float,
+                        help="latency mode: the same load (envelopes/s) for every contender, "
+                             "instead of --fraction of each one's maximum")
     parser.add_argument("--latency-runs", type=int, default=160)
     parser.add_argument("--quick", action="store_true",
                         help="small: 1 round of 16 runs (latency: 16 runs); for CI smoke")
@@ -807,7 +811,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.latency:
                 paced = bench_core.corpus(fixtures, args.latency_runs, seed=11)
                 for c in chosen:
-                    rate = args.fraction * summary["contenders"][c.name]["envelopes_per_s"]
+                    rate = args.latency_rate or (
+                        args.fraction * summary["contenders"][c.name]["envelopes_per_s"])
                     try:
                         latencies.append(latency_run(c, bootstrap, args.partitions, paced,
                                                      rate, topics, work))

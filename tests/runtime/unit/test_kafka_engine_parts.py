@@ -205,3 +205,83 @@ def test_per_record_only_the_offset_moves_unless_a_run_opens_or_ends() -> None:
     engine._handle(messages[2])  # type: ignore[arg-type]  # a repeat: ignored
     assert engine.batch.records == 5
     engine.consumer.close()
+
+
+class _Consumer:
+    """Hands the loop scripted ``consume`` results (each capped at what was asked) and
+    records each call's (num_messages, timeout); stops the engine when the script ends."""
+
+    def __init__(self, engine: KafkaEngine, script: list[list[_Message]]) -> None:
+        self.engine, self.script, self.calls = engine, script, list[tuple[int, float]]()
+
+    def consume(self, num_messages: int, timeout: float) -> list[_Message]:
+        self.calls.append((num_messages, timeout))
+        if not self.script:
+            self.engine.stopping = True
+            return []
+        taken = self.script[0][:num_messages]
+        self.script[0] = self.script[0][num_messages:]
+        if not self.script[0]:
+            self.script.pop(0)
+        return taken
+
+
+def _looping_engine(max_records: int, script: list[list[_Message]] | None = None,
+                    ) -> tuple[KafkaEngine, _Consumer, list[int]]:
+    """An engine with a fake producer and consumer, partition 0 owned, no tick or lag read
+    due; returns it, its consumer and the list of each commit's record count."""
+    config = load_config(None, env={
+        "LATCH_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1", "LATCH_WORKER__TICK_INTERVAL_S": "3600",
+        "LATCH_WORKER__BATCH_MAX_RECORDS": str(max_records)})
+    engine = KafkaEngine(config)  # clients that never connect
+    engine.consumer.close()
+    engine.producer = _Producer()  # type: ignore[assignment]
+    engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
+    engine.lags_read = float("inf")
+    commits: list[int] = []
+
+    def commit(rewind: bool = True) -> None:
+        if engine.batch is not None:
+            commits.append(engine.batch.records)
+        engine.batch = None
+
+    engine._commit = commit  # type: ignore[method-assign]
+    consumer = _Consumer(engine, script or [])
+    engine.consumer = consumer  # type: ignore[assignment]
+    return engine, consumer, commits
+
+
+def _deltas(engine: KafkaEngine, first: int, count: int) -> list[_Message]:
+    """``count`` events records of one run (a start, then text deltas) from offset ``first``."""
+    run = {"v": 1, "run_id": "r1", "provider": "openai.chat"}
+    docs = [run | {"seq": n, "type": "provider.event", "event": {
+        "id": "c1", "object": "chat.completion.chunk", "choices": [
+            {"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}}
+        for n in range(first, first + count)]
+    if first == 0:
+        docs[0] = run | {"seq": 0, "type": "run.start", "tenant": "t1", "tools": []}
+    return [_Message(engine.events, 0, first + n, b"r1", doc) for n, doc in enumerate(docs)]
+
+
+def test_the_loop_commits_as_soon_as_its_input_is_drained() -> None:
+    """Under a paced load the transaction commits once the records already fetched are
+    taken (a ``consume`` without waiting returned fewer than asked), not after
+    ``batch_max_ms``: a first record is waited for, the rest taken with a zero time-out, and
+    each burst is its own transaction."""
+    engine, consumer, commits = _looping_engine(10_000)
+    first, second = _deltas(engine, 0, 3), _deltas(engine, 3, 2)
+    consumer.script = [first[:1], first[1:], [], second[:1], second[1:]]
+    engine._loop()
+    assert commits == [3, 2]
+    assert consumer.calls[:3] == [(1, 0.1), (1000, 0.0), (1, 0.1)]
+    assert engine.partitions[0].next_offset == 5
+
+
+def test_the_loop_still_bounds_a_transaction_under_a_backlog() -> None:
+    """While every ``consume`` returns all it was asked (a backlog), the transaction is
+    committed at ``batch_max_records``, never larger: the loop asks only for the room left."""
+    engine, consumer, commits = _looping_engine(4)
+    consumer.script = [_deltas(engine, 0, 10)]  # fewer than asked only at the end
+    engine._loop()
+    assert commits == [4, 4, 2]
+    assert all(num <= 4 for num, _ in consumer.calls)

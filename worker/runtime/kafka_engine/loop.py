@@ -11,10 +11,18 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   ``<app_id>-<instance>``) sends, between ``begin_transaction`` and ``commit_transaction``: the
   outputs of the batch's records, the heads changelog writes they made, the ticks and the
   forwarded cancels, and (``send_offsets_to_transaction`` with the consumer's group metadata,
-  KIP-447) the next offsets of the events and control partitions the batch consumed. A batch
-  ends after ``worker.batch_max_records`` records or ``worker.batch_max_ms`` after it began,
-  whether or not records arrive: the worker never waits for its own uncommitted ticks or
-  cancels, which its ``read_committed`` consumer sees once the batch commits.
+  KIP-447) the next offsets of the events and control partitions the batch consumed.
+* **A batch commits as soon as its input is drained** (decision 0004): with no transaction
+  open the loop waits for one record; then it takes, without waiting, what the consumer has
+  fetched already (``consume`` with a zero time-out, at most ``_CONSUME_MAX`` a call) and
+  commits once a call returns fewer records than asked, i.e. nothing more is at hand. Under a
+  paced load a transaction holds what arrived during the previous commit (small and quick:
+  an outcome waits for about one commit, not ``worker.batch_max_ms``); under a backlog the
+  calls keep returning full and the batch ends at its bounds, ``worker.batch_max_records``
+  records or ``worker.batch_max_ms`` after it began, whichever comes first (the bounds are
+  upper bounds only). A batch opened by a tick or a cancel commits the same way: the worker
+  never waits for its own uncommitted ticks or cancels, which its ``read_committed``
+  consumer sees once the batch commits.
 * **Rebuild on assignment.** For each events partition it gets, the worker restores the
   partition's heads from the changelog (read to its end), then feeds the open runs' records
   from the earliest open ``start`` up to the committed offset to a fresh assembler (outputs
@@ -77,7 +85,8 @@ _CLIENT_TIMEOUT_S = 30.0
 #: for a while; a rebuild holds the loop as long as it takes and counts as alive).
 LIVE_S = 2 * _CLIENT_TIMEOUT_S
 #: Records taken per ``consume`` call: the batch's age is checked between calls, so a call's
-#: records (about 5 ms of work for 1,000) are how far a batch can overrun ``batch_max_ms``.
+#: records (about 5 ms of work for 1,000) are how far a batch can overrun ``batch_max_ms``;
+#: a call that returns fewer than asked has drained what was fetched: the batch commits.
 _CONSUME_MAX = 1000
 #: How often the loop reads the consumer's positions and cached end offsets (lag gauges).
 _LAGS_EVERY_S = 1.0
@@ -234,17 +243,20 @@ class KafkaEngine:
         worker = self.config.worker
         max_s = worker.batch_max_ms / 1000
         next_tick = time.monotonic() + worker.tick_interval_s
+        consume, events, apply_event = self.consumer.consume, self.events, self._apply_event
         while not self.stopping:
             self.beat = now = time.monotonic()
             if now - self.lags_read >= _LAGS_EVERY_S:
                 self._read_lags()
                 self.lags_read = now
-            room = worker.batch_max_records - (self.batch.records if self.batch else 0)
-            wait = max_s if self.batch is None else max(0.0, self.batch.began + max_s
-                                                         - time.monotonic())
-            events, apply_event = self.events, self._apply_event
-            for msg in self.consumer.consume(min(max(room, 1), _CONSUME_MAX),
-                                             timeout=min(wait, 0.5)):
+            batch = self.batch
+            if batch is None:  # no transaction open: wait for a first record
+                want, wait = 1, min(max_s, 0.5)
+            else:  # take what is fetched already, without waiting
+                want = min(max(worker.batch_max_records - batch.records, 1), _CONSUME_MAX)
+                wait = 0.0
+            msgs = consume(want, timeout=wait)
+            for msg in msgs:
                 if msg.error() is None and msg.topic() == events:  # (most records)
                     apply_event(msg)
                 else:
@@ -252,7 +264,9 @@ class KafkaEngine:
             now = time.monotonic()
             if now >= next_tick and self._tick(now):
                 next_tick = now + worker.tick_interval_s
-            if self.batch is not None and self.batch.due(now, worker.batch_max_records, max_s):
+            batch = self.batch
+            if batch is not None and (len(msgs) < want  # drained: commit at once
+                                      or batch.due(now, worker.batch_max_records, max_s)):
                 self._commit()
 
     def _handle(self, msg: Message) -> None:
