@@ -266,26 +266,26 @@ class _Topic:
 
 
 class _Stream:
-    """faust's stream as ``_consume`` uses it: each value yielded with the stream's
-    ``current_event`` set to its event (faust's ``Stream.__aiter__``), acks logged."""
+    """faust's stream as ``_consume`` uses it (its automatic acks on): each value yielded
+    with the stream's ``current_event`` set to its event, and the event acked when the loop
+    asks for the next one or the stream closes (faust's ``Stream.__aiter__``), unless the
+    message is already marked acked (faust's ``Message.ack``); acks logged."""
 
     def __init__(self, log: list[str], messages: list[SimpleNamespace]) -> None:
         self.log, self.messages = log, messages
         self.current_event: SimpleNamespace | None = None
 
-    def noack(self) -> _Stream:
-        return self
-
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for message in self.messages:
+            message.acked = False
             self.current_event = SimpleNamespace(message=message)
             try:
                 yield message.value
             finally:
                 self.current_event = None
-
-    async def ack(self, event: SimpleNamespace) -> None:
-        self.log.append(f"ack {event.message.offset}")
+                if not message.acked:
+                    message.acked = True
+                    self.log.append(f"ack {message.offset}")
 
 
 def _worker(log: list[str], fail: bool = False) -> LatchWorker:
