@@ -24,9 +24,10 @@ Four rules keep the promises of ``guarantees.md``; the reasons are in
   acked. A crash in between finalizes the run again after recovery, with the same bytes.
 
 Delivery is at least once. faust's commit only flushes its producer (a failed batch does not
-raise), so the worker never relies on it: records are acked by hand, after their outputs are
-confirmed; a send that fails stops the worker before the offset moves, so that the record is
-processed again after a restart. Unconfirmed sends never outlive the record that made them.
+raise), so the worker never relies on it: records are acked (by faust's stream, when the loop
+body is done) after their outputs are confirmed; a send that fails stops the worker with its
+record withheld from the ack, before the offset moves, so that the record is processed again
+after a restart. Unconfirmed sends never outlive the record that made them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The worker's per-record path (``LatchWorker._step_event`` / ``_apply_event`` /
-``_process``) and its acks, driven without a broker: the common case (the record is the partition's next offset) skips the in-order
-generator, records that emit nothing are counted in batches, and the run heads are written
-only when a run opens or finishes. The outputs and heads must be those of the slow path."""
+``_process``) and its acks, driven without a broker: the common case (the record is the
+partition's next offset) skips the in-order generator and awaits nothing, records that emit
+nothing are counted in batches, the run heads are written only when a run opens or
+finishes, and each record is acked by faust after the loop body, except one withheld. The
+outputs and heads must be those of the slow path."""
 
 from __future__ import annotations
 
