@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 from builders import chat_calls, chat_chunk, chat_run, chat_tool
+from faust_fakes import FaustStream
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from worker.core import Assembler, Emit
@@ -140,27 +141,6 @@ def test_an_early_cancel_gets_its_head_through_the_common_path() -> None:
     assert latch.partitions[0].next_offset == 11
 
 
-class _AckStream:
-    """faust's stream as ``_consume`` drives it (automatic acks): the event is acked when
-    the loop asks for the next one or the stream closes, unless already marked acked."""
-
-    def __init__(self, log: list[str], messages: list[SimpleNamespace]) -> None:
-        self.log, self.messages = log, messages
-        self.current_event: SimpleNamespace | None = None
-
-    async def __aiter__(self) -> Any:
-        for message in self.messages:
-            message.acked = False
-            self.current_event = SimpleNamespace(message=message)
-            try:
-                yield message.value
-            finally:
-                self.current_event = None
-                if not message.acked:
-                    message.acked = True
-                    self.log.append(f"ack {message.offset}")
-
-
 def _text_run() -> list[dict[str, Any]]:
     """A run of text deltas only, then its end."""
     chunks = [chat_chunk(content=word) for word in ("hi ", "there ", "again")]
@@ -176,7 +156,7 @@ def test_each_record_is_acked_in_order_and_a_cancelled_one_is_withheld() -> None
     latch.partitions[0] = PartitionState(Assembler(latch.config.assemble), next_offset=0)
     messages = _messages(_text_run(), 0)
     log: list[str] = []
-    asyncio.run(latch._events_agent(_AckStream(log, messages)))
+    asyncio.run(latch._events_agent(FaustStream(log, messages)))
     assert log == [f"ack {n}" for n in range(len(messages))]
 
     def cancelled(message: Any) -> None:
@@ -187,7 +167,7 @@ def test_each_record_is_acked_in_order_and_a_cancelled_one_is_withheld() -> None
     log = []
 
     async def run() -> None:
-        stream = _AckStream(log, _messages(_text_run(), 0))
+        stream = FaustStream(log, _messages(_text_run(), 0))
         with contextlib.suppress(asyncio.CancelledError):
             await latch._events_agent(stream)
 
