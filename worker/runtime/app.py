@@ -24,9 +24,10 @@ Four rules keep the promises of ``guarantees.md``; the reasons are in
   acked. A crash in between finalizes the run again after recovery, with the same bytes.
 
 Delivery is at least once. faust's commit only flushes its producer (a failed batch does not
-raise), so the worker never relies on it: records are acked by hand, after their outputs are
-confirmed; a send that fails stops the worker before the offset moves, so that the record is
-processed again after a restart. Unconfirmed sends never outlive the record that made them.
+raise), so the worker never relies on it: records are acked (by faust's stream, when the loop
+body is done) after their outputs are confirmed; a send that fails stops the worker with its
+record withheld from the ack, before the offset moves, so that the record is processed again
+after a restart. Unconfirmed sends never outlive the record that made them.
 """
 
 from __future__ import annotations
@@ -117,33 +118,64 @@ class LatchWorker:
     # -- agents -----------------------------------------------------------------------
 
     async def _events_agent(self, stream: Any) -> None:
-        await self._consume(stream, self._apply_event)
+        await self._consume(stream, self._step_event)
 
     async def _control_agent(self, stream: Any) -> None:
         await self._consume(stream, self._apply_control)
 
-    async def _consume(self, stream: Any, handle: Callable[[Any], Awaitable[None]]) -> None:
-        """Handle each record, then ack it; a failed send stops the worker unacked."""
-        stream = stream.noack()
-        ack = stream.ack
+    async def _consume(self, stream: Any,
+                       handle: Callable[[Any], Awaitable[None] | None]) -> None:
+        """Handle each record; faust acks it when the loop asks for the next one. A record
+        that failed (a send or a read) or was cancelled is withheld (:func:`_withhold`): never
+        acked, so never committed, and processed again after a restart; a failure stops the
+        worker. ``handle(message)``: None when the record is done, else an awaitable that
+        does the rest (the common record of the events topic awaits nothing).
+
+        The stream's automatic ack (faust's stream iterator acks the current event when the
+        loop body is done, in C when faust's Cython iterator is built) is the ack that
+        ``Stream.ack`` would do by hand, at the same point: after the body, so after the
+        record's outputs were confirmed. Manual acks cost a coroutine, ``Event.ack``,
+        ``Message.ack``, ``Consumer.ack`` (three lock acquisitions) and two sensor calls per
+        record in Python."""
         async for _ in stream:  # not stream.events(): one async generator less per record
             event = stream.current_event
             if event is None:  # a value that is not a Kafka record: none on a topic
                 continue
+            message = event.message
             if self.failed:  # faust restarts a crashed agent while the app stops: do nothing
+                _withhold(message)
                 return
             try:
-                await handle(event.message)
-            except Exception as exc:
-                self.failed = True
-                message = event.message
-                log.error("cannot process %s[%d]@%d (%s: a send or a read failed); stopping, "
-                          "so that it is processed again after a restart", message.topic,
-                          message.partition, message.offset, type(exc).__name__,
-                          extra=logs.where(message.topic, message.partition, message.offset))
-                await self.app.crash(exc)
+                rest = handle(message)
+                if rest is not None:
+                    await rest
+            except BaseException as exc:
+                _withhold(message)  # before anything else: the stream may close at any await
+                if isinstance(exc, Exception):  # a cancellation (the app stopping) just ends
+                    self.failed = True
+                    log.error("cannot process %s[%d]@%d (%s: a send or a read failed); "
+                              "stopping, so that it is processed again after a restart",
+                              message.topic, message.partition, message.offset,
+                              type(exc).__name__,
+                              extra=logs.where(message.topic, message.partition,
+                                               message.offset))
+                    await self.app.crash(exc)
                 raise
-            await ack(event)
+
+    def _step_event(self, message: Any) -> Awaitable[None] | None:
+        """The events agent's ``handle``: the partition's next record is applied here;
+        None if that was all (most records: nothing to send, write or wait for), else the
+        coroutine that publishes, records heads and confirms (:meth:`_finish`). A takeover
+        or a record out of order: :meth:`_apply_event`."""
+        state = self.partitions.get(message.partition)
+        if state is None or message.offset != state.next_offset:
+            return self._apply_event(message)
+        record = _record(message)
+        emits, opened = self.hooks.apply(state, record, message.headers)
+        if _quiet(state, record[0], emits, opened):
+            state.next_offset = message.offset + 1
+            return None
+        return self._finish(state, record, emits, opened)
 
     async def _apply_event(self, message: Any) -> None:
         state = self.partitions.get(message.partition)
@@ -222,13 +254,18 @@ class LatchWorker:
     async def _process(self, state: PartitionState, record: Record,
                        headers: Any = None) -> None:
         """Feed one record to the partition's assembler; publish, then record heads."""
+        emits, opened = self.hooks.apply(state, record, headers)
+        if _quiet(state, record[0], emits, opened):
+            state.next_offset = record[3]["offset"] + 1
+            return
+        await self._finish(state, record, emits, opened)
+
+    async def _finish(self, state: PartitionState, record: Record, emits: list[Emit],
+                      opened: bool) -> None:
+        """The rest of a record that emitted, opened a run, is a tick or has outputs or an
+        early cancel's head pending: publish, record heads, confirm."""
         key, source = record[0], record[3]
         partition, offset = source["partition"], source["offset"]
-        emits, opened = self.hooks.apply(state, record, headers)
-        if not (emits or opened or key == TICK or state.unconfirmed
-                or state.assembler.early_cancels_waiting):
-            state.next_offset = offset + 1  # most records: nothing to send, write or wait for
-            return
         await self._publish(state, key, emits, record[2])
         self.run_heads.applied(state, key, partition, offset, opened, emits)
         if emits:
@@ -426,6 +463,22 @@ class _LeanMonitor(Monitor):
 
     def on_message_out(self, tp: TP, offset: int, message: Any) -> None:
         pass
+
+
+def _withhold(message: Any) -> None:
+    """Keep faust from acking ``message`` when its stream moves on or closes: faust's
+    ``Message.ack`` and its Cython stream iterator both skip a message already marked
+    ``acked``, and only their path (``Consumer.ack``) records an offset as safe to commit, so
+    faust's commits stop below it (as for a message never acked). Pinned, against the
+    installed faust, by ``tests/runtime/unit/test_worker_hot_path.py``."""
+    message.acked = True
+
+
+def _quiet(state: PartitionState, key: bytes | None, emits: list[Emit], opened: bool) -> bool:
+    """Whether an applied record needs nothing more: no emit, no run opened, not a tick,
+    no output of the partition awaiting its confirm, no early cancel's head to write."""
+    return not (emits or opened or key == TICK or state.unconfirmed
+                or state.assembler.early_cancels_waiting)
 
 
 def _record(message: Any) -> Record:

@@ -47,6 +47,7 @@ from typing import Any
 import orjson
 import pytest
 from faust.types import TP
+from faust_fakes import FaustStream
 
 from worker.core import Assembler, AssembleSettings, RunStatus, Topic
 from worker.runtime import admin, kafka_io, step
@@ -265,29 +266,6 @@ class _Topic:
         return future
 
 
-class _Stream:
-    """faust's stream as ``_consume`` uses it: each value yielded with the stream's
-    ``current_event`` set to its event (faust's ``Stream.__aiter__``), acks logged."""
-
-    def __init__(self, log: list[str], messages: list[SimpleNamespace]) -> None:
-        self.log, self.messages = log, messages
-        self.current_event: SimpleNamespace | None = None
-
-    def noack(self) -> _Stream:
-        return self
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for message in self.messages:
-            self.current_event = SimpleNamespace(message=message)
-            try:
-                yield message.value
-            finally:
-                self.current_event = None
-
-    async def ack(self, event: SimpleNamespace) -> None:
-        self.log.append(f"ack {event.message.offset}")
-
-
 def _worker(log: list[str], fail: bool = False) -> LatchWorker:
     latch = LatchWorker(load_config(None, env={"LATCH_TOPICS__EVENTS": "ev",
                                                "LATCH_TOPICS__CONTROL": "ctl"}))
@@ -328,7 +306,7 @@ def test_an_output_is_delivered_before_its_record_is_acked(
     log: list[str] = []
     latch = _worker(log)
     agent = latch._events_agent if topic == "ev" else latch._control_agent
-    asyncio.run(agent(_Stream(log, [message])))
+    asyncio.run(agent(FaustStream(log, [message])))
     assert log == [f"send {output}", f"delivered {output}", "ack 0"]
 
 
@@ -343,7 +321,7 @@ def test_a_failed_delivery_stops_the_worker_unacked(topic: str, message: SimpleN
     latch = _worker(log, fail=True)
     agent = latch._events_agent if topic == "ev" else latch._control_agent
     with pytest.raises(RuntimeError, match="MessageSizeTooLarge"):
-        asyncio.run(agent(_Stream(log, [message])))
+        asyncio.run(agent(FaustStream(log, [message])))
     assert log[-1] == "crash RuntimeError" and not any(e.startswith("ack") for e in log)
     assert latch.failed
 
