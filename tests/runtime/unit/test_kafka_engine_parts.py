@@ -113,10 +113,10 @@ def test_client_settings_hold_exactly_once_whatever_the_kafka_section_says() -> 
 
 
 def test_the_transactional_producer_retries_quickly_unless_configured_otherwise() -> None:
-    """The producer's retry backoff is 10 ms (librdkafka's 100 ms default made each
+    """The producer's retry backoff is 2 ms (librdkafka's 100 ms default made each
     ``send_offsets_to_transaction`` wait out CONCURRENT_TRANSACTIONS retries right after the
     previous commit); a ``kafka:`` setting still overrides it."""
-    assert producer_settings(load_config(None, env={}), "i")["retry.backoff.ms"] == 10
+    assert producer_settings(load_config(None, env={}), "i")["retry.backoff.ms"] == 2
     config = load_config(None, env={"LATCH_KAFKA__RETRY_BACKOFF_MS": "50"})
     assert producer_settings(config, "i")["retry.backoff.ms"] == "50"
 

@@ -157,9 +157,13 @@ def producer_settings(config: Config, instance: str) -> dict[str, Any]:
     transaction's AddOffsetsToTxn with CONCURRENT_TRANSACTIONS; each retry waited 100 ms, and
     ``send_offsets_to_transaction`` took 84 to 108 ms a transaction against 3 to 15 ms
     (measured on the local broker; Java's client lowered this backoff for the same reason,
-    KAFKA-5477). librdkafka still backs off exponentially to ``retry.backoff.max.ms``."""
+    KAFKA-5477). Now 2 ms: with transactions committed as soon as their input is drained,
+    the markers are usually written within a few ms, and a 10 ms backoff still made
+    ``send_offsets_to_transaction`` take 12.5 ms at the median (2.1 to 3.6 ms at 2 ms; paced
+    load of 1,000 envelopes/s, docs/benchmarks.md). librdkafka backs off exponentially from
+    there (2, 4, 8 ms ...) to ``retry.backoff.max.ms`` on repeated failures."""
     worker = config.worker
-    return {"retry.backoff.ms": 10, **config.kafka.confluent_config(),
+    return {"retry.backoff.ms": 2, **config.kafka.confluent_config(),
             "transactional.id": f"{worker.app_id}-{instance}",
             "transaction.timeout.ms": int(worker.transaction_timeout_s * 1000),
             "partitioner": "murmur2_random", "linger.ms": 5,
