@@ -99,19 +99,36 @@ def provider_events(data: str | bytes, name: str = "") -> tuple[list[CaptureItem
 def _cassette(data: str | bytes) -> tuple[list[CaptureItem], bool]:
     events: list[CaptureItem] = []
     done = False
-    for interaction in yaml.safe_load(data)["interactions"]:
+    for interaction in _interactions(data):
         response = interaction["response"]
         code = (response.get("status") or {}).get("code", 200)
         if not isinstance(code, int) or code >= 400:
             events.append(StreamFailed(f"HTTP {code}"))
             break
-        body = response["body"]["string"]
+        field = response.get("body")
+        body = field.get("string") if isinstance(field, dict) else None
+        if not isinstance(body, (str, bytes)):
+            raise ValueError("a cassette response without a text or !!binary body")
         found, found_done = provider_events(body)
         events += found
         done = done or found_done
         if found and isinstance(found[-1], StreamFailed):
             break
     return events, done
+
+
+def _interactions(data: str | bytes) -> list[dict[str, Any]]:
+    """The cassette's ``interactions``, each a mapping with a ``response`` mapping; anything
+    else (empty or malformed YAML, another document) is a :class:`ValueError` that says so."""
+    try:
+        document = yaml.safe_load(data)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"not YAML ({type(exc).__name__})") from None
+    interactions = document.get("interactions") if isinstance(document, dict) else None
+    if not isinstance(interactions, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("response"), dict) for i in interactions):
+        raise ValueError("not a VCR cassette (no list of interactions with a response each)")
+    return interactions
 
 
 def _text_events(text: str) -> tuple[list[CaptureItem], bool]:

@@ -130,3 +130,24 @@ def test_a_corrupt_frame_is_a_clear_cli_error(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert done.stdout == ""
     assert "CRC does not match at byte 0" in done.stderr
+
+
+@pytest.mark.parametrize("text", [
+    "", "interactions: [\n", "- a\n- b\n", "interactions: 7\n",
+    "interactions:\n- response: {status: {code: 200}}\n",
+    "interactions:\n- response: {status: {code: 200}, body: {string: 7}}\n",
+], ids=["empty", "not-yaml", "a-list", "not-a-list", "no-body", "body-not-text"])
+def test_a_malformed_cassette_is_a_clear_cli_error(tmp_path: Path, text: str) -> None:
+    """A ``.yaml`` capture that is no VCR cassette (empty, not YAML, no interactions, a
+    response without a text or ``!!binary`` body): the CLI exits 2 with one line that says the
+    file is not a capture it reads, no traceback and no output record."""
+    cassette = tmp_path / "broken.yaml"
+    cassette.write_text(text)
+    tools = tmp_path / "tools.json"
+    tools.write_text("[]")
+    done = subprocess.run(
+        [sys.executable, "-m", "worker", "assemble", "--from-sse", BEDROCK, "--tools",
+         str(tools), str(cassette)], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith(f"latch: {cassette} is not a capture this tool reads: ")
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
