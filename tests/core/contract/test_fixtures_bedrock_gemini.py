@@ -303,6 +303,53 @@ def test_gemini_nested_arrays_without_terminal_call() -> None:
              "price": 0.3}]})]
 
 
+WRITE_ITEMS_RESULT = [("committed", "latch-0-0-capture", "writeItems", 0, {"operations": [
+    {"action": "add", "description": "Fresh red apple", "itemid": "apple_001", "price": 0.5},
+    {"action": "add", "description": "Ripe yellow banana", "itemid": "banana_001",
+     "price": 0.3}]})]
+
+
+@pytest.mark.parametrize("variant", ["partial-args-in-the-finish-chunk",
+                                     "will-continue-at-the-finish"])
+def test_gemini_call_still_streaming_at_the_last_chunk_is_never_lost(variant: str) -> None:
+    """Derived (the same file), the quirk "a call lost when the last chunk still carries
+    partialArgs": the last partialArgs part moved into the chunk that carries
+    ``finishReason: STOP``, or left saying ``willContinue: true`` when the finish comes. Either
+    way the call ends at the stream's end and commits the same object, once."""
+    events = [copy.deepcopy(e) for e in load_events(fixture(GEMINI_ARRAYS))]
+    last_part = events[-2]["candidates"][0]["content"]["parts"][0]
+    assert "partialArgs" in last_part["functionCall"]
+    if variant == "partial-args-in-the-finish-chunk":
+        events.pop()
+        events[-1]["candidates"][0]["finishReason"] = "STOP"
+    else:
+        last_part["functionCall"]["willContinue"] = True
+    lines = run_events(GEMINI, events, gemini_tools({"writeItems": OBJ}))
+    check_run(GEMINI, lines)
+    assert summary(lines) == WRITE_ITEMS_RESULT
+    assert only_final(lines)["status"] == "completed"
+
+
+def test_gemini_parallel_calls_in_one_chunk_are_each_a_call() -> None:
+    """Derived (google-stream-no-args-tool-call, every functionCall part of the file put in
+    one chunk, as Vertex sends parallel calls: several parts of one candidate), the quirk
+    "parallel Vertex calls reduced to the first": the four calls are still four, in part
+    order, each with its own id and arguments, as from the file itself."""
+    events = load_events(fixture(GEMINI_NO_ARGS))
+    parts = [p for e in events[1:-1] for p in e["candidates"][0]["content"]["parts"]]
+    assert len(parts) == 13 and all("functionCall" in p for p in parts)
+    one = copy.deepcopy(events[1])
+    one["candidates"][0]["content"]["parts"] = parts
+    lines = run_events(GEMINI, [events[0], one, events[-1]],
+                       gemini_tools({"read_theme": OBJ, "read_screen": OBJ}))
+    check_run(GEMINI, lines)
+    assert summary(lines) == [
+        ("committed", "latch-0-0-capture", "read_theme", 0, {}),
+        ("committed", "latch-0-1-capture", "read_screen", 1, {"id": "A"}),
+        ("committed", "latch-0-2-capture", "read_screen", 2, {"id": "B"}),
+        ("committed", "latch-0-3-capture", "read_screen", 3, {"id": "C"})]
+
+
 def test_gemini_nested_arrays_under_max_tokens() -> None:
     """Derived (the same file, finishReason MAX_TOKENS): the complete-looking call fails
     truncated (rule 5) and the run is truncated."""

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from builders import (
     BEDROCK,
+    EMPTY_SCHEMA,
     GEMINI,
     PATH_SCHEMA,
     bedrock_calls,
@@ -324,3 +325,22 @@ def test_gemini_two_candidates_keep_their_calls_apart() -> None:
     assert final["status"] == "truncated"
     assert [c["index"] for c in final["choices"]] == [0, 1]
     assert final["message"]["parts"][-1] == {"text": "done"}
+
+
+def test_gemini_parallel_whole_calls_in_one_chunk() -> None:
+    """Three whole functionCall parts without ids in one chunk (Vertex's parallel calls, the
+    last one without ``args``): three calls in part order, none dropped or merged, each with
+    its own deterministic id and arguments, all three in the final message."""
+    chunks = [gemini_chunk([{"functionCall": {"name": "read_file", "args": {"path": "/a"}}},
+                            {"functionCall": {"name": "read_file", "args": {"path": "/b"}}},
+                            {"functionCall": {"name": "get_time"}}]),
+              gemini_chunk([{"text": ""}], finish_reason="STOP")]
+    emits = feed(Assembler(), run_envelopes("r1", GEMINI, tools_for(
+        GEMINI, {"read_file": PATH_SCHEMA, "get_time": EMPTY_SCHEMA}), chunks))
+    check_outputs(emits)
+    assert [(c["call_id"], c["index"], c["arguments"]) for c in committed(emits)] == [
+        ("latch-0-0-r1", 0, {"path": "/a"}), ("latch-0-1-r1", 1, {"path": "/b"}),
+        ("latch-0-2-r1", 2, {})]
+    [final] = finals(emits)
+    assert [p["functionCall"]["id"] for p in final["message"]["parts"]] == [
+        "latch-0-0-r1", "latch-0-1-r1", "latch-0-2-r1"]
