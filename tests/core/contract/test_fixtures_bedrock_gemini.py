@@ -25,6 +25,7 @@ skips.
 from __future__ import annotations
 
 import copy
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -434,3 +435,47 @@ def test_every_file_without_tools_fails_unknown_tool_only(provider: str, relativ
     check_run(provider, lines)
     assert topic(lines, "committed") == []
     assert {e["reason"] for e in topic(lines, "errors")} == {"unknown_tool"}
+
+
+# =========================================================================================
+# latch assemble --from-sse, as a subprocess, on the real files
+# =========================================================================================
+
+
+def _cli(provider: str, path: Path, tools: list[Any], tmp_path: Path) -> list[dict[str, Any]]:
+    tools_file = tmp_path / "tools.json"
+    tools_file.write_bytes(orjson.dumps(tools))
+    done = subprocess.run([sys.executable, "-m", "worker", "assemble", "--from-sse", provider,
+                           "--tools", str(tools_file), str(path)],
+                          capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    return [orjson.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_cli_reads_gemini_as_json_lines_sse_and_a_json_array(tmp_path: Path) -> None:
+    """``latch assemble --from-sse google.gemini`` on google-stream-no-args-tool-call as
+    recorded (JSON Lines), as the SSE that ``alt=sse`` sends (``data:`` lines, CRLF) and as
+    the one JSON array streamGenerateContent sends without it: the same lines each time, equal
+    to the in-process run, four committed calls and a completed final."""
+    tools = gemini_tools({"read_theme": OBJ, "read_screen": OBJ})
+    path = fixture(GEMINI_NO_ARGS)
+    payloads = [line for line in path.read_bytes().splitlines() if line.strip()]
+    sse = tmp_path / "gemini.sse"
+    sse.write_bytes(b"".join(b"data: " + p + b"\r\n\r\n" for p in payloads))
+    array = tmp_path / "gemini.json"
+    array.write_bytes(b"[" + b",\r\n".join(payloads) + b"]")
+    outputs = [_cli(GEMINI, p, tools, tmp_path) for p in (path, sse, array)]
+    assert outputs[0] == outputs[1] == outputs[2] == run_capture(GEMINI, path, tools)
+    assert [line["topic"] for line in outputs[0]] == ["committed"] * 4 + ["final"]
+    assert only_final(outputs[0])["status"] == "completed"
+
+
+def test_cli_reads_the_bedrock_sdk_events_as_recorded(tmp_path: Path) -> None:
+    """``latch assemble --from-sse bedrock.converse`` on json-with-tools (JSON Lines of the
+    SDK's event objects, as recorded): exit 0 and the lines of the in-process run, three
+    committed calls then the final (the binary and cassette forms: tests/tools/unit/
+    test_eventstream.py)."""
+    tools = bedrock_tools({"tool-a": OBJ, "tool-b": OBJ, "json": OBJ})
+    lines = _cli(BEDROCK, fixture(BEDROCK_JSON_TOOLS), tools, tmp_path)
+    assert lines == run_capture(BEDROCK, fixture(BEDROCK_JSON_TOOLS), tools)
+    assert [line["topic"] for line in lines] == ["committed"] * 3 + ["final"]
