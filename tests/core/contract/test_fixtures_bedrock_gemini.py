@@ -172,6 +172,24 @@ def test_bedrock_stop_reasons(stop: str, status: str, reason: str) -> None:
     assert not topic(lines, "dlq")
 
 
+@pytest.mark.parametrize("exception", [
+    "internalServerException", "modelStreamErrorException", "throttlingException",
+    "validationException", "serviceUnavailableException"])
+def test_bedrock_exception_member_fails_the_open_calls(exception: str) -> None:
+    """Derived (json-with-tools cut after tool-2's delta, then an exception member as the
+    service sends it mid-stream): tool-1 (its block stopped) and tool-2 (still open) each
+    fail upstream_error, whose content names the exception and never quotes its message;
+    nothing commits, nothing goes to the DLQ, and the run fails."""
+    events = [*load_events(fixture(BEDROCK_JSON_TOOLS))[:6],
+              {exception: {"message": "SECRET-DETAIL"}}]
+    lines = run_events(BEDROCK, events, bedrock_tools({"tool-a": OBJ, "tool-b": OBJ}))
+    assert summary(lines) == [("error", "tool-1", "tool-a", 1, "upstream_error"),
+                              ("error", "tool-2", "tool-b", 2, "upstream_error")]
+    assert all(exception in e["content"] and "SECRET" not in e["content"]
+               for e in topic(lines, "errors"))
+    assert not topic(lines, "dlq") and only_final(lines)["status"] == "failed"
+
+
 def test_bedrock_no_argument_tool() -> None:
     """tool-no-args: ``input: ""`` means ``{}`` (rule 3), which a schema with no properties
     takes; the text block after an empty ``start`` is kept."""
