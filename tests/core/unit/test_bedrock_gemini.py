@@ -4,6 +4,7 @@ happens when a stream breaks its own protocol."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
@@ -173,6 +174,33 @@ def test_gemini_openapi_parameters_decide_the_schema() -> None:
         [("c1", "f", '{"n": "one"}'), ("c2", "f", '{"n": 1}')])))
     assert [e["reason"] for e in errors(emits)] == ["schema_invalid"]
     assert [c["call_id"] for c in committed(emits)] == ["c2"]
+
+
+def test_bedrock_reasoning_text_signature_and_redacted_content_are_kept() -> None:
+    """reasoningContent deltas: two text pieces and a signature make one ``reasoningText``
+    with both; two ``redactedContent`` pieces (base64, as the JSON payload carries bytes) are
+    joined as bytes and written back as one base64 blob, not as two strings glued together;
+    the tool call after them commits, and the final message keeps the three in index order."""
+    def reasoning(index: int, body: dict[str, str]) -> dict[str, Any]:
+        return {"contentBlockDelta": {"contentBlockIndex": index,
+                                      "delta": {"reasoningContent": body}}}
+    first, second = b"\x00\x01opaque-", b"part2\xff"
+    events = [{"messageStart": {"role": "assistant"}},
+              reasoning(0, {"text": "Let me "}), reasoning(0, {"text": "think."}),
+              reasoning(0, {"signature": "SIG-1"}), {"contentBlockStop": {"contentBlockIndex": 0}},
+              reasoning(1, {"redactedContent": base64.b64encode(first).decode()}),
+              reasoning(1, {"redactedContent": base64.b64encode(second).decode()}),
+              {"contentBlockStop": {"contentBlockIndex": 1}},
+              *bedrock_tool_block(2, "c1", "read_file", '{"path": "/a"}'),
+              {"messageStop": {"stopReason": "tool_use"}}]
+    emits = feed(Assembler(), run_envelopes("r1", BEDROCK, tools_for(
+        BEDROCK, {"read_file": PATH_SCHEMA}), events))
+    check_outputs(emits)
+    assert [c["call_id"] for c in committed(emits)] == ["c1"]
+    assert finals(emits)[0]["message"]["content"] == [
+        {"reasoningContent": {"reasoningText": {"text": "Let me think.", "signature": "SIG-1"}}},
+        {"reasoningContent": {"redactedContent": base64.b64encode(first + second).decode()}},
+        {"toolUse": {"toolUseId": "c1", "name": "read_file", "input": {"path": "/a"}}}]
 
 
 # -- server-side tools, and streams that break their protocol ---------------------------------
