@@ -394,6 +394,33 @@ def test_gemini_failing_finish_reasons(finish: str, reason: str) -> None:
     assert only_final(lines)["status"] == "failed"
 
 
+def test_gemini_error_chunk_mid_stream_fails_the_open_calls() -> None:
+    """Derived (google-stream-no-args-tool-call cut inside the first read_screen call, then
+    the ``error`` object Gemini streams when it fails): read_theme (complete) and read_screen
+    (still streaming) each fail upstream_error naming the status, never the message; no DLQ,
+    and the run fails."""
+    events = [*load_events(fixture(GEMINI_NO_ARGS))[:4],
+              {"error": {"code": 500, "message": "SECRET-DETAIL", "status": "INTERNAL"}}]
+    lines = run_events(GEMINI, events, gemini_tools({"read_theme": OBJ, "read_screen": OBJ}))
+    assert summary(lines) == [("error", "latch-0-0-capture", "read_theme", 0, "upstream_error"),
+                              ("error", "latch-0-1-capture", "read_screen", 1, "upstream_error")]
+    assert all("INTERNAL" in e["content"] and "SECRET" not in e["content"]
+               for e in topic(lines, "errors"))
+    assert not topic(lines, "dlq") and only_final(lines)["status"] == "failed"
+
+
+def test_gemini_blocked_prompt_fails_content_filtered() -> None:
+    """Derived (google-stream-no-args-tool-call after read_theme, then a chunk whose
+    ``promptFeedback.blockReason`` is PROHIBITED_CONTENT): the call fails content_filtered and
+    the run fails."""
+    events = [*load_events(fixture(GEMINI_NO_ARGS))[:2],
+              {"promptFeedback": {"blockReason": "PROHIBITED_CONTENT"}}]
+    lines = run_events(GEMINI, events, gemini_tools({"read_theme": OBJ}))
+    assert summary(lines) == [("error", "latch-0-0-capture", "read_theme", 0,
+                               "content_filtered")]
+    assert only_final(lines)["status"] == "failed"
+
+
 def test_gemini_missing_finish_reason_fails() -> None:
     """Derived (google-tool-call without its last chunk): no finishReason came, so the stream
     ended before the provider's end and the call fails stream_error."""
