@@ -473,6 +473,21 @@ def test_gemini_spliced_streams_fail_protocol_error() -> None:
 
 @pytest.mark.parametrize(("provider", "relative"),
                          [(p, f) for p, files in FILES.items() for f in files])
+def test_redelivered_envelopes_change_nothing(provider: str, relative: str) -> None:
+    """Every file, every envelope delivered twice in a row (a consumer that re-reads after a
+    crash): the output is the same as delivered once, and every copy is counted a duplicate
+    (these two providers end their runs at ``stream.end``, so the copies after it are too)."""
+    events = load_events(fixture(relative))
+    once = run_events(provider, events, [])
+    assembler = Assembler()
+    twice = [e.as_line() for envelope in capture.envelopes(provider, events, [])
+             for _ in range(2) for e in assembler.feed_record(None, orjson.dumps(envelope))]
+    assert twice == once
+    assert assembler.stats["duplicates"] == len(events) + 2
+
+
+@pytest.mark.parametrize(("provider", "relative"),
+                         [(p, f) for p, files in FILES.items() for f in files])
 def test_every_file_without_tools_fails_unknown_tool_only(provider: str, relative: str) -> None:
     """Every file run with no tool registered: each call fails unknown_tool (none commits, none
     is dropped), and the run's invariants hold (one outcome per call id, no DLQ)."""
