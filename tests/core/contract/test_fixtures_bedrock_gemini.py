@@ -381,8 +381,13 @@ def test_gemini_nested_arrays_under_max_tokens() -> None:
 
 @pytest.mark.parametrize(("finish", "reason"), [
     ("SAFETY", "content_filtered"), ("RECITATION", "content_filtered"),
+    ("BLOCKLIST", "content_filtered"), ("PROHIBITED_CONTENT", "content_filtered"),
+    ("SPII", "content_filtered"), ("IMAGE_SAFETY", "content_filtered"),
+    ("IMAGE_PROHIBITED_CONTENT", "content_filtered"), ("IMAGE_RECITATION", "content_filtered"),
     ("MALFORMED_FUNCTION_CALL", "malformed_output"), ("UNEXPECTED_TOOL_CALL", "malformed_output"),
+    ("MALFORMED_RESPONSE", "malformed_output"),
     ("TOO_MANY_TOOL_CALLS", "too_many_tool_calls"), ("OTHER", "upstream_error"),
+    ("LANGUAGE", "upstream_error"), ("SOME_FUTURE_REASON", "upstream_error"),
 ])
 def test_gemini_failing_finish_reasons(finish: str, reason: str) -> None:
     """Derived (google-tool-call with another finishReason): the call fails with a reason
