@@ -83,7 +83,8 @@ def run_capture(
     provider: str, path: Path, tools: list[Any], settings: AssembleSettings | None = None,
     run_id: str = "capture",
 ) -> list[dict[str, Any]]:
-    """Run a whole capture as one run, exactly as ``latch assemble --from-sse`` does."""
+    """Run a whole capture as one run, exactly as ``latch assemble --from-sse`` does (a
+    cassette of several interactions is one run per interaction there: ``split_responses``)."""
     return run_events(provider, load_events(path), tools, settings, run_id)
 
 

@@ -64,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="read a raw capture (SSE, JSON Lines, a JSON array, a binary AWS "
                           "event stream or a VCR cassette)")
     asm.add_argument("--tools", metavar="FILE", help="with --from-sse: the tools JSON array")
-    asm.add_argument("--run-id", default="capture", help="with --from-sse: the run id to use")
+    asm.add_argument("--run-id", default="capture", help=(
+        "with --from-sse: the run id to use (a cassette of several interactions: one run each, "
+        "ID-1, ID-2, ...)"))
     asm.add_argument("input", nargs="?", default="-", help="input file, - for stdin")
     asm.set_defaults(handler=_assemble)
 
@@ -147,12 +149,15 @@ def _capture_lines(args: argparse.Namespace) -> Iterable[bytes]:
         tools = orjson.loads(Path(args.tools).read_bytes())
         name = args.input
         data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
-        events, _ = capture.provider_events(data, name)
+        runs = capture.responses(data, name)
     except OSError as exc:
         raise CliError(f"cannot read {exc.filename}: {exc.strerror}") from exc
     except (orjson.JSONDecodeError, ValueError, KeyError) as exc:
         raise CliError(f"{args.input} is not a capture this tool reads: {exc}") from exc
     if not isinstance(tools, list):
         raise CliError(f"{args.tools} must hold a JSON array of tool definitions")
-    envelopes = capture.envelopes(args.from_sse, events, tools, run_id=args.run_id)
+    ids = [args.run_id] if len(runs) == 1 else [f"{args.run_id}-{n}" for n in
+                                                  range(1, len(runs) + 1)]
+    envelopes = [e for run_id, events in zip(ids, runs, strict=True)
+                 for e in capture.envelopes(args.from_sse, events, tools, run_id=run_id)]
     return [e if isinstance(e, bytes) else orjson.dumps(e) for e in envelopes]

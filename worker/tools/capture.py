@@ -12,7 +12,8 @@ Formats (``../shared/fixtures/providers/README.md``):
 * JSON Lines: one decoded ``data`` payload per line;
 * a VCR cassette (``.yaml``): the SSE body in ``interactions[].response.body.string``, or
   the binary AWS event stream (``!!binary``) of a Bedrock ``ConverseStream``; an answer with an
-  HTTP error status (Bedrock's 400 with a JSON body) is a ``stream.error``;
+  HTTP error status (Bedrock's 400 with a JSON body) is a ``stream.error``; :func:`responses`
+  gives each interaction (a model turn) on its own, which the CLI runs as a run each;
 * a binary AWS event stream (Bedrock, :mod:`worker.tools.eventstream`), CRCs checked;
 * Gemini's ``streamGenerateContent`` as SSE (``alt=sse``), JSON Lines, or one JSON array.
 """
@@ -99,19 +100,49 @@ def provider_events(data: str | bytes, name: str = "") -> tuple[list[CaptureItem
 def _cassette(data: str | bytes) -> tuple[list[CaptureItem], bool]:
     events: list[CaptureItem] = []
     done = False
-    for interaction in yaml.safe_load(data)["interactions"]:
-        response = interaction["response"]
-        code = (response.get("status") or {}).get("code", 200)
-        if not isinstance(code, int) or code >= 400:
-            events.append(StreamFailed(f"HTTP {code}"))
-            break
-        body = response["body"]["string"]
-        found, found_done = provider_events(body)
+    for interaction in _interactions(data):
+        found, found_done = _response(interaction)
         events += found
         done = done or found_done
         if found and isinstance(found[-1], StreamFailed):
             break
     return events, done
+
+
+def responses(data: str | bytes, name: str = "") -> list[list[CaptureItem]]:
+    """The model responses in a capture, each as its own list of events: one per interaction
+    of a VCR cassette (an agent loop records one per model turn, and each is a run of its
+    own), else the whole capture as one."""
+    if name.endswith((".yaml", ".yml")):
+        return [_response(i)[0] for i in _interactions(data)] or [[]]
+    return [provider_events(data, name)[0]]
+
+
+def _response(interaction: dict[str, Any]) -> tuple[list[CaptureItem], bool]:
+    """The events of one cassette interaction; an HTTP error answer is a StreamFailed."""
+    response = interaction["response"]
+    code = (response.get("status") or {}).get("code", 200)
+    if not isinstance(code, int) or code >= 400:
+        return [StreamFailed(f"HTTP {code}")], False
+    field = response.get("body")
+    body = field.get("string") if isinstance(field, dict) else None
+    if not isinstance(body, (str, bytes)):
+        raise ValueError("a cassette response without a text or !!binary body")
+    return provider_events(body)
+
+
+def _interactions(data: str | bytes) -> list[dict[str, Any]]:
+    """The cassette's ``interactions``, each a mapping with a ``response`` mapping; anything
+    else (empty or malformed YAML, another document) is a :class:`ValueError` that says so."""
+    try:
+        document = yaml.safe_load(data)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"not YAML ({type(exc).__name__})") from None
+    interactions = document.get("interactions") if isinstance(document, dict) else None
+    if not isinstance(interactions, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("response"), dict) for i in interactions):
+        raise ValueError("not a VCR cassette (no list of interactions with a response each)")
+    return interactions
 
 
 def _text_events(text: str) -> tuple[list[CaptureItem], bool]:

@@ -1272,3 +1272,23 @@ def test_cli_assemble_dead_letters_the_malformed_parallel_lines(tmp_path: Path) 
     errors = [line["value"] for line in lines if line["topic"] == "errors"]
     assert [(e["tool_call_id"], e["reason"]) for e in errors] == [
         ("call_parallel#0", "stream_error"), ("call_parallel#1", "stream_error")]
+
+
+def test_cli_assemble_runs_each_cassette_interaction_on_its_own(tmp_path: Path) -> None:
+    """pydantic-ai test_openai_responses_stream.yaml (two interactions) through the CLI: two
+    runs, ``capture-1`` and ``capture-2``, whose lines are exactly those of the two responses
+    run one by one; no DLQ record (read as one run, the second response's 15 events went to
+    the DLQ as ``run_finished``)."""
+    tools = [responses_tool("get_capital", GET_CAPITAL)]
+    tools_file = tmp_path / "tools.json"
+    tools_file.write_bytes(orjson.dumps(tools))
+    done = _latch("assemble", "--from-sse", "openai.responses", "--tools", str(tools_file),
+                  str(fixture(RESPONSES_PYDANTIC)), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr.decode()
+    lines = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    runs = split_responses(load_events(fixture(RESPONSES_PYDANTIC)))
+    assert lines == [line for n, run in enumerate(runs, start=1)
+                     for line in run_events("openai.responses", run, tools,
+                                            run_id=f"capture-{n}")]
+    assert [(line["key"], line["topic"]) for line in lines] == [
+        ("capture-1", "committed"), ("capture-1", "final"), ("capture-2", "final")]

@@ -25,6 +25,7 @@ skips.
 from __future__ import annotations
 
 import copy
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,24 @@ def test_bedrock_stop_reasons(stop: str, status: str, reason: str) -> None:
     assert not topic(lines, "dlq")
 
 
+@pytest.mark.parametrize("exception", [
+    "internalServerException", "modelStreamErrorException", "throttlingException",
+    "validationException", "serviceUnavailableException"])
+def test_bedrock_exception_member_fails_the_open_calls(exception: str) -> None:
+    """Derived (json-with-tools cut after tool-2's delta, then an exception member as the
+    service sends it mid-stream): tool-1 (its block stopped) and tool-2 (still open) each
+    fail upstream_error, whose content names the exception and never quotes its message;
+    nothing commits, nothing goes to the DLQ, and the run fails."""
+    events = [*load_events(fixture(BEDROCK_JSON_TOOLS))[:6],
+              {exception: {"message": "SECRET-DETAIL"}}]
+    lines = run_events(BEDROCK, events, bedrock_tools({"tool-a": OBJ, "tool-b": OBJ}))
+    assert summary(lines) == [("error", "tool-1", "tool-a", 1, "upstream_error"),
+                              ("error", "tool-2", "tool-b", 2, "upstream_error")]
+    assert all(exception in e["content"] and "SECRET" not in e["content"]
+               for e in topic(lines, "errors"))
+    assert not topic(lines, "dlq") and only_final(lines)["status"] == "failed"
+
+
 def test_bedrock_no_argument_tool() -> None:
     """tool-no-args: ``input: ""`` means ``{}`` (rule 3), which a schema with no properties
     takes; the text block after an empty ``start`` is kept."""
@@ -303,6 +322,53 @@ def test_gemini_nested_arrays_without_terminal_call() -> None:
              "price": 0.3}]})]
 
 
+WRITE_ITEMS_RESULT = [("committed", "latch-0-0-capture", "writeItems", 0, {"operations": [
+    {"action": "add", "description": "Fresh red apple", "itemid": "apple_001", "price": 0.5},
+    {"action": "add", "description": "Ripe yellow banana", "itemid": "banana_001",
+     "price": 0.3}]})]
+
+
+@pytest.mark.parametrize("variant", ["partial-args-in-the-finish-chunk",
+                                     "will-continue-at-the-finish"])
+def test_gemini_call_still_streaming_at_the_last_chunk_is_never_lost(variant: str) -> None:
+    """Derived (the same file), the quirk "a call lost when the last chunk still carries
+    partialArgs": the last partialArgs part moved into the chunk that carries
+    ``finishReason: STOP``, or left saying ``willContinue: true`` when the finish comes. Either
+    way the call ends at the stream's end and commits the same object, once."""
+    events = [copy.deepcopy(e) for e in load_events(fixture(GEMINI_ARRAYS))]
+    last_part = events[-2]["candidates"][0]["content"]["parts"][0]
+    assert "partialArgs" in last_part["functionCall"]
+    if variant == "partial-args-in-the-finish-chunk":
+        events.pop()
+        events[-1]["candidates"][0]["finishReason"] = "STOP"
+    else:
+        last_part["functionCall"]["willContinue"] = True
+    lines = run_events(GEMINI, events, gemini_tools({"writeItems": OBJ}))
+    check_run(GEMINI, lines)
+    assert summary(lines) == WRITE_ITEMS_RESULT
+    assert only_final(lines)["status"] == "completed"
+
+
+def test_gemini_parallel_calls_in_one_chunk_are_each_a_call() -> None:
+    """Derived (google-stream-no-args-tool-call, every functionCall part of the file put in
+    one chunk, as Vertex sends parallel calls: several parts of one candidate), the quirk
+    "parallel Vertex calls reduced to the first": the four calls are still four, in part
+    order, each with its own id and arguments, as from the file itself."""
+    events = load_events(fixture(GEMINI_NO_ARGS))
+    parts = [p for e in events[1:-1] for p in e["candidates"][0]["content"]["parts"]]
+    assert len(parts) == 13 and all("functionCall" in p for p in parts)
+    one = copy.deepcopy(events[1])
+    one["candidates"][0]["content"]["parts"] = parts
+    lines = run_events(GEMINI, [events[0], one, events[-1]],
+                       gemini_tools({"read_theme": OBJ, "read_screen": OBJ}))
+    check_run(GEMINI, lines)
+    assert summary(lines) == [
+        ("committed", "latch-0-0-capture", "read_theme", 0, {}),
+        ("committed", "latch-0-1-capture", "read_screen", 1, {"id": "A"}),
+        ("committed", "latch-0-2-capture", "read_screen", 2, {"id": "B"}),
+        ("committed", "latch-0-3-capture", "read_screen", 3, {"id": "C"})]
+
+
 def test_gemini_nested_arrays_under_max_tokens() -> None:
     """Derived (the same file, finishReason MAX_TOKENS): the complete-looking call fails
     truncated (rule 5) and the run is truncated."""
@@ -315,8 +381,13 @@ def test_gemini_nested_arrays_under_max_tokens() -> None:
 
 @pytest.mark.parametrize(("finish", "reason"), [
     ("SAFETY", "content_filtered"), ("RECITATION", "content_filtered"),
+    ("BLOCKLIST", "content_filtered"), ("PROHIBITED_CONTENT", "content_filtered"),
+    ("SPII", "content_filtered"), ("IMAGE_SAFETY", "content_filtered"),
+    ("IMAGE_PROHIBITED_CONTENT", "content_filtered"), ("IMAGE_RECITATION", "content_filtered"),
     ("MALFORMED_FUNCTION_CALL", "malformed_output"), ("UNEXPECTED_TOOL_CALL", "malformed_output"),
+    ("MALFORMED_RESPONSE", "malformed_output"),
     ("TOO_MANY_TOOL_CALLS", "too_many_tool_calls"), ("OTHER", "upstream_error"),
+    ("LANGUAGE", "upstream_error"), ("SOME_FUTURE_REASON", "upstream_error"),
 ])
 def test_gemini_failing_finish_reasons(finish: str, reason: str) -> None:
     """Derived (google-tool-call with another finishReason): the call fails with a reason
@@ -325,6 +396,33 @@ def test_gemini_failing_finish_reasons(finish: str, reason: str) -> None:
     events[-1]["candidates"][0]["finishReason"] = finish
     lines = run_events(GEMINI, events, gemini_tools({"weather": OBJ}))
     assert [s[4] for s in summary(lines)] == [reason]
+    assert only_final(lines)["status"] == "failed"
+
+
+def test_gemini_error_chunk_mid_stream_fails_the_open_calls() -> None:
+    """Derived (google-stream-no-args-tool-call cut inside the first read_screen call, then
+    the ``error`` object Gemini streams when it fails): read_theme (complete) and read_screen
+    (still streaming) each fail upstream_error naming the status, never the message; no DLQ,
+    and the run fails."""
+    events = [*load_events(fixture(GEMINI_NO_ARGS))[:4],
+              {"error": {"code": 500, "message": "SECRET-DETAIL", "status": "INTERNAL"}}]
+    lines = run_events(GEMINI, events, gemini_tools({"read_theme": OBJ, "read_screen": OBJ}))
+    assert summary(lines) == [("error", "latch-0-0-capture", "read_theme", 0, "upstream_error"),
+                              ("error", "latch-0-1-capture", "read_screen", 1, "upstream_error")]
+    assert all("INTERNAL" in e["content"] and "SECRET" not in e["content"]
+               for e in topic(lines, "errors"))
+    assert not topic(lines, "dlq") and only_final(lines)["status"] == "failed"
+
+
+def test_gemini_blocked_prompt_fails_content_filtered() -> None:
+    """Derived (google-stream-no-args-tool-call after read_theme, then a chunk whose
+    ``promptFeedback.blockReason`` is PROHIBITED_CONTENT): the call fails content_filtered and
+    the run fails."""
+    events = [*load_events(fixture(GEMINI_NO_ARGS))[:2],
+              {"promptFeedback": {"blockReason": "PROHIBITED_CONTENT"}}]
+    lines = run_events(GEMINI, events, gemini_tools({"read_theme": OBJ}))
+    assert summary(lines) == [("error", "latch-0-0-capture", "read_theme", 0,
+                               "content_filtered")]
     assert only_final(lines)["status"] == "failed"
 
 
@@ -380,6 +478,21 @@ def test_gemini_spliced_streams_fail_protocol_error() -> None:
 
 @pytest.mark.parametrize(("provider", "relative"),
                          [(p, f) for p, files in FILES.items() for f in files])
+def test_redelivered_envelopes_change_nothing(provider: str, relative: str) -> None:
+    """Every file, every envelope delivered twice in a row (a consumer that re-reads after a
+    crash): the output is the same as delivered once, and every copy is counted a duplicate
+    (these two providers end their runs at ``stream.end``, so the copies after it are too)."""
+    events = load_events(fixture(relative))
+    once = run_events(provider, events, [])
+    assembler = Assembler()
+    twice = [e.as_line() for envelope in capture.envelopes(provider, events, [])
+             for _ in range(2) for e in assembler.feed_record(None, orjson.dumps(envelope))]
+    assert twice == once
+    assert assembler.stats["duplicates"] == len(events) + 2
+
+
+@pytest.mark.parametrize(("provider", "relative"),
+                         [(p, f) for p, files in FILES.items() for f in files])
 def test_every_file_without_tools_fails_unknown_tool_only(provider: str, relative: str) -> None:
     """Every file run with no tool registered: each call fails unknown_tool (none commits, none
     is dropped), and the run's invariants hold (one outcome per call id, no DLQ)."""
@@ -387,3 +500,47 @@ def test_every_file_without_tools_fails_unknown_tool_only(provider: str, relativ
     check_run(provider, lines)
     assert topic(lines, "committed") == []
     assert {e["reason"] for e in topic(lines, "errors")} == {"unknown_tool"}
+
+
+# =========================================================================================
+# latch assemble --from-sse, as a subprocess, on the real files
+# =========================================================================================
+
+
+def _cli(provider: str, path: Path, tools: list[Any], tmp_path: Path) -> list[dict[str, Any]]:
+    tools_file = tmp_path / "tools.json"
+    tools_file.write_bytes(orjson.dumps(tools))
+    done = subprocess.run([sys.executable, "-m", "worker", "assemble", "--from-sse", provider,
+                           "--tools", str(tools_file), str(path)],
+                          capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    return [orjson.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_cli_reads_gemini_as_json_lines_sse_and_a_json_array(tmp_path: Path) -> None:
+    """``latch assemble --from-sse google.gemini`` on google-stream-no-args-tool-call as
+    recorded (JSON Lines), as the SSE that ``alt=sse`` sends (``data:`` lines, CRLF) and as
+    the one JSON array streamGenerateContent sends without it: the same lines each time, equal
+    to the in-process run, four committed calls and a completed final."""
+    tools = gemini_tools({"read_theme": OBJ, "read_screen": OBJ})
+    path = fixture(GEMINI_NO_ARGS)
+    payloads = [line for line in path.read_bytes().splitlines() if line.strip()]
+    sse = tmp_path / "gemini.sse"
+    sse.write_bytes(b"".join(b"data: " + p + b"\r\n\r\n" for p in payloads))
+    array = tmp_path / "gemini.json"
+    array.write_bytes(b"[" + b",\r\n".join(payloads) + b"]")
+    outputs = [_cli(GEMINI, p, tools, tmp_path) for p in (path, sse, array)]
+    assert outputs[0] == outputs[1] == outputs[2] == run_capture(GEMINI, path, tools)
+    assert [line["topic"] for line in outputs[0]] == ["committed"] * 4 + ["final"]
+    assert only_final(outputs[0])["status"] == "completed"
+
+
+def test_cli_reads_the_bedrock_sdk_events_as_recorded(tmp_path: Path) -> None:
+    """``latch assemble --from-sse bedrock.converse`` on json-with-tools (JSON Lines of the
+    SDK's event objects, as recorded): exit 0 and the lines of the in-process run, three
+    committed calls then the final (the binary and cassette forms: tests/tools/unit/
+    test_eventstream.py)."""
+    tools = bedrock_tools({"tool-a": OBJ, "tool-b": OBJ, "json": OBJ})
+    lines = _cli(BEDROCK, fixture(BEDROCK_JSON_TOOLS), tools, tmp_path)
+    assert lines == run_capture(BEDROCK, fixture(BEDROCK_JSON_TOOLS), tools)
+    assert [line["topic"] for line in lines] == ["committed"] * 3 + ["final"]

@@ -4,11 +4,13 @@ happens when a stream breaks its own protocol."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
 from builders import (
     BEDROCK,
+    EMPTY_SCHEMA,
     GEMINI,
     PATH_SCHEMA,
     bedrock_calls,
@@ -174,6 +176,33 @@ def test_gemini_openapi_parameters_decide_the_schema() -> None:
     assert [c["call_id"] for c in committed(emits)] == ["c2"]
 
 
+def test_bedrock_reasoning_text_signature_and_redacted_content_are_kept() -> None:
+    """reasoningContent deltas: two text pieces and a signature make one ``reasoningText``
+    with both; two ``redactedContent`` pieces (base64, as the JSON payload carries bytes) are
+    joined as bytes and written back as one base64 blob, not as two strings glued together;
+    the tool call after them commits, and the final message keeps the three in index order."""
+    def reasoning(index: int, body: dict[str, str]) -> dict[str, Any]:
+        return {"contentBlockDelta": {"contentBlockIndex": index,
+                                      "delta": {"reasoningContent": body}}}
+    first, second = b"\x00\x01opaque-", b"part2\xff"
+    events = [{"messageStart": {"role": "assistant"}},
+              reasoning(0, {"text": "Let me "}), reasoning(0, {"text": "think."}),
+              reasoning(0, {"signature": "SIG-1"}), {"contentBlockStop": {"contentBlockIndex": 0}},
+              reasoning(1, {"redactedContent": base64.b64encode(first).decode()}),
+              reasoning(1, {"redactedContent": base64.b64encode(second).decode()}),
+              {"contentBlockStop": {"contentBlockIndex": 1}},
+              *bedrock_tool_block(2, "c1", "read_file", '{"path": "/a"}'),
+              {"messageStop": {"stopReason": "tool_use"}}]
+    emits = feed(Assembler(), run_envelopes("r1", BEDROCK, tools_for(
+        BEDROCK, {"read_file": PATH_SCHEMA}), events))
+    check_outputs(emits)
+    assert [c["call_id"] for c in committed(emits)] == ["c1"]
+    assert finals(emits)[0]["message"]["content"] == [
+        {"reasoningContent": {"reasoningText": {"text": "Let me think.", "signature": "SIG-1"}}},
+        {"reasoningContent": {"redactedContent": base64.b64encode(first + second).decode()}},
+        {"toolUse": {"toolUseId": "c1", "name": "read_file", "input": {"path": "/a"}}}]
+
+
 # -- server-side tools, and streams that break their protocol ---------------------------------
 
 
@@ -324,3 +353,22 @@ def test_gemini_two_candidates_keep_their_calls_apart() -> None:
     assert final["status"] == "truncated"
     assert [c["index"] for c in final["choices"]] == [0, 1]
     assert final["message"]["parts"][-1] == {"text": "done"}
+
+
+def test_gemini_parallel_whole_calls_in_one_chunk() -> None:
+    """Three whole functionCall parts without ids in one chunk (Vertex's parallel calls, the
+    last one without ``args``): three calls in part order, none dropped or merged, each with
+    its own deterministic id and arguments, all three in the final message."""
+    chunks = [gemini_chunk([{"functionCall": {"name": "read_file", "args": {"path": "/a"}}},
+                            {"functionCall": {"name": "read_file", "args": {"path": "/b"}}},
+                            {"functionCall": {"name": "get_time"}}]),
+              gemini_chunk([{"text": ""}], finish_reason="STOP")]
+    emits = feed(Assembler(), run_envelopes("r1", GEMINI, tools_for(
+        GEMINI, {"read_file": PATH_SCHEMA, "get_time": EMPTY_SCHEMA}), chunks))
+    check_outputs(emits)
+    assert [(c["call_id"], c["index"], c["arguments"]) for c in committed(emits)] == [
+        ("latch-0-0-r1", 0, {"path": "/a"}), ("latch-0-1-r1", 1, {"path": "/b"}),
+        ("latch-0-2-r1", 2, {})]
+    [final] = finals(emits)
+    assert [p["functionCall"]["id"] for p in final["message"]["parts"]] == [
+        "latch-0-0-r1", "latch-0-1-r1", "latch-0-2-r1"]

@@ -130,3 +130,52 @@ def test_a_corrupt_frame_is_a_clear_cli_error(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert done.stdout == ""
     assert "CRC does not match at byte 0" in done.stderr
+
+
+@pytest.mark.parametrize("text", [
+    "", "interactions: [\n", "- a\n- b\n", "interactions: 7\n",
+    "interactions:\n- response: {status: {code: 200}}\n",
+    "interactions:\n- response: {status: {code: 200}, body: {string: 7}}\n",
+], ids=["empty", "not-yaml", "a-list", "not-a-list", "no-body", "body-not-text"])
+def test_a_malformed_cassette_is_a_clear_cli_error(tmp_path: Path, text: str) -> None:
+    """A ``.yaml`` capture that is no VCR cassette (empty, not YAML, no interactions, a
+    response without a text or ``!!binary`` body): the CLI exits 2 with one line that says the
+    file is not a capture it reads, no traceback and no output record."""
+    cassette = tmp_path / "broken.yaml"
+    cassette.write_text(text)
+    tools = tmp_path / "tools.json"
+    tools.write_text("[]")
+    done = subprocess.run(
+        [sys.executable, "-m", "worker", "assemble", "--from-sse", BEDROCK, "--tools",
+         str(tools), str(cassette)], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith(f"latch: {cassette} is not a capture this tool reads: ")
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_a_cassette_of_several_interactions_is_one_run_each(tmp_path: Path) -> None:
+    """A VCR cassette recording an agent loop's two model turns (two ``!!binary`` event
+    stream bodies), then a retried request answered HTTP 500: three runs, ``capture-1`` to
+    ``capture-3``. The first commits c1 and c2, the second c3, each ``completed``; the third
+    is a stream error, ``failed``. Read as one run instead, the second turn's events would be
+    a protocol break after the first's ``messageStop``."""
+    turns = [bedrock_calls(CALLS), bedrock_calls([("c3", "read_file", '{"path": "/c"}')])]
+    cassette = tmp_path / "agent.yaml"
+    cassette.write_text(yaml.safe_dump({"interactions": [
+        *({"response": {"status": {"code": 200, "message": "OK"},
+                        "body": {"string": eventstream.encode_events(events)}}}
+          for events in turns),
+        {"response": {"status": {"code": 500, "message": "Internal Server Error"},
+                      "body": {"string": "{}"}}}], "version": 1}))
+    tools = tmp_path / "tools.json"
+    tools.write_bytes(orjson.dumps(tools_for(BEDROCK, {"read_file": PATH_SCHEMA})))
+    done = subprocess.run(
+        [sys.executable, "-m", "worker", "assemble", "--from-sse", BEDROCK, "--tools",
+         str(tools), str(cassette)], capture_output=True, check=True)
+    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert [(line["key"], line["topic"], line["value"].get("call_id")) for line in lines] == [
+        ("capture-1", "committed", "c1"), ("capture-1", "committed", "c2"),
+        ("capture-1", "final", None), ("capture-2", "committed", "c3"),
+        ("capture-2", "final", None), ("capture-3", "final", None)]
+    assert [line["value"]["status"] for line in lines if line["topic"] == "final"] == [
+        "completed", "completed", "failed"]
