@@ -153,10 +153,10 @@ def offline(envelopes: list[dict[str, object]]) -> Counter[tuple[str, str, str]]
 def test_metrics_readiness_and_traces_on_the_real_broker(stack: Stack, tmp_path: Path) -> None:
     """The demo's runs through a worker (of each engine): its /metrics hold one invalid_json,
     six committed calls and every outcome the offline core decides, one undecodable dead
-    letter, one commit latency per
-    committed call, one argument size per checked call, the open run in latch_runs_open, no
-    lag once the worker caught up; the committed records carry the publisher's trace id. A
-    second worker that takes over after the first stops is not ready while it rebuilds
+    letter, one commit latency per committed call, one argument size per checked call, the
+    open run in latch_runs_open, no lag (records, seconds) once the worker caught up; the
+    committed records, and every other output of the runs, carry the publisher's trace id.
+    A second worker that takes over after the first stops is not ready while it rebuilds
     (each rebuild made to last half a second), nor until it has rebuilt its partitions (the
     open run's records re-read); it logs one JSON object per line, each rebuild with its
     partition and offset, the Kafka clients' lines among them."""
@@ -182,7 +182,9 @@ def test_metrics_readiness_and_traces_on_the_real_broker(stack: Stack, tmp_path:
         reader.close()
         committed = [r for r in records if r.role == "committed"]
         assert len(committed) == 6
-        for record in committed:
+        outputs = [r for r in records if r.role in ("committed", "errors", "final")]
+        assert len(outputs) == 6 + 3 + len(runs)
+        for record in outputs:  # every output of a run, the committed calls' first
             traceparent = dict(record.headers)["traceparent"].decode()
             assert traceparent.split("-")[1] == trace_id
 
