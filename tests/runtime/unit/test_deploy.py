@@ -83,7 +83,8 @@ def test_the_validator_rejects_a_broken_manifest() -> None:
 
 def test_keda_scales_the_workers_group_up_to_the_events_partitions(tmp_path: Path) -> None:
     """The ScaledObject targets the Deployment, uses the Kafka lag of the worker's group
-    (worker.app_id) on the events topic, and stops at topics.partitions replicas."""
+    (worker.app_id) on the events topic (its metadata all strings, as KEDA's CRD types it),
+    and stops at topics.partitions replicas."""
     config = latch_yaml(tmp_path)
     scaled = of_kind("ScaledObject")
     assert scaled["spec"]["scaleTargetRef"]["name"] == of_kind("Deployment")["metadata"]["name"]
@@ -93,6 +94,9 @@ def test_keda_scales_the_workers_group_up_to_the_events_partitions(tmp_path: Pat
     assert trigger["metadata"]["consumerGroup"] == config.worker.app_id
     assert trigger["metadata"]["topic"] == config.topics.events
     assert trigger["metadata"]["bootstrapServers"] == config.kafka.bootstrap_servers
+    # KEDA's CRD types a trigger's metadata as a map of strings: a bare YAML number or
+    # boolean (lagThreshold: 1000) is refused when the object is applied
+    assert all(isinstance(v, str) for v in trigger["metadata"].values()), trigger["metadata"]
     assert trigger["authenticationRef"]["name"] == of_kind("TriggerAuthentication")[
         "metadata"]["name"]
 
