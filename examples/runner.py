@@ -35,14 +35,26 @@ def get_stock_price(args: dict[str, Any]) -> dict[str, Any]:
     raise RuntimeError("the quotes service is down")  # becomes an error result
 
 
+def write_items(args: dict[str, Any]) -> dict[str, Any]:
+    return {"written": len(args.get("operations", []))}
+
+
+def glob_search(args: dict[str, Any]) -> list[str]:
+    return []  # an example: no file system to search
+
+
+#: The demo's tool names (examples/demo.jsonl) and the functions that answer them.
+TOOLS = {"get_weather": get_weather, "GetWeatherArgs": get_weather,
+         "get_capital": get_capital, "get_stock_price": get_stock_price,
+         "writeItems": write_items, "glob_search": glob_search}
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    tools = {"get_weather": get_weather, "GetWeatherArgs": get_weather,
-             "get_capital": get_capital, "get_stock_price": get_stock_price}
-    runner = Runner(load_config(), tools, group_id="latch-example-runner")
+    runner = Runner(load_config(), TOOLS, group_id="latch-example-runner")
     try:
         handled = runner.run(stop)
     finally:

@@ -110,8 +110,8 @@ def otlp_reader() -> MetricReader:
     try:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     except ImportError as exc:
-        raise MetricsError("otel_exporter: otlp needs `pip install "
-                           "opentelemetry-exporter-otlp`") from exc
+        raise MetricsError("otel_exporter: otlp needs opentelemetry-exporter-otlp-proto-http "
+                           "(a dependency of latch: reinstall it)") from exc
     return PeriodicExportingMetricReader(OTLPMetricExporter())
 
 

@@ -3,10 +3,9 @@
 
 The Prometheus endpoint (``/metrics`` on ``worker.http_port``, :mod:`worker.runtime.health`)
 is always fed; ``otel_exporter`` adds a push exporter for metrics and spans: ``none``,
-``console`` (periodic dump on stdout, for development) or ``otlp`` (needs
-``pip install opentelemetry-exporter-otlp``; configured by the standard
-``OTEL_EXPORTER_OTLP_*`` variables). Labels and attributes come from closed vocabularies
-(contract rule 8): see the two modules.
+``console`` (periodic dump on stdout, for development) or ``otlp`` (OTLP over HTTP with
+protobuf, a dependency; configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables).
+Labels and attributes come from closed vocabularies (contract rule 8): see the two modules.
 """
 
 from __future__ import annotations

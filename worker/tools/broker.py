@@ -635,8 +635,25 @@ def _launch(java: str, paths: Paths, ports: Ports, timeout: float) -> str:
     pid = spawn(java, paths)
     _say(f"started pid {pid}, waiting for {ports.bootstrap} (log: {paths.log_file})")
     wait_ready(pid, paths, ports.bootstrap, timeout)
+    coordinator_ready(ports.bootstrap, max(5.0, timeout - (time.monotonic() - started)))
     _say(f"ready in {time.monotonic() - started:.1f}s")
     return ports.bootstrap
+
+
+def coordinator_ready(bootstrap: str, timeout: float) -> bool:
+    """Wait until a consumer group's coordinator answers (a fresh broker creates its offsets
+    topic at the first such request, and until it has, group members get
+    GroupCoordinatorNotAvailable, which aiokafka logs as an ERROR). Whether it answered."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            admin.describe_consumer_groups(["latch-broker-ready"], request_timeout=5)[
+                "latch-broker-ready"].result(timeout=10)
+            return True
+        except KafkaException:  # NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE while loading
+            time.sleep(0.2)
+    return False
 
 
 def stop(timeout: float = STOP_TIMEOUT_S) -> bool:

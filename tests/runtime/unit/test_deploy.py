@@ -83,7 +83,8 @@ def test_the_validator_rejects_a_broken_manifest() -> None:
 
 def test_keda_scales_the_workers_group_up_to_the_events_partitions(tmp_path: Path) -> None:
     """The ScaledObject targets the Deployment, uses the Kafka lag of the worker's group
-    (worker.app_id) on the events topic, and stops at topics.partitions replicas."""
+    (worker.app_id) on the events topic (its metadata all strings, as KEDA's CRD types it),
+    and stops at topics.partitions replicas."""
     config = latch_yaml(tmp_path)
     scaled = of_kind("ScaledObject")
     assert scaled["spec"]["scaleTargetRef"]["name"] == of_kind("Deployment")["metadata"]["name"]
@@ -93,6 +94,9 @@ def test_keda_scales_the_workers_group_up_to_the_events_partitions(tmp_path: Pat
     assert trigger["metadata"]["consumerGroup"] == config.worker.app_id
     assert trigger["metadata"]["topic"] == config.topics.events
     assert trigger["metadata"]["bootstrapServers"] == config.kafka.bootstrap_servers
+    # KEDA's CRD types a trigger's metadata as a map of strings: a bare YAML number or
+    # boolean (lagThreshold: 1000) is refused when the object is applied
+    assert all(isinstance(v, str) for v in trigger["metadata"].values()), trigger["metadata"]
     assert trigger["authenticationRef"]["name"] == of_kind("TriggerAuthentication")[
         "metadata"]["name"]
 
@@ -219,3 +223,63 @@ def test_dockerfile_is_clean_for_hadolint_and_checks_healthz() -> None:
     assert re.search(rf"HEALTHCHECK .*\n.*127\.0\.0\.1:{port}/healthz", text)
     assert "USER 10001:10001" in text
     assert text.count("FROM ") == 2  # multi-stage: the compiler stays in the build stage
+
+
+def test_the_healthcheck_command_passes_on_a_live_worker_and_fails_on_a_stuck_one() -> None:
+    """The Dockerfile's HEALTHCHECK command itself (its exec form, run here with this
+    Python, pointed at a free port instead of 9464): exit 0 while /healthz answers 200, non-zero
+    when the event loop does not answer (503) and when nothing listens."""
+    from worker.runtime.health import Health, HttpServer
+
+    text = (DEPLOY / "Dockerfile").read_text()
+    found = re.search(r"^HEALTHCHECK [^\n]*\\\n\s*CMD (\[.*\])$", text, re.M)
+    assert found, "no HEALTHCHECK ... CMD [...] in deploy/Dockerfile"
+    command = json.loads(found.group(1))
+    assert command[0] == "python"
+    health = Health()
+    server = HttpServer("127.0.0.1", 0, health, lambda: b"").start()
+    port = server.port
+
+    def check() -> int:
+        argv = [sys.executable, *(a.replace(":9464/", f":{port}/") for a in command[1:])]
+        assert any(f":{port}/healthz" in a for a in argv)
+        return subprocess.run(argv, capture_output=True, timeout=30, check=False).returncode
+
+    try:
+        assert check() == 0
+        health.heartbeat = lambda: False
+        assert check() != 0
+    finally:
+        server.stop()
+    assert check() != 0
+
+
+def test_ci_runs_every_python_step_of_the_dockerfile(tmp_path: Path) -> None:
+    """deploy/dockerfile_steps.py (CI's compiled-core step builds its venv with it) reads
+    both stages, copies what the Dockerfile copies, and skips only the system steps (apt-get,
+    useradd): the wheel build, its cp311 check, the install and the compiled-core check all
+    run, with the stage's paths and this interpreter's pip and python."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dockerfile_steps",
+                                                  DEPLOY / "dockerfile_steps.py")
+    assert spec is not None and spec.loader is not None
+    steps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(steps)
+    found = steps.instructions((DEPLOY / "Dockerfile").read_text())
+    assert [a for w, a in found if w == "FROM"] == ["python:3.11-slim AS build",
+                                                     "python:3.11-slim"]
+    runs = [step for w, a in found if w == "RUN" for step in a.split(" && ")]
+    kept = [step for step in runs if not step.startswith(steps.SKIPPED)]
+    assert [s for s in runs if s not in kept] == [
+        "apt-get update", "apt-get install -y --no-install-recommends gcc libc6-dev",
+        "rm -rf /var/lib/apt/lists/*",
+        "useradd --system --create-home --home-dir /var/lib/latch --uid 10001 latch"]
+    assert [s.split()[0] for s in kept] == ["pip", "ls", "pip", "rm", "python"]
+    assert kept[-1].startswith('python -c "import worker, sys; sys.exit(not worker.compiled_')
+    stage = steps.Stage("build", tmp_path / "build")
+    assert stage.shell("pip wheel --no-deps --wheel-dir /wheels .") == (
+        f"{sys.executable} -m pip wheel --no-deps --wheel-dir {tmp_path}/build/wheels .")
+    assert stage.shell('python -c "import x"') == f'{sys.executable} -c "import x"'
+    copies = [a for w, a in found if w == "COPY"]
+    assert copies[-1] == "--from=build /wheels /wheels"

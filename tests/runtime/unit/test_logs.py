@@ -9,6 +9,8 @@ import logging
 import logging.config
 from types import SimpleNamespace
 
+import pytest
+
 from worker.runtime import logs
 
 SECRET = "hunter2-SECRET-token"
@@ -55,3 +57,41 @@ def test_quiet_kafka_keeps_librdkafka_lines_off_stderr(capsys: object) -> None:
     logging.getLogger(logs.KAFKA_LOGGER).warning("FAIL|rdkafka#producer-1| connection refused")
     captured = capsys.readouterr()  # type: ignore[attr-defined]
     assert "connection refused" not in captured.out + captured.err
+
+
+def test_a_real_clients_connection_failures_reach_the_logger_not_stderr(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """A confluent-kafka producer made with kafka_config, pointed at a port where nothing
+    listens: librdkafka's connection-failure lines arrive on the latch.kafka logger (served by
+    poll), and after quiet_kafka() nothing of them reaches the process's stdout or stderr
+    (file descriptors 1 and 2, where librdkafka writes by itself when given no logger)."""
+    import socket
+
+    from confluent_kafka import Producer
+
+    with socket.socket() as sock:  # a port that was free a moment ago: connections refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    logs.quiet_kafka()
+    kafka = logging.getLogger(logs.KAFKA_LOGGER)
+    keep = Keep()
+    kafka.addHandler(keep)
+    try:
+        producer = Producer(logs.kafka_config({"bootstrap.servers": f"127.0.0.1:{port}",
+                                               "reconnect.backoff.ms": 50}))
+        for _ in range(40):
+            producer.poll(0.05)
+            if seen:
+                break
+        del producer
+    finally:
+        kafka.removeHandler(keep)
+    assert any("Connection refused" in line or "failed" in line for line in seen), seen
+    captured = capfd.readouterr()
+    assert "rdkafka" not in captured.out + captured.err

@@ -93,3 +93,33 @@ def test_a_result_that_is_not_json_or_too_large_is_an_error(runner: Runner) -> N
     for name in ("obj", "big"):
         result = orjson.loads(runner.handle(committed(name=name), None).value or b"")
         assert result["is_error"] is True
+
+
+def test_the_example_runner_answers_every_committed_call_of_the_demo() -> None:
+    """examples/runner.py registers a function for each tool the demo's committed calls name:
+    each runs and is answered by its call id (get_stock_price's failure as an error result, by
+    design), none is refused as an unregistered tool."""
+    import importlib.util
+    from pathlib import Path
+
+    from worker.core import Assembler, Topic
+    from worker.tools.demo import example_file, load_envelopes
+
+    path = Path(__file__).resolve().parents[3] / "examples" / "runner.py"
+    spec = importlib.util.spec_from_file_location("example_runner", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    runner = Runner(Config(), example.TOOLS, consumer=object(), producer=object())
+    assembler, answered = Assembler(), {}
+    for envelope in load_envelopes(example_file(), "ex/"):
+        for emit in assembler.feed_record(None, orjson.dumps(envelope)):
+            if emit.topic is Topic.COMMITTED:
+                outcome = runner.handle(orjson.dumps(emit.value), None)
+                assert outcome.status == "executed"
+                result = orjson.loads(outcome.value or b"")
+                assert result["tool_call_id"] == emit.value["call_id"]
+                answered[result["name"]] = result
+    assert len(answered) == 6
+    errors = {name for name, result in answered.items() if result["is_error"]}
+    assert errors == {"get_stock_price"}, {n: answered[n]["content"] for n in errors}

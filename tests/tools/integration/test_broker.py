@@ -107,6 +107,8 @@ def second_broker_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
 def test_stop_then_restart_keeps_data(
     second_broker_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A second broker, started fresh, has its group coordinator ready; stopped and started
+    again it still holds the topic created before."""
     port, controller = _free_port(), _free_port()
     while controller == port:
         controller = _free_port()
@@ -115,6 +117,10 @@ def test_stop_then_restart_keeps_data(
     bootstrap = capsys.readouterr().out.strip()
     assert bootstrap == f"127.0.0.1:{port}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
+    # a fresh broker is started with its group coordinator loaded: a group request answers at
+    # once (a worker's first join gets no GroupCoordinatorNotAvailable)
+    admin.describe_consumer_groups(["latch-first-group"], request_timeout=5)[
+        "latch-first-group"].result(timeout=10)
     admin.create_topics([NewTopic("survives-restart", 1, 1)])["survives-restart"].result(60)
 
     assert broker.main(["stop"]) == broker.EXIT_OK

@@ -586,7 +586,8 @@ class KafkaEngine:
                                                         reader.record_of(msg))
             rebuild.state, rebuild.records = state, count
         log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
-                 partition, resume, count, state.assembler.open_runs)
+                 partition, resume, count, state.assembler.open_runs,
+                 extra=logs.where(self.events, partition, resume))
         self._refinish(state, partition, replayed)
         return state
 
