@@ -48,6 +48,7 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import signal
 import sys
@@ -224,6 +225,11 @@ class KafkaEngine:
             self.producer.init_transactions(_CLIENT_TIMEOUT_S)
             self.consumer.subscribe([self.events, self.control], on_assign=self._on_assign,
                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
+            # What start-up made (modules, faust's among them: the CLI imports app.py) never
+            # becomes garbage: out of the cyclic GC's way, which otherwise walked it on each
+            # full collection (docs/benchmarks.md: gc was about a tenth of the loop's CPU).
+            gc.collect()
+            gc.freeze()
             self._loop()
             self._commit()
             return 0
@@ -247,7 +253,7 @@ class KafkaEngine:
         worker = self.config.worker
         max_s = worker.batch_max_ms / 1000
         next_tick = time.monotonic() + worker.tick_interval_s
-        consume, events, apply_event = self.consumer.consume, self.events, self._apply_event
+        consume, apply_events = self.consumer.consume, self._apply_events
         while not self.stopping:
             self.beat = now = time.monotonic()
             if now - self.lags_read >= _LAGS_EVERY_S:
@@ -260,11 +266,7 @@ class KafkaEngine:
                 want = min(max(worker.batch_max_records - batch.records, 1), _CONSUME_MAX)
                 wait = 0.0
             msgs = consume(want, timeout=wait)
-            for msg in msgs:
-                if msg.error() is None and msg.topic() == events:  # (most records)
-                    apply_event(msg)
-                else:
-                    self._handle(msg)
+            apply_events(msgs)
             now = time.monotonic()
             if now >= next_tick and self._tick(now):
                 next_tick = now + worker.tick_interval_s
@@ -280,41 +282,54 @@ class KafkaEngine:
                 raise Fatal(f"consumer: {error.str()}")
             log.warning("consumer: %s", error.str())
         elif msg.topic() == self.events:
-            self._apply_event(msg)
+            self._apply_events((msg,))
         else:
             self._apply_control(msg)
 
     # -- records ----------------------------------------------------------------------
 
-    def _apply_event(self, msg: Message) -> None:
-        # The hot path (every envelope): reader.record_of inlined; the outputs and the
-        # finished heads touched only when the record emitted something (Heads.applied is a
-        # test per record, a head written only when a run opens or a cancel waits for it).
-        # (reader.where's assertion, without its cost: both are set on a consumed record)
-        partition: int = msg.partition()  # type: ignore[assignment]
-        offset: int = msg.offset()  # type: ignore[assignment]
-        state = self.partitions.get(partition)
-        if state is None or offset < state.next_offset:  # not ours (any more), or a repeat
-            return
-        batch = self.batch or self._begin()
-        key = msg.key()
-        kind, ts = msg.timestamp()
-        record_ms = None if kind == 0 else ts
-        record = (key, msg.value() or b"", record_ms,
-                  {"topic": self.events, "partition": partition, "offset": offset})
-        emits, opened = self.hooks.apply(state, record, msg.headers)
-        self.heads.applied(state, key, partition, offset, opened, emits)
-        if emits:
-            self._publish(key, emits, record_ms)
-            finished = partition_module.finished_runs(emits)
-            if finished:
-                self.heads.finished(state, partition, finished)
-        if key == TICK:
-            self.heads.forget_finished(state)
-        if self.table.pending:
-            self._write_heads()
-        state.next_offset = batch.events[partition] = offset + 1
-        batch.records += 1
+    def _apply_events(self, msgs: Sequence[Message]) -> None:
+        """Apply one ``consume`` call's records, in order: events records here, the others
+        (errors, control records) through :meth:`_handle`."""
+        # The hot path (every envelope), with what it reads bound once per call:
+        # reader.record_of inlined; the outputs and the finished heads touched only when the
+        # record emitted something; Heads.applied called only when a run opened or a cancel
+        # may wait for its run (it writes a head only then).
+        events, partitions, apply = self.events, self.partitions, self.hooks.apply
+        heads, table = self.heads, self.table
+        batch = self.batch
+        for msg in msgs:
+            if msg.error() is not None or msg.topic() != events:
+                self._handle(msg)
+                batch = self.batch
+                continue
+            # (reader.where's assertion, without its cost: both are set on a consumed record)
+            partition: int = msg.partition()  # type: ignore[assignment]
+            offset: int = msg.offset()  # type: ignore[assignment]
+            state = partitions.get(partition)
+            if state is None or offset < state.next_offset:  # not ours (any more), a repeat
+                continue
+            if batch is None:
+                batch = self._begin()
+            key = msg.key()
+            kind, ts = msg.timestamp()
+            record_ms = None if kind == 0 else ts
+            record = (key, msg.value() or b"", record_ms,
+                      {"topic": events, "partition": partition, "offset": offset})
+            emits, opened = apply(state, record, msg.headers)
+            if opened or (not emits and state.assembler.early_cancels_waiting):
+                heads.applied(state, key, partition, offset, opened, emits)
+            if emits:
+                self._publish(key, emits, record_ms)
+                finished = partition_module.finished_runs(emits)
+                if finished:
+                    heads.finished(state, partition, finished)
+            if key == TICK:
+                heads.forget_finished(state)
+            if table.pending:
+                self._write_heads()
+            state.next_offset = batch.events[partition] = offset + 1
+            batch.records += 1
 
     def _apply_control(self, msg: Message) -> None:
         _, partition, offset = reader.where(msg)
