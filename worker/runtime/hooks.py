@@ -85,9 +85,9 @@ class EngineHooks:
             emits = state.apply(record)
         opened = not was_open and assembler.is_open(run_id)
         tracing = self.tracing
-        if not emits and not opened and not assembler.sizes and tracing.idle:
+        if not emits and not opened and not assembler.sizes and not tracing.ended:
             # most records (a text delta): only counted, nothing to trace (the same as the
-            # two calls below would do, without their cost)
+            # two calls below would do, without their cost; RunTracer.idle, read inline)
             self.metrics.records += 1
             return emits, opened
         self.metrics.record(emits, assembler.sizes)
