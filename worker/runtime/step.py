@@ -29,7 +29,7 @@ from worker.core import Assembler, DlqReason, Emit, Topic, decode
 from worker.core.envelope import Rejected, Tick
 from worker.core.outputs import dlq_record
 
-__all__ = ["Record", "feed", "keyless", "out_key", "out_value", "step"]
+__all__ = ["Record", "failed", "feed", "keyless", "out_key", "out_value", "step"]
 
 log = logging.getLogger("latch.worker")
 
@@ -69,12 +69,18 @@ def feed(assembler: Assembler, record: Record) -> list[Emit]:
     try:
         return assembler.feed_record(key, value, now_ms, source)
     except Exception as exc:  # a bug in Latch must not stop the partition
-        where = f"{source['topic']}[{source['partition']}]@{source['offset']}"
-        # The exception's message may quote the record: log its type and frames only.
-        log.error("internal error on %s (%s); the record goes to the DLQ\n%s", where,
-                  type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))
-        detail = f"the worker failed on this record ({type(exc).__name__})"
-        return [dlq_record(Rejected(DlqReason.INTERNAL_ERROR, detail), key, value, source)]
+        return failed(record, exc)
+
+
+def failed(record: Record, exc: Exception) -> list[Emit]:
+    """The DLQ record of a record the core failed on (``exc``), logged without its text."""
+    key, value, _, source = record
+    where = f"{source['topic']}[{source['partition']}]@{source['offset']}"
+    # The exception's message may quote the record: log its type and frames only.
+    log.error("internal error on %s (%s); the record goes to the DLQ\n%s", where,
+              type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))
+    detail = f"the worker failed on this record ({type(exc).__name__})"
+    return [dlq_record(Rejected(DlqReason.INTERNAL_ERROR, detail), key, value, source)]
 
 
 def out_key(emit: Emit, key: bytes | None) -> bytes | None:

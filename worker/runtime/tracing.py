@@ -106,21 +106,22 @@ class RunTracer:
         self.tracer = provider.get_tracer("latch.worker")
         #: run id -> (partition, its span (None: no spans made), the headers of its outputs)
         self._runs: dict[str, tuple[int, trace.Span | None, Headers]] = {}
-        self._ended: list[str] = []
+        #: Runs whose final message was seen, to forget at the next record (empty: idle).
+        self.ended: list[str] = []
 
     @property
     def idle(self) -> bool:
         """Whether :meth:`on_record` of a record that opened no run and emitted nothing would
         do nothing (no ended run left to forget)."""
-        return not self._ended
+        return not self.ended
 
     def on_record(self, partition: int, run_id: str | None, opened: bool,
                   headers: Any, emits: Sequence[Emit]) -> None:
         """After the core applied a record of ``run_id`` (``opened``: it started the run)."""
-        if self._ended:
-            for ended in self._ended:
+        if self.ended:
+            for ended in self.ended:
                 self._runs.pop(ended, None)
-            self._ended.clear()
+            self.ended.clear()
         if opened and run_id:
             self._start(partition, run_id, headers, emits)
         runs = self._runs
@@ -131,7 +132,7 @@ class RunTracer:
             span = runs[emit.key][1]
             if span is None:
                 if topic is Topic.FINAL:
-                    self._ended.append(emit.key)
+                    self.ended.append(emit.key)
                 continue
             value = emit.value
             if topic is Topic.COMMITTED:
@@ -144,7 +145,7 @@ class RunTracer:
                 span.set_attribute("latch.status", value["status"])
                 span.set_attribute("latch.calls", len(value["outcomes"]))
                 span.end()
-                self._ended.append(emit.key)
+                self.ended.append(emit.key)
 
     def _start(self, partition: int, run_id: str, headers: Any,
                emits: Sequence[Emit]) -> None:

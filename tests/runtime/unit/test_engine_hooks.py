@@ -17,7 +17,7 @@ from worker.core import Assembler, Emit, Topic
 from worker.runtime.config import Config, load_config
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import loop
-from worker.runtime.partition import PartitionState
+from worker.runtime.partition import TICK, PartitionState
 from worker.runtime.step import Record
 
 TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -296,3 +296,53 @@ def test_the_kafka_engine_exits_2_when_its_http_port_is_taken(
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
     assert f"cannot serve worker.http_port {port}" in capsys.readouterr().err
+
+
+def test_apply_feeds_the_core_as_the_partitions_step_does() -> None:
+    """``EngineHooks.apply`` (which calls the core itself for a keyed record) emits what
+    ``PartitionState.apply`` emits, record for record, and moves the partition's clock the
+    same way: a keyed record, one without a time, one older than the clock, a tick (the core
+    expires the idle run) and a record without a key (DLQ)."""
+    hooks = EngineHooks(config())
+    by_hooks = PartitionState(Assembler(config().assemble), next_offset=0)
+    by_state = PartitionState(Assembler(config().assemble), next_offset=0)
+    recs = list(records(one_run("r1")[:3]))
+    source = {"topic": "events", "partition": 0, "offset": 9}
+    recs[1] = (*recs[1][:2], None, recs[1][3])  # no record time
+    recs[2] = (*recs[2][:2], 5, recs[2][3])  # older than the clock
+    tick = orjson.dumps({"v": 1, "type": "tick", "ts": 0})
+    recs += [(TICK, tick, 10_000_000, source), (None, b'{"v": 1}', 10_000_001, source)]
+    for record in recs:
+        got = hooks.apply(by_hooks, record)[0]
+        want = by_state.apply(record)
+        assert [(e.topic, e.key, e.value) for e in got] == [
+            (e.topic, e.key, e.value) for e in want]
+        assert by_hooks.clock_ms == by_state.clock_ms
+    assert {e.topic for e in hooks.apply(by_hooks, recs[-1])[0]} == {Topic.DLQ}
+    assert by_hooks.clock_ms == 10_000_001
+
+
+class _Failing:
+    """An assembler whose core raises on every record (a bug in Latch)."""
+
+    sizes = None
+    early_cancels_waiting = 0
+
+    def is_open(self, run_id: str) -> bool:
+        return False
+
+    def feed_record(self, *args: Any) -> list[Emit]:
+        raise RuntimeError("a bug")
+
+
+def test_a_failure_of_the_core_is_one_internal_error_dlq_record() -> None:
+    """When the core raises on a keyed record, ``EngineHooks.apply`` returns one DLQ record
+    (reason ``internal_error``, the input record's key and bytes) instead of raising: a bug
+    in Latch never stops the partition."""
+    hooks = EngineHooks(config())
+    state = PartitionState(_Failing(), next_offset=0)  # type: ignore[arg-type]
+    record = next(records(one_run("r1")))
+    emits, opened = hooks.apply(state, record)
+    assert not opened and [e.topic for e in emits] == [Topic.DLQ]
+    assert emits[0].value["reason"] == "internal_error"
+    assert state.clock_ms == record[2]

@@ -17,24 +17,6 @@ from worker.runtime.kafka_engine import loop, reader
 from worker.runtime.partition import TICK, PartitionState
 
 
-def test_a_call_that_never_returns_is_reported_wedged() -> None:
-    """``_bounded`` raises ``Wedged`` for a call still blocked after its wait, re-raises what
-    a call raised, and returns when the call returns."""
-    release = threading.Event()
-    with pytest.raises(loop.Wedged):
-        loop._bounded(release.wait, 0.05)
-    release.set()
-    error = KafkaException(KafkaError(KafkaError._TIMED_OUT))
-
-    def fails() -> None:
-        raise error
-
-    with pytest.raises(KafkaException) as raised:
-        loop._bounded(fails, 30)
-    assert raised.value is error
-    loop._bounded(lambda: None, 30)
-
-
 class _Consumer:
     """The cached end offset of each control partition, as the last fetch reported it."""
 

@@ -4,9 +4,11 @@ exactly once hold."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import orjson
+from confluent_kafka import KafkaError, KafkaException
 from faust.serializers import codecs
 
 from worker.core import Assembler, RunStatus, Topic
@@ -240,7 +242,7 @@ def _looping_engine(max_records: int, script: list[list[_Message]] | None = None
     engine.lags_read = float("inf")
     commits: list[int] = []
 
-    def commit(rewind: bool = True) -> None:
+    def commit(rewind: bool = True, wait: bool = True) -> None:
         if engine.batch is not None:
             commits.append(engine.batch.records)
         engine.batch = None
@@ -285,3 +287,108 @@ def test_the_loop_still_bounds_a_transaction_under_a_backlog() -> None:
     engine._loop()
     assert commits == [4, 4, 2]
     assert all(num <= 4 for num, _ in consumer.calls)
+
+
+class _Transactions(_Producer):
+    """A transactional producer whose ``commit_transaction`` waits for ``release`` and then
+    fails with ``failure``, if set; records each call in ``calls``."""
+
+    def __init__(self, failure: KafkaError | None = None) -> None:
+        super().__init__()
+        self.release, self.failure = threading.Event(), failure
+        self.calls: list[str] = []
+
+    def begin_transaction(self) -> None:
+        super().begin_transaction()
+        self.calls.append(f"begin {len(self.sent)}")
+
+    def send_offsets_to_transaction(self, positions: list[Any], *args: Any) -> None:
+        self.calls.append(f"offsets {[tp.offset for tp in positions]}")
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.release.wait()
+        if self.failure is not None:
+            raise KafkaException(self.failure)
+        self.calls.append(f"commit {len(self.sent)}")
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.calls.append("abort")
+
+
+class _GroupConsumer:
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+    def assignment(self) -> list[Any]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def _committing_engine(producer: _Transactions) -> KafkaEngine:
+    config = load_config(None, env={"LATCH_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    engine = KafkaEngine(config)  # clients that never connect
+    engine.consumer.close()
+    engine.producer = producer  # type: ignore[assignment]
+    engine.consumer = _GroupConsumer()  # type: ignore[assignment]
+    engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
+    return engine
+
+
+def _run_messages(engine: KafkaEngine, run_id: str, first: int) -> list[_Message]:
+    """A whole run (start, one text delta, end) at offsets ``first`` on."""
+    run = {"v": 1, "run_id": run_id, "provider": "openai.chat"}
+    docs = [run | {"seq": 0, "type": "run.start", "tenant": "t1", "tools": []},
+            run | {"seq": 1, "type": "provider.event", "event": {
+                "id": "c1", "object": "chat.completion.chunk", "choices": [
+                    {"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}},
+            run | {"seq": 2, "type": "stream.end"}]
+    return [_Message(engine.events, 0, first + n, run_id.encode(), doc)
+            for n, doc in enumerate(docs)]
+
+
+def test_the_next_batch_is_applied_while_the_previous_commits_and_sent_after_it() -> None:
+    """While a batch's commit is in flight the loop applies the next batch's records: their
+    outputs and heads are held, not sent, until the commit returns; then the producer
+    begins the next transaction and sends them, in order, before that batch commits with
+    its own offsets (one transaction at a time, in offset order)."""
+    producer = _Transactions()
+    engine = _committing_engine(producer)
+    engine._apply_events(_run_messages(engine, "r1", 0))
+    first = list(producer.sent)
+    engine._commit(wait=False)
+    assert engine.committing is not None and engine.batch is None
+    engine._apply_events(_run_messages(engine, "r2", 3))
+    assert producer.sent == first and producer.transactions == 1  # held
+    assert engine.batch is not None and len(engine.batch.held) == len(first)
+    producer.release.set()
+    engine._settle()
+    assert producer.transactions == 2 and engine.committing is None
+    assert [key for _, key, _ in producer.sent] == [b"r1"] * len(first) + [b"r2"] * len(first)
+    engine._commit()
+    assert producer.calls == [f"begin {0}", "offsets [3]", f"commit {len(first)}",
+                              f"begin {len(first)}", "offsets [6]",
+                              f"commit {2 * len(first)}"]
+    assert engine.partitions[0].next_offset == 6 and engine.batch is None
+
+
+def test_a_commit_that_fails_takes_the_next_batch_with_it_and_rewinds() -> None:
+    """When the commit in flight must be aborted, the next batch (applied meanwhile, held)
+    is never sent nor committed: its offsets are past the aborted ones. The transaction is
+    aborted and every owned partition rebuilt from its committed offset."""
+    failure = KafkaError(KafkaError._FENCED, "aborted by the test", txn_requires_abort=True)
+    producer = _Transactions(failure)
+    engine = _committing_engine(producer)
+    rewound: list[bool] = []
+    engine._take_over = lambda partitions, seek: rewound.append(seek)  # type: ignore[method-assign]
+    engine._apply_events(_run_messages(engine, "r1", 0))
+    sent = list(producer.sent)
+    engine._commit(wait=False)
+    engine._apply_events(_run_messages(engine, "r2", 3))
+    producer.release.set()
+    engine._settle()
+    assert engine.batch is None and engine.committing is None
+    assert producer.sent == sent and producer.transactions == 1  # r2's records never sent
+    assert producer.calls == ["begin 0", "offsets [3]", "abort"] and rewound == [True]
+    assert engine.table.pending == []

@@ -23,6 +23,12 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   upper bounds only). A batch opened by a tick or a cancel commits the same way: the worker
   never waits for its own uncommitted ticks or cancels, which its ``read_committed``
   consumer sees once the batch commits.
+* **A batch commits while the next one is applied.** ``send_offsets_to_transaction`` and
+  ``commit_transaction`` run in a thread of their own (:class:`Commit`); meanwhile the loop
+  applies the next records, holding their output and heads records (the producer has one
+  transaction at a time) until the commit returns: then it begins their transaction and sends
+  them, in order. If the commit fails, the next batch is dropped with it (its offsets are past
+  the aborted ones) and the partitions rewind as below. One commit is in flight at a time.
 * **Rebuild on assignment.** For each events partition it gets, the worker restores the
   partition's heads from the changelog (read to its end), then feeds the open runs' records
   from the earliest open ``start`` up to the committed offset to a fresh assembler (outputs
@@ -35,7 +41,7 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
 * **A wedged producer is replaced.** librdkafka's ``send_offsets_to_transaction`` can wait
   without bound for its group-coordinator request (confluentinc/librdkafka#5456; seen here
   after a broker restart: every worker blocked in it for good, so no cancel was forwarded and
-  runs expired). The call runs in a thread of its own; if it has not returned within the
+  runs expired). The call runs in the commit's thread; if it has not returned within the
   transaction timeout (librdkafka caps the call's own timeout to it) and a grace, the worker
   creates a new producer with the same ``transactional.id``: its ``init_transactions`` fences
   the wedged one and aborts its transaction, and the worker rewinds as after an abort.
@@ -48,6 +54,7 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import signal
 import sys
@@ -98,6 +105,8 @@ _WEDGED_GRACE_S = 2.0
 _TICK_DEFER_MAX_S = 10.0
 
 
+#: How long the loop waits for a first record while a commit is in flight.
+_COMMIT_POLL_S = 0.005
 #: Calls that may stay wedged at once (each holds a fenced producer) before the worker exits.
 MAX_WEDGED = 3
 
@@ -129,6 +138,10 @@ class Batch:
     events_topic: str = ""
     #: The record time of the input of each committed call sent (visible once it commits).
     committed: list[int | None] = field(default_factory=list)
+    #: Whether the producer's transaction has begun: not while the previous batch's commit
+    #: is still in flight (:class:`Commit`); until then its records wait in ``held``.
+    begun: bool = True
+    held: list[tuple[Any, ...]] = field(default_factory=list)
 
     def due(self, now: float, max_records: int, max_s: float) -> bool:
         """Whether the batch is full or old enough to commit."""
@@ -138,6 +151,21 @@ class Batch:
         """The consumed positions to commit with the transaction."""
         offsets = self.offsets | {(self.events_topic, p): o for p, o in self.events.items()}
         return [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
+
+
+@dataclass(slots=True)
+class Commit:
+    """A batch's commit (``send_offsets_to_transaction``, then ``commit_transaction``) in a
+    thread of its own, while the loop applies the next batch's records: what it raised, and
+    when its offsets were sent (a ``send_offsets_to_transaction`` that never returns is the
+    wedge of confluentinc/librdkafka#5456)."""
+
+    batch: Batch
+    began: float
+    thread: threading.Thread | None = None
+    offsets_sent: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    failed: list[BaseException] = field(default_factory=list)
 
 
 def consumer_settings(config: Config) -> dict[str, Any]:
@@ -167,7 +195,10 @@ def producer_settings(config: Config, instance: str) -> dict[str, Any]:
             "transactional.id": f"{worker.app_id}-{instance}",
             "transaction.timeout.ms": int(worker.transaction_timeout_s * 1000),
             "partitioner": "murmur2_random", "linger.ms": 5,
-            "message.max.bytes": admin.OUTPUT_MAX_BYTES}
+            "message.max.bytes": admin.OUTPUT_MAX_BYTES,
+            # delivery reports of failures only (all the engine counts): a report needs the
+            # GIL, which the commit's thread would otherwise wait for while the loop runs
+            "delivery.report.only.error": True}
 
 
 class KafkaEngine:
@@ -203,6 +234,8 @@ class KafkaEngine:
         #: When the tick waiting for the control backlog first fell due (None: none waits).
         self.tick_deferred: float | None = None
         self.batch: Batch | None = None
+        #: The previous batch's commit, while it is in flight (at most one).
+        self.committing: Commit | None = None
         self.server: Any = None
         self.aborts = 0
         self.stopping = False
@@ -224,6 +257,11 @@ class KafkaEngine:
             self.producer.init_transactions(_CLIENT_TIMEOUT_S)
             self.consumer.subscribe([self.events, self.control], on_assign=self._on_assign,
                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
+            # What start-up made (modules, faust's among them: the CLI imports app.py) never
+            # becomes garbage: out of the cyclic GC's way, which otherwise walked it on each
+            # full collection (docs/benchmarks.md: gc was about a tenth of the loop's CPU).
+            gc.collect()
+            gc.freeze()
             self._loop()
             self._commit()
             return 0
@@ -247,31 +285,31 @@ class KafkaEngine:
         worker = self.config.worker
         max_s = worker.batch_max_ms / 1000
         next_tick = time.monotonic() + worker.tick_interval_s
-        consume, events, apply_event = self.consumer.consume, self.events, self._apply_event
+        consume, apply_events = self.consumer.consume, self._apply_events
         while not self.stopping:
             self.beat = now = time.monotonic()
             if now - self.lags_read >= _LAGS_EVERY_S:
                 self._read_lags()
                 self.lags_read = now
+            if self.committing is not None:
+                self._settle(wait=False)
             batch = self.batch
             if batch is None:  # no transaction open: wait for a first record
-                want, wait = 1, min(max_s, 0.5)
+                # (while a commit is in flight, briefly: its outcome is counted at the next
+                # turn)
+                want, wait = 1, _COMMIT_POLL_S if self.committing else min(max_s, 0.5)
             else:  # take what is fetched already, without waiting
                 want = min(max(worker.batch_max_records - batch.records, 1), _CONSUME_MAX)
                 wait = 0.0
             msgs = consume(want, timeout=wait)
-            for msg in msgs:
-                if msg.error() is None and msg.topic() == events:  # (most records)
-                    apply_event(msg)
-                else:
-                    self._handle(msg)
+            apply_events(msgs)
             now = time.monotonic()
             if now >= next_tick and self._tick(now):
                 next_tick = now + worker.tick_interval_s
             batch = self.batch
             if batch is not None and (len(msgs) < want  # drained: commit at once
                                       or batch.due(now, worker.batch_max_records, max_s)):
-                self._commit()
+                self._commit(wait=False)
 
     def _handle(self, msg: Message) -> None:
         error = msg.error()
@@ -280,41 +318,54 @@ class KafkaEngine:
                 raise Fatal(f"consumer: {error.str()}")
             log.warning("consumer: %s", error.str())
         elif msg.topic() == self.events:
-            self._apply_event(msg)
+            self._apply_events((msg,))
         else:
             self._apply_control(msg)
 
     # -- records ----------------------------------------------------------------------
 
-    def _apply_event(self, msg: Message) -> None:
-        # The hot path (every envelope): reader.record_of inlined; the outputs and the
-        # finished heads touched only when the record emitted something (Heads.applied is a
-        # test per record, a head written only when a run opens or a cancel waits for it).
-        # (reader.where's assertion, without its cost: both are set on a consumed record)
-        partition: int = msg.partition()  # type: ignore[assignment]
-        offset: int = msg.offset()  # type: ignore[assignment]
-        state = self.partitions.get(partition)
-        if state is None or offset < state.next_offset:  # not ours (any more), or a repeat
-            return
-        batch = self.batch or self._begin()
-        key = msg.key()
-        kind, ts = msg.timestamp()
-        record_ms = None if kind == 0 else ts
-        record = (key, msg.value() or b"", record_ms,
-                  {"topic": self.events, "partition": partition, "offset": offset})
-        emits, opened = self.hooks.apply(state, record, msg.headers)
-        self.heads.applied(state, key, partition, offset, opened, emits)
-        if emits:
-            self._publish(key, emits, record_ms)
-            finished = partition_module.finished_runs(emits)
-            if finished:
-                self.heads.finished(state, partition, finished)
-        if key == TICK:
-            self.heads.forget_finished(state)
-        if self.table.pending:
-            self._write_heads()
-        state.next_offset = batch.events[partition] = offset + 1
-        batch.records += 1
+    def _apply_events(self, msgs: Sequence[Message]) -> None:
+        """Apply one ``consume`` call's records, in order: events records here, the others
+        (errors, control records) through :meth:`_handle`."""
+        # The hot path (every envelope), with what it reads bound once per call:
+        # reader.record_of inlined; the outputs and the finished heads touched only when the
+        # record emitted something; Heads.applied called only when a run opened or a cancel
+        # may wait for its run (it writes a head only then).
+        events, partitions, apply = self.events, self.partitions, self.hooks.apply
+        heads, table = self.heads, self.table
+        batch = self.batch
+        for msg in msgs:
+            if msg.error() is not None or msg.topic() != events:
+                self._handle(msg)
+                batch = self.batch
+                continue
+            # (reader.where's assertion, without its cost: both are set on a consumed record)
+            partition: int = msg.partition()  # type: ignore[assignment]
+            offset: int = msg.offset()  # type: ignore[assignment]
+            state = partitions.get(partition)
+            if state is None or offset < state.next_offset:  # not ours (any more), a repeat
+                continue
+            if batch is None:
+                batch = self._begin()
+            key = msg.key()
+            kind, ts = msg.timestamp()
+            record_ms = None if kind == 0 else ts
+            record = (key, msg.value() or b"", record_ms,
+                      {"topic": events, "partition": partition, "offset": offset})
+            emits, opened = apply(state, record, msg.headers)
+            if opened or (not emits and state.assembler.early_cancels_waiting):
+                heads.applied(state, key, partition, offset, opened, emits)
+            if emits:
+                self._publish(key, emits, record_ms)
+                finished = partition_module.finished_runs(emits)
+                if finished:
+                    heads.finished(state, partition, finished)
+            if key == TICK:
+                heads.forget_finished(state)
+            if table.pending:
+                self._write_heads()
+            state.next_offset = batch.events[partition] = offset + 1
+            batch.records += 1
 
     def _apply_control(self, msg: Message) -> None:
         _, partition, offset = reader.where(msg)
@@ -390,8 +441,12 @@ class KafkaEngine:
                  partition: int | None = None, headers: list[tuple[str, bytes]] | None = None,
                  on_delivery: Callable[[KafkaError | None, Message], None] | None = None
                  ) -> None:
-        """Queue one record in the open transaction; a delivery failure surfaces when the
-        transaction commits (it must then abort)."""
+        """Queue one record in the open transaction (held until it begins); a delivery
+        failure surfaces when the transaction commits (it must then abort)."""
+        batch = self.batch
+        if batch is not None and not batch.begun:
+            batch.held.append((topic, key, value, partition, headers, on_delivery))
+            return
         options: dict[str, Any] = {}
         if headers:
             options["headers"] = headers
@@ -411,43 +466,99 @@ class KafkaEngine:
 
     def _begin(self) -> Batch:
         if self.batch is None:
-            self.producer.begin_transaction()
-            self.batch = Batch(time.monotonic(), events_topic=self.events)
+            begun = self.committing is None
+            if begun:
+                self.producer.begin_transaction()
+            self.batch = Batch(time.monotonic(), events_topic=self.events, begun=begun)
         return self.batch
 
-    def _commit(self, rewind: bool = True) -> None:
-        """Commit the open transaction with its consumed offsets. If it must be aborted,
-        abort it and (``rewind``) rebuild every owned partition from its committed offset."""
+    def _commit(self, rewind: bool = True, wait: bool = True) -> None:
+        """Commit the open transaction with its consumed offsets, in a thread of its own
+        (:class:`Commit`), after the one in flight; ``wait``: until it has committed (the
+        loop does not wait: it applies the next batch's records meanwhile, holding their
+        outputs until the producer begins their transaction). If it must be aborted, abort it
+        and (``rewind``) rebuild every owned partition from its committed offset."""
+        self._settle(rewind=rewind)  # one transaction commits at a time, in order
         batch, self.batch = self.batch, None
         if batch is None:
             return
+        commit = Commit(batch, time.monotonic())
+        producer, positions = self.producer, batch.positions()
+        metadata = self.consumer.consumer_group_metadata() if positions else None
+
+        def run() -> None:
+            try:
+                if positions:
+                    self._retrying(lambda: producer.send_offsets_to_transaction(
+                        positions, metadata, _CLIENT_TIMEOUT_S))
+                commit.offsets_sent.set()
+                self._retrying(lambda: producer.commit_transaction(_CLIENT_TIMEOUT_S))
+            except BaseException as exc:  # handed to the loop (_settle)
+                commit.failed.append(exc)
+            finally:
+                commit.offsets_sent.set()
+                commit.done.set()
+
+        commit.thread = threading.Thread(target=run, name="latch-txn-commit", daemon=True)
+        self.committing = commit
+        commit.thread.start()
+        if wait:
+            self._settle(rewind=rewind)
+
+    def _settle(self, wait: bool = True, rewind: bool = True) -> None:
+        """The commit in flight, if any, once it has returned (``wait``: wait for it): its
+        committed calls counted and the next batch's transaction begun with the records it
+        held; or, if it failed, the next batch dropped (its records are consumed again) and
+        the transaction aborted as :meth:`_commit` says. :class:`Wedged` handling: a
+        ``send_offsets_to_transaction`` that has not returned by the transaction timeout
+        (which caps the call's own) and a grace."""
+        commit = self.committing
+        if commit is None:
+            return
+        wait_s = self.config.worker.transaction_timeout_s + _WEDGED_GRACE_S
+        wedged = False
+        if not commit.done.is_set():
+            left = commit.began + wait_s - time.monotonic()
+            if not wait:
+                if commit.offsets_sent.is_set() or left > 0:
+                    return
+                wedged = True
+            elif not commit.offsets_sent.wait(max(0.0, left)):
+                wedged = True
+            else:
+                commit.done.wait()
+        self.committing = None
+        if (wedged or commit.failed) and self.batch is not None and not self.batch.begun:
+            self.batch = None  # the next batch builds on this one: it goes too
         try:
-            self._retrying(lambda: self._send_offsets(batch.positions()))
-            self._retrying(lambda: self.producer.commit_transaction(_CLIENT_TIMEOUT_S))
+            if wedged:
+                assert commit.thread is not None
+                raise Wedged(f"send_offsets_to_transaction did not return in {wait_s:g}s",
+                             commit.thread)
+            if commit.failed:
+                raise commit.failed[0]
             self.aborts = 0
-            for record_ms in batch.committed:  # visible to read_committed readers now
+            for record_ms in commit.batch.committed:  # visible to read_committed readers
                 self.hooks.delivered(Topic.COMMITTED, record_ms, True)
         except Wedged as exc:
             self.wedged = [t for t in self.wedged if t.is_alive()] + [exc.thread]
             if len(self.wedged) > MAX_WEDGED:
                 raise Fatal(f"{len(self.wedged)} transactional calls wedged") from exc
             self._abort(str(exc), rewind, wedged=True)
+            return
         except KafkaException as exc:
             error = exc.args[0]
             if not error.txn_requires_abort():
                 raise Fatal(f"transaction: {error.str()}") from exc
             self._abort(error.str(), rewind)
-
-    def _send_offsets(self, positions: list[TopicPartition]) -> None:
-        """``send_offsets_to_transaction``, in a thread of its own: librdkafka may never
-        return from it (confluentinc/librdkafka#5456); :class:`Wedged` if it has not returned
-        by the transaction timeout (which caps the call's own) and a grace."""
-        if not positions:
             return
-        producer, metadata = self.producer, self.consumer.consumer_group_metadata()
-        wait_s = self.config.worker.transaction_timeout_s + _WEDGED_GRACE_S
-        _bounded(lambda: producer.send_offsets_to_transaction(positions, metadata,
-                                                              _CLIENT_TIMEOUT_S), wait_s)
+        batch = self.batch
+        if batch is not None and not batch.begun:
+            self.producer.begin_transaction()
+            batch.begun = True
+            held, batch.held = batch.held, []
+            for args in held:
+                self._produce(*args)
 
     def _retrying(self, call: Callable[[], None]) -> None:
         """``call``, again while it fails with a retriable error (librdkafka's advice for
@@ -499,6 +610,7 @@ class KafkaEngine:
     def _on_assign(self, consumer: Consumer, assigned: list[TopicPartition]) -> None:
         """Rebuild each events partition as it was at its committed offset; consume every
         partition from that offset."""
+        self._settle(rewind=False)  # (none in flight: a revocation came first)
         self.hooks.assigned([tp.partition for tp in assigned if tp.topic == self.events])
         self._take_over(assigned, seek=False)
         if not self.ready:
@@ -513,9 +625,13 @@ class KafkaEngine:
 
     def _on_lost(self, consumer: Consumer, lost: list[TopicPartition]) -> None:
         """The partitions are someone else's already: abort, drop them."""
+        self._settle(rewind=False)  # the commit in flight, committed or aborted
         if self.batch is not None:
-            self.batch = None
-            self._abort("the assignment was lost", rewind=False)
+            batch, self.batch = self.batch, None
+            if batch.begun:
+                self._abort("the assignment was lost", rewind=False)
+            else:  # nothing sent yet: its records and heads go
+                self.table.take_pending()
         self._drop(lost)
 
     def _drop(self, partitions: Iterable[TopicPartition]) -> None:
@@ -634,28 +750,6 @@ class KafkaEngine:
         """/healthz: the engine's thread runs and turns its loop (or is rebuilding)."""
         return self.thread.is_alive() and (
             self.hooks.health.rebuilds_running > 0 or time.monotonic() - self.beat < LIVE_S)
-
-
-def _bounded(call: Callable[[], None], wait_s: float) -> None:
-    """Run ``call`` in a daemon thread; re-raise what it raised; :class:`Wedged` if it has
-    not returned within ``wait_s`` (the thread is left to it)."""
-    done = threading.Event()
-    failed: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            call()
-        except BaseException as exc:  # handed to the caller
-            failed.append(exc)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=target, name="latch-txn-call", daemon=True)
-    thread.start()
-    if not done.wait(wait_s):
-        raise Wedged(f"send_offsets_to_transaction did not return in {wait_s:g}s", thread)
-    if failed:
-        raise failed[0]
 
 
 def _describe(exc: BaseException) -> str:
