@@ -192,6 +192,7 @@ def responses_run(t: Templates, rng: random.Random, texts: int, calls: list[str]
     events = [copy.deepcopy(t.r_created), _with(t.r_message, output_index=0)]
     events += [_with(t.r_text, output_index=0, sequence_number=n, delta=rng.choice(WORDS))
                for n in range(texts)]
+    done = []
     for i, text in enumerate(calls, 1):
         item = {**t.r_call["item"], "id": f"fc_{i}", "call_id": f"call_{i}",
                 "name": "write_file"}
@@ -199,9 +200,15 @@ def responses_run(t: Templates, rng: random.Random, texts: int, calls: list[str]
         events += [_with(t.r_args, output_index=i, item_id=f"fc_{i}", delta=f)
                    for f in _fragments(rng, text)]
         events.append(_with(t.r_args_done, output_index=i, item_id=f"fc_{i}", arguments=text))
-        events.append(_with(t.r_call_done, output_index=i,
-                            item={**item, "arguments": text, "status": "completed"}))
-    return [*events, copy.deepcopy(t.r_completed)]
+        done.append({**item, "arguments": text, "status": "completed"})
+        events.append(_with(t.r_call_done, output_index=i, item=done[-1]))
+    # response.completed lists what was streamed (the recorded one lists the recording's own
+    # call, which these runs never stream: a protocol_error for every call, and the run failed)
+    completed = copy.deepcopy(t.r_completed)
+    completed["response"]["output"] = [
+        *(o for o in completed["response"]["output"] if o.get("type") != "function_call"),
+        *done]
+    return [*events, completed]
 
 
 BUILDERS = {"openai.chat": chat_run, "anthropic.messages": anthropic_run,
