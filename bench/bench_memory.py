@@ -166,9 +166,11 @@ def engine(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
         contender.prepare(topics, setup)
         proc = contender.start(setup, work / f"{name}.log")
         try:
-            warm = bench_worker.warm_records(tag)
-            bench_worker.publish(args.bootstrap, setup.events, warm)
-            bench_worker.watch_finals(setup, proc, {warm[0][0]}, 180, f"{name} warm-up")
+            # a tiny run into every partition: the worker has taken each one over
+            warm = bench_worker.warm_records(tag, args.partitions)
+            bench_worker.publish_to_partitions(args.bootstrap, setup.events, warm)
+            bench_worker.watch_finals(setup, proc, {key for _, (key, _, _) in warm}, 180,
+                                      f"{name} warm-up")
             sizes = [settled_rss(setup, proc.pid)]
             print(f"  {name}: warmed up: RSS {sizes[0] / 1e6:,.1f} MB")
             for phase, records in steps:
