@@ -392,3 +392,84 @@ def test_a_commit_that_fails_takes_the_next_batch_with_it_and_rewinds() -> None:
     assert producer.sent == sent and producer.transactions == 1  # r2's records never sent
     assert producer.calls == ["begin 0", "offsets [3]", "abort"] and rewound == [True]
     assert engine.table.pending == []
+
+
+class _SlowCommits(_Transactions):
+    """Transactions whose ``commit_transaction`` takes until ``release`` (at most 0.1 s)."""
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.release.wait(0.1)
+        self.release.clear()
+        self.calls.append(f"commit {len(self.sent)}")
+
+
+class _WatchingConsumer(_GroupConsumer):
+    """Scripted ``consume`` results (as :class:`_Consumer`); notes at each call whether a
+    commit was in flight, then lets that commit return and waits for it."""
+
+    def __init__(self, engine: KafkaEngine, producer: _SlowCommits,
+                 script: list[list[_Message]]) -> None:
+        self.engine, self.producer, self.script = engine, producer, script
+        self.calls: list[tuple[int, float, bool]] = []
+
+    def consume(self, num_messages: int, timeout: float) -> list[_Message]:
+        commit = self.engine.committing
+        in_flight = commit is not None and not commit.done.is_set()
+        self.calls.append((num_messages, timeout, in_flight))
+        if in_flight:  # it returns now (so that the next call sees it returned)
+            self.producer.release.set()
+            assert commit is not None and commit.done.wait(5)
+        if not self.script:
+            self.engine.stopping = True
+            return []
+        taken = self.script[0][:num_messages]
+        self.script[0] = self.script[0][num_messages:]
+        if not self.script[0]:
+            self.script.pop(0)
+        return taken
+
+
+def _watched_engine(max_records: int) -> tuple[KafkaEngine, _SlowCommits, _WatchingConsumer]:
+    config = load_config(None, env={
+        "LATCH_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1", "LATCH_WORKER__TICK_INTERVAL_S": "3600",
+        "LATCH_WORKER__BATCH_MAX_RECORDS": str(max_records)})
+    engine = KafkaEngine(config)  # clients that never connect
+    engine.consumer.close()
+    producer = _SlowCommits()
+    engine.producer = producer  # type: ignore[assignment]
+    engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
+    engine.lags_read = float("inf")
+    consumer = _WatchingConsumer(engine, producer, [])
+    engine.consumer = consumer  # type: ignore[assignment]
+    return engine, producer, consumer
+
+
+def test_a_drained_batch_commits_before_the_loop_consumes_again() -> None:
+    """Under a paced load (each ``consume`` drains what was fetched) the loop waits for the
+    batch's commit before it consumes again: the records that arrive meanwhile all go into
+    the next transaction, which begins at once. (Overlapping this commit with the next
+    batch cut that batch at its first record and left the records behind it for one commit
+    more.) Fails on the loop that overlapped every commit."""
+    engine, producer, consumer = _watched_engine(10_000)
+    first, second = _deltas(engine, 0, 3), _deltas(engine, 3, 2)
+    consumer.script = [first[:1], first[1:], [], second[:1], second[1:]]
+    engine._loop()
+    assert [in_flight for _, _, in_flight in consumer.calls] == [False] * len(consumer.calls)
+    assert [timeout for _, timeout, _ in consumer.calls] == [0.1, 0.0, 0.1, 0.1, 0.0, 0.1]
+    assert producer.calls == ["begin 0", "offsets [3]", "commit 1",
+                              "begin 1", "offsets [5]", "commit 1"]
+    assert engine.committing is None and engine.batch is None
+
+
+def test_under_a_backlog_a_batch_commits_while_the_next_is_applied() -> None:
+    """While ``consume`` returns all it was asked (a backlog), a batch ended by its bounds
+    commits in its thread while the loop consumes and applies the next one; the last,
+    drained batch commits before the loop consumes again. Offsets commit in order."""
+    engine, producer, consumer = _watched_engine(4)
+    consumer.script = [_deltas(engine, 0, 10)]
+    engine._loop()
+    assert [in_flight for _, _, in_flight in consumer.calls] == [
+        False, False, True, False, True, False, False]
+    assert [call for call in producer.calls if not call.startswith("begin")] == [
+        "offsets [4]", "commit 1", "offsets [8]", "commit 1", "offsets [10]", "commit 1"]
+    assert engine.committing is None and engine.batch is None

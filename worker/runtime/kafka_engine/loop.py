@@ -23,12 +23,18 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   upper bounds only). A batch opened by a tick or a cancel commits the same way: the worker
   never waits for its own uncommitted ticks or cancels, which its ``read_committed``
   consumer sees once the batch commits.
-* **A batch commits while the next one is applied.** ``send_offsets_to_transaction`` and
-  ``commit_transaction`` run in a thread of their own (:class:`Commit`); meanwhile the loop
-  applies the next records, holding their output and heads records (the producer has one
-  transaction at a time) until the commit returns: then it begins their transaction and sends
-  them, in order. If the commit fails, the next batch is dropped with it (its offsets are past
-  the aborted ones) and the partitions rewind as below. One commit is in flight at a time.
+* **Under a backlog, a batch commits while the next one is applied.** A batch ended by its
+  bounds (the input not drained) commits in a thread of its own (``send_offsets_to_transaction``
+  and ``commit_transaction``, :class:`Commit`); meanwhile the loop applies the next records,
+  holding their output and heads records (the producer has one transaction at a time) until
+  the commit returns: then it begins their transaction and sends them, in order. If the commit
+  fails, the next batch is dropped with it (its offsets are past the aborted ones) and the
+  partitions rewind as below. One commit is in flight at a time. **A drained batch commits
+  before the loop consumes again** (the same thread, waited for): overlapped there, the
+  next batch was cut at its first record, which waited for this commit while the records
+  behind it waited for one more; waiting lets everything that arrives meanwhile into the
+  next transaction, which begins at once (docs/benchmarks.md, "The kafka engine's
+  latency: a drained batch's commit waited for").
 * **Rebuild on assignment.** For each events partition it gets, the worker restores the
   partition's heads from the changelog (read to its end), then feeds the open runs' records
   from the earliest open ``start`` up to the committed offset to a fresh assembler (outputs
@@ -307,8 +313,11 @@ class KafkaEngine:
             if now >= next_tick and self._tick(now):
                 next_tick = now + worker.tick_interval_s
             batch = self.batch
-            if batch is not None and (len(msgs) < want  # drained: commit at once
-                                      or batch.due(now, worker.batch_max_records, max_s)):
+            if batch is None:
+                continue
+            if len(msgs) < want:  # drained: commit at once, and wait for it (module doc)
+                self._commit()
+            elif batch.due(now, worker.batch_max_records, max_s):  # a backlog: overlap it
                 self._commit(wait=False)
 
     def _handle(self, msg: Message) -> None:
