@@ -218,14 +218,21 @@ class _Consumer:
 
     def consume(self, num_messages: int, timeout: float) -> list[_Message]:
         self.calls.append((num_messages, timeout))
-        if not self.script:
-            self.engine.stopping = True
-            return []
-        taken = self.script[0][:num_messages]
-        self.script[0] = self.script[0][num_messages:]
-        if not self.script[0]:
-            self.script.pop(0)
-        return taken
+        return _scripted(self.engine, self.script, num_messages)
+
+
+def _scripted(engine: KafkaEngine, script: list[list[_Message]],
+              num_messages: int) -> list[_Message]:
+    """The next scripted ``consume`` result, capped at ``num_messages``; at the script's end,
+    stop the engine and return nothing."""
+    if not script:
+        engine.stopping = True
+        return []
+    taken = script[0][:num_messages]
+    script[0] = script[0][num_messages:]
+    if not script[0]:
+        script.pop(0)
+    return taken
 
 
 def _looping_engine(max_records: int, script: list[list[_Message]] | None = None,
@@ -419,14 +426,7 @@ class _WatchingConsumer(_GroupConsumer):
         if in_flight:  # it returns now (so that the next call sees it returned)
             self.producer.release.set()
             assert commit is not None and commit.done.wait(5)
-        if not self.script:
-            self.engine.stopping = True
-            return []
-        taken = self.script[0][:num_messages]
-        self.script[0] = self.script[0][num_messages:]
-        if not self.script[0]:
-            self.script.pop(0)
-        return taken
+        return _scripted(self.engine, self.script, num_messages)
 
 
 def _watched_engine(max_records: int) -> tuple[KafkaEngine, _SlowCommits, _WatchingConsumer]:
