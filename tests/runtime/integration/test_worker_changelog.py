@@ -24,6 +24,11 @@ FRAGMENT = 16
 
 def changelog(bootstrap: str, topic: str, partitions: int) -> list[tuple[bytes, bytes]]:
     """Every record now in the changelog topic, as (key, value)."""
+    return [(key, value) for _, key, value in _records(bootstrap, topic, partitions)]
+
+
+def _records(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, bytes, bytes]]:
+    """Every record now in ``topic``, as (offset, key, value)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused",
                          "enable.auto.commit": False})
     try:
@@ -38,7 +43,7 @@ def changelog(bootstrap: str, topic: str, partitions: int) -> list[tuple[bytes, 
             for msg in consumer.consume(100, timeout=0.5):
                 if msg.error() is None:
                     seen[msg.partition()] = msg.offset() + 1
-                    records.append((msg.key(), msg.value()))
+                    records.append((msg.offset(), msg.key(), msg.value()))
         return records
     finally:
         consumer.close()
@@ -74,6 +79,10 @@ def test_changelog_bytes_do_not_grow_with_argument_bytes(
         finally:
             if worker.proc.poll() is None:
                 worker.kill()
+        # The worker's ticks go into the events partition too, and one may come before the
+        # run's first envelope: the open head names that envelope's offset, whatever it is.
+        start = min(offset for offset, key, _ in _records(stack.bootstrap, stack.topic("events"),
+                                                          1) if key == run_id.encode())
 
     changelog_bytes = sum(len(k) + len(v) for k, v in records)
     ratio = changelog_bytes / ARGUMENT_BYTES
@@ -83,7 +92,7 @@ def test_changelog_bytes_do_not_grow_with_argument_bytes(
     heads = [orjson.loads(v) for _, v in records]
     assert all(isinstance(h.pop("at", 0), int) for h in heads)  # the done head's record time
     assert {orjson.dumps(h) for h in heads} == {orjson.dumps(h) for h in [
-        {"p": 0, "start": 0},
+        {"p": 0, "start": start},
         {"p": 0, "done": True, "seq": len(envelopes) - 1, "status": "completed"}]}, heads
     assert ratio <= 3
 
