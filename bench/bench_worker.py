@@ -38,6 +38,10 @@ What it does:
    every contender); for each run, "``stream.end`` appended ->
    final record appended" (broker append times) and "-> final record visible to a
    ``read_committed`` consumer" (a live watcher's clock, same host); p50/p99 of each.
+   With ``--latency-rounds N`` the whole latency mode runs N times, the contenders taking
+   turns in each round; the p50/p99 are of every round's runs pooled, and each round's own
+   p99 is printed beside them (a p99 of a few hundred runs is their few slowest, which one
+   broker pause moves).
 
 Every figure is of this machine at that moment: on a shared machine, compare the ratios of
 one run, not the absolute rates of two.
@@ -727,6 +731,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="latency mode: the same load (envelopes/s) for every contender, "
                              "instead of --fraction of each one's maximum")
     parser.add_argument("--latency-runs", type=int, default=160)
+    parser.add_argument("--latency-rounds", type=int, default=1,
+                        help="latency mode: rounds (the contenders in turn each round); the "
+                             "percentiles are of all rounds' runs pooled")
     parser.add_argument("--quick", action="store_true",
                         help="small: 1 round of 16 runs (latency: 16 runs); for CI smoke")
     parser.add_argument("--partitions", type=int, default=6)
@@ -810,14 +817,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary["core"] = core
             if args.latency:
                 paced = bench_core.corpus(fixtures, args.latency_runs, seed=11)
-                for c in chosen:
-                    rate = args.latency_rate or (
-                        args.fraction * summary["contenders"][c.name]["envelopes_per_s"])
-                    try:
-                        latencies.append(latency_run(c, bootstrap, args.partitions, paced,
-                                                     rate, topics, work))
-                    except RuntimeError as exc:  # the others' figures still count
-                        say(f"    {c.name}: no latency figures: {exc}")
+                for n in range(1, args.latency_rounds + 1):
+                    if args.latency_rounds > 1:
+                        say(f"  latency round {n} of {args.latency_rounds}")
+                    for c in chosen:
+                        rate = args.latency_rate or (
+                            args.fraction * summary["contenders"][c.name]["envelopes_per_s"])
+                        try:
+                            latencies.append(latency_run(c, bootstrap, args.partitions,
+                                                         paced, rate, topics, work))
+                        except RuntimeError as exc:  # the others' figures still count
+                            say(f"    {c.name}: no latency figures: {exc}")
                 summary["latency"] = report_latency(latencies)
         finally:
             topics.delete_all()
@@ -827,20 +837,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def pooled(rounds: Sequence[Latency]) -> Latency:
+    """One contender's latency rounds as one: their runs' samples together, the mean load."""
+    return Latency(rounds[0].contender, statistics.fmean(r.rate for r in rounds),
+                   statistics.fmean(r.achieved for r in rounds), sum(r.runs for r in rounds),
+                   [x for r in rounds for x in r.appended], [x for r in rounds for x in r.visible])
+
+
 def report_latency(latencies: list[Latency]) -> dict[str, Any]:
+    """Each contender's p50/p99 over all its latency rounds' runs pooled (and, with more
+    than one round, each round's visible p99)."""
+    by_contender: dict[str, list[Latency]] = {}
+    for lat in latencies:
+        by_contender.setdefault(lat.contender, []).append(lat)
     say(f"\n{'latency, ms':14}{'load/s':>9}{'achieved':>10}{'runs':>6}"
         f"{'appended p50':>14}{'p99':>7}{'visible p50':>13}{'p99':>7}")
     out: dict[str, Any] = {}
-    for lat in latencies:
-        figures = {"rate": lat.rate, "achieved": lat.achieved, "runs": lat.runs,
-                   "appended_p50": percentile(lat.appended, 0.5),
-                   "appended_p99": percentile(lat.appended, 0.99),
-                   "visible_p50": percentile(lat.visible, 0.5),
-                   "visible_p99": percentile(lat.visible, 0.99)}
-        out[lat.contender] = figures
-        say(f"{lat.contender:14}{lat.rate:9,.0f}{lat.achieved:10,.0f}{lat.runs:6}"
+    for name, rounds in by_contender.items():
+        lat = pooled(rounds)
+        figures: dict[str, Any] = {
+            "rate": lat.rate, "achieved": lat.achieved, "runs": lat.runs,
+            "appended_p50": percentile(lat.appended, 0.5),
+            "appended_p99": percentile(lat.appended, 0.99),
+            "visible_p50": percentile(lat.visible, 0.5),
+            "visible_p99": percentile(lat.visible, 0.99),
+            "rounds_visible_p99": [percentile(r.visible, 0.99) for r in rounds]}
+        out[name] = figures
+        each = ("  rounds' visible p99: "
+                + ", ".join(f"{p:.0f}" for p in figures["rounds_visible_p99"])
+                if len(rounds) > 1 else "")
+        say(f"{name:14}{lat.rate:9,.0f}{lat.achieved:10,.0f}{lat.runs:6}"
             f"{figures['appended_p50']:14.0f}{figures['appended_p99']:7.0f}"
-            f"{figures['visible_p50']:13.0f}{figures['visible_p99']:7.0f}")
+            f"{figures['visible_p50']:13.0f}{figures['visible_p99']:7.0f}{each}")
     bare = out.get("bare-faust")
     if bare:
         for name, figures in out.items():

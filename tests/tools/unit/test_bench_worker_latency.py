@@ -1,0 +1,59 @@
+"""``bench/bench_worker.py``'s latency report with ``--latency-rounds``: each contender's
+percentiles are of all its rounds' runs pooled, never one round's (no broker needed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_worker_under_test",
+                                                  ROOT / "bench" / "bench_worker.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the module by name
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+def _round(bench: ModuleType, name: str, visible: list[float], rate: float) -> object:
+    return bench.Latency(name, rate, rate, len(visible), [v - 1 for v in visible], visible)
+
+
+def test_rounds_are_pooled_and_each_rounds_p99_is_kept(bench: ModuleType) -> None:
+    """Two rounds of 100 runs: a calm one (p99 5 ms) and one with three slow runs (p99
+    450 ms); pooled over 200 runs the p99 is the fourth-slowest outcome, 400 ms, neither
+    round's own, and the gap to the bare agent is taken from the pooled p99s."""
+    calm = [5.0] * 99 + [10.0]
+    stormy = [5.0] * 97 + [400.0, 450.0, 500.0]
+    bare = [3.0] * 100
+    latencies = [_round(bench, "latch-kafka", calm, 1000.0),
+                 _round(bench, "bare-faust", bare, 1000.0),
+                 _round(bench, "latch-kafka", stormy, 1200.0),
+                 _round(bench, "bare-faust", bare, 1000.0)]
+    out = bench.report_latency(latencies)
+    kafka = out["latch-kafka"]
+    assert kafka["runs"] == 200 and kafka["rate"] == 1100.0
+    assert kafka["rounds_visible_p99"] == [5.0, 450.0]
+    assert kafka["visible_p99"] == 400.0 and kafka["visible_p50"] == 5.0
+    assert kafka["appended_p99"] == 399.0
+    assert out["bare-faust"]["runs"] == 200
+    assert kafka["visible_p99_over_bare_faust"] == 397.0
+
+
+def test_one_round_reports_as_before(bench: ModuleType) -> None:
+    runs = [float(v) for v in range(1, 101)]
+    out = bench.report_latency([_round(bench, "latch-faust", runs, 500.0)])
+    assert out["latch-faust"]["visible_p99"] == bench.percentile(runs, 0.99) == 99.0
+    assert out["latch-faust"]["rounds_visible_p99"] == [99.0]
