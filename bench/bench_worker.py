@@ -33,15 +33,21 @@ What it does:
    window (:class:`CpuTimeline`: sampled every 10 ms, in ns) and in total (start-up included);
    ratios Latch / bare, by rate and by CPU, per round, and their median;
 5. ``--latency``: for each contender, fresh topics, the contender started and warmed up (one
-   tiny run through each events partition), then ``--latency-runs`` runs published at
-   ``--fraction`` of its median envelopes/s (or ``--latency-rate`` envelopes/s, the same for
-   every contender); for each run, "``stream.end`` appended ->
+   tiny run through each events partition, then ``--latency-warmup-runs`` runs of the same
+   load under other run ids, at the same rate, not measured), then ``--latency-runs`` runs
+   published at ``--fraction`` of its median envelopes/s (or ``--latency-rate``
+   envelopes/s, the same for every contender); for each run, "``stream.end`` appended ->
    final record appended" (broker append times) and "-> final record visible to a
    ``read_committed`` consumer" (a live watcher's clock, same host); p50/p99 of each.
    With ``--latency-rounds N`` the whole latency mode runs N times, the contenders taking
    turns in each round; the p50/p99 are of every round's runs pooled, and each round's own
    p99 is printed beside them (a p99 of a few hundred runs is their few slowest, which one
-   broker pause moves).
+   broker pause moves). With ``--latency-rate`` the latency mode runs **before** the
+   backlog is published (it needs no throughput figure): for about half a minute after
+   the backlog and the throughput rounds, this broker's appends stall for 20 to 80 ms at
+   times, and a paced run there measures the broker's recovery, not the contender
+   (``docs/benchmarks.md``). ``--latency-dump`` writes each run's figures, to find what
+   the slow ones share.
 
 Every figure is of this machine at that moment: on a shared machine, compare the ratios of
 one run, not the absolute rates of two.
@@ -641,35 +647,63 @@ class Latency:
     runs: int
     appended: list[float]
     visible: list[float]
+    #: each run's key, in the order of ``appended`` and ``visible`` (for --latency-dump)
+    keys: list[bytes] = field(default_factory=list)
+    #: each run's stream.end append time (ms since the epoch), in the same order
+    ends: list[int] = field(default_factory=list)
 
 
 def latency_run(c: Contender, bootstrap: str, partitions: int, records: list[Record],
-                rate: float, topics: Topics, work: Path) -> Latency:
+                rate: float, topics: Topics, work: Path,
+                warmup: Sequence[Record] = ()) -> Latency:
     tag = uuid.uuid4().hex[:6]
     group = f"latch-bench-lat-{c.name}-{tag}"
     setup = Setup(bootstrap, group, f"{group}.events", partitions, work)
     topics.simple([setup.events], partitions)
     c.prepare(topics, setup)
-    proc = c.start(setup, work / f"{c.name}-latency.log")
+    proc = c.start(setup, work / f"{c.name}-latency-{tag}.log")
     try:
         warm = warm_records(tag, partitions)
         publish_to_partitions(bootstrap, setup.events, warm)
         watch_finals(setup, proc, {key for _, (key, _, _) in warm}, 120, f"{c.name} warm-up")
+        if warmup:  # the same load, not measured: the contender and the broker warmed up
+            say(f"    {c.name}: warming up with {len(warmup):,} envelopes at {rate:,.0f}/s")
+            paced(setup, proc, warmup, rate, f"{c.name} warm-up load")
         say(f"    {c.name}: warm; publishing {len(records):,} envelopes at {rate:,.0f}/s")
-        runs = {key for key, _, _ in records}
-        # The watcher must see each final as it appears: publish from another process (a
-        # thread would share this one's interpreter lock with the watcher).
-        fork = multiprocessing.get_context("fork")
-        with concurrent.futures.ProcessPoolExecutor(1, mp_context=fork) as pool:
-            publishing = pool.submit(paced_publish, bootstrap, setup.events, records, rate)
-            watch = watch_finals(setup, proc, runs, 300, f"{c.name} latency")
-            achieved = publishing.result()
+        watch, achieved = paced(setup, proc, records, rate, f"{c.name} latency")
     finally:
         stop(proc)
     ends = stream_end_times(bootstrap, setup.events, partitions)
-    appended = [watch.finals[k][0] - ends[k] for k in runs]
-    visible = [watch.finals[k][1] - ends[k] for k in runs]
-    return Latency(c.name, rate, achieved, len(runs), appended, visible)
+    order = sorted({key for key, _, _ in records})
+    appended = [watch.finals[k][0] - ends[k] for k in order]
+    visible = [watch.finals[k][1] - ends[k] for k in order]
+    return Latency(c.name, rate, achieved, len(order), appended, visible, order,
+                   [ends[k] for k in order])
+
+
+def paced(setup: Setup, proc: subprocess.Popen[bytes], records: Sequence[Record], rate: float,
+          label: str) -> tuple[Watch, float]:
+    """Publish ``records`` at ``rate`` while watching their finals appear."""
+    runs = {key for key, _, _ in records}
+    # The watcher must see each final as it appears: publish from another process (a
+    # thread would share this one's interpreter lock with the watcher).
+    fork = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=fork) as pool:
+        publishing = pool.submit(paced_publish, setup.bootstrap, setup.events, records, rate)
+        watch = watch_finals(setup, proc, runs, 300, label)
+        return watch, publishing.result()
+
+
+def renamed(records: Sequence[Record], prefix: str) -> list[Record]:
+    """``records`` with each run id's ``run`` prefix replaced by ``prefix`` (a warm-up load
+    of the same shape as the measured one, whose runs cannot be mistaken for its runs)."""
+    out = []
+    for _key, value, now in records:
+        doc = orjson.loads(value)
+        run_id = prefix + doc["run_id"].removeprefix("run")
+        doc["run_id"] = run_id
+        out.append((run_id.encode(), orjson.dumps(doc), now))
+    return out
 
 
 # -- reporting -------------------------------------------------------------------------------
@@ -734,6 +768,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--latency-rounds", type=int, default=1,
                         help="latency mode: rounds (the contenders in turn each round); the "
                              "percentiles are of all rounds' runs pooled")
+    parser.add_argument("--latency-warmup-runs", type=int, default=100,
+                        help="latency mode: runs of the same load, published at the same rate "
+                             "and not measured, before the measured ones (0: none)")
+    parser.add_argument("--latency-dump", type=Path,
+                        help="latency mode: write each run's latencies here, one JSON object "
+                             "a line (contender, round, run id, its stream.end's time from "
+                             "the round's first, appended and visible ms)")
     parser.add_argument("--quick", action="store_true",
                         help="small: 1 round of 16 runs (latency: 16 runs); for CI smoke")
     parser.add_argument("--partitions", type=int, default=6)
@@ -796,11 +837,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     with own_broker(args) as bootstrap:
         topics = Topics(bootstrap)
         try:
+            # With a fixed rate the latency mode needs no throughput figure, and runs first:
+            # on a broker that has just taken the 30 MB backlog and the throughput rounds'
+            # outputs, appends stall for tens of ms for about half a minute (docs/benchmarks.md).
+            latency_first = args.latency and args.latency_rate is not None
+            if latency_first:
+                latencies = latency_rounds(args, chosen, fixtures, bootstrap, topics, work, {})
             events = f"latch-bench-{uuid.uuid4().hex[:6]}.events"
-            topics.simple([events], args.partitions)
-            publish(bootstrap, events, records)
-            backlog = end_offsets_of(bootstrap, events, args.partitions)
-            say(f"published to {events} ({args.partitions} partitions)")
+            backlog = []
+            if args.rounds:  # the latency mode alone does not need the backlog
+                topics.simple([events], args.partitions)
+                publish(bootstrap, events, records)
+                backlog = end_offsets_of(bootstrap, events, args.partitions)
+                say(f"published to {events} ({args.partitions} partitions)")
             for n in range(1, args.rounds + 1):
                 shift = (n - 1) % max(1, len(chosen))
                 for c in chosen[shift:] + chosen[:shift]:
@@ -816,25 +865,52 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary["envelopes"], summary["runs"] = len(records), len(runs)
             summary["core"] = core
             if args.latency:
-                paced = bench_core.corpus(fixtures, args.latency_runs, seed=11)
-                for n in range(1, args.latency_rounds + 1):
-                    if args.latency_rounds > 1:
-                        say(f"  latency round {n} of {args.latency_rounds}")
-                    for c in chosen:
-                        rate = args.latency_rate or (
-                            args.fraction * summary["contenders"][c.name]["envelopes_per_s"])
-                        try:
-                            latencies.append(latency_run(c, bootstrap, args.partitions,
-                                                         paced, rate, topics, work))
-                        except RuntimeError as exc:  # the others' figures still count
-                            say(f"    {c.name}: no latency figures: {exc}")
+                if not latency_first:
+                    latencies = latency_rounds(args, chosen, fixtures, bootstrap, topics, work,
+                                               summary["contenders"])
                 summary["latency"] = report_latency(latencies)
+                if args.latency_dump:
+                    dump_latencies(args.latency_dump, latencies, len(chosen))
         finally:
             topics.delete_all()
     say(f"load average at the end {load_average()}; logs in {work}")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
     return 0
+
+
+def latency_rounds(args: argparse.Namespace, chosen: Sequence[Contender], fixtures: Path,
+                   bootstrap: str, topics: Topics, work: Path,
+                   throughput: dict[str, Any]) -> list[Latency]:
+    """The latency mode, ``--latency-rounds`` times, the contenders in turn each round."""
+    paced_runs = bench_core.corpus(fixtures, args.latency_runs, seed=11)
+    warmup = renamed(bench_core.corpus(fixtures, args.latency_warmup_runs, seed=13), "wup") \
+        if args.latency_warmup_runs > 0 else []
+    latencies: list[Latency] = []
+    for n in range(1, args.latency_rounds + 1):
+        if args.latency_rounds > 1:
+            say(f"  latency round {n} of {args.latency_rounds}")
+        for c in chosen:
+            rate = args.latency_rate or (
+                args.fraction * throughput[c.name]["envelopes_per_s"])
+            try:
+                latencies.append(latency_run(c, bootstrap, args.partitions, paced_runs, rate,
+                                             topics, work, warmup))
+            except RuntimeError as exc:  # the others' figures still count
+                say(f"    {c.name}: no latency figures: {exc}")
+    return latencies
+
+
+def dump_latencies(path: Path, latencies: Sequence[Latency], per_round: int) -> None:
+    """Each run's latencies, a JSON object a line, to find what the slow runs share."""
+    with path.open("w", encoding="utf-8") as out:
+        for i, lat in enumerate(latencies):
+            first = min(lat.ends, default=0)
+            for key, end, appended, visible in zip(lat.keys, lat.ends, lat.appended,
+                                                   lat.visible, strict=True):
+                out.write(json.dumps({"contender": lat.contender, "round": i // per_round + 1,
+                                      "run": key.decode(), "end_s": (end - first) / 1000,
+                                      "appended_ms": appended, "visible_ms": visible}) + "\n")
 
 
 def pooled(rounds: Sequence[Latency]) -> Latency:

@@ -57,3 +57,43 @@ def test_one_round_reports_as_before(bench: ModuleType) -> None:
     out = bench.report_latency([_round(bench, "latch-faust", runs, 500.0)])
     assert out["latch-faust"]["visible_p99"] == bench.percentile(runs, 0.99) == 99.0
     assert out["latch-faust"]["rounds_visible_p99"] == [99.0]
+
+
+def test_warm_up_load_has_the_measured_loads_shape_and_none_of_its_runs(
+        bench: ModuleType) -> None:
+    """The warm-up load (``renamed``) is the same corpus under other run ids: every record
+    keeps its place, its time and every member but ``run_id``, and no run id (key or
+    envelope) is one of the measured load's."""
+    import orjson
+
+    corpus = bench.bench_core.corpus(bench.find_fixtures(), 16, seed=13)
+    warm = bench.renamed(corpus, "wup")
+    assert len(warm) == len(corpus)
+    measured = {key for key, _, _ in corpus}
+    for (key, value, now), (wkey, wvalue, wnow) in zip(corpus, warm, strict=True):
+        doc, wdoc = orjson.loads(value), orjson.loads(wvalue)
+        assert wkey == wdoc["run_id"].encode() and wkey not in measured
+        assert wdoc["run_id"] == "wup" + doc["run_id"].removeprefix("run")
+        assert wnow == now and list(wdoc) == list(doc)
+        assert {k: v for k, v in wdoc.items() if k != "run_id"} == \
+            {k: v for k, v in doc.items() if k != "run_id"}
+    assert len({key for key, _, _ in warm}) == len(measured)
+
+
+def test_the_dump_has_one_line_per_run_with_its_round(bench: ModuleType,
+                                                      tmp_path: Path) -> None:
+    import json
+
+    first = bench.Latency("latch-faust", 1000.0, 1000.0, 2, [1.0, 2.0], [3.0, 4.0],
+                          [b"run-1", b"run-2"], [5_000, 5_500])
+    second = bench.Latency("latch-faust", 1000.0, 1000.0, 1, [7.0], [8.0], [b"run-1"], [9_000])
+    path = tmp_path / "dump.jsonl"
+    bench.dump_latencies(path, [first, second], per_round=1)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows == [
+        {"contender": "latch-faust", "round": 1, "run": "run-1", "end_s": 0.0,
+         "appended_ms": 1.0, "visible_ms": 3.0},
+        {"contender": "latch-faust", "round": 1, "run": "run-2", "end_s": 0.5,
+         "appended_ms": 2.0, "visible_ms": 4.0},
+        {"contender": "latch-faust", "round": 2, "run": "run-1", "end_s": 0.0,
+         "appended_ms": 7.0, "visible_ms": 8.0}]
