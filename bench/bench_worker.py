@@ -776,7 +776,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "a line (contender, round, run id, its stream.end's time from "
                              "the round's first, appended and visible ms)")
     parser.add_argument("--quick", action="store_true",
-                        help="small: 1 round of 16 runs (latency: 16 runs); for CI smoke")
+                        help="small: 1 round of 16 runs (latency: 16 runs after 4 warm-up runs); "
+                             "for CI smoke")
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--python", default=sys.executable,
                         help="the interpreter that runs the contenders (e.g. a venv with the "
@@ -793,6 +794,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.runs, args.latency_runs = 1, 16, 16
+        args.latency_warmup_runs = min(args.latency_warmup_runs, 4)
 
     args.python = os.path.abspath(args.python)  # the contenders run in another directory
     every = contenders(args.python, args.baseline_python and

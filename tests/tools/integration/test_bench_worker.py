@@ -4,6 +4,7 @@ broker: it asserts what the benchmark did, never how fast."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,10 @@ def test_bench_worker_quick_reads_everything_and_counts_outputs(kafka_bootstrap:
     results and DLQ records are the offline core's, counted as a read_committed reader sees
     them; a contender that cannot run here is named on a printed line."""
     figures_path = tmp_path / "figures.json"
+    dump = tmp_path / "latency.jsonl"
     out = subprocess.run([sys.executable, "bench/bench_worker.py", "--quick", "--bootstrap",
-                          kafka_bootstrap, "--json", str(figures_path)],
+                          kafka_bootstrap, "--json", str(figures_path), "--latency",
+                          "--latency-rate", "2000", "--latency-dump", str(dump)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     figures = json.loads(figures_path.read_text())
@@ -36,3 +39,15 @@ def test_bench_worker_quick_reads_everything_and_counts_outputs(kafka_bootstrap:
             for role in ("committed", "errors", "dlq"):
                 assert outputs[role] == figures["expected"].get(role, 0), (name, role)
     assert "latch-faust/bare-faust" in figures["ratios"]
+    # the latency mode (run first: the rate is fixed) timed each contender's 16 runs, after
+    # a warm-up load whose runs are not among them
+    latency = figures["latency"]
+    assert latency.keys() == contenders.keys()
+    rows = [json.loads(line) for line in dump.read_text().splitlines()]
+    for name in contenders:
+        assert latency[name]["runs"] == 16, name
+        assert math.isfinite(latency[name]["visible_p99"]), name
+        assert latency[name]["visible_p99"] >= latency[name]["visible_p50"], name
+        runs = sorted(row["run"] for row in rows if row["contender"] == name)
+        assert runs == [f"run-{n:05d}" for n in range(16)], name
+    assert "visible_p99_over_bare_faust" in latency["latch-faust"]

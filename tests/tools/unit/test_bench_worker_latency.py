@@ -72,6 +72,7 @@ def test_warm_up_load_has_the_measured_loads_shape_and_none_of_its_runs(
     measured = {key for key, _, _ in corpus}
     for (key, value, now), (wkey, wvalue, wnow) in zip(corpus, warm, strict=True):
         doc, wdoc = orjson.loads(value), orjson.loads(wvalue)
+        assert key == doc["run_id"].encode()
         assert wkey == wdoc["run_id"].encode() and wkey not in measured
         assert wdoc["run_id"] == "wup" + doc["run_id"].removeprefix("run")
         assert wnow == now and list(wdoc) == list(doc)
