@@ -651,6 +651,8 @@ class Latency:
     keys: list[bytes] = field(default_factory=list)
     #: each run's stream.end append time (ms since the epoch), in the same order
     ends: list[int] = field(default_factory=list)
+    #: which of ``--latency-rounds`` this is
+    round: int = 1
 
 
 def latency_run(c: Contender, bootstrap: str, partitions: int, records: list[Record],
@@ -872,7 +874,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                summary["contenders"])
                 summary["latency"] = report_latency(latencies)
                 if args.latency_dump:
-                    dump_latencies(args.latency_dump, latencies, len(chosen))
+                    dump_latencies(args.latency_dump, latencies)
         finally:
             topics.delete_all()
     say(f"load average at the end {load_average()}; logs in {work}")
@@ -896,21 +898,22 @@ def latency_rounds(args: argparse.Namespace, chosen: Sequence[Contender], fixtur
             rate = args.latency_rate or (
                 args.fraction * throughput[c.name]["envelopes_per_s"])
             try:
-                latencies.append(latency_run(c, bootstrap, args.partitions, paced_runs, rate,
-                                             topics, work, warmup))
+                lat = latency_run(c, bootstrap, args.partitions, paced_runs, rate, topics,
+                                  work, warmup)
+                latencies.append(replace(lat, round=n))
             except RuntimeError as exc:  # the others' figures still count
                 say(f"    {c.name}: no latency figures: {exc}")
     return latencies
 
 
-def dump_latencies(path: Path, latencies: Sequence[Latency], per_round: int) -> None:
+def dump_latencies(path: Path, latencies: Sequence[Latency]) -> None:
     """Each run's latencies, a JSON object a line, to find what the slow runs share."""
     with path.open("w", encoding="utf-8") as out:
-        for i, lat in enumerate(latencies):
+        for lat in latencies:
             first = min(lat.ends, default=0)
             for key, end, appended, visible in zip(lat.keys, lat.ends, lat.appended,
                                                    lat.visible, strict=True):
-                out.write(json.dumps({"contender": lat.contender, "round": i // per_round + 1,
+                out.write(json.dumps({"contender": lat.contender, "round": lat.round,
                                       "run": key.decode(), "end_s": (end - first) / 1000,
                                       "appended_ms": appended, "visible_ms": visible}) + "\n")
 

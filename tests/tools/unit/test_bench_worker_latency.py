@@ -1,13 +1,16 @@
-"""``bench/bench_worker.py``'s latency report with ``--latency-rounds``: each contender's
-percentiles are of all its rounds' runs pooled, never one round's (no broker needed)."""
+"""``bench/bench_worker.py``'s latency mode without a broker: the report with
+``--latency-rounds`` (each contender's percentiles are of all its rounds' runs pooled, never
+one round's), the warm-up load, and the per-run dump."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
 
+import orjson
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -64,8 +67,6 @@ def test_warm_up_load_has_the_measured_loads_shape_and_none_of_its_runs(
     """The warm-up load (``renamed``) is the same corpus under other run ids: every record
     keeps its place, its time and every member but ``run_id``, and no run id (key or
     envelope) is one of the measured load's."""
-    import orjson
-
     corpus = bench.bench_core.corpus(bench.find_fixtures(), 16, seed=13)
     warm = bench.renamed(corpus, "wup")
     assert len(warm) == len(corpus)
@@ -83,18 +84,19 @@ def test_warm_up_load_has_the_measured_loads_shape_and_none_of_its_runs(
 
 def test_the_dump_has_one_line_per_run_with_its_round(bench: ModuleType,
                                                       tmp_path: Path) -> None:
-    import json
-
+    """Each run's figures under its own round (the round each latency run records, not its
+    place in the list: a contender with no figures in a round leaves no gap to miscount)."""
     first = bench.Latency("latch-faust", 1000.0, 1000.0, 2, [1.0, 2.0], [3.0, 4.0],
-                          [b"run-1", b"run-2"], [5_000, 5_500])
-    second = bench.Latency("latch-faust", 1000.0, 1000.0, 1, [7.0], [8.0], [b"run-1"], [9_000])
+                          [b"run-1", b"run-2"], [5_000, 5_500], round=1)
+    second = bench.Latency("latch-faust", 1000.0, 1000.0, 1, [7.0], [8.0], [b"run-1"], [9_000],
+                           round=3)
     path = tmp_path / "dump.jsonl"
-    bench.dump_latencies(path, [first, second], per_round=1)
+    bench.dump_latencies(path, [first, second])
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert rows == [
         {"contender": "latch-faust", "round": 1, "run": "run-1", "end_s": 0.0,
          "appended_ms": 1.0, "visible_ms": 3.0},
         {"contender": "latch-faust", "round": 1, "run": "run-2", "end_s": 0.5,
          "appended_ms": 2.0, "visible_ms": 4.0},
-        {"contender": "latch-faust", "round": 2, "run": "run-1", "end_s": 0.0,
+        {"contender": "latch-faust", "round": 3, "run": "run-1", "end_s": 0.0,
          "appended_ms": 7.0, "visible_ms": 8.0}]
