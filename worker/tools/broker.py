@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -534,6 +535,36 @@ def log_tail(paths: Paths, lines: int = 40) -> str:
 def _split(bootstrap: str) -> tuple[str, int]:
     host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
     return host.strip("[]") or HOST, int(port)
+
+
+def free_ports(count: int = 1) -> int:
+    """The first of ``count`` consecutive loopback ports that nothing holds now, all below
+    the kernel's ephemeral range. A port the kernel hands out (``bind`` to port 0) lies in
+    that range, where any outgoing connection may take it as its source port before the
+    broker binds it (a 3-node cluster starting up makes such connections); below the range
+    only an explicit ``bind`` can."""
+    low = _ephemeral_low()
+    first_choices = list(range(10_000, max(10_001, low - count)))
+    rng = random.Random()
+    for _ in range(200):
+        first = rng.choice(first_choices)
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first, first + count):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind((HOST, port))
+            except OSError:
+                continue
+        return first
+    raise RuntimeError(f"no {count} consecutive free ports on {HOST} below {low}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default when unreadable)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def port_open(bootstrap: str, timeout: float = 1.0) -> bool:

@@ -6,7 +6,6 @@ publisher started is on the committed records' headers."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -22,15 +21,10 @@ from worker_harness import ENGINES, Reader, Stack, WorkerProcess, finished, make
 
 from worker.core import Assembler
 from worker.runtime.publisher import Publisher
+from worker.tools import broker
 from worker.tools.demo import example_file, load_envelopes
 
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get(port: int, path: str) -> tuple[int, bytes] | None:
@@ -164,7 +158,7 @@ def test_metrics_readiness_and_traces_on_the_real_broker(stack: Stack, tmp_path:
     demo = load_envelopes(example_file(), "ops/")
     held = [{"v": 1, "run_id": "ops/held", "seq": 0, "type": "run.start",
              "provider": "openai.chat", "tools": []}]
-    port = free_port()
+    port = broker.free_ports()
     first = start_worker(stack, tmp_path / "first.log", port)
     try:
         assert readiness(port, first)[-1]["member"] is True

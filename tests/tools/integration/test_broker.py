@@ -3,7 +3,6 @@ its ``start``/``status``/``stop`` behave as documented."""
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -88,13 +87,6 @@ def test_start_is_idempotent(kafka_bootstrap: str, capsys: pytest.CaptureFixture
     assert _kafka_processes(broker.Paths.from_env().properties) == [pid]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((broker.HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def second_broker_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A separate data dir for a second broker; it is stopped whatever the test does."""
@@ -109,9 +101,8 @@ def test_stop_then_restart_keeps_data(
 ) -> None:
     """A second broker, started fresh, has its group coordinator ready; stopped and started
     again it still holds the topic created before."""
-    port, controller = _free_port(), _free_port()
-    while controller == port:
-        controller = _free_port()
+    port = broker.free_ports(2)
+    controller = port + 1
     start = ["start", "--port", str(port), "--controller-port", str(controller)]
     assert broker.main(start) == broker.EXIT_OK
     bootstrap = capsys.readouterr().out.strip()

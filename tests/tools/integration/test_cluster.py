@@ -4,7 +4,6 @@ active one is killed."""
 
 from __future__ import annotations
 
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,23 +15,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from worker.tools import broker
 
 
-def _free_block(count: int) -> int:
-    """The first of ``count`` consecutive free loopback ports."""
-    for _ in range(200):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            first = sock.getsockname()[1]
-        if first + count < 65536 and not any(broker.port_open(f"127.0.0.1:{first + n}", 0.2)
-                                             for n in range(count)):
-            return int(first)
-    raise RuntimeError("no block of free ports")
-
-
 @pytest.fixture
 def cluster(tmp_path_factory: pytest.TempPathFactory,
             monkeypatch: pytest.MonkeyPatch) -> Iterator[broker.Cluster]:
     monkeypatch.setenv("LATCH_BROKER_DIR", str(tmp_path_factory.mktemp("cluster")))
-    broker.start_cluster(3, _free_block(6), timeout=180)
+    broker.start_cluster(3, broker.free_ports(6), timeout=180)
     found = broker.Cluster.load(broker.Paths.from_env())
     assert found is not None
     try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import subprocess
 import sys
 import uuid
@@ -154,17 +153,6 @@ def test_demo_explains_an_unreachable_cluster(tmp_path: Path) -> None:
     assert "[2/5]" not in result.stdout
 
 
-def _free_port_pair() -> int:
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-        if port < 65535 and not broker.port_open(f"127.0.0.1:{port + 1}") and not \
-                broker.port_open(f"127.0.0.1:{port}"):
-            return port
-    raise RuntimeError("no two free consecutive ports")
-
-
 @pytest.fixture
 def own_broker_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A broker data directory of this test's own; a broker left there is stopped after."""
@@ -180,7 +168,7 @@ def test_demo_starts_and_stops_a_local_broker_when_none_answers(
 ) -> None:
     """With nothing at a loopback address, the demo runs its own broker there (its own data
     directory, so the session's broker is untouched) and stops it at the end."""
-    port = _free_port_pair()
+    port = broker.free_ports(2)
     path = tmp_path / "latch.yaml"
     write_config(path, f"127.0.0.1:{port}", partitions=2)
     result = latch_demo(path, "--timeout", "120", env=dict(os.environ))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,16 +18,10 @@ def test_uses_the_broker(kafka_bootstrap):
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_the_session_stops_the_broker_it_started(tmp_path: Path) -> None:
     """An inner pytest session pointed at a port where nothing answers starts the managed
     broker there (its own LATCH_BROKER_DIR), passes, and leaves no broker running after it."""
-    port = free_port()
+    port = broker.free_ports()
     tests = tmp_path / "inner"
     tests.mkdir()
     # the suite's own conftest.py, as the inner session's

@@ -3,7 +3,9 @@ cluster's ports, and how the active controller is found on disk."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -80,3 +82,32 @@ def test_broker_paths_are_absolute_whatever_they_were_given_as(
     paths = broker.Paths.from_env()
     assert paths.data == tmp_path / "rel" / "broker"
     assert broker.Paths(Path("h"), Path("d")).home == tmp_path / "h"
+
+
+def test_free_ports_are_a_free_block_below_the_ephemeral_range() -> None:
+    """A block no outgoing connection can take before a broker binds it: every port of it
+    binds now, and all lie below the first port the kernel hands out as a source port."""
+    low = broker._ephemeral_low()
+    for count in (1, 2, 6):
+        first = broker.free_ports(count)
+        assert first >= 10_000 and first + count <= low
+        with contextlib.ExitStack() as held:
+            for port in range(first, first + count):
+                sock = held.enter_context(socket.socket())
+                sock.bind((broker.HOST, port))
+
+
+def test_free_ports_skips_a_block_that_is_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block with a port held by a listener is passed over for the next candidate."""
+    with socket.socket() as listener:
+        held = broker.free_ports(1)
+        listener.bind((broker.HOST, held))
+        listener.listen()
+        candidates = iter([held - 1, held + 1])  # the first block covers the held port
+
+        class Scripted:
+            def choice(self, _: object) -> int:
+                return next(candidates)
+
+        monkeypatch.setattr("worker.tools.broker.random.Random", Scripted)
+        assert broker.free_ports(3) == held + 1

@@ -52,7 +52,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -67,6 +66,7 @@ from pathlib import Path
 import orjson
 
 from worker.runtime.config import Config, load_config
+from worker.tools import broker as broker_tool
 from worker.tools.chaos.plan import EARLY_SETTINGS, Plan, PlanError, RunPlan, build_plan
 from worker.tools.chaos.verify import OutRecord, Verdict, verify
 
@@ -247,13 +247,6 @@ def wait_committed(stack: Stack, timeout: float, on_tick: Callable[[], None] = l
 # =========================================================================================
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class Broker:
     """A broker that ``latch broker`` manages in ``data_dir``: start, stop (SIGTERM), kill."""
 
@@ -266,11 +259,8 @@ class Broker:
 
     @classmethod
     def own(cls, work_dir: Path) -> Broker:
-        port = free_port()
-        controller = free_port()
-        while controller == port:
-            controller = free_port()
-        return cls(work_dir / "broker", port, controller)
+        port = broker_tool.free_ports(2)
+        return cls(work_dir / "broker", port, port + 1)
 
     @classmethod
     def managed(cls, data_dir: Path) -> Broker:
@@ -358,12 +348,7 @@ class ClusterBroker(Broker):
     @classmethod
     def own_cluster(cls, work_dir: Path, nodes: int) -> ClusterBroker:
         """A cluster on a free block of 2N ports."""
-        for _ in range(1000):
-            port = free_port()
-            if port + 2 * nodes < 65536 and not any(_port_taken(port + n)
-                                                    for n in range(2 * nodes)):
-                return cls(work_dir / "cluster", port, nodes)
-        raise RuntimeError(f"no {2 * nodes} consecutive free ports on 127.0.0.1")
+        return cls(work_dir / "cluster", broker_tool.free_ports(2 * nodes), nodes)
 
     def start(self) -> None:
         self._cli("start", "--nodes", str(self.nodes), "--port", str(self.port),
@@ -396,24 +381,13 @@ class ClusterBroker(Broker):
         return self.rng.randint(1, self.nodes)
 
     def _controller(self) -> int:
-        from worker.tools import broker
-
-        cluster = broker.Cluster.load(broker.Paths(Path("."), self.data_dir))
+        cluster = broker_tool.Cluster.load(broker_tool.Paths(Path("."), self.data_dir))
         found = cluster.active_controller() if cluster is not None else None
         return found if found is not None else self.rng.randint(1, self.nodes)
 
     def longest_outage(self, between: float = MIN_BROKER_UP_S) -> float:
         """A cluster never goes away: only the leader elections cost time, not the outage."""
         return 0.0
-
-
-def _port_taken(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 class Workers:
