@@ -37,6 +37,7 @@ COMPILED = [
     "worker/core/model.py",
     "worker/core/ops.py",
     "worker/core/outputs.py",
+    "worker/core/quickcheck.py",
     "worker/core/run.py",
     "worker/core/strictjson.py",
     "worker/core/providers/__init__.py",

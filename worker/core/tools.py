@@ -51,7 +51,7 @@ import orjson
 from jsonschema import exceptions as js_exceptions
 from jsonschema import validators as js_validators
 
-from worker.core import schemacheck
+from worker.core import quickcheck, schemacheck
 from worker.core.schemacheck import SchemaLimits
 
 
@@ -64,6 +64,9 @@ class SchemaCheck:
     #: Its RE2 patterns (``schemacheck.prepare``) and the steps one validation may take.
     patterns: dict[str, Any] = field(default_factory=dict)
     max_steps: int = schemacheck.DEFAULT_MAX_STEPS
+    #: The schema read by ``worker.core.quickcheck`` (None: outside its subset): a value it
+    #: finds surely valid skips jsonschema, which decides every other value.
+    quick: quickcheck.Node | None = None
 
     def errors(self, value: Any) -> str | None:
         """Describe the first violation by keyword and schema path only, or return None.
@@ -73,6 +76,8 @@ class SchemaCheck:
         """
         if self.validator is None:
             return f"the tool's parameter schema is not usable ({self.broken})"
+        if self.quick is not None and self.quick.sure(value, self.max_steps):
+            return None
         budget = schemacheck.Budget(self.max_steps, self.patterns)
         try:
             error = schemacheck.run(budget, self._best_match, value)
@@ -190,7 +195,8 @@ def _compile(schema: Any, limits: SchemaLimits | None = None) -> SchemaCheck:
     validated without I/O, in bounded time, the same at any stack depth."""
     limits = limits or SchemaLimits()
     if isinstance(schema, bool):
-        return SchemaCheck(_bounded(js_validators.Draft202012Validator)(schema))
+        return SchemaCheck(_bounded(js_validators.Draft202012Validator)(schema),
+                           quick=quickcheck.plan(schema))
     if not isinstance(schema, dict):
         return SchemaCheck(None, "not an object")
     try:  # validator_for hashes "$schema": a list there raises TypeError
@@ -213,7 +219,7 @@ def _compile(schema: Any, limits: SchemaLimits | None = None) -> SchemaCheck:
         return SchemaCheck(None, f"keyword '{exc.validator}'")
     except schemacheck.SchemaRefused as exc:
         return SchemaCheck(None, str(exc))
-    return SchemaCheck(validator, None, patterns, limits.max_steps)
+    return SchemaCheck(validator, None, patterns, limits.max_steps, quickcheck.plan(schema))
 
 
 def _check_schema(cls: type[Any]) -> Any:

@@ -1,0 +1,208 @@
+"""``worker.core.quickcheck`` against jsonschema: "surely valid" only where jsonschema agrees.
+
+* Soundness: over generated schemas (the quick subset, mixed with keywords outside it, in
+  every draft the cache accepts) and values (random ones, and ones built to conform),
+  whenever the quick check is sure, the bounded jsonschema validator finds no error, and
+  with a small step budget it is never sure of a value jsonschema refuses for its budget.
+* It is used: a value built to conform to a schema of the subset is surely valid, so the
+  check is not one that always defers (which would be sound, and useless).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from worker.core import quickcheck
+from worker.core.schemacheck import SchemaLimits
+from worker.core.tools import SchemaCheck, ValidatorCache
+
+TYPES = ["string", "integer", "number", "boolean", "null", "object", "array"]
+DRAFTS = [None, "http://json-schema.org/draft-04/schema#",
+          "http://json-schema.org/draft-06/schema#", "http://json-schema.org/draft-07/schema#",
+          "https://json-schema.org/draft/2019-09/schema",
+          "https://json-schema.org/draft/2020-12/schema"]
+NAMES = ["a", "b", "c", "path"]
+ANNOTATION = st.sampled_from([{}, {"description": "d"}, {"title": "t", "default": 1},
+                              {"format": "email"}, {"format": "date-time"},
+                              {"examples": [1, "x"]}, {"deprecated": True}])
+#: Keywords outside the subset (the quick check must defer on them, jsonschema decides).
+OUTSIDE = st.sampled_from([{}, {}, {}, {"minLength": 2}, {"maximum": 3}, {"const": "a"},
+                           {"minItems": 1}, {"pattern": "^a"}, {"not": {"type": "string"}},
+                           {"additionalProperties": {"type": "integer"}}])
+
+_type = st.one_of(st.sampled_from(TYPES),
+                  st.lists(st.sampled_from(TYPES), min_size=1, max_size=3, unique=True))
+
+
+def _merge(*parts: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for part in parts:
+        out.update(part)
+    return out
+
+
+def _extend(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    obj = st.builds(
+        lambda props, required, closed, note, odd: _merge(
+            {"type": "object", "properties": props, "required": required},
+            {"additionalProperties": False} if closed else {}, note, odd),
+        st.dictionaries(st.sampled_from(NAMES), inner, max_size=3),
+        st.lists(st.sampled_from(NAMES), max_size=2, unique=True), st.booleans(), ANNOTATION,
+        OUTSIDE)
+    arr = st.builds(lambda items, note, odd: _merge({"type": "array", "items": items}, note, odd),
+                    inner, ANNOTATION, OUTSIDE)
+    return st.one_of(obj, arr)
+
+
+LEAF = st.one_of(
+    st.builds(lambda t, note, odd: _merge({"type": t}, note, odd), _type, ANNOTATION, OUTSIDE),
+    st.builds(lambda e, note: _merge({"enum": e}, note),
+              st.lists(st.sampled_from(["a", "b", 1, 1.0, None, True, "1"]), min_size=1,
+                       max_size=4, unique_by=lambda v: (type(v), v)), ANNOTATION),
+    st.builds(lambda t, e: {"type": t, "enum": e}, st.sampled_from(["string", "integer"]),
+              st.lists(st.sampled_from(["a", "b", 1, 2]), min_size=1, max_size=3, unique=True)),
+    st.just({}), st.just(True))
+SCHEMAS = st.recursive(LEAF, _extend, max_leaves=8)
+
+VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from([1.0, 2.5, -0.0, 2**63])
+    | st.sampled_from(["", "a", "b", "1", "x@y.z", "not a date"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from([*NAMES, "z"]), inner, max_size=4),
+    max_leaves=10)
+
+
+def _conforming(draw: Any, schema: Any, depth: int = 0) -> Any:
+    """A value built to satisfy ``schema`` when it is in the quick subset (else anything)."""
+    if schema is True or not isinstance(schema, dict) or depth > 6:
+        return draw(VALUES)
+    if "enum" in schema:
+        strings = [e for e in schema["enum"] if isinstance(e, str)]
+        wanted = schema.get("type", "string")
+        return draw(st.sampled_from(strings)) if strings and "string" in wanted else None
+    kind = schema.get("type", "null")
+    kind = draw(st.sampled_from(kind)) if isinstance(kind, list) else kind
+    if kind == "object":
+        props = schema.get("properties", {})
+        names = set(schema.get("required", [])) | set(draw(st.sets(st.sampled_from(
+            sorted(props) or ["z"]))))
+        value = {n: _conforming(draw, props.get(n, True), depth + 1) for n in names}
+        if not schema.get("additionalProperties", True):
+            value = {k: v for k, v in value.items() if k in props}
+        return value
+    if kind == "array":
+        return [_conforming(draw, schema.get("items", True), depth + 1)
+                for _ in range(draw(st.integers(0, 3)))]
+    return {"string": "a", "integer": 2, "number": 2.5, "boolean": False, "null": None}[kind]
+
+
+def _stringless_enum(schema: Any) -> bool:
+    """Whether some (sub)schema is an enum that a conforming value cannot be built for (the
+    quick check reads only an enum's strings)."""
+    if not isinstance(schema, dict):
+        return False
+    if "enum" in schema and not ("string" in schema.get("type", "string") and any(
+            isinstance(e, str) for e in schema["enum"])):
+        return True
+    subs = [*schema.get("properties", {}).values(), schema.get("items", True)]
+    return any(_stringless_enum(sub) for sub in subs)
+
+
+def _conform(schema: Any) -> st.SearchStrategy[Any]:
+    return st.composite(lambda draw: _conforming(draw, schema))()
+
+
+def _compiled(schema: Any, draft: str | None, limits: SchemaLimits | None = None
+              ) -> tuple[SchemaCheck, SchemaCheck]:
+    """The cache's check (with its quick plan) and the same validator without one."""
+    if draft is not None and isinstance(schema, dict):
+        schema = {**schema, "$schema": draft}
+    check = ValidatorCache(limits=limits).get(schema)
+    assume(check.validator is not None)  # a schema the draft refuses: no verdict to compare
+    slow = SchemaCheck(check.validator, None, check.patterns, check.max_steps, None)
+    return check, slow
+
+
+@settings(max_examples=600, deadline=None)
+@given(schema=SCHEMAS, draft=st.sampled_from(DRAFTS), data=st.data())
+def test_sure_only_where_jsonschema_finds_the_value_valid(schema: Any, draft: str | None,
+                                                          data: Any) -> None:
+    check, slow = _compiled(schema, draft)
+    for value in (data.draw(VALUES), data.draw(_conform(schema))):
+        # the arguments the latch validates are what strict JSON parsing gives
+        value = orjson.loads(orjson.dumps(value))
+        if check.quick is not None and check.quick.sure(value, check.max_steps):
+            assert slow.errors(value) is None
+        assert check.errors(value) == slow.errors(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(schema=SCHEMAS, draft=st.sampled_from(DRAFTS), max_steps=st.integers(1, 12),
+       data=st.data())
+def test_never_sure_beyond_the_step_budget(schema: Any, draft: str | None, max_steps: int,
+                                           data: Any) -> None:
+    """With a budget small enough to run out, the verdicts (an over-budget one included)
+    are jsonschema's."""
+    check, slow = _compiled(schema, draft, SchemaLimits(max_steps=max_steps))
+    value = orjson.loads(orjson.dumps(data.draw(_conform(schema))))
+    assert check.errors(value) == slow.errors(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(schema=SCHEMAS, draft=st.sampled_from(DRAFTS), data=st.data())
+def test_a_conforming_value_of_a_subset_schema_is_surely_valid(
+        schema: Any, draft: str | None, data: Any) -> None:
+    check, slow = _compiled(schema, draft)
+    plain = {k: v for k, v in schema.items() if k != "$schema"} \
+        if isinstance(schema, dict) else schema
+    assume(quickcheck.plan(plain) is not None and not _stringless_enum(plain))
+    value = orjson.loads(orjson.dumps(data.draw(_conform(schema))))
+    assume(slow.errors(value) is None)  # e.g. an enum of no strings: nothing conforms
+    assert check.quick is not None and check.quick.sure(value, check.max_steps)
+
+
+def test_the_subset_and_outside_it() -> None:
+    tags = {"type": "array", "items": {"type": "string"}}
+    tool = {"type": "object", "properties": {"path": {"type": "string"},
+                                             "mode": {"enum": ["w", "a"]}, "tags": tags},
+            "required": ["path"], "additionalProperties": False, "description": "Write."}
+    node = quickcheck.plan(tool)
+    assert node is not None
+    assert node.sure({"path": "/tmp/a", "mode": "w", "tags": ["x"]}, 100)
+    assert not node.sure({"path": "/tmp/a", "extra": 1}, 100)  # closed
+    assert not node.sure({"mode": "w"}, 100)  # required
+    assert not node.sure({"path": "/tmp/a", "mode": "x"}, 100)  # enum
+    assert not node.sure({"path": "/tmp/a"}, 3)  # over the steps (the root alone takes 5)
+    assert not quickcheck.plan({"type": "integer"}).sure(1.0, 10)  # type: ignore[union-attr]
+    assert not quickcheck.plan({"type": "integer"}).sure(True, 10)  # type: ignore[union-attr]
+    for outside in ({"minLength": 1}, {"$ref": "#"}, {"additionalProperties": {}},
+                    {"items": [{}]}, {"type": "float"}, {"properties": {"a": False}}, False,
+                    {"required": "a"}):
+        assert quickcheck.plan(outside) is None, outside
+    deep: Any = {"type": "string"}
+    for _ in range(quickcheck.MAX_PLAN_DEPTH + 1):
+        deep = {"type": "array", "items": deep}
+    assert quickcheck.plan(deep) is None
+
+
+EDGES = [({"type": "integer"}, 1.0), ({"type": "integer"}, True), ({"type": "number"}, False),
+         ({"type": "integer"}, 2**63), ({"type": "number"}, -0.0), ({"type": "null"}, False),
+         ({"enum": ["1"]}, 1), ({"enum": [1]}, 1.0), ({"enum": [True]}, 1),
+         ({"type": "string", "format": "email"}, "not an email"),
+         ({"type": "object", "additionalProperties": False}, {"a": 1}),
+         ({"type": "object", "required": ["a"]}, {}), ({"items": {"type": "string"}}, [1])]
+
+
+@given(draft=st.sampled_from(DRAFTS))
+@settings(max_examples=30, deadline=None)
+def test_edges_of_each_type_in_every_draft(draft: str | None) -> None:
+    """The readings that differ between drafts or that JSON equality decides (an integral
+    float, a boolean beside a number, an enum of another type, a format) get jsonschema's
+    verdict in every draft."""
+    for schema, value in EDGES:
+        check, slow = _compiled(schema, draft)
+        assert check.errors(value) == slow.errors(value), (schema, value)
