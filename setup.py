@@ -34,6 +34,7 @@ COMPILED = [
     "worker/core/__init__.py",
     "worker/core/assembler.py",
     "worker/core/envelope.py",
+    "worker/core/keys.py",
     "worker/core/model.py",
     "worker/core/ops.py",
     "worker/core/outputs.py",

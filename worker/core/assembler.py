@@ -66,8 +66,8 @@ from typing import Any
 from orjson import JSONDecodeError, dumps
 from orjson import loads as _loads
 
+from worker.core import keys, strictjson
 from worker.core import ops as op
-from worker.core import strictjson
 from worker.core._mypyc import mypyc_attr
 from worker.core.envelope import (
     Cancel,
@@ -219,13 +219,14 @@ class Assembler:
         # takes the general path, which decodes the record again and says what is wrong.
         # (``doc`` is declared a dict so that the compiled core reads it with dict operations.)
         doc: dict[str, Any] = parsed if isinstance(parsed, dict) else _NOT_AN_OBJECT
-        kind = doc.get("type")
+        # (the member names are orjson's own key objects: worker/core/keys.py)
+        kind = doc.get(keys.TYPE)
         if isinstance(kind, str) and kind == "provider.event":
-            run_id, version = doc.get("run_id"), doc.get("v")
+            run_id, version = doc.get(keys.RUN_ID), doc.get(keys.V)
             run = self._runs.get(run_id) if isinstance(run_id, str) else None
-            seq, event = doc.get("seq"), doc.get("event")
+            seq, event = doc.get(keys.SEQ), doc.get(keys.EVENT)
             # Five members, and the five read are not null: they are all there is, so no ts.
-            ts = doc.get("ts") if len(doc) != 5 else None
+            ts = doc.get(keys.TS) if len(doc) != 5 else None
             if (run is not None and type(seq) is int and seq > run.last_seq
                     and type(version) is int and version == 1
                     and (ts is None or (type(ts) is int and ts >= 0))

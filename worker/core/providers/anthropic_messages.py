@@ -40,8 +40,8 @@ from typing import Any, ClassVar
 
 import orjson
 
+from worker.core import keys, strictjson
 from worker.core import ops as op
-from worker.core import strictjson
 
 TRUNCATING_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
 _TEXT_DELTAS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "thinking")}
@@ -76,16 +76,16 @@ class AnthropicMessages(op.Adapter):
         self._stop_reason: str | None = None
 
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
-        kind = _str_or_empty(event.get("type"))
+        kind = _str_or_empty(event.get(keys.TYPE))  # (orjson's key objects: worker/core/keys.py)
         if kind == "content_block_delta":  # first: nearly every event is one
-            block = self._blocks.get(event["index"])
+            block = self._blocks.get(event[keys.INDEX])
             if block is None or block.stopped or self.broken:
                 return self._misplaced("content_block_delta", block, event["index"])
-            delta = event["delta"]
+            delta = event[keys.DELTA]
             if not isinstance(delta, dict):  # checked, and then read as a dict when compiled
                 raise ValueError("content_block_delta without a delta object")
-            if _str_or_empty(delta.get("type")) == "text_delta":  # and nearly every delta this
-                text = delta["text"]
+            if _str_or_empty(delta.get(keys.TYPE)) == "text_delta":  # and nearly every delta this
+                text = delta[keys.TEXT]
                 if type(text) is not str:  # the final message joins it: refuse it here
                     raise ValueError("text_delta is not a string")
                 block.text.append(text)
@@ -181,7 +181,7 @@ class AnthropicMessages(op.Adapter):
                             _text(body.get("name")))]
 
     def _delta(self, block: _Block, delta: dict[str, Any]) -> list[op.Op]:
-        kind = delta.get("type")
+        kind = delta.get(keys.TYPE)
         if kind in _TEXT_DELTAS:
             text = delta[_TEXT_DELTAS[kind][1]]
             if not isinstance(text, str):  # the final message joins it: refuse it here
@@ -198,7 +198,7 @@ class AnthropicMessages(op.Adapter):
             block.body.setdefault("citations", []).append(citation)
             self.kept += op.json_len(citation)
         elif kind == "input_json_delta":
-            fragment = delta["partial_json"]
+            fragment = delta[keys.PARTIAL_JSON]
             if not isinstance(fragment, str):
                 raise ValueError("partial_json is not a string")
             block.streamed = True

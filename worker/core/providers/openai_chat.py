@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 import orjson
 
+from worker.core import keys
 from worker.core import ops as op
 
 
@@ -100,7 +101,7 @@ class OpenAIChat(op.Adapter):
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
         # Each value read is checked for its JSON type before it is used, which also lets the
         # compiled core use dict and list operations on it (bench/bench_core.py).
-        choices = event.get("choices")
+        choices = event.get(keys.CHOICES)  # (orjson's key objects: worker/core/keys.py)
         if not choices:
             return []
         if not isinstance(choices, list):
@@ -115,7 +116,7 @@ class OpenAIChat(op.Adapter):
         for raw in choices:
             if not isinstance(raw, dict):
                 raise ValueError("expected an object")
-            ci = raw.get("index", 0)
+            ci = raw.get(keys.INDEX, 0)
             if type(ci) is not int or ci < 0:  # absent, odd or negative: rare, and refused
                 ci = _index(ci) or 0
             if ci == 0:
@@ -129,10 +130,10 @@ class OpenAIChat(op.Adapter):
                 choice = others.get(ci)
                 if choice is None:  # not setdefault: that would build a _Choice every chunk
                     choice = others[ci] = _Choice()
-            delta = raw.get("delta") or _NO_DELTA
+            delta = raw.get(keys.DELTA) or _NO_DELTA
             if not isinstance(delta, dict):
                 raise ValueError("expected an object")
-            content = delta.get("content")  # nearly every chunk: a text delta, and only that
+            content = delta.get(keys.CONTENT)  # nearly every chunk: a text delta, and only that
             if type(content) is str and content:
                 if choice.content is None:
                     choice.content = [content]
@@ -142,11 +143,11 @@ class OpenAIChat(op.Adapter):
             if len(delta) > (content is not None):  # more than the content: look further
                 if "reasoning_content" in delta or "refusal" in delta:
                     self.kept += self._other_text(choice, delta)
-                tool_calls = delta.get("tool_calls")
+                tool_calls = delta.get(keys.TOOL_CALLS)
                 if tool_calls:
                     for entry in _array(tool_calls):
                         self._tool_call(ci, choice, _object(entry), ops)
-            finish = raw.get("finish_reason")
+            finish = raw.get(keys.FINISH_REASON)
             if type(finish) is str:
                 choice.finish_reason = finish
                 if finish == "length":
@@ -160,13 +161,13 @@ class OpenAIChat(op.Adapter):
         tests/core/property/test_fast_paths.py)."""
         if not isinstance(raw, dict):
             return False
-        delta = raw.get("delta")
+        delta = raw.get(keys.DELTA)
         if not isinstance(delta, dict) or len(delta) != 1:
             return False
-        content = delta.get("content")
-        if type(content) is not str or not content or raw.get("finish_reason") is not None:
+        content = delta.get(keys.CONTENT)
+        if type(content) is not str or not content or raw.get(keys.FINISH_REASON) is not None:
             return False
-        ci = raw.get("index", 0)
+        ci = raw.get(keys.INDEX, 0)
         if type(ci) is not int or ci != 0:
             return False
         choice = self._first
@@ -200,11 +201,11 @@ class OpenAIChat(op.Adapter):
     def _tool_call(self, ci: int, choice: _Choice, entry: dict[str, Any],
                    ops: list[op.Op]) -> None:
         """Append the ops of one ``delta.tool_calls[]`` entry to ``ops``."""
-        fn = _object(entry.get("function") or _NO_DELTA)
-        args = fn.get("arguments")
-        index = entry.get("index")
-        if (type(index) is int and type(args) is str and not entry.get("id")
-                and not fn.get("name")):
+        fn = _object(entry.get(keys.FUNCTION) or _NO_DELTA)
+        args = fn.get(keys.ARGUMENTS)
+        index = entry.get(keys.INDEX)
+        if (type(index) is int and type(args) is str and not entry.get(keys.ID)
+                and not fn.get(keys.NAME)):
             slot = choice.slots.get(index)
             if slot is not None:  # a continuation chunk (nearly all): more text, no id or name
                 if args:

@@ -49,6 +49,7 @@ from typing import Any, ClassVar
 
 import orjson
 
+from worker.core import keys
 from worker.core import ops as op
 from worker.core.tools import responses_tool_key
 
@@ -87,12 +88,12 @@ class OpenAIResponses(op.Adapter):
         self._call_at: dict[str, list[int]] = {}
 
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
-        kind = event.get("type")
+        kind = event.get(keys.TYPE)  # (orjson's key objects: worker/core/keys.py)
         if kind == "response.output_text.delta":  # the deltas first: nearly every event
-            index = event.get("output_index")
+            index = event.get(keys.OUTPUT_INDEX)
             if type(index) is not int:
-                index = self._index_of[event["item_id"]]
-            delta = event["delta"]
+                index = self._index_of[event[keys.ITEM_ID]]
+            delta = event[keys.DELTA]
             if type(delta) is not str:
                 raise ValueError("expected a string")
             text = self._text.get(index)
@@ -102,7 +103,7 @@ class OpenAIResponses(op.Adapter):
             self.kept += len(delta) if delta.isascii() else op.utf8_len(delta)
             return op.NO_OPS
         if kind in _TEXT_DELTAS:
-            fragment = _str(event["delta"])
+            fragment = _str(event[keys.DELTA])
             index = self._open_index(event)
             if index is None:
                 return self._misplaced(kind)
@@ -260,9 +261,9 @@ class OpenAIResponses(op.Adapter):
     def _open_index(self, event: dict[str, Any]) -> int | None:
         """The output index an item event names (by ``output_index``, else by ``item_id``),
         when that item was added; else None."""
-        index = event.get("output_index")
+        index = event.get(keys.OUTPUT_INDEX)
         if type(index) is not int:  # not an output index (a bool is none either)
-            item_id = event.get("item_id")
+            item_id = event.get(keys.ITEM_ID)
             index = self._index_of.get(item_id) if isinstance(item_id, str) else None
         if self.broken or index is None or index not in self._types:
             return None
