@@ -18,11 +18,16 @@ jsonschema, bounded as ``worker.core.schemacheck`` bounds it, finds valid
 
 The subset, per (sub)schema: ``type`` (a name or a list of names), ``properties`` (object
 subschemas), ``required``, ``additionalProperties`` (``true`` or ``false``), ``items`` (one
-subschema), ``enum`` (only its strings are used), the annotations that never change a verdict
-(``title``, ``description``, ``default``, ``examples``, ``$comment``, ``deprecated``,
-``readOnly``, ``writeOnly``, and ``format``: the validators are built without a format
-checker, so jsonschema asserts no format either), and the schema ``true``. Each check is the
-conservative reading of its keyword, right in every draft jsonschema supports here:
+subschema), ``enum`` (only its strings are used), ``const`` (a string), ``anyOf``, the number
+bounds (``minimum``, ``maximum``, and ``exclusiveMinimum``/``exclusiveMaximum`` as numbers,
+not draft 4's booleans), ``minLength``/``maxLength`` (code points, as jsonschema counts them),
+``minItems``/``maxItems``, the annotations that never change a verdict (``title``,
+``description``, ``default``, ``examples``, ``$comment``, ``deprecated``, ``readOnly``,
+``writeOnly``, and ``format``: the validators are built without a format checker, so
+jsonschema asserts no format either), and the schema ``true``. That covers what tool
+definitions are mostly made of, pydantic's ``anyOf`` of a type and ``null`` for an optional
+field among them. Each check is the conservative reading of its keyword, right in every draft
+jsonschema supports here:
 
 * ``integer`` is an ``int`` only (a float such as ``1.0`` is an integer from draft 6 on, but
   not in draft 4: not sure, jsonschema decides); ``number`` an ``int`` or a ``float``; neither
@@ -30,14 +35,16 @@ conservative reading of its keyword, right in every draft jsonschema supports he
 * ``enum``: a string among the enum's strings (JSON equality puts a string equal only to a
   string); any other value is not sure;
 * ``properties``, ``required`` and ``additionalProperties`` apply to objects only, ``items``
-  to arrays only, as in JSON Schema.
+  to arrays only, the bounds to numbers, strings and arrays only, as in JSON Schema;
+* ``anyOf`` is sure when one of its branches is.
 
 Bounds: a schema nested deeper than :data:`MAX_PLAN_DEPTH` is not planned. ``sure`` counts
 each (sub)schema it applies as many steps as the schema has members, never fewer than the
 keyword applications jsonschema's bounded validator counts for it, and is not sure beyond
 the validation's ``max_steps``: a value that jsonschema would refuse for its budget is never
-passed here. Values are at most ``strictjson.MAX_DEPTH`` levels deep, so the recursion is
-bounded by both.
+passed here. jsonschema checks the ``anyOf`` branches before the first valid one in full, so
+each branch ``sure`` is not sure of is charged its full cost (:meth:`Node._cost`). Values
+are at most ``strictjson.MAX_DEPTH`` levels deep, so the recursion is bounded by both.
 """
 
 from __future__ import annotations
@@ -51,9 +58,14 @@ MAX_PLAN_DEPTH = 32
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment",
                          "deprecated", "readOnly", "writeOnly", "format"})
 
+#: Bounds on a number, a string's length (code points, as jsonschema counts them) or an
+#: array's length: name -> what a value that passes it is (below).
+BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
+                    "maxLength", "minItems", "maxItems"})
+
 #: The members :func:`plan` reads; a schema with any other member is outside the subset.
 KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "items",
-                      "enum"}) | ANNOTATIONS
+                      "enum", "const", "anyOf"}) | BOUNDS | ANNOTATIONS
 
 # One bit per JSON type name, tested against the bits of a value's Python type.
 STRING, INTEGER, NUMBER, BOOLEAN, NULL, OBJECT, ARRAY = 1, 2, 4, 8, 16, 32, 64
@@ -88,7 +100,8 @@ def _bits(value: Any) -> int:
 class Node:
     """One planned (sub)schema."""
 
-    __slots__ = ("closed", "enum", "items", "properties", "required", "steps", "types")
+    __slots__ = ("any_of", "closed", "enum", "items", "lengths", "numbers", "properties",
+                 "required", "steps", "types")
 
     def __init__(self, steps: int) -> None:
         #: Type bits any of which the value must have.
@@ -98,8 +111,15 @@ class Node:
         #: ``additionalProperties: false``.
         self.closed = False
         self.items: Node | None = None
-        #: The enum's strings, when there is an enum.
+        #: The enum's strings (or the one string of ``const``), when there is one.
         self.enum: frozenset[str] | None = None
+        #: Number bounds: (minimum, maximum, exclusive minimum, exclusive maximum), each None
+        #: when absent; None when there is none at all.
+        self.numbers: tuple[Any, Any, Any, Any] | None = None
+        #: Length bounds of a string or an array: (minLength, maxLength, minItems, maxItems).
+        self.lengths: tuple[int, int, int, int] | None = None
+        #: ``anyOf``'s branches.
+        self.any_of: list[Node] | None = None
         #: What applying this schema costs in validation steps, at most (its member count).
         self.steps = steps
 
@@ -110,10 +130,19 @@ class Node:
     def _left(self, value: Any, left: int) -> int:
         """The steps left after applying this schema to ``value``; negative: not sure."""
         left -= self.steps
-        if left < 0 or not _bits(value) & self.types:
+        bits = _bits(value)
+        if left < 0 or not bits & self.types:
             return -1
         if self.enum is not None and (type(value) is not str or value not in self.enum):
             return -1
+        if self.numbers is not None and bits & NUMBER and not _within(value, self.numbers):
+            return -1
+        if self.lengths is not None and not _long_enough(value, self.lengths):
+            return -1
+        if self.any_of is not None:
+            left = self._any_of(self.any_of, value, left)
+            if left < 0:
+                return -1
         if type(value) is dict:
             obj: dict[str, Any] = value
             for name in self.required:
@@ -136,6 +165,63 @@ class Node:
                 if left < 0:
                     return -1
         return left
+
+    @staticmethod
+    def _any_of(branches: list[Node], value: Any, left: int) -> int:
+        """The steps left once a branch is surely valid, or -1. jsonschema tries the branches
+        in order and stops at the first valid one, having checked each branch before it in
+        full: each branch this is not sure of is charged its full :meth:`_cost`."""
+        for branch in branches:
+            after = branch._left(value, left)
+            if after >= 0:
+                return after
+            left = branch._cost(value, left)
+            if left < 0:
+                return -1
+        return -1
+
+    def _cost(self, value: Any, left: int) -> int:
+        """The steps left after jsonschema applied this schema to ``value`` in full, at most
+        (every subschema that may apply, valid or not); -1 once they run out."""
+        left -= self.steps
+        if left < 0:
+            return -1
+        for branch in self.any_of or ():
+            left = branch._cost(value, left)
+            if left < 0:
+                return -1
+        if type(value) is dict:
+            obj: dict[str, Any] = value
+            for key, node in self.properties.items():
+                if key in obj:
+                    left = node._cost(obj[key], left)
+                    if left < 0:
+                        return -1
+        elif type(value) is list and self.items is not None:
+            for member in value:
+                left = self.items._cost(member, left)
+                if left < 0:
+                    return -1
+        return left
+
+
+def _within(number: Any, bounds: tuple[Any, Any, Any, Any]) -> bool:
+    """Whether an ``int`` or ``float`` passes ``minimum``, ``maximum`` and the exclusive
+    bounds (as jsonschema compares them: Python's own comparison of the two numbers)."""
+    low, high, above, below = bounds
+    return ((low is None or number >= low) and (high is None or number <= high)
+            and (above is None or number > above) and (below is None or number < below))
+
+
+def _long_enough(value: Any, lengths: tuple[int, int, int, int]) -> bool:
+    """Whether a string's or an array's length is within its bounds (other values pass)."""
+    if type(value) is str:
+        size, low, high = len(value), lengths[0], lengths[1]
+    elif type(value) is list:
+        size, low, high = len(value), lengths[2], lengths[3]
+    else:
+        return True
+    return low <= size and (high < 0 or size <= high)
 
 
 def plan(schema: Any, depth: int = 0) -> Node | None:
@@ -180,7 +266,47 @@ def plan(schema: Any, depth: int = 0) -> Node | None:
         if type(enum) is not list:
             return None
         node.enum = frozenset(e for e in enum if type(e) is str)
+    if "const" in doc:  # a string only: other constants are equal to values of other types
+        const = doc["const"]
+        if type(const) is not str:
+            return None
+        node.enum = frozenset({const}) if node.enum is None else node.enum & {const}
+    if not _bounds(doc, node):
+        return None
+    if "anyOf" in doc:
+        branches = doc["anyOf"]
+        if type(branches) is not list or not branches:
+            return None
+        node.any_of = []
+        for branch in branches:
+            child = plan(branch, depth + 1)
+            if child is None:
+                return None
+            node.any_of.append(child)
     return node
+
+
+def _bounds(doc: dict[str, Any], node: Node) -> bool:
+    """Read the number and length bounds into ``node``; False when one is not a number (or a
+    count), e.g. draft 4's boolean ``exclusiveMinimum``."""
+    numbers: list[Any] = []
+    for name in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        bound = doc.get(name)
+        if name in doc and type(bound) is not int and type(bound) is not float:
+            return False
+        numbers.append(bound)
+    if any(b is not None for b in numbers):
+        node.numbers = (numbers[0], numbers[1], numbers[2], numbers[3])
+    lengths: list[int] = []
+    for name, absent in (("minLength", 0), ("maxLength", -1), ("minItems", 0),
+                         ("maxItems", -1)):
+        bound = doc.get(name, absent)
+        if name in doc and (type(bound) is not int or bound < 0):
+            return False
+        lengths.append(bound)
+    if lengths != [0, -1, 0, -1]:
+        node.lengths = (lengths[0], lengths[1], lengths[2], lengths[3])
+    return True
 
 
 def _types(value: Any) -> int | None:

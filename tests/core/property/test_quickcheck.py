@@ -29,9 +29,15 @@ NAMES = ["a", "b", "c", "path"]
 ANNOTATION = st.sampled_from([{}, {"description": "d"}, {"title": "t", "default": 1},
                               {"format": "email"}, {"format": "date-time"},
                               {"examples": [1, "x"]}, {"deprecated": True}])
+#: Bounds and constants of the subset (a draft 4 boolean exclusive bound is outside it).
+BOUNDED = st.sampled_from([{}, {}, {"minimum": 1}, {"maximum": 2.5}, {"exclusiveMinimum": 0},
+                           {"exclusiveMaximum": 2}, {"minimum": -1, "maximum": 1},
+                           {"minLength": 1}, {"maxLength": 1}, {"minLength": 2, "maxLength": 3},
+                           {"minItems": 1}, {"maxItems": 2}, {"const": "a"},
+                           {"maximum": 2, "exclusiveMaximum": True}])
 #: Keywords outside the subset (the quick check must defer on them, jsonschema decides).
-OUTSIDE = st.sampled_from([{}, {}, {}, {"minLength": 2}, {"maximum": 3}, {"const": "a"},
-                           {"minItems": 1}, {"pattern": "^a"}, {"not": {"type": "string"}},
+OUTSIDE = st.sampled_from([{}, {}, {}, {}, {"multipleOf": 2}, {"minProperties": 1},
+                           {"pattern": "^a"}, {"not": {"type": "string"}}, {"const": 1},
                            {"additionalProperties": {"type": "integer"}}])
 
 _type = st.one_of(st.sampled_from(TYPES),
@@ -53,13 +59,17 @@ def _extend(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
         st.dictionaries(st.sampled_from(NAMES), inner, max_size=3),
         st.lists(st.sampled_from(NAMES), max_size=2, unique=True), st.booleans(), ANNOTATION,
         OUTSIDE)
-    arr = st.builds(lambda items, note, odd: _merge({"type": "array", "items": items}, note, odd),
-                    inner, ANNOTATION, OUTSIDE)
-    return st.one_of(obj, arr)
+    arr = st.builds(lambda items, note, odd, bound: _merge(
+        {"type": "array", "items": items}, note, odd, bound), inner, ANNOTATION, OUTSIDE,
+        BOUNDED)
+    any_of = st.builds(lambda branches, note: _merge({"anyOf": branches}, note),
+                       st.lists(inner, min_size=1, max_size=3), ANNOTATION)
+    return st.one_of(obj, arr, any_of)
 
 
 LEAF = st.one_of(
-    st.builds(lambda t, note, odd: _merge({"type": t}, note, odd), _type, ANNOTATION, OUTSIDE),
+    st.builds(lambda t, note, odd, bound: _merge({"type": t}, note, odd, bound), _type,
+              ANNOTATION, OUTSIDE, BOUNDED),
     st.builds(lambda e, note: _merge({"enum": e}, note),
               st.lists(st.sampled_from(["a", "b", 1, 1.0, None, True, "1"]), min_size=1,
                        max_size=4, unique_by=lambda v: (type(v), v)), ANNOTATION),
@@ -80,6 +90,10 @@ def _conforming(draw: Any, schema: Any, depth: int = 0) -> Any:
     """A value built to satisfy ``schema`` when it is in the quick subset (else anything)."""
     if schema is True or not isinstance(schema, dict) or depth > 6:
         return draw(VALUES)
+    if "anyOf" in schema:
+        return _conforming(draw, draw(st.sampled_from(schema["anyOf"])), depth + 1)
+    if "const" in schema:
+        return schema["const"]
     if "enum" in schema:
         strings = [e for e in schema["enum"] if isinstance(e, str)]
         wanted = schema.get("type", "string")
@@ -95,9 +109,17 @@ def _conforming(draw: Any, schema: Any, depth: int = 0) -> Any:
             value = {k: v for k, v in value.items() if k in props}
         return value
     if kind == "array":
+        low = schema.get("minItems", 0)
+        high = max(low, schema.get("maxItems", 3))
         return [_conforming(draw, schema.get("items", True), depth + 1)
-                for _ in range(draw(st.integers(0, 3)))]
-    return {"string": "a", "integer": 2, "number": 2.5, "boolean": False, "null": None}[kind]
+                for _ in range(draw(st.integers(low, high)))]
+    if kind == "string":
+        return "a" * draw(st.integers(schema.get("minLength", 0),
+                                      max(schema.get("minLength", 0), schema.get("maxLength", 3))))
+    if kind in ("integer", "number"):
+        return draw(st.sampled_from([-1, 0, 1, 2, 3]) if kind == "integer"
+                    else st.sampled_from([-1, 0, 0.5, 1, 2, 2.5, 3]))
+    return {"boolean": False, "null": None}[kind]
 
 
 def _stringless_enum(schema: Any) -> bool:
@@ -108,7 +130,8 @@ def _stringless_enum(schema: Any) -> bool:
     if "enum" in schema and not ("string" in schema.get("type", "string") and any(
             isinstance(e, str) for e in schema["enum"])):
         return True
-    subs = [*schema.get("properties", {}).values(), schema.get("items", True)]
+    subs = [*schema.get("properties", {}).values(), schema.get("items", True),
+            *schema.get("anyOf", [])]
     return any(_stringless_enum(sub) for sub in subs)
 
 
@@ -179,9 +202,11 @@ def test_the_subset_and_outside_it() -> None:
     assert not node.sure({"path": "/tmp/a"}, 3)  # over the steps (the root alone takes 5)
     assert not quickcheck.plan({"type": "integer"}).sure(1.0, 10)  # type: ignore[union-attr]
     assert not quickcheck.plan({"type": "integer"}).sure(True, 10)  # type: ignore[union-attr]
-    for outside in ({"minLength": 1}, {"$ref": "#"}, {"additionalProperties": {}},
+    for outside in ({"pattern": "a"}, {"$ref": "#"}, {"additionalProperties": {}},
                     {"items": [{}]}, {"type": "float"}, {"properties": {"a": False}}, False,
-                    {"required": "a"}):
+                    {"required": "a"}, {"const": 1}, {"exclusiveMinimum": True},
+                    {"minLength": 1.0}, {"maxItems": -1}, {"anyOf": []},
+                    {"anyOf": [{"not": {}}]}):
         assert quickcheck.plan(outside) is None, outside
     deep: Any = {"type": "string"}
     for _ in range(quickcheck.MAX_PLAN_DEPTH + 1):
@@ -189,7 +214,12 @@ def test_the_subset_and_outside_it() -> None:
     assert quickcheck.plan(deep) is None
 
 
-EDGES = [({"type": "integer"}, 1.0), ({"type": "integer"}, True), ({"type": "number"}, False),
+EDGES = [({"maxLength": 1}, "ab"), ({"maxItems": 1}, [1, 2]), ({"minItems": 1}, []),
+         ({"minLength": 1}, ""), ({"exclusiveMinimum": 1}, 1), ({"maximum": 1}, 2),
+         ({"minimum": 1}, True), ({"maximum": 1}, 1.0), ({"exclusiveMaximum": 1}, 1.0),
+         ({"minimum": 2**63}, 2**63 - 1), ({"maxLength": 1}, "é"), ({"minLength": 2}, "😀"),
+         ({"maxItems": 0}, {}), ({"const": "a"}, "a"), ({"anyOf": [{"type": "null"}]}, None),
+         ({"type": "integer"}, 1.0), ({"type": "integer"}, True), ({"type": "number"}, False),
          ({"type": "integer"}, 2**63), ({"type": "number"}, -0.0), ({"type": "null"}, False),
          ({"enum": ["1"]}, 1), ({"enum": [1]}, 1.0), ({"enum": [True]}, 1),
          ({"type": "string", "format": "email"}, "not an email"),
@@ -206,3 +236,31 @@ def test_edges_of_each_type_in_every_draft(draft: str | None) -> None:
     for schema, value in EDGES:
         check, slow = _compiled(schema, draft)
         assert check.errors(value) == slow.errors(value), (schema, value)
+
+
+NESTED = [{"anyOf": [{"anyOf": [{"type": "string"}, {"type": "string", "minLength": 1}]},
+                     {"type": "integer"}]},
+          {"anyOf": [{"type": "object", "properties": {"a": {"anyOf": [{"type": "string"},
+                                                                       {"maxItems": 0}]}}},
+                     {"type": "array", "items": {"anyOf": [{"type": "null"}, {}]}}]},
+          {"type": "array", "items": {"anyOf": [{"type": "string", "maxLength": 1},
+                                                {"type": "integer", "minimum": 0}]}}]
+NESTED.append({"anyOf": [{"type": "object", "required": ["b"], "properties": {
+    "a": {"type": "string", "minLength": 5, "description": "d"}}}, {"type": "object"}]})
+NESTED.append({"anyOf": [{"type": "array", "minItems": 5, "items": {
+    "type": "string", "minLength": 2}}, {"type": "array"}]})
+NESTED_VALUES = [5, "", "ab", ["a", "b", "c"], {"a": [1]}, {"a": "x"}, {"a": "xy"},
+                 [None, 1], [1, "a", -1], ["abc", 2]]
+
+
+def test_every_step_budget_at_the_edge_of_nested_branches() -> None:
+    """Each step budget from 1 to 40, on nested ``anyOf`` (where jsonschema checks each
+    failing branch in full before the next): the verdict, over budget or not, is
+    jsonschema's."""
+    for schema in NESTED:
+        for max_steps in range(1, 41):
+            check = ValidatorCache(limits=SchemaLimits(max_steps=max_steps)).get(schema)
+            assert check.quick is not None and check.validator is not None
+            slow = SchemaCheck(check.validator, None, check.patterns, check.max_steps, None)
+            for value in NESTED_VALUES:
+                assert check.errors(value) == slow.errors(value), (schema, max_steps, value)
