@@ -24,10 +24,12 @@ not draft 4's booleans), ``minLength``/``maxLength`` (code points, as jsonschema
 ``minItems``/``maxItems``, the annotations that never change a verdict (``title``,
 ``description``, ``default``, ``examples``, ``$comment``, ``deprecated``, ``readOnly``,
 ``writeOnly``, and ``format``: the validators are built without a format checker, so
-jsonschema asserts no format either), and the schema ``true``. That covers what tool
-definitions are mostly made of, pydantic's ``anyOf`` of a type and ``null`` for an optional
-field among them. Each check is the conservative reading of its keyword, right in every draft
-jsonschema supports here:
+jsonschema asserts no format either), the schema ``true``, and a ``$ref`` beside nothing but
+annotations to a definition of the root (``#/$defs/Name``, ``#/definitions/Name``; a root
+with an ``$id`` of its own and reference cycles are not in the subset). That covers what tool
+definitions are mostly made of, pydantic's nested models (``$defs``) and its ``anyOf`` of a
+type and ``null`` for an optional field among them. Each check is the conservative reading
+of its keyword, right in every draft jsonschema supports here:
 
 * ``integer`` is an ``int`` only (a float such as ``1.0`` is an integer from draft 6 on, but
   not in draft 4: not sure, jsonschema decides); ``number`` an ``int`` or a ``float``; neither
@@ -62,6 +64,9 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$commen
 #: array's length: name -> what a value that passes it is (below).
 BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
                     "maxLength", "minItems", "maxItems"})
+
+#: Where a root keeps the definitions its ``$ref`` members point to (``#/$defs/Name``).
+DEFINITIONS = ("$defs", "definitions")
 
 #: The members :func:`plan` reads; a schema with any other member is outside the subset.
 KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "items",
@@ -224,66 +229,127 @@ def _long_enough(value: Any, lengths: tuple[int, int, int, int]) -> bool:
     return low <= size and (high < 0 or size <= high)
 
 
-def plan(schema: Any, depth: int = 0) -> Node | None:
-    """``schema`` as a :class:`Node`, or None when it is outside the subset."""
-    if schema is True:
-        return Node(0)
-    if type(schema) is not dict or depth > MAX_PLAN_DEPTH:
-        return None
-    doc: dict[str, Any] = schema
-    for key in doc:
-        if key not in KEYWORDS:
+def plan(schema: Any, draft4: bool = False) -> Node | None:
+    """``schema`` as a :class:`Node`, or None when it is outside the subset.
+
+    ``draft4``: the schema is read by draft 4's rules. A definition under a container the
+    draft does not know (``$defs`` before 2019-09) escaped the metaschema check, so it may
+    hold what the draft reads otherwise: draft 4 has no boolean subschemas (jsonschema fails
+    on one) and reads a truthy ``exclusiveMinimum``/``exclusiveMaximum`` as a flag on
+    ``minimum``/``maximum``. With it, neither is in the subset."""
+    definitions: dict[str, Any] = {}
+    if type(schema) is dict:
+        root: dict[str, Any] = schema
+        for container in DEFINITIONS:
+            found = root.get(container)
+            if found is not None:
+                if type(found) is not dict:
+                    return None
+                definitions.update({f"#/{container}/{name}": sub for name, sub in found.items()})
+        if definitions and ("$id" in root or "id" in root):
+            return None  # a base URI of its own: references would not be read from this root
+        schema = {k: v for k, v in root.items() if k not in DEFINITIONS}
+    return _Planner(definitions, draft4).plan(schema, 0)
+
+
+class _Planner:
+    """Reads one schema; a ``$ref`` target is read once, and shared by every reference."""
+
+    def __init__(self, definitions: dict[str, Any], draft4: bool) -> None:
+        self.definitions = definitions
+        self.draft4 = draft4
+        self.planned: dict[str, Node] = {}
+        #: The references being read: one met again is a cycle (not in the subset).
+        self.open: set[str] = set()
+
+    def plan(self, schema: Any, depth: int) -> Node | None:
+        if schema is True:
+            return None if self.draft4 else Node(0)
+        if type(schema) is not dict or depth > MAX_PLAN_DEPTH:
             return None
-    node = Node(len(doc))
-    if "type" in doc:
-        types = _types(doc["type"])
-        if types is None:
+        doc: dict[str, Any] = schema
+        if "$ref" in doc:
+            return self._reference(doc, depth)
+        for key in doc:
+            if key not in KEYWORDS:
+                return None
+        node = Node(len(doc))
+        if "type" in doc:
+            types = _types(doc["type"])
+            if types is None:
+                return None
+            node.types = types
+        properties = doc.get("properties", {})
+        if type(properties) is not dict:
             return None
-        node.types = types
-    properties = doc.get("properties", {})
-    if type(properties) is not dict:
-        return None
-    for name, sub in properties.items():
-        child = plan(sub, depth + 1)
-        if child is None:
-            return None
-        node.properties[name] = child
-    required = doc.get("required", [])
-    if type(required) is not list or any(type(r) is not str for r in required):
-        return None
-    node.required = list(required)
-    extra = doc.get("additionalProperties", True)
-    if extra is not True and extra is not False:
-        return None
-    node.closed = extra is False
-    if "items" in doc:
-        items = plan(doc["items"], depth + 1)
-        if items is None:
-            return None
-        node.items = items
-    if "enum" in doc:
-        enum = doc["enum"]
-        if type(enum) is not list:
-            return None
-        node.enum = frozenset(e for e in enum if type(e) is str)
-    if "const" in doc:  # a string only: other constants are equal to values of other types
-        const = doc["const"]
-        if type(const) is not str:
-            return None
-        node.enum = frozenset({const}) if node.enum is None else node.enum & {const}
-    if not _bounds(doc, node):
-        return None
-    if "anyOf" in doc:
-        branches = doc["anyOf"]
-        if type(branches) is not list or not branches:
-            return None
-        node.any_of = []
-        for branch in branches:
-            child = plan(branch, depth + 1)
+        for name, sub in properties.items():
+            child = self.plan(sub, depth + 1)
             if child is None:
                 return None
-            node.any_of.append(child)
-    return node
+            node.properties[name] = child
+        required = doc.get("required", [])
+        if type(required) is not list or any(type(r) is not str for r in required):
+            return None
+        node.required = list(required)
+        extra = doc.get("additionalProperties", True)
+        if extra is not True and extra is not False:
+            return None
+        node.closed = extra is False
+        if "items" in doc:
+            items = self.plan(doc["items"], depth + 1)
+            if items is None:
+                return None
+            node.items = items
+        if "enum" in doc:
+            enum = doc["enum"]
+            if type(enum) is not list:
+                return None
+            node.enum = frozenset(e for e in enum if type(e) is str)
+        if "const" in doc:  # a string only: other constants equal values of other types
+            const = doc["const"]
+            if type(const) is not str:
+                return None
+            node.enum = frozenset({const}) if node.enum is None else node.enum & {const}
+        if not _bounds(doc, node) or (self.draft4 and (
+                "exclusiveMinimum" in doc or "exclusiveMaximum" in doc)):
+            return None
+        if "anyOf" in doc:
+            branches = doc["anyOf"]
+            if type(branches) is not list or not branches:
+                return None
+            node.any_of = []
+            for branch in branches:
+                child = self.plan(branch, depth + 1)
+                if child is None:
+                    return None
+                node.any_of.append(child)
+        return node
+
+    def _reference(self, doc: dict[str, Any], depth: int) -> Node | None:
+        """A ``$ref`` beside annotations only (drafts 4 to 7 ignore its siblings, later ones
+        apply them: with none, both read it alike) to a definition of the root, as a node
+        whose one branch is the definition's."""
+        ref = doc["$ref"]
+        if any(k != "$ref" and k not in ANNOTATIONS for k in doc) or type(ref) is not str:
+            return None
+        target = self.planned.get(ref)
+        if target is None:
+            if ref not in self.definitions or ref in self.open or not _plain(ref):
+                return None
+            self.open.add(ref)
+            target = self.plan(self.definitions[ref], depth + 1)
+            self.open.discard(ref)
+            if target is None:
+                return None
+            self.planned[ref] = target
+        node = Node(len(doc))
+        node.any_of = [target]
+        return node
+
+
+def _plain(ref: str) -> bool:
+    """Whether a reference's name needs no unescaping (JSON Pointer's ``~``, URI ``%``)."""
+    return "~" not in ref and "%" not in ref and ref.count("/") == 2
 
 
 def _bounds(doc: dict[str, Any], node: Node) -> bool:

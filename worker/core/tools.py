@@ -219,7 +219,8 @@ def _compile(schema: Any, limits: SchemaLimits | None = None) -> SchemaCheck:
         return SchemaCheck(None, f"keyword '{exc.validator}'")
     except schemacheck.SchemaRefused as exc:
         return SchemaCheck(None, str(exc))
-    return SchemaCheck(validator, None, patterns, limits.max_steps, quickcheck.plan(schema))
+    quick = quickcheck.plan(schema, draft4=cls is js_validators.Draft4Validator)
+    return SchemaCheck(validator, None, patterns, limits.max_steps, quick)
 
 
 def _check_schema(cls: type[Any]) -> Any:

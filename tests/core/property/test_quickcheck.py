@@ -76,7 +76,50 @@ LEAF = st.one_of(
     st.builds(lambda t, e: {"type": t, "enum": e}, st.sampled_from(["string", "integer"]),
               st.lists(st.sampled_from(["a", "b", 1, 2]), min_size=1, max_size=3, unique=True)),
     st.just({}), st.just(True))
-SCHEMAS = st.recursive(LEAF, _extend, max_leaves=8)
+NESTED_SCHEMAS = st.recursive(LEAF, _extend, max_leaves=8)
+
+
+@st.composite
+def _with_definitions(draw: Any) -> Any:
+    """A schema whose subschemas are moved, some of them, into the root's definitions and
+    referenced from where they were (``$ref``, with an annotation, or with another keyword
+    beside it that puts it outside the quick subset); a definition may be referenced twice."""
+    schema = draw(NESTED_SCHEMAS)
+    container = draw(st.sampled_from(["$defs", "definitions"]))
+    defs: dict[str, Any] = {}
+
+    def move(sub: Any) -> Any:
+        if not isinstance(sub, dict) or not draw(st.booleans()):
+            return sub
+        name = draw(st.sampled_from(["A", "B", "C"]))
+        defs.setdefault(name, sub)
+        ref: dict[str, Any] = {"$ref": f"#/{container}/{name}"}
+        ref.update(draw(st.sampled_from([{}, {}, {"description": "r"}, {"type": "string"}])))
+        return ref
+
+    def walk(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        out = dict(node)
+        if isinstance(out.get("properties"), dict):
+            out["properties"] = {k: move(walk(v)) for k, v in out["properties"].items()}
+        if "items" in out:
+            out["items"] = move(walk(out["items"]))
+        if isinstance(out.get("anyOf"), list):
+            out["anyOf"] = [move(walk(b)) for b in out["anyOf"]]
+        return out
+
+    root = walk(schema)
+    if isinstance(root, dict):
+        if draw(st.booleans()):  # the whole schema behind a reference, as pydantic writes it
+            defs.setdefault("Root", root)
+            root = {"$ref": f"#/{container}/Root"}
+        if defs:
+            root = {**root, container: defs}
+    return root
+
+
+SCHEMAS = st.one_of(NESTED_SCHEMAS, _with_definitions())
 
 VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from([1.0, 2.5, -0.0, 2**63])
@@ -86,12 +129,14 @@ VALUES = st.recursive(
     max_leaves=10)
 
 
-def _conforming(draw: Any, schema: Any, depth: int = 0) -> Any:
+def _conforming(draw: Any, schema: Any, depth: int = 0, root: Any = None) -> Any:
     """A value built to satisfy ``schema`` when it is in the quick subset (else anything)."""
+    root = schema if root is None else root
+    schema = _resolved(schema, root)
     if schema is True or not isinstance(schema, dict) or depth > 6:
         return draw(VALUES)
     if "anyOf" in schema:
-        return _conforming(draw, draw(st.sampled_from(schema["anyOf"])), depth + 1)
+        return _conforming(draw, draw(st.sampled_from(schema["anyOf"])), depth + 1, root)
     if "const" in schema:
         return schema["const"]
     if "enum" in schema:
@@ -104,14 +149,14 @@ def _conforming(draw: Any, schema: Any, depth: int = 0) -> Any:
         props = schema.get("properties", {})
         names = set(schema.get("required", [])) | set(draw(st.sets(st.sampled_from(
             sorted(props) or ["z"]))))
-        value = {n: _conforming(draw, props.get(n, True), depth + 1) for n in names}
+        value = {n: _conforming(draw, props.get(n, True), depth + 1, root) for n in names}
         if not schema.get("additionalProperties", True):
             value = {k: v for k, v in value.items() if k in props}
         return value
     if kind == "array":
         low = schema.get("minItems", 0)
         high = max(low, schema.get("maxItems", 3))
-        return [_conforming(draw, schema.get("items", True), depth + 1)
+        return [_conforming(draw, schema.get("items", True), depth + 1, root)
                 for _ in range(draw(st.integers(low, high)))]
     if kind == "string":
         return "a" * draw(st.integers(schema.get("minLength", 0),
@@ -122,9 +167,20 @@ def _conforming(draw: Any, schema: Any, depth: int = 0) -> Any:
     return {"boolean": False, "null": None}[kind]
 
 
-def _stringless_enum(schema: Any) -> bool:
+def _resolved(schema: Any, root: Any) -> Any:
+    """``schema``, or what its ``$ref`` names in ``root``'s definitions."""
+    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and isinstance(
+            root, dict):
+        _, container, name = schema["$ref"].split("/")
+        schema = root.get(container, {}).get(name, True)
+    return schema
+
+
+def _stringless_enum(schema: Any, root: Any = None) -> bool:
     """Whether some (sub)schema is an enum that a conforming value cannot be built for (the
     quick check reads only an enum's strings)."""
+    root = schema if root is None else root
+    schema = _resolved(schema, root)
     if not isinstance(schema, dict):
         return False
     if "enum" in schema and not ("string" in schema.get("type", "string") and any(
@@ -132,7 +188,7 @@ def _stringless_enum(schema: Any) -> bool:
         return True
     subs = [*schema.get("properties", {}).values(), schema.get("items", True),
             *schema.get("anyOf", [])]
-    return any(_stringless_enum(sub) for sub in subs)
+    return any(_stringless_enum(sub, root) for sub in subs)
 
 
 def _conform(schema: Any) -> st.SearchStrategy[Any]:
@@ -182,7 +238,7 @@ def test_a_conforming_value_of_a_subset_schema_is_surely_valid(
     check, slow = _compiled(schema, draft)
     plain = {k: v for k, v in schema.items() if k != "$schema"} \
         if isinstance(schema, dict) else schema
-    assume(quickcheck.plan(plain) is not None and not _stringless_enum(plain))
+    assume(check.quick is not None and not _stringless_enum(plain))
     value = orjson.loads(orjson.dumps(data.draw(_conform(schema))))
     assume(slow.errors(value) is None)  # e.g. an enum of no strings: nothing conforms
     assert check.quick is not None and check.quick.sure(value, check.max_steps)
@@ -208,13 +264,31 @@ def test_the_subset_and_outside_it() -> None:
                     {"minLength": 1.0}, {"maxItems": -1}, {"anyOf": []},
                     {"anyOf": [{"not": {}}]}):
         assert quickcheck.plan(outside) is None, outside
+    shared = {"properties": {"a": {"$ref": "#/$defs/S"}, "b": {"$ref": "#/$defs/S"}},
+              "$defs": {"S": {"type": "string"}}}
+    assert quickcheck.plan(shared) is not None
+    assert quickcheck.plan(shared).sure({"a": "x", "b": "y"}, 100)  # type: ignore[union-attr]
+    for outside in ({"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#/$defs/A"}}},  # a cycle
+                    {"$ref": "#/$defs/A", "$defs": {"A": {}}, "$id": "urn:x"},
+                    {"$ref": "#/$defs/a~1b", "$defs": {"a/b": {}}},
+                    {"$ref": "#/$defs/A/properties/x", "$defs": {"A": {}}},
+                    {"$ref": "#/$defs/missing", "$defs": {}},
+                    {"properties": {"a": {"$defs": {"X": {}}}}}):
+        assert quickcheck.plan(outside) is None, outside
     deep: Any = {"type": "string"}
     for _ in range(quickcheck.MAX_PLAN_DEPTH + 1):
         deep = {"type": "array", "items": deep}
     assert quickcheck.plan(deep) is None
 
 
-EDGES = [({"maxLength": 1}, "ab"), ({"maxItems": 1}, [1, 2]), ({"minItems": 1}, []),
+_REF_SIBLING = {"properties": {"a": {"$ref": "#/$defs/A", "type": "string"}},
+                "$defs": {"A": {"type": "integer"}}}
+EDGES = [({"$ref": "#/$defs/A", "$defs": {"A": {"type": "array", "items": True}}}, []),
+         ({"$ref": "#/$defs/A", "$defs": {"A": {"minimum": 1, "exclusiveMinimum": 0.5}}}, 1),
+         (_REF_SIBLING, {"a": 1}), (_REF_SIBLING, {"a": "x"}),
+         ({"$ref": "#/definitions/B", "definitions": {"B": {"maxItems": 1}}}, [1, 2]),
+         ({"items": {"$ref": "#/$defs/C"}, "$defs": {"C": {"type": "string"}}}, ["x", 1]),
+         ({"maxLength": 1}, "ab"), ({"maxItems": 1}, [1, 2]), ({"minItems": 1}, []),
          ({"minLength": 1}, ""), ({"exclusiveMinimum": 1}, 1), ({"maximum": 1}, 2),
          ({"minimum": 1}, True), ({"maximum": 1}, 1.0), ({"exclusiveMaximum": 1}, 1.0),
          ({"minimum": 2**63}, 2**63 - 1), ({"maxLength": 1}, "é"), ({"minLength": 2}, "😀"),
