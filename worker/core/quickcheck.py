@@ -18,7 +18,9 @@ jsonschema, bounded as ``worker.core.schemacheck`` bounds it, finds valid
 
 The subset, per (sub)schema: ``type`` (a name or a list of names), ``properties`` (object
 subschemas), ``required``, ``additionalProperties`` (``true`` or ``false``), ``items`` (one
-subschema), ``enum`` (only its strings are used), ``const`` (a string), ``anyOf``, the number
+subschema), ``enum`` (only its strings are used), ``const`` (a string), ``anyOf``,
+``allOf``, ``pattern`` (searched with the RE2 regex jsonschema's bounded validator uses), the
+number
 bounds (``minimum``, ``maximum``, and ``exclusiveMinimum``/``exclusiveMaximum`` as numbers,
 not draft 4's booleans), ``minLength``/``maxLength`` (code points, as jsonschema counts them),
 ``minItems``/``maxItems``, the annotations that never change a verdict (``title``,
@@ -38,7 +40,7 @@ of its keyword, right in every draft jsonschema supports here:
   string); any other value is not sure;
 * ``properties``, ``required`` and ``additionalProperties`` apply to objects only, ``items``
   to arrays only, the bounds to numbers, strings and arrays only, as in JSON Schema;
-* ``anyOf`` is sure when one of its branches is.
+* ``anyOf`` is sure when one of its branches is, ``allOf`` when all of them are.
 
 Bounds: a schema nested deeper than :data:`MAX_PLAN_DEPTH` is not planned. ``sure`` counts
 each (sub)schema it applies as many steps as the schema has members, never fewer than the
@@ -70,7 +72,7 @@ DEFINITIONS = ("$defs", "definitions")
 
 #: The members :func:`plan` reads; a schema with any other member is outside the subset.
 KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "items",
-                      "enum", "const", "anyOf"}) | BOUNDS | ANNOTATIONS
+                      "enum", "const", "anyOf", "allOf", "pattern"}) | BOUNDS | ANNOTATIONS
 
 # One bit per JSON type name, tested against the bits of a value's Python type.
 STRING, INTEGER, NUMBER, BOOLEAN, NULL, OBJECT, ARRAY = 1, 2, 4, 8, 16, 32, 64
@@ -105,8 +107,8 @@ def _bits(value: Any) -> int:
 class Node:
     """One planned (sub)schema."""
 
-    __slots__ = ("any_of", "closed", "enum", "items", "lengths", "numbers", "properties",
-                 "required", "steps", "types")
+    __slots__ = ("all_of", "any_of", "closed", "enum", "items", "lengths", "numbers",
+                 "patterns", "properties", "required", "steps", "types")
 
     def __init__(self, steps: int) -> None:
         #: Type bits any of which the value must have.
@@ -125,6 +127,11 @@ class Node:
         self.lengths: tuple[int, int, int, int] | None = None
         #: ``anyOf``'s branches.
         self.any_of: list[Node] | None = None
+        #: ``allOf``'s branches.
+        self.all_of: list[Node] = []
+        #: ``pattern``: its RE2 regex (``schemacheck.prepare`` compiled it), searched in a
+        #: string as jsonschema's bounded validator does.
+        self.patterns: list[Any] = []
         #: What applying this schema costs in validation steps, at most (its member count).
         self.steps = steps
 
@@ -144,8 +151,16 @@ class Node:
             return -1
         if self.lengths is not None and not _long_enough(value, self.lengths):
             return -1
+        if self.patterns and type(value) is str:
+            for regex in self.patterns:
+                if regex.search(value) is None:
+                    return -1
         if self.any_of is not None:
             left = self._any_of(self.any_of, value, left)
+            if left < 0:
+                return -1
+        for branch in self.all_of:
+            left = branch._left(value, left)
             if left < 0:
                 return -1
         if type(value) is dict:
@@ -191,7 +206,7 @@ class Node:
         left -= self.steps
         if left < 0:
             return -1
-        for branch in self.any_of or ():
+        for branch in [*(self.any_of or ()), *self.all_of]:
             left = branch._cost(value, left)
             if left < 0:
                 return -1
@@ -229,14 +244,18 @@ def _long_enough(value: Any, lengths: tuple[int, int, int, int]) -> bool:
     return low <= size and (high < 0 or size <= high)
 
 
-def plan(schema: Any, draft4: bool = False) -> Node | None:
+def plan(schema: Any, draft4: bool = False, patterns: dict[str, Any] | None = None
+         ) -> Node | None:
     """``schema`` as a :class:`Node`, or None when it is outside the subset.
 
     ``draft4``: the schema is read by draft 4's rules. A definition under a container the
     draft does not know (``$defs`` before 2019-09) escaped the metaschema check, so it may
     hold what the draft reads otherwise: draft 4 has no boolean subschemas (jsonschema fails
     on one) and reads a truthy ``exclusiveMinimum``/``exclusiveMaximum`` as a flag on
-    ``minimum``/``maximum``. With it, neither is in the subset."""
+    ``minimum``/``maximum``. With it, neither is in the subset.
+
+    ``patterns``: each ``pattern`` of the schema compiled by RE2 (``schemacheck.prepare``);
+    a ``pattern`` not in it is not in the subset."""
     definitions: dict[str, Any] = {}
     if type(schema) is dict:
         root: dict[str, Any] = schema
@@ -249,15 +268,17 @@ def plan(schema: Any, draft4: bool = False) -> Node | None:
         if definitions and ("$id" in root or "id" in root):
             return None  # a base URI of its own: references would not be read from this root
         schema = {k: v for k, v in root.items() if k not in DEFINITIONS}
-    return _Planner(definitions, draft4).plan(schema, 0)
+    return _Planner(definitions, draft4, patterns or {}).plan(schema, 0)
 
 
 class _Planner:
     """Reads one schema; a ``$ref`` target is read once, and shared by every reference."""
 
-    def __init__(self, definitions: dict[str, Any], draft4: bool) -> None:
+    def __init__(self, definitions: dict[str, Any], draft4: bool,
+                 patterns: dict[str, Any]) -> None:
         self.definitions = definitions
         self.draft4 = draft4
+        self.patterns = patterns
         self.planned: dict[str, Node] = {}
         #: The references being read: one met again is a cycle (not in the subset).
         self.open: set[str] = set()
@@ -323,6 +344,20 @@ class _Planner:
                 if child is None:
                     return None
                 node.any_of.append(child)
+        if "allOf" in doc:
+            branches = doc["allOf"]
+            if type(branches) is not list or not branches:
+                return None
+            for branch in branches:
+                child = self.plan(branch, depth + 1)
+                if child is None:
+                    return None
+                node.all_of.append(child)
+        if "pattern" in doc:
+            regex = self.patterns.get(doc["pattern"]) if type(doc["pattern"]) is str else None
+            if regex is None:
+                return None
+            node.patterns.append(regex)
         return node
 
     def _reference(self, doc: dict[str, Any], depth: int) -> Node | None:

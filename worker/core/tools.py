@@ -219,7 +219,7 @@ def _compile(schema: Any, limits: SchemaLimits | None = None) -> SchemaCheck:
         return SchemaCheck(None, f"keyword '{exc.validator}'")
     except schemacheck.SchemaRefused as exc:
         return SchemaCheck(None, str(exc))
-    quick = quickcheck.plan(schema, draft4=cls is js_validators.Draft4Validator)
+    quick = quickcheck.plan(schema, cls is js_validators.Draft4Validator, patterns)
     return SchemaCheck(validator, None, patterns, limits.max_steps, quick)
 
 

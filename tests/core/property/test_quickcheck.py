@@ -34,10 +34,11 @@ BOUNDED = st.sampled_from([{}, {}, {"minimum": 1}, {"maximum": 2.5}, {"exclusive
                            {"exclusiveMaximum": 2}, {"minimum": -1, "maximum": 1},
                            {"minLength": 1}, {"maxLength": 1}, {"minLength": 2, "maxLength": 3},
                            {"minItems": 1}, {"maxItems": 2}, {"const": "a"},
-                           {"maximum": 2, "exclusiveMaximum": True}])
+                           {"maximum": 2, "exclusiveMaximum": True}, {"pattern": "^a"},
+                           {"pattern": "b$", "maxLength": 2}])
 #: Keywords outside the subset (the quick check must defer on them, jsonschema decides).
 OUTSIDE = st.sampled_from([{}, {}, {}, {}, {"multipleOf": 2}, {"minProperties": 1},
-                           {"pattern": "^a"}, {"not": {"type": "string"}}, {"const": 1},
+                           {"oneOf": [{}]}, {"not": {"type": "string"}}, {"const": 1},
                            {"additionalProperties": {"type": "integer"}}])
 
 _type = st.one_of(st.sampled_from(TYPES),
@@ -64,7 +65,9 @@ def _extend(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
         BOUNDED)
     any_of = st.builds(lambda branches, note: _merge({"anyOf": branches}, note),
                        st.lists(inner, min_size=1, max_size=3), ANNOTATION)
-    return st.one_of(obj, arr, any_of)
+    all_of = st.builds(lambda branches, note: _merge({"allOf": branches}, note),
+                       st.lists(inner, min_size=1, max_size=2), ANNOTATION)
+    return st.one_of(obj, arr, any_of, all_of)
 
 
 LEAF = st.one_of(
@@ -105,8 +108,9 @@ def _with_definitions(draw: Any) -> Any:
             out["properties"] = {k: move(walk(v)) for k, v in out["properties"].items()}
         if "items" in out:
             out["items"] = move(walk(out["items"]))
-        if isinstance(out.get("anyOf"), list):
-            out["anyOf"] = [move(walk(b)) for b in out["anyOf"]]
+        for combinator in ("anyOf", "allOf"):
+            if isinstance(out.get(combinator), list):
+                out[combinator] = [move(walk(b)) for b in out[combinator]]
         return out
 
     root = walk(schema)
@@ -137,6 +141,8 @@ def _conforming(draw: Any, schema: Any, depth: int = 0, root: Any = None) -> Any
         return draw(VALUES)
     if "anyOf" in schema:
         return _conforming(draw, draw(st.sampled_from(schema["anyOf"])), depth + 1, root)
+    if "allOf" in schema:  # the first branch's (the others may refuse it: jsonschema says)
+        return _conforming(draw, schema["allOf"][0], depth + 1, root)
     if "const" in schema:
         return schema["const"]
     if "enum" in schema:
@@ -159,8 +165,9 @@ def _conforming(draw: Any, schema: Any, depth: int = 0, root: Any = None) -> Any
         return [_conforming(draw, schema.get("items", True), depth + 1, root)
                 for _ in range(draw(st.integers(low, high)))]
     if kind == "string":
-        return "a" * draw(st.integers(schema.get("minLength", 0),
-                                      max(schema.get("minLength", 0), schema.get("maxLength", 3))))
+        low = max(schema.get("minLength", 0), 1 if "pattern" in schema else 0)
+        text = "a" * draw(st.integers(low, max(low, schema.get("maxLength", 3))))
+        return text[:-1] + "b" if schema.get("pattern") == "b$" else text
     if kind in ("integer", "number"):
         return draw(st.sampled_from([-1, 0, 1, 2, 3]) if kind == "integer"
                     else st.sampled_from([-1, 0, 0.5, 1, 2, 2.5, 3]))
@@ -176,19 +183,19 @@ def _resolved(schema: Any, root: Any) -> Any:
     return schema
 
 
-def _stringless_enum(schema: Any, root: Any = None) -> bool:
-    """Whether some (sub)schema is an enum that a conforming value cannot be built for (the
-    quick check reads only an enum's strings)."""
+def _non_string_enum(schema: Any, root: Any = None) -> bool:
+    """Whether some (sub)schema has an enum with a member that is not a string (the quick
+    check reads only an enum's strings)."""
     root = schema if root is None else root
     schema = _resolved(schema, root)
     if not isinstance(schema, dict):
         return False
-    if "enum" in schema and not ("string" in schema.get("type", "string") and any(
+    if "enum" in schema and not ("string" in schema.get("type", "string") and all(
             isinstance(e, str) for e in schema["enum"])):
-        return True
+        return True  # (a value equal to a member of another type is valid, and not sure)
     subs = [*schema.get("properties", {}).values(), schema.get("items", True),
-            *schema.get("anyOf", [])]
-    return any(_stringless_enum(sub, root) for sub in subs)
+            *schema.get("anyOf", []), *schema.get("allOf", [])]
+    return any(_non_string_enum(sub, root) for sub in subs)
 
 
 def _conform(schema: Any) -> st.SearchStrategy[Any]:
@@ -238,7 +245,7 @@ def test_a_conforming_value_of_a_subset_schema_is_surely_valid(
     check, slow = _compiled(schema, draft)
     plain = {k: v for k, v in schema.items() if k != "$schema"} \
         if isinstance(schema, dict) else schema
-    assume(check.quick is not None and not _stringless_enum(plain))
+    assume(check.quick is not None and not _non_string_enum(plain))
     value = orjson.loads(orjson.dumps(data.draw(_conform(schema))))
     assume(slow.errors(value) is None)  # e.g. an enum of no strings: nothing conforms
     assert check.quick is not None and check.quick.sure(value, check.max_steps)
@@ -283,7 +290,10 @@ def test_the_subset_and_outside_it() -> None:
 
 _REF_SIBLING = {"properties": {"a": {"$ref": "#/$defs/A", "type": "string"}},
                 "$defs": {"A": {"type": "integer"}}}
-EDGES = [({"$ref": "#/$defs/A", "$defs": {"A": {"type": "array", "items": True}}}, []),
+EDGES = [({"pattern": "^a"}, "ba"), ({"pattern": "^a"}, 1), ({"pattern": "é"}, "xé"),
+         ({"allOf": [{"type": "string"}, {"maxLength": 1}]}, "ab"),
+         ({"allOf": [{"minimum": 1}, {"maximum": 3}]}, 4),
+         ({"$ref": "#/$defs/A", "$defs": {"A": {"type": "array", "items": True}}}, []),
          ({"$ref": "#/$defs/A", "$defs": {"A": {"minimum": 1, "exclusiveMinimum": 0.5}}}, 1),
          (_REF_SIBLING, {"a": 1}), (_REF_SIBLING, {"a": "x"}),
          ({"$ref": "#/definitions/B", "definitions": {"B": {"maxItems": 1}}}, [1, 2]),
