@@ -335,30 +335,32 @@ class _Planner:
                 "exclusiveMinimum" in doc or "exclusiveMaximum" in doc)):
             return None
         if "anyOf" in doc:
-            branches = doc["anyOf"]
-            if type(branches) is not list or not branches:
+            node.any_of = self._branches(doc["anyOf"], depth)
+            if node.any_of is None:
                 return None
-            node.any_of = []
-            for branch in branches:
-                child = self.plan(branch, depth + 1)
-                if child is None:
-                    return None
-                node.any_of.append(child)
         if "allOf" in doc:
-            branches = doc["allOf"]
-            if type(branches) is not list or not branches:
+            every = self._branches(doc["allOf"], depth)
+            if every is None:
                 return None
-            for branch in branches:
-                child = self.plan(branch, depth + 1)
-                if child is None:
-                    return None
-                node.all_of.append(child)
+            node.all_of = every
         if "pattern" in doc:
             regex = self.patterns.get(doc["pattern"]) if type(doc["pattern"]) is str else None
             if regex is None:
                 return None
             node.patterns.append(regex)
         return node
+
+    def _branches(self, branches: Any, depth: int) -> list[Node] | None:
+        """An ``anyOf``'s or ``allOf``'s branches (a non-empty list), or None."""
+        if type(branches) is not list or not branches:
+            return None
+        nodes: list[Node] = []
+        for branch in branches:
+            child = self.plan(branch, depth + 1)
+            if child is None:
+                return None
+            nodes.append(child)
+        return nodes
 
     def _reference(self, doc: dict[str, Any], depth: int) -> Node | None:
         """A ``$ref`` beside annotations only (drafts 4 to 7 ignore its siblings, later ones
