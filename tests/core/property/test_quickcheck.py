@@ -348,3 +348,14 @@ def test_every_step_budget_at_the_edge_of_nested_branches() -> None:
             slow = SchemaCheck(check.validator, None, check.patterns, check.max_steps, None)
             for value in NESTED_VALUES:
                 assert check.errors(value) == slow.errors(value), (schema, max_steps, value)
+
+
+def test_a_schema_the_quick_check_cannot_read_is_left_to_jsonschema(monkeypatch: Any) -> None:
+    """Should reading a schema ever raise, the tool still works: jsonschema decides alone."""
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise TypeError("a schema quickcheck cannot read")
+    monkeypatch.setattr(quickcheck, "plan", broken)
+    check = ValidatorCache().get({"type": "object", "required": ["a"]})
+    assert check.validator is not None and check.quick is None
+    assert check.errors({"a": 1}) is None
+    assert check.errors({}) == "keyword 'required' failed at schema path /required"
