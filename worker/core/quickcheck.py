@@ -265,8 +265,8 @@ def plan(schema: Any, draft4: bool = False, patterns: dict[str, Any] | None = No
                 if type(found) is not dict:
                     return None
                 definitions.update({f"#/{container}/{name}": sub for name, sub in found.items()})
-        if definitions and ("$id" in root or "id" in root):
-            return None  # a base URI of its own: references would not be read from this root
+        # (a root with an ``$id``, a base URI its references would resolve against, is not
+        # planned: ``$id`` is not in KEYWORDS, nor a sibling a ``$ref`` may have)
         schema = {k: v for k, v in root.items() if k not in DEFINITIONS}
     return _Planner(definitions, draft4, patterns or {}).plan(schema, 0)
 

@@ -544,10 +544,9 @@ def free_ports(count: int = 1) -> int:
     broker binds it (a 3-node cluster starting up makes such connections); below the range
     only an explicit ``bind`` can."""
     low = _ephemeral_low()
-    first_choices = list(range(10_000, max(10_001, low - count)))
     rng = random.Random()
     for _ in range(200):
-        first = rng.choice(first_choices)
+        first = rng.randrange(10_000, max(10_001, low - count))
         with contextlib.ExitStack() as held:
             try:
                 for port in range(first, first + count):

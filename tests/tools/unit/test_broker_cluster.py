@@ -106,7 +106,7 @@ def test_free_ports_skips_a_block_that_is_held(monkeypatch: pytest.MonkeyPatch) 
         candidates = iter([held - 1, held + 1])  # the first block covers the held port
 
         class Scripted:
-            def choice(self, _: object) -> int:
+            def randrange(self, *_: object) -> int:
                 return next(candidates)
 
         monkeypatch.setattr("worker.tools.broker.random.Random", Scripted)
