@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 #: What mypyc compiles. Left interpreted, each for a reason:
@@ -76,10 +76,28 @@ def _ext_modules() -> list[Any]:
         return []
     try:
         # One shared library, worker/core__mypyc*.so, inside the package (not top-level).
-        return list(mypycify(COMPILED, opt_level="3", group_name="worker.core"))
+        compiled = list(mypycify(COMPILED, opt_level="3", group_name="worker.core"))
     except (Exception, SystemExit) as exc:  # mypyc reports its errors and exits
         _pure(f"mypyc failed: {exc!r}")
         return []
+    return [*compiled, _peek()]
+
+
+def _peek() -> Extension:
+    """worker.core._peek (worker/core/csrc/peek.c with the vendored yyjson): the common
+    provider event read without building its whole object. Built with the compiled core,
+    never alone: a pure-Python install parses every record with orjson."""
+    return Extension(
+        "worker.core._peek",
+        sources=["worker/core/csrc/peek.c", "worker/core/csrc/yyjson.c"],
+        depends=["worker/core/csrc/yyjson.h"],
+        # yyjson's reader only, strict RFC 8259 (no non-standard options compiled in), and a
+        # depth limit below orjson's: a deeper record is orjson's to read or refuse.
+        define_macros=[("YYJSON_READER_DEPTH_LIMIT", "64"), ("YYJSON_DISABLE_WRITER", "1"),
+                       ("YYJSON_DISABLE_UTILS", "1"), ("YYJSON_DISABLE_INCR_READER", "1"),
+                       ("YYJSON_DISABLE_FILE", "1"), ("YYJSON_DISABLE_NON_STANDARD", "1")],
+        extra_compile_args=["-O3"],
+    )
 
 
 class OptionalBuildExt(build_ext):

@@ -96,6 +96,15 @@ from worker.core.tools import (
     shared_validators,
 )
 
+#: ``worker.core._peek.peek`` (worker/core/csrc/peek.c), built with the compiled core; None in
+#: a pure-Python install, which then parses every record with orjson.
+Peeked = tuple[int, str, int, int | None, int, str]
+_PEEK: Callable[[bytes], Peeked | None] | None
+try:
+    from worker.core._peek import peek as _PEEK
+except ImportError:  # pure Python (setup.py): no C extension
+    _PEEK = None
+
 _OPEN = CallState.OPEN
 _COMPLETE = CallState.ARGS_COMPLETE
 _UNWRAPPED = CallState.UNWRAPPED
@@ -181,6 +190,9 @@ class Assembler:
         self._move_to_end: Callable[[str], None] = self._runs.move_to_end
         #: ``orjson.loads``, held by the instance: compiled, a module global is a dict lookup.
         self._loads: Callable[[bytes], Any] = _loads
+        #: The common provider event read without building its whole object (``_PEEK``);
+        #: None: every record is parsed with orjson.
+        self._peek: Callable[[bytes], Peeked | None] | None = _PEEK
         self._buffered = 0
         self._finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
         #: Cancels of runs not started yet: run id -> (record time, reason), oldest first.
@@ -209,6 +221,27 @@ class Assembler:
         ``now_ms`` is the record time; offline (None) it is the envelope's ``ts``, else the
         latest time seen, so that a capture without times never expires anything.
         """
+        peek = self._peek
+        if peek is not None:
+            # Nearly every record: a text delta or an argument fragment of an open run, in
+            # order, read by worker/core/csrc/peek.c without building the event. Each test here
+            # is one the orjson path below makes; anything else, or an event the adapter's
+            # ``fast`` leaves to ``feed``, takes that path (test_fast_paths.py).
+            peeked = peek(value)
+            if peeked is not None:
+                known = self._runs.get(peeked[1])
+                next_seq = peeked[2]
+                if (known is not None and next_seq > known.last_seq
+                        and (key is None or key == known.key)):
+                    fast = known.adapter.fast(peeked[0], peeked[4], peeked[5])
+                    if fast is not None:
+                        if now_ms is None:
+                            now_ms = max(self._clock, peeked[3] or 0)
+                        if now_ms > self._clock:
+                            self._clock = now_ms
+                        known.last_seq, known.last_ms = next_seq, now_ms
+                        self._move_to_end(known.run_id)  # _touch(run), inline
+                        return self._applied(known, fast, len(value))
         try:
             parsed: Any = self._loads(value)
         except JSONDecodeError as exc:
@@ -457,10 +490,15 @@ class Assembler:
                 _check_order_keys(ops)  # opens no call: nothing to check
         except Exception as exc:  # a malformed provider event: contained, never raised
             return [self._unreadable(run, exc, key, value, source)]
+        return self._applied(run, ops, len(value) if value else len(dumps(event)))
+
+    def _applied(self, run: Run, ops: list[op.Op], size: int) -> list[Emit]:
+        """Apply the ops of one provider event of ``size`` bytes that the run's adapter read."""
         # What an adapter keeps for the final message (text, thinking, blocks, items) comes
         # from the event's bytes that are not argument text: they bound the run's text. A lone
         # argument fragment's own envelope (at most FRAGMENT_ENVELOPE bytes) is not counted.
-        size = len(value) if value else len(dumps(event))
+        adapter = run.adapter
+        n = len(ops)
         if not n:  # nearly every event, a text delta: its text kept, no op (_ops, inline)
             text_bytes = run.text_bytes + size
             run.text_bytes = text_bytes

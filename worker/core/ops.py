@@ -237,6 +237,16 @@ Op = (OpenCall | Identify | AppendArgs | SetArgs | CloseCall | Truncated | Compl
 #: this one stays empty.
 NO_OPS: Final[list[Op]] = []
 
+#: The kinds of event that ``worker.core._peek`` reads (worker/core/csrc/peek.c, which says
+#: what each is; tests/core/property/test_peek.py checks that the module's own constants are
+#: these), as :meth:`Adapter.fast` takes them.
+ANTHROPIC_TEXT: Final = 1
+ANTHROPIC_JSON: Final = 2
+CHAT_TEXT: Final = 3
+CHAT_ARGS: Final = 4
+RESPONSES_TEXT: Final = 5
+RESPONSES_ARGS: Final = 6
+
 
 @dataclass(frozen=True, slots=True)
 class CallView:
@@ -306,6 +316,14 @@ class Adapter:
         """Read one raw provider event; may raise on a malformed one (the caller contains it).
         Most events (text deltas) give no op."""
         raise NotImplementedError
+
+    def fast(self, kind: int, index: int, text: str) -> list[Op] | None:
+        """Apply one of the common events that ``worker.core._peek`` reads without building
+        the event (its ``kind``, the block, choice or output ``index``, the ``text``), to the
+        same effect as :meth:`feed` of the whole event; or None, with nothing done, when
+        ``feed`` has more to do or the kind is not this provider's (the caller then parses the
+        record and calls ``feed``: tests/core/property/test_fast_paths.py). Default: None."""
+        return None
 
     def final(self, calls: Sequence[CallView]) -> FinalMessage:
         """The assistant message in the provider's format, and per-choice messages when n > 1."""

@@ -38,6 +38,16 @@ def test_an_extension_older_than_its_source_is_refused(tmp_path: Path) -> None:
         worker._refuse_a_stale_build(package)
 
 
+def test_a_peek_extension_older_than_its_c_source_is_refused(tmp_path: Path) -> None:
+    """``_peek`` has no ``.py`` beside it: its source is ``csrc/peek.c``."""
+    package = _checkout(tmp_path)
+    (package / "core" / "csrc").mkdir()
+    _write(package / "core" / "_peek.cpython-311-x86_64-linux-gnu.so", 1_000)
+    _write(package / "core" / "csrc" / "peek.c", 2_000)
+    with pytest.raises(ImportError, match=r"older than peek\.c"):
+        worker._refuse_a_stale_build(package)
+
+
 def test_a_fresh_build_and_an_installed_package_are_accepted(tmp_path: Path) -> None:
     """An extension newer than its source is fine; so is any file of a package that is not
     a checkout (an installer gives its files no meaningful times)."""
@@ -65,6 +75,9 @@ def test_the_core_is_compiled_all_or_none() -> None:
              for n in names}
     assert len(kinds) == 1, "a partly compiled core"
     assert worker.compiled_core() in kinds
+    # worker/core/csrc/peek.c is built with the compiled core, never alone (setup.py).
+    from worker.core import assembler
+    assert (assembler._PEEK is not None) == worker.compiled_core()
     expected = os.environ.get("LATCH_EXPECT_COMPILED")
     if expected is not None:
         assert worker.compiled_core() == (expected == "1")

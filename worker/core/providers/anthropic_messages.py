@@ -117,6 +117,20 @@ class AnthropicMessages(op.Adapter):
             return [op.UpstreamError(f"provider error event: {_safe(error.get('type'))}")]
         return []  # ping, and event types this version does not know
 
+    def fast(self, kind: int, index: int, text: str) -> list[op.Op] | None:
+        """``feed`` of a ``text_delta`` or an ``input_json_delta`` of a client call's block."""
+        block = self._blocks.get(index)
+        if block is None or block.stopped or self.broken:
+            return None  # feed says what is misplaced
+        if kind == op.ANTHROPIC_TEXT:
+            block.text.append(text)
+            self.kept += len(text) if text.isascii() else op.utf8_len(text)
+            return op.NO_OPS
+        if kind == op.ANTHROPIC_JSON and block.key is not None:
+            block.streamed = True
+            return [op.AppendArgs(block.key, text)]
+        return None
+
     # The raw event's fields are typed Any, not what they should be: under mypyc a parameter
     # typed int turns ``true`` into 1, and one typed dict raises TypeError at the call, where
     # the interpreter reads the value as it is (checked below, or failing as it would).

@@ -110,6 +110,26 @@ class OpenAIChat(op.Adapter):
             return op.NO_OPS
         return self._read_choices(choices)
 
+    def fast(self, kind: int, index: int, text: str) -> list[op.Op] | None:
+        """``feed`` of a chunk of choice 0 alone with a text delta (``_text_delta``), or with
+        one more piece of a call's arguments whose slot is known (``_tool_call``)."""
+        if kind == op.CHAT_TEXT:  # (peek: a non-empty content)
+            choice = self._first
+            if choice is None:
+                choice = self._first = _Choice()
+            if choice.content is None:
+                choice.content = [text]
+            else:
+                choice.content.append(text)
+            self.kept += len(text) if text.isascii() else op.utf8_len(text)
+            return op.NO_OPS
+        if kind == op.CHAT_ARGS and text:
+            choice = self._first
+            slot = choice.slots.get(index) if choice is not None else None
+            if slot is not None:
+                return [op.AppendArgs(slot[0], text)]
+        return None
+
     def _read_choices(self, choices: list[Any]) -> list[op.Op]:
         """The ops of a chunk's ``choices`` (each read in full: the general path)."""
         ops: list[op.Op] = []

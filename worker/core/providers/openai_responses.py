@@ -124,6 +124,20 @@ class OpenAIResponses(op.Adapter):
             return [op.UpstreamError(f"provider error event: {_safe(event.get('code'))}")]
         return []
 
+    def fast(self, kind: int, index: int, text: str) -> list[op.Op] | None:
+        """``feed`` of an ``output_text.delta``, or of an argument or input delta of an item
+        that was added (both by ``output_index``)."""
+        if kind == op.RESPONSES_TEXT:
+            kept = self._text.get(index)
+            if kept is None:  # not setdefault: that would build a list for every delta
+                kept = self._text[index] = []
+            kept.append(text)
+            self.kept += len(text) if text.isascii() else op.utf8_len(text)
+            return op.NO_OPS
+        if kind == op.RESPONSES_ARGS and not self.broken and index in self._types:
+            return [op.AppendArgs(str(index), text)]
+        return None
+
     # The raw event's fields are typed Any, not what they should be: under mypyc a parameter
     # or return typed int turns ``true`` into 1, and one typed dict raises TypeError at the
     # call, where the interpreter reads the value as it is (checked below, or failing as is).
