@@ -1,8 +1,9 @@
 """Optional mypyc build of the pure core (``worker/core``); everything else is in pyproject.toml.
 
 ``pip install .`` (and a wheel build) compiles the modules in :data:`COMPILED` with mypyc into C
-extensions that sit next to their ``.py`` files and are imported in their place. The install
-is plain Python, and works the same, when:
+extensions that sit next to their ``.py`` files and are imported in their place, and builds
+``worker.core._peek`` (``worker/core/csrc/peek.c`` with the vendored yyjson, decision 0008).
+The install is plain Python, and works the same, when:
 
 * ``LATCH_PURE_PYTHON=1`` is set;
 * mypyc is not importable (a build without isolation and without mypy);

@@ -193,6 +193,9 @@ class Assembler:
         #: The common provider event read without building its whole object (``_PEEK``);
         #: None: every record is parsed with orjson.
         self._peek: Callable[[bytes], Peeked | None] | None = _PEEK
+        #: The keys of the open runs whose adapter reads no peeked event (``Adapter.fast``):
+        #: their records go to orjson at once, not through a parse that can only decline.
+        self._unpeeked: set[bytes] = set()
         self._buffered = 0
         self._finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
         #: Cancels of runs not started yet: run id -> (record time, reason), oldest first.
@@ -222,7 +225,8 @@ class Assembler:
         latest time seen, so that a capture without times never expires anything.
         """
         peek = self._peek
-        if peek is not None:
+        unpeeked = self._unpeeked
+        if peek is not None and not (unpeeked and key in unpeeked):
             # Nearly every record: a text delta or an argument fragment of an open run, in
             # order, read by worker/core/csrc/peek.c without building the event. Each test here
             # is one the orjson path below makes; anything else, or an event the adapter's
@@ -383,6 +387,8 @@ class Assembler:
         latch = Latch(self.settings, tools, budget, adapter.parse_arguments
                       if adapter.parses_own_arguments else strictjson.parse)
         run = Run(start, adapter, latch, now_ms)
+        if not adapter.peeked:
+            self._unpeeked.add(run.key)
         run.nbytes = cost
         self._buffered += cost
         self._runs[start.run_id] = run
@@ -789,6 +795,7 @@ class Assembler:
         emits = self._outcomes(run, calls)
         emits.append(run.out.final(run.adapter, calls, status))
         del self._runs[run.run_id]
+        self._unpeeked.discard(run.key)
         self._buffered -= run.nbytes
         self._finished[run.run_id] = (run.last_seq, status)
         if len(self._finished) > self.settings.remember_finished_runs:

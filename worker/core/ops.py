@@ -287,6 +287,9 @@ class Adapter:
     #: Whether :meth:`parse_arguments` is the adapter's own (else strict JSON: the latch then
     #: takes ``strictjson.parse`` itself, and a run holds no bound method for it).
     parses_own_arguments: ClassVar[bool] = False
+    #: Whether :meth:`fast` reads any event (else the assembler does not peek at its run's
+    #: records).
+    peeked: ClassVar[bool] = False
 
     def __init__(self) -> None:
         #: Whether the stream broke its protocol (the adapter said :class:`ProtocolError`).

@@ -31,6 +31,7 @@ from mutation_fuzz import SETTINGS, mutate_bytes, records
 
 from worker.core import Assembler
 from worker.core import ops as op
+from worker.core.envelope import TICK_KEY
 
 try:
     from worker.core import _peek
@@ -322,8 +323,18 @@ def _compare(seed: int, settings_name: str) -> tuple[int, int]:
     sequence = records(rng, 300, 3, 0.2)
     for key, value, now in sequence:
         assert with_peek.feed_record(key, value, now) == without.feed_record(key, value, now)
+        # Bedrock's and Gemini's runs are never peeked at: exactly their keys are kept aside.
+        assert with_peek._unpeeked == {
+            run.key for run in with_peek._runs.values() if not run.adapter.peeked}
     assert with_peek.stats == without.stats
     assert with_peek.buffered_bytes == without.buffered_bytes
+    end = 2**64 - 1  # after every run's last activity, whatever the damaged ts said
+    for run_id in [None, *with_peek.open_run_ids()]:
+        key, value = (TICK_KEY.encode(), orjson.dumps({"v": 1, "type": "tick", "ts": end})) \
+            if run_id is None else (run_id.encode(), orjson.dumps(
+                {"v": 1, "run_id": run_id, "type": "cancel"}))
+        assert with_peek.feed_record(key, value, end) == without.feed_record(key, value, end)
+    assert not with_peek.open_run_ids() and not with_peek._unpeeked
     return len(sequence), len(parsed)
 
 

@@ -62,6 +62,7 @@ class _Block:
 class AnthropicMessages(op.Adapter):
     """Adapter for ``anthropic.messages``."""
 
+    peeked: ClassVar[bool] = True  # (fast)
     completes_on_stream_end: ClassVar[bool] = False
 
     def __init__(self) -> None:

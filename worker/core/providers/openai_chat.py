@@ -88,6 +88,7 @@ def _index(value: Any) -> int | None:
 class OpenAIChat(op.Adapter):
     """Adapter for ``openai.chat``."""
 
+    peeked: ClassVar[bool] = True  # (fast)
     completes_on_stream_end: ClassVar[bool] = True
     wrapper_names: ClassVar[frozenset[str]] = frozenset({"multi_tool_use.parallel", "parallel"})
 

@@ -72,6 +72,7 @@ _NOT_TEXT = frozenset({"type", "id", "call_id", "status"})
 class OpenAIResponses(op.Adapter):
     """Adapter for ``openai.responses``."""
 
+    peeked: ClassVar[bool] = True  # (fast)
     completes_on_stream_end: ClassVar[bool] = False
     wrapper_names: ClassVar[frozenset[str]] = frozenset({"parallel", "multi_tool_use.parallel"})
 
