@@ -89,9 +89,7 @@ class AnthropicMessages(op.Adapter):
                 text = delta[keys.TEXT]
                 if type(text) is not str:  # the final message joins it: refuse it here
                     raise ValueError("text_delta is not a string")
-                block.text.append(text)
-                self.kept += len(text) if text.isascii() else op.utf8_len(text)
-                return op.NO_OPS
+                return self._keep_text(block, text)
             return self._delta(block, delta)
         if kind == "message_start":
             return self._message_start(event.get("message") or {})
@@ -124,13 +122,17 @@ class AnthropicMessages(op.Adapter):
         if block is None or block.stopped or self.broken:
             return None  # feed says what is misplaced
         if kind == op.ANTHROPIC_TEXT:
-            block.text.append(text)
-            self.kept += len(text) if text.isascii() else op.utf8_len(text)
-            return op.NO_OPS
+            return self._keep_text(block, text)
         if kind == op.ANTHROPIC_JSON and block.key is not None:
             block.streamed = True
             return [op.AppendArgs(block.key, text)]
         return None
+
+    def _keep_text(self, block: _Block, text: str) -> list[op.Op]:
+        """Keep a ``text_delta``'s text for its block: no op."""
+        block.text.append(text)
+        self.kept += len(text) if text.isascii() else op.utf8_len(text)
+        return op.NO_OPS
 
     # The raw event's fields are typed Any, not what they should be: under mypyc a parameter
     # typed int turns ``true`` into 1, and one typed dict raises TypeError at the call, where

@@ -115,14 +115,7 @@ class OpenAIChat(op.Adapter):
         """``feed`` of a chunk of choice 0 alone with a text delta (``_text_delta``), or with
         one more piece of a call's arguments whose slot is known (``_tool_call``)."""
         if kind == op.CHAT_TEXT:  # (peek: a non-empty content)
-            choice = self._first
-            if choice is None:
-                choice = self._first = _Choice()
-            if choice.content is None:
-                choice.content = [text]
-            else:
-                choice.content.append(text)
-            self.kept += len(text) if text.isascii() else op.utf8_len(text)
+            self._first_text(text)
             return op.NO_OPS
         if kind == op.CHAT_ARGS and text:
             choice = self._first
@@ -191,6 +184,11 @@ class OpenAIChat(op.Adapter):
         ci = raw.get(keys.INDEX, 0)
         if type(ci) is not int or ci != 0:
             return False
+        self._first_text(content)
+        return True
+
+    def _first_text(self, content: str) -> None:
+        """Keep a text delta of choice 0."""
         choice = self._first
         if choice is None:
             choice = self._first = _Choice()
@@ -199,7 +197,6 @@ class OpenAIChat(op.Adapter):
         else:
             choice.content.append(content)
         self.kept += len(content) if content.isascii() else op.utf8_len(content)
-        return True
 
     @staticmethod
     def _other_text(choice: _Choice, delta: Any) -> int:

@@ -97,11 +97,7 @@ class OpenAIResponses(op.Adapter):
             delta = event[keys.DELTA]
             if type(delta) is not str:
                 raise ValueError("expected a string")
-            text = self._text.get(index)
-            if text is None:  # not setdefault: that would build a list for every delta
-                text = self._text[index] = []
-            text.append(delta)
-            self.kept += len(delta) if delta.isascii() else op.utf8_len(delta)
+            self._keep_text(index, delta)
             return op.NO_OPS
         if kind in _TEXT_DELTAS:
             fragment = _str(event[keys.DELTA])
@@ -129,15 +125,19 @@ class OpenAIResponses(op.Adapter):
         """``feed`` of an ``output_text.delta``, or of an argument or input delta of an item
         that was added (both by ``output_index``)."""
         if kind == op.RESPONSES_TEXT:
-            kept = self._text.get(index)
-            if kept is None:  # not setdefault: that would build a list for every delta
-                kept = self._text[index] = []
-            kept.append(text)
-            self.kept += len(text) if text.isascii() else op.utf8_len(text)
+            self._keep_text(index, text)
             return op.NO_OPS
         if kind == op.RESPONSES_ARGS and not self.broken and index in self._types:
             return [op.AppendArgs(str(index), text)]
         return None
+
+    def _keep_text(self, index: Any, delta: str) -> None:
+        """Keep an ``output_text.delta``'s text for its output item."""
+        text = self._text.get(index)
+        if text is None:  # not setdefault: that would build a list for every delta
+            text = self._text[index] = []
+        text.append(delta)
+        self.kept += len(delta) if delta.isascii() else op.utf8_len(delta)
 
     # The raw event's fields are typed Any, not what they should be: under mypyc a parameter
     # or return typed int turns ``true`` into 1, and one typed dict raises TypeError at the
