@@ -197,7 +197,9 @@ def settled_rss(setup: bench_worker.Setup, pid: int, timeout: float = 300) -> in
         done = bench_worker.committed(setup.bootstrap, setup.group, setup.events,
                                       setup.partitions)
         if all(d >= e for d, e in zip(done, ends, strict=True)):
-            time.sleep(1.0)  # the agent has acked; let the heads writes and sends settle
+            # The agent has acked: let the heads writes and sends settle, and the worker see
+            # itself idle (it then gives the heap's free memory back: runtime/memory.py).
+            time.sleep(2.5)
             gc.collect()
             return rss_bytes(str(pid))
         if time.monotonic() > deadline:

@@ -105,6 +105,11 @@ try:
 except ImportError:  # pure Python (setup.py): no C extension
     _PEEK = None
 
+#: How many distinct tool maps an assembler shares between its runs (``_shared_tools``).
+SHARED_TOOL_MAPS = 1024
+#: The tool map of a run that registers no client tool (never changed).
+_NO_TOOLS: dict[str, ToolSchema] = {}
+
 _OPEN = CallState.OPEN
 _COMPLETE = CallState.ARGS_COMPLETE
 _UNWRAPPED = CallState.UNWRAPPED
@@ -193,6 +198,9 @@ class Assembler:
         #: The common provider event read without building its whole object (``_PEEK``);
         #: None: every record is parsed with orjson.
         self._peek: Callable[[bytes], Peeked | None] | None = _PEEK
+        #: Tool maps shared by the runs that register the same tools (``_shared_tools``).
+        self._tool_maps: OrderedDict[tuple[tuple[str, ToolSchema], ...],
+                                     dict[str, ToolSchema]] = OrderedDict()
         #: The keys of the open runs whose adapter reads no peeked event (``Adapter.fast``):
         #: their records go to orjson at once, not through a parse that can only decline.
         self._unpeeked: set[bytes] = set()
@@ -420,8 +428,25 @@ class Assembler:
                 if self._buffered + cost <= budget:
                     break
                 emits += self._evict(victim, detail, "evicted_buffered_bytes")
-            return tools, cost, emits
-        return tools, cost, []
+            return self._shared_tools(tools), cost, emits
+        return self._shared_tools(tools), cost, []
+
+    def _shared_tools(self, tools: dict[str, ToolSchema]) -> dict[str, ToolSchema]:
+        """One tool map for the runs that register the same tools (names and shared schemas:
+        ``ValidatorCache.prepare``), as most runs of one agent do: the map is only read, and
+        each run would otherwise hold a copy (bench/bench_memory.py). The last
+        :data:`SHARED_TOOL_MAPS` maps are kept."""
+        if not tools:
+            return _NO_TOOLS
+        key = tuple(tools.items())  # (a ToolSchema hashes and compares by identity)
+        shared = self._tool_maps.get(key)
+        if shared is not None:
+            self._tool_maps.move_to_end(key)
+            return shared
+        self._tool_maps[key] = tools
+        if len(self._tool_maps) > SHARED_TOOL_MAPS:
+            self._tool_maps.popitem(last=False)
+        return tools
 
     # -- a cancel before its run.start ---------------------------------------------------
     #

@@ -51,7 +51,7 @@ from faust.sensors import Monitor
 from faust.types import TP
 
 from worker.core import Assembler, Emit, Topic
-from worker.runtime import admin, control, kafka_io, logs, step
+from worker.runtime import admin, control, kafka_io, logs, memory, step
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.gaps import StallWatch
@@ -114,11 +114,18 @@ class LatchWorker:
         self.app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
         self.app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
         self.app.task(self._watch_loop)
+        #: The heap's free memory goes back to the system when the events stop (memory.py).
+        self.idle_trim = memory.IdleTrim()
+        self.app.timer(memory.IDLE_S, name=f"{app_id}.trim")(self._trim_when_idle)
 
     # -- agents -----------------------------------------------------------------------
 
     async def _events_agent(self, stream: Any) -> None:
         await self._consume(stream, self._step_event)
+
+    async def _trim_when_idle(self) -> None:
+        """Every ``memory.IDLE_S``: the heap is trimmed once no record came for as long."""
+        self.idle_trim.idle()
 
     async def _control_agent(self, stream: Any) -> None:
         await self._consume(stream, self._apply_control)
@@ -137,11 +144,13 @@ class LatchWorker:
         record's outputs were confirmed. Manual acks cost a coroutine, ``Event.ack``,
         ``Message.ack``, ``Consumer.ack`` (three lock acquisitions) and two sensor calls per
         record in Python."""
+        idle_trim = self.idle_trim
         async for _ in stream:  # not stream.events(): one async generator less per record
             event = stream.current_event
             if event is None:  # a value that is not a Kafka record: none on a topic
                 continue
             message = event.message
+            idle_trim.active = True  # (IdleTrim.busy, inline)
             if self.failed:  # faust restarts a crashed agent while the app stops: do nothing
                 _withhold(message)
                 return

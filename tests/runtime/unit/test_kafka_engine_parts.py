@@ -36,6 +36,11 @@ def test_heads_written_become_pending_changelog_records_in_their_partition() -> 
                                     (0, b"run-2", b'{"p":0,"start":41}'), (0, b"run-2", None)]
     assert table.take_pending() == []
     assert dict(table) == {b"run-1": {"p": 2, "start": 40}}
+    assert table.data[b"run-1"] == (2, 40)  # an open run's head is kept compact
+    heads.finished(state, 2, ["run-1"])  # any other head is kept as it is
+    assert table[b"run-1"]["done"] is True and isinstance(table.data[b"run-1"], dict)
+    table.drop(2)
+    assert dict(table) == {}
     assert state.next_offset == 0
 
 

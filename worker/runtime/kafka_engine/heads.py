@@ -36,24 +36,44 @@ def decode(value: bytes) -> dict[str, Any] | None:
     return head if isinstance(head, dict) else None
 
 
+#: A head as the table keeps it: an open run's ``{"p": partition, "start": offset}`` as the
+#: tuple ``(partition, offset)`` (56 bytes against a dict's 184: one per open run,
+#: bench/bench_memory.py), any other head as its dict.
+Stored = dict[str, Any] | tuple[int, int]
+
+
+def _pack(head: dict[str, Any]) -> Stored:
+    if len(head) == 2 and type(head.get("p")) is int and type(head.get("start")) is int:
+        return head["p"], head["start"]
+    return head
+
+
+def _unpack(stored: Stored) -> dict[str, Any]:
+    return {"p": stored[0], "start": stored[1]} if isinstance(stored, tuple) else stored
+
+
+def _partition(stored: Stored) -> Any:
+    return stored[0] if isinstance(stored, tuple) else stored.get("p")
+
+
 class HeadsTable(MutableMapping[bytes, dict[str, Any]]):
     """Heads of the partitions one worker owns; every write is also a pending changelog
-    record (a head's partition is its ``"p"``)."""
+    record (a head's partition is its ``"p"``). Read, a head is always its dict."""
 
     def __init__(self) -> None:
-        self.data: dict[bytes, dict[str, Any]] = {}
+        self.data: dict[bytes, Stored] = {}
         self.pending: list[ChangelogWrite] = []
 
     def __getitem__(self, key: bytes) -> dict[str, Any]:
-        return self.data[key]
+        return _unpack(self.data[key])
 
     def __setitem__(self, key: bytes, head: dict[str, Any]) -> None:
-        self.data[key] = head
+        self.data[key] = _pack(head)
         self.pending.append((head["p"], key, encode(head)))
 
     def __delitem__(self, key: bytes) -> None:
-        head = self.data.pop(key)
-        self.pending.append((head["p"], key, None))
+        stored = self.data.pop(key)
+        self.pending.append((_partition(stored), key, None))
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self.data)
@@ -78,9 +98,9 @@ class HeadsTable(MutableMapping[bytes, dict[str, Any]]):
             if head is None:
                 self.data.pop(key, None)
             else:
-                self.data[key] = head | {"p": partition}
+                self.data[key] = _pack(head | {"p": partition})
 
     def drop(self, partition: int) -> None:
         """Forget the heads of a partition this worker no longer owns (nothing is written)."""
-        for key in [k for k, head in self.data.items() if head.get("p") == partition]:
+        for key in [k for k, head in self.data.items() if _partition(head) == partition]:
             del self.data[key]

@@ -76,7 +76,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from worker.core import Assembler, Emit, Topic
-from worker.runtime import admin, control, logs, step
+from worker.runtime import admin, control, logs, memory, step
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config
 from worker.runtime.hooks import EngineHooks
@@ -230,6 +230,8 @@ class KafkaEngine:
         self.lags: dict[int, int] = {}
         self.lags_read = 0.0
         self.beat = time.monotonic()
+        #: The heap's free memory goes back to the system when the events stop (memory.py).
+        self.idle_trim = memory.IdleTrim()
         self.thread = threading.current_thread()
         self.reader_settings = config.kafka.confluent_config()
         self.instance = worker.instance_id or uuid.uuid4().hex
@@ -292,6 +294,7 @@ class KafkaEngine:
         max_s = worker.batch_max_ms / 1000
         next_tick = time.monotonic() + worker.tick_interval_s
         consume, apply_events = self.consumer.consume, self._apply_events
+        idle_trim = self.idle_trim
         while not self.stopping:
             self.beat = now = time.monotonic()
             if now - self.lags_read >= _LAGS_EVERY_S:
@@ -308,6 +311,10 @@ class KafkaEngine:
                 want = min(max(worker.batch_max_records - batch.records, 1), _CONSUME_MAX)
                 wait = 0.0
             msgs = consume(want, timeout=wait)
+            if msgs:
+                idle_trim.active = True  # (IdleTrim.busy, inline)
+            elif batch is None:  # nothing came for ``wait``: perhaps give memory back
+                idle_trim.idle()
             apply_events(msgs)
             now = time.monotonic()
             if now >= next_tick and self._tick(now):
