@@ -14,8 +14,9 @@ pure Python) and, in a fresh assembler without tracing, as the process's RSS del
 
 **An engine** (``--engines``, a process of its own on ``--bootstrap``): the worker started on
 fresh topics and warmed up (one run through it), then the same phases published to its events
-topic; after each phase, once the group has committed the end of every partition, the
-worker's RSS (``/proc/PID/status``) is read. Per run = phase (1)+(2) / runs; per argument byte
+topic; after each phase, once the group has committed the end of every partition and 2.5 s
+more (the worker, idle by then, has given the heap's free memory back: runtime/memory.py),
+the worker's RSS (``/proc/PID/status``) is read. Per run = phase (1)+(2) / runs; per argument byte
 = phase (3) / bytes. RSS includes the heads table's entry per open run (faust's in-memory
 store) and whatever faust and the clients keep.
 
