@@ -90,8 +90,9 @@ def _peek() -> Extension:
     never alone: a pure-Python install parses every record with orjson."""
     return Extension(
         "worker.core._peek",
-        sources=["worker/core/csrc/peek.c", "worker/core/csrc/yyjson.c"],
-        depends=["worker/core/csrc/yyjson.h"],
+        sources=["worker/core/csrc/peek.c", "worker/core/csrc/vendor/yyjson/yyjson.c"],
+        depends=["worker/core/csrc/vendor/yyjson/yyjson.h"],
+        include_dirs=["worker/core/csrc/vendor/yyjson"],
         # yyjson's reader only, strict RFC 8259 (no non-standard options compiled in), and a
         # depth limit below orjson's: a deeper record is orjson's to read or refuse.
         define_macros=[("YYJSON_READER_DEPTH_LIMIT", "64"), ("YYJSON_DISABLE_WRITER", "1"),

@@ -4,7 +4,7 @@
  * `Assembler.feed_record` used to parse each with `orjson.loads`, building a dict for the
  * envelope, one for the event and more for its nested members, only to read five or six of
  * them. `peek(value)` parses the record with yyjson (the parser orjson itself uses, vendored
- * here: yyjson.c, yyjson-LICENSE) into yyjson's own document, and builds Python objects for
+ * here: vendor/yyjson) into yyjson's own document, and builds Python objects for
  * the members the fast path reads only.
  *
  * It answers a tuple `(kind, run_id, seq, ts, index, text)` for the six shapes below, and
