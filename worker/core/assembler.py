@@ -105,8 +105,10 @@ try:
 except ImportError:  # pure Python (setup.py): no C extension
     _PEEK = None
 
-#: How many distinct tool maps an assembler shares between its runs (``_shared_tools``).
+#: How many distinct tool maps an assembler keeps for its runs to share (``_shared_tools``),
+#: and how much schema text they may hold at most.
 SHARED_TOOL_MAPS = 1024
+SHARED_TOOL_MAP_BYTES = 16 * 1024 * 1024
 #: The tool map of a run that registers no client tool (never changed).
 _NO_TOOLS: dict[str, ToolSchema] = {}
 
@@ -200,7 +202,8 @@ class Assembler:
         self._peek: Callable[[bytes], Peeked | None] | None = _PEEK
         #: Tool maps shared by the runs that register the same tools (``_shared_tools``).
         self._tool_maps: OrderedDict[tuple[tuple[str, ToolSchema], ...],
-                                     dict[str, ToolSchema]] = OrderedDict()
+                                     tuple[dict[str, ToolSchema], int]] = OrderedDict()
+        self._tool_map_bytes = 0
         #: The keys of the open runs whose adapter reads no peeked event (``Adapter.fast``):
         #: their records go to orjson at once, not through a parse that can only decline.
         self._unpeeked: set[bytes] = set()
@@ -434,18 +437,28 @@ class Assembler:
     def _shared_tools(self, tools: dict[str, ToolSchema]) -> dict[str, ToolSchema]:
         """One tool map for the runs that register the same tools (names and shared schemas:
         ``ValidatorCache.prepare``), as most runs of one agent do: the map is only read, and
-        each run would otherwise hold a copy (bench/bench_memory.py). The last
-        :data:`SHARED_TOOL_MAPS` maps are kept."""
+        each run would otherwise hold a copy (bench/bench_memory.py).
+
+        The maps kept are the most recently used, at most :data:`SHARED_TOOL_MAPS` of them
+        holding at most :data:`SHARED_TOOL_MAP_BYTES` of schema text: a map keeps its schemas
+        alive after its runs ended, and run starts with ever new tools must not make that
+        memory grow past a bound (it is counted in no run's ``max_buffered_bytes``)."""
         if not tools:
             return _NO_TOOLS
+        maps = self._tool_maps
         key = tuple(tools.items())  # (a ToolSchema hashes and compares by identity)
-        shared = self._tool_maps.get(key)
-        if shared is not None:
-            self._tool_maps.move_to_end(key)
-            return shared
-        self._tool_maps[key] = tools
-        if len(self._tool_maps) > SHARED_TOOL_MAPS:
-            self._tool_maps.popitem(last=False)
+        found = maps.get(key)
+        if found is not None:
+            maps.move_to_end(key)
+            return found[0]
+        cost = sum(len(t.text) for t in tools.values() if t.text is not None)
+        if cost > SHARED_TOOL_MAP_BYTES:
+            return tools  # its own, never kept
+        maps[key] = (tools, cost)
+        self._tool_map_bytes += cost
+        while len(maps) > SHARED_TOOL_MAPS or self._tool_map_bytes > SHARED_TOOL_MAP_BYTES:
+            _, (_, dropped) = maps.popitem(last=False)
+            self._tool_map_bytes -= dropped
         return tools
 
     # -- a cancel before its run.start ---------------------------------------------------

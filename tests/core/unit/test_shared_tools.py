@@ -5,6 +5,7 @@ map is only read, and a copy per run was 184 bytes of every open run (bench/benc
 from __future__ import annotations
 
 import orjson
+import pytest
 from builders import CHAT, PATH_SCHEMA, chat_tool, run_start
 
 from worker.core import Assembler, AssembleSettings
@@ -36,3 +37,20 @@ def test_the_shared_maps_are_bounded() -> None:
     for n in range(assembler_module.SHARED_TOOL_MAPS + 10):
         _start(assembler, f"r{n}", [chat_tool(f"tool_{n}", PATH_SCHEMA)])
     assert len(assembler._tool_maps) == assembler_module.SHARED_TOOL_MAPS
+
+
+def test_the_shared_maps_hold_a_bounded_amount_of_schema_text(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run starts with ever new tools cannot make the kept maps hold more schema text than
+    ``SHARED_TOOL_MAP_BYTES`` (the maps keep their schemas alive after their runs ended); a
+    map larger than that on its own is never kept."""
+    monkeypatch.setattr(assembler_module, "SHARED_TOOL_MAP_BYTES", 2_000)
+    assembler = Assembler(AssembleSettings(max_open_runs=4))
+    for n in range(40):
+        _start(assembler, f"r{n}", [chat_tool(f"tool_{n}", PATH_SCHEMA)])
+        kept = sum(cost for _, cost in assembler._tool_maps.values())
+        assert kept == assembler._tool_map_bytes <= 2_000
+    assert 1 < len(assembler._tool_maps) < 40
+    big = {"type": "object", "description": "x" * 3_000}
+    _start(assembler, "big", [chat_tool("big", big)])
+    assert all("big" not in tools for tools, _ in assembler._tool_maps.values())
