@@ -17,6 +17,7 @@ effect only after a rebuild. ``worker/__init__.py`` refuses to import such a sta
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -50,6 +51,9 @@ COMPILED = [
     "worker/core/providers/openai_chat.py",
     "worker/core/providers/openai_responses.py",
 ]
+
+
+PEEK_BUILD = "worker/core/csrc/build.json"
 
 
 def _pure(why: str) -> None:
@@ -87,17 +91,13 @@ def _ext_modules() -> list[Any]:
 def _peek() -> Extension:
     """worker.core._peek (worker/core/csrc/peek.c with the vendored yyjson): the common
     provider event read without building its whole object. Built with the compiled core,
-    never alone: a pure-Python install parses every record with orjson."""
+    never alone: a pure-Python install parses every record with orjson. How it is built is
+    worker/core/csrc/build.json, which bench/fuzz_peek.py builds with sanitizers too."""
+    spec = json.loads((Path(__file__).resolve().parent / PEEK_BUILD).read_text())
     return Extension(
-        "worker.core._peek",
-        sources=["worker/core/csrc/peek.c", "worker/core/csrc/vendor/yyjson/yyjson.c"],
-        depends=["worker/core/csrc/vendor/yyjson/yyjson.h"],
-        include_dirs=["worker/core/csrc/vendor/yyjson"],
-        # yyjson's reader only, strict RFC 8259 (no non-standard options compiled in), and a
-        # depth limit below orjson's: a deeper record is orjson's to read or refuse.
-        define_macros=[("YYJSON_READER_DEPTH_LIMIT", "64"), ("YYJSON_DISABLE_WRITER", "1"),
-                       ("YYJSON_DISABLE_UTILS", "1"), ("YYJSON_DISABLE_INCR_READER", "1"),
-                       ("YYJSON_DISABLE_FILE", "1"), ("YYJSON_DISABLE_NON_STANDARD", "1")],
+        "worker.core._peek", sources=spec["sources"], depends=spec["depends"],
+        include_dirs=spec["include_dirs"],
+        define_macros=[(name, value) for name, value in spec["define_macros"]],
         extra_compile_args=["-O3"],
     )
 
