@@ -10,9 +10,9 @@ process, over the same bytes:
 The two are timed in ``--runs`` pairs, a floor pass then a core pass, back to back; the
 headline is the median of the pairs' ratios, which a machine that speeds up or slows down
 between pairs moves little (the best pass of each is printed too). Issue 13's target is a
-core at most 1.5x the floor (``ratio core/orjson.loads`` <= 1.5), compiled. Validators are compiled once per
-process (``tools.SHARED_VALIDATORS``), before the timed passes. Whether the core runs
-compiled (mypyc, ``setup.py``) or as pure Python is printed first.
+core at most 1.5x the floor (``ratio core/orjson.loads`` <= 1.5), compiled. Validators are
+compiled once per process (``tools.SHARED_VALIDATORS``), before the timed passes. Whether the
+core runs compiled (mypyc, ``setup.py``) or as pure Python is printed first.
 
 The mix: runs of all three providers, interleaved eight at a time as a partition sees them,
 made of real event shapes taken from the recorded streams in ``../shared/fixtures/providers``

@@ -431,10 +431,10 @@ class Assembler:
                 if self._buffered + cost <= budget:
                     break
                 emits += self._evict(victim, detail, "evicted_buffered_bytes")
-            return self._shared_tools(tools), cost, emits
-        return self._shared_tools(tools), cost, []
+            return self._shared_tools(tools, cost), cost, emits
+        return self._shared_tools(tools, cost), cost, []
 
-    def _shared_tools(self, tools: dict[str, ToolSchema]) -> dict[str, ToolSchema]:
+    def _shared_tools(self, tools: dict[str, ToolSchema], cost: int) -> dict[str, ToolSchema]:
         """One tool map for the runs that register the same tools (names and shared schemas:
         ``ValidatorCache.prepare``), as most runs of one agent do: the map is only read, and
         each run would otherwise hold a copy (bench/bench_memory.py).
@@ -442,7 +442,8 @@ class Assembler:
         The maps kept are the most recently used, at most :data:`SHARED_TOOL_MAPS` of them
         holding at most :data:`SHARED_TOOL_MAP_BYTES` of schema text: a map keeps its schemas
         alive after its runs ended, and run starts with ever new tools must not make that
-        memory grow past a bound (it is counted in no run's ``max_buffered_bytes``)."""
+        memory grow past a bound (it is counted in no run's ``max_buffered_bytes``). ``cost``:
+        the map's schema text bytes."""
         if not tools:
             return _NO_TOOLS
         maps = self._tool_maps
@@ -451,7 +452,6 @@ class Assembler:
         if found is not None:
             maps.move_to_end(key)
             return found[0]
-        cost = sum(len(t.text) for t in tools.values() if t.text is not None)
         if cost > SHARED_TOOL_MAP_BYTES:
             return tools  # its own, never kept
         maps[key] = (tools, cost)

@@ -115,7 +115,7 @@ class LatchWorker:
         self.app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
         self.app.task(self._watch_loop)
         #: The heap's free memory goes back to the system when the events stop (memory.py).
-        self.idle_trim = memory.IdleTrim()
+        self.idle_trim = memory.IdleTrim(memory.malloc_trim())
         self.app.timer(memory.IDLE_S, name=f"{app_id}.trim")(self._trim_when_idle)
 
     # -- agents -----------------------------------------------------------------------

@@ -18,7 +18,6 @@ not at all where the C library is not glibc. It costs a few milliseconds on a he
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import time
 from collections.abc import Callable
@@ -33,10 +32,8 @@ IDLE_S = 0.5
 
 def malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        trim = libc.malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim  # the process's own C library
     except (OSError, AttributeError):
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
@@ -49,12 +46,12 @@ class IdleTrim:
     The engine calls :meth:`busy` when it processes records (a flag: nothing else on the
     per-record path) and :meth:`idle` whenever it finds none waiting. The first idle call
     after work starts the interval; one at least ``idle_s`` later trims, unless records came
-    in between."""
+    in between. ``trim``: :func:`malloc_trim`'s answer (None: nothing is ever trimmed)."""
 
-    def __init__(self, idle_s: float = IDLE_S, trim: Callable[[int], int] | None = None,
+    def __init__(self, trim: Callable[[int], int] | None, idle_s: float = IDLE_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.idle_s = idle_s
-        self._trim = trim if trim is not None else malloc_trim()
+        self._trim = trim
         self._clock = clock
         self.active = False
         self._idle_since: float | None = None

@@ -27,7 +27,7 @@ def _trim() -> tuple[memory.IdleTrim, Clock, list[int]]:
         calls.append(pad)
         return 1
 
-    return memory.IdleTrim(0.5, trim, clock), clock, calls
+    return memory.IdleTrim(trim, 0.5, clock), clock, calls
 
 
 def test_trims_once_after_a_whole_idle_interval_that_follows_work() -> None:
@@ -58,8 +58,7 @@ def test_records_in_the_interval_start_it_again() -> None:
 
 def test_no_trim_without_malloc_trim() -> None:
     """Where the C library has no ``malloc_trim`` (musl, macOS), idling does nothing."""
-    idle_trim = memory.IdleTrim(0.0, None, Clock())
-    idle_trim._trim = None
+    idle_trim = memory.IdleTrim(None, 0.0, Clock())
     idle_trim.busy()
     idle_trim.idle()
     assert not idle_trim.idle() and idle_trim.trims == 0

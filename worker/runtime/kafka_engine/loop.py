@@ -231,7 +231,7 @@ class KafkaEngine:
         self.lags_read = 0.0
         self.beat = time.monotonic()
         #: The heap's free memory goes back to the system when the events stop (memory.py).
-        self.idle_trim = memory.IdleTrim()
+        self.idle_trim = memory.IdleTrim(memory.malloc_trim())
         self.thread = threading.current_thread()
         self.reader_settings = config.kafka.confluent_config()
         self.instance = worker.instance_id or uuid.uuid4().hex
