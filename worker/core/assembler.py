@@ -157,11 +157,14 @@ class Run:
     __slots__ = ("adapter", "broken", "calls", "key", "last_ms", "last_seq", "latch", "nbytes",
                  "out", "run_id", "text_bytes", "truncated")
 
-    def __init__(self, start: RunStart, adapter: op.Adapter, latch: Latch, now_ms: int) -> None:
+    def __init__(self, start: RunStart, adapter: op.Adapter, latch: Latch, now_ms: int,
+                 key: bytes | None = None) -> None:
         # (the run.start itself is not kept: its tools are the latch's, the rest the outputs')
         self.run_id = start.run_id
-        #: The record key of the run's envelopes (its run id, UTF-8).
-        self.key = start.run_id.encode()
+        #: The record key of the run's envelopes (its run id, UTF-8): the ``run.start``
+        #: record's own key object, which the engine's heads table holds too.
+        encoded = start.run_id.encode()
+        self.key = key if key is not None and key == encoded else encoded
         self.adapter = adapter
         self.latch = latch
         self.out = Outputs(start)
@@ -397,7 +400,7 @@ class Assembler:
         adapter = adapter_for(start.provider, start.run_id)
         latch = Latch(self.settings, tools, budget, adapter.parse_arguments
                       if adapter.parses_own_arguments else strictjson.parse)
-        run = Run(start, adapter, latch, now_ms)
+        run = Run(start, adapter, latch, now_ms, raw[0] if raw is not None else None)
         if not adapter.peeked:
             self._unpeeked.add(run.key)
         run.nbytes = cost

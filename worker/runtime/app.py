@@ -55,7 +55,7 @@ from worker.runtime import admin, control, kafka_io, logs, memory, step
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.gaps import StallWatch
-from worker.runtime.heads_store import PartitionTrackedTable
+from worker.runtime.heads_store import HeadsTable, PartitionTrackedTable
 from worker.runtime.health import loop_heartbeat
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.metrics import PartitionView
@@ -79,11 +79,12 @@ class LatchWorker:
         # faust's web is the only reader of its Monitor's per-message statistics: without it,
         # a monitor that keeps only what faust's consumer reads (``_LeanMonitor``).
         monitor = None if settings["web_enabled"] else _LeanMonitor()
-        self.app = faust.App(config.worker.app_id, monitor=monitor, **settings)
+        # Table: the class app.Table makes (the heads table, the app's only one).
+        self.app = faust.App(config.worker.app_id, monitor=monitor, Table=HeadsTable, **settings)
         self.events = self.app.topic(names.events, partitions=names.partitions, **_RAW)
         self.control = self.app.topic(names.control, partitions=names.partitions, **_RAW)
         self.outputs = {t: self.app.topic(getattr(names, t.value), **_RAW) for t in Topic}
-        # key_type bytes: raw run_id keys; no value_type: JSON values.
+        # key_type bytes: raw run_id keys; values: JSON objects, kept packed (heads_store).
         self.heads = self.app.Table("heads", partitions=names.partitions, key_type=bytes)
         self.heads_store = PartitionTrackedTable(self.heads)
         self.run_heads = Heads(self.heads_store,

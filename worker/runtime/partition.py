@@ -28,18 +28,59 @@ from collections.abc import AsyncIterable, Awaitable, Mapping, MutableMapping, S
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from worker.core import Assembler, Emit, RunStatus, Topic
 from worker.core.envelope import TICK_KEY
 from worker.runtime import step
 from worker.runtime.step import Record
 
-__all__ = ["TICK", "Heads", "PartitionState", "finished_runs", "rebuild", "refinished",
-           "replay"]
+__all__ = ["TICK", "Heads", "PartitionState", "StoredHead", "decode_head", "encode_head",
+           "finished_runs", "head_partition", "pack_head", "rebuild", "refinished", "replay",
+           "unpack_head"]
 
 log = logging.getLogger("latch.worker")
 
 #: The key of the ticks the worker writes into each events partition.
 TICK = TICK_KEY.encode()
+
+
+#: A head as an engine's table keeps it in memory: an open run's ``{"p": partition, "start":
+#: offset}`` as the tuple ``(partition, offset)`` (56 bytes against a dict's 184: one per open
+#: run, bench/bench_memory.py), any other head as its dict. Read, a head is always its dict.
+StoredHead = dict[str, Any] | tuple[int, int]
+
+
+def pack_head(head: dict[str, Any]) -> StoredHead:
+    """A head as a table keeps it."""
+    if len(head) == 2 and type(head.get("p")) is int and type(head.get("start")) is int:
+        return head["p"], head["start"]
+    return head
+
+
+def unpack_head(stored: StoredHead) -> dict[str, Any]:
+    """A kept head as its dict."""
+    return {"p": stored[0], "start": stored[1]} if isinstance(stored, tuple) else stored
+
+
+def head_partition(stored: StoredHead) -> Any:
+    """The events partition of a kept head (its ``"p"``)."""
+    return stored[0] if isinstance(stored, tuple) else stored.get("p")
+
+
+def encode_head(head: dict[str, Any]) -> bytes:
+    """A head as the changelog holds it: a JSON object, as faust's ``json`` codec writes it."""
+    return orjson.dumps(head)
+
+
+def decode_head(value: bytes) -> dict[str, Any] | None:
+    """A changelog value as a head; None if it is not a JSON object (never written by Latch:
+    ignored rather than trusted)."""
+    try:
+        head = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    return head if isinstance(head, dict) else None
 
 
 @dataclass(slots=True)

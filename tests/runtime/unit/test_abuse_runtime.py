@@ -362,7 +362,7 @@ def test_heads_written_live_leave_memory_with_their_partition() -> None:
     heads.opened(b"kept", partition=0, offset=7)
     changelog = f"{latch.config.worker.app_id}-heads-changelog"
     asyncio.run(store.on_recovery_completed({TP(changelog, 0)}, set()))
-    assert dict(store.items()) == {b"kept": {"p": 0, "start": 7}}
+    assert dict(store.items()) == {b"kept": (0, 7)}  # an open run's head, kept packed
     state = PartitionState(Assembler(), next_offset=50)
     assert heads.load(state, 1) == {}  # partition 1 is back: nothing stale is open
 
@@ -382,7 +382,7 @@ def test_an_assignment_drops_the_heads_of_partitions_owned_elsewhere() -> None:
     latch.heads_store = PartitionTrackedTable(_LiveTable(store))
     events = latch.events.get_topic_name()
     asyncio.run(latch._on_assigned(latch.app, {TP(events, 1), TP("other", 0)}))
-    assert dict(store.items()) == {b"kept": {"p": 1, "start": 7}}
+    assert dict(store.items()) == {b"kept": (1, 7)}
     assert store._key_partition == {b"kept": 1}
     assert heads.load(PartitionState(Assembler(), next_offset=9), 0) == {}
 

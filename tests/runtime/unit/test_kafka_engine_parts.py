@@ -13,14 +13,14 @@ from faust.serializers import codecs
 
 from worker.core import Assembler, RunStatus, Topic
 from worker.runtime.config import load_config
-from worker.runtime.kafka_engine.heads import HeadsTable, decode, encode
+from worker.runtime.kafka_engine.heads import HeadsTable
 from worker.runtime.kafka_engine.loop import (
     Batch,
     KafkaEngine,
     consumer_settings,
     producer_settings,
 )
-from worker.runtime.partition import Heads, PartitionState
+from worker.runtime.partition import Heads, PartitionState, decode_head, encode_head
 
 
 def test_heads_written_become_pending_changelog_records_in_their_partition() -> None:
@@ -51,8 +51,9 @@ def test_restore_replays_a_partitions_changelog_and_writes_nothing() -> None:
     table = HeadsTable()
     table.data[b"other"] = {"p": 1, "start": 3}
     table.data[b"stale"] = {"p": 0, "start": 1}
-    table.restore(0, [(b"a", encode({"p": 0, "start": 5})), (b"b", encode({"p": 0, "start": 6})),
-                      (b"a", encode({"p": 0, "done": True, "seq": 9, "status": "completed"})),
+    table.restore(0, [(b"a", encode_head({"p": 0, "start": 5})),
+                      (b"b", encode_head({"p": 0, "start": 6})),
+                      (b"a", encode_head({"p": 0, "done": True, "seq": 9, "status": "completed"})),
                       (b"b", None), (b"c", b"[1, 2]"), (b"d", b"\xff"), (None, b"{}")])
     assert dict(table) == {b"other": {"p": 1, "start": 3},
                            b"a": {"p": 0, "done": True, "seq": 9, "status": "completed"}}
@@ -66,16 +67,17 @@ def test_changelog_values_are_read_by_faust_and_faust_values_by_us() -> None:
     table values), and a head faust writes decodes here: the engines share one changelog."""
     head = {"p": 3, "done": True, "seq": 12, "status": "cancelled", "at": 1700000000000}
     json_codec = codecs.get_codec("json")
-    assert json_codec.loads(encode(head)) == head
-    assert decode(json_codec.dumps(head)) == head
+    assert json_codec.loads(encode_head(head)) == head
+    assert decode_head(json_codec.dumps(head)) == head
 
 
 def test_restored_heads_give_the_assembler_its_finished_runs_and_the_open_starts() -> None:
     """After a restore, ``Heads.load`` registers the partition's finished runs with the new
     assembler and returns the open runs' start offsets (the rebuild's starting points)."""
     table = HeadsTable()
-    table.restore(1, [(b"open", encode({"p": 1, "start": 17})),
-                      (b"done", encode({"p": 1, "done": True, "seq": 4, "status": "cancelled"}))])
+    table.restore(1, [(b"open", encode_head({"p": 1, "start": 17})),
+                      (b"done", encode_head({"p": 1, "done": True, "seq": 4,
+                                             "status": "cancelled"}))])
     state = PartitionState(Assembler(load_config(None, env={}).assemble), next_offset=30)
     assert Heads(table, retention_s=60).load(state, 1) == {b"open": 17}
     assert state.assembler.finished("done") == (4, RunStatus.CANCELLED)

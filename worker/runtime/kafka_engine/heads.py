@@ -13,47 +13,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
 
-import orjson
+from worker.runtime.partition import (
+    StoredHead,
+    decode_head,
+    encode_head,
+    head_partition,
+    pack_head,
+    unpack_head,
+)
 
-__all__ = ["ChangelogWrite", "HeadsTable", "decode", "encode"]
+__all__ = ["ChangelogWrite", "HeadsTable"]
 
 #: One changelog record to send: (partition, key, value or None for a tombstone).
 ChangelogWrite = tuple[int, bytes, bytes | None]
-
-
-def encode(head: dict[str, Any]) -> bytes:
-    """A head as the changelog holds it (JSON, as faust's ``json`` serializer writes)."""
-    return orjson.dumps(head)
-
-
-def decode(value: bytes) -> dict[str, Any] | None:
-    """A changelog value as a head; ``None`` if it is not a JSON object (never written by
-    Latch: ignored rather than trusted)."""
-    try:
-        head = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        return None
-    return head if isinstance(head, dict) else None
-
-
-#: A head as the table keeps it: an open run's ``{"p": partition, "start": offset}`` as the
-#: tuple ``(partition, offset)`` (56 bytes against a dict's 184: one per open run,
-#: bench/bench_memory.py), any other head as its dict.
-Stored = dict[str, Any] | tuple[int, int]
-
-
-def _pack(head: dict[str, Any]) -> Stored:
-    if len(head) == 2 and type(head.get("p")) is int and type(head.get("start")) is int:
-        return head["p"], head["start"]
-    return head
-
-
-def _unpack(stored: Stored) -> dict[str, Any]:
-    return {"p": stored[0], "start": stored[1]} if isinstance(stored, tuple) else stored
-
-
-def _partition(stored: Stored) -> Any:
-    return stored[0] if isinstance(stored, tuple) else stored.get("p")
 
 
 class HeadsTable(MutableMapping[bytes, dict[str, Any]]):
@@ -61,19 +33,19 @@ class HeadsTable(MutableMapping[bytes, dict[str, Any]]):
     record (a head's partition is its ``"p"``). Read, a head is always its dict."""
 
     def __init__(self) -> None:
-        self.data: dict[bytes, Stored] = {}
+        self.data: dict[bytes, StoredHead] = {}
         self.pending: list[ChangelogWrite] = []
 
     def __getitem__(self, key: bytes) -> dict[str, Any]:
-        return _unpack(self.data[key])
+        return unpack_head(self.data[key])
 
     def __setitem__(self, key: bytes, head: dict[str, Any]) -> None:
-        self.data[key] = _pack(head)
-        self.pending.append((head["p"], key, encode(head)))
+        self.data[key] = pack_head(head)
+        self.pending.append((head["p"], key, encode_head(head)))
 
     def __delitem__(self, key: bytes) -> None:
         stored = self.data.pop(key)
-        self.pending.append((_partition(stored), key, None))
+        self.pending.append((head_partition(stored), key, None))
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self.data)
@@ -94,13 +66,13 @@ class HeadsTable(MutableMapping[bytes, dict[str, Any]]):
         for key, value in records:
             if key is None:
                 continue
-            head = None if value is None else decode(value)
+            head = None if value is None else decode_head(value)
             if head is None:
                 self.data.pop(key, None)
             else:
-                self.data[key] = _pack(head | {"p": partition})
+                self.data[key] = pack_head(head | {"p": partition})
 
     def drop(self, partition: int) -> None:
         """Forget the heads of a partition this worker no longer owns (nothing is written)."""
-        for key in [k for k, head in self.data.items() if _partition(head) == partition]:
+        for key in [k for k, head in self.data.items() if head_partition(head) == partition]:
             del self.data[key]
