@@ -14,11 +14,13 @@ pure Python) and, in a fresh assembler without tracing, as the process's RSS del
 
 **An engine** (``--engines``, a process of its own on ``--bootstrap``): the worker started on
 fresh topics and warmed up (one run through it), then the same phases published to its events
-topic; after each phase, once the group has committed the end of every partition and 2.5 s
-more (the worker, idle by then, has given the heap's free memory back: runtime/memory.py),
-the worker's RSS (``/proc/PID/status``) is read. Per run = phase (1)+(2) / runs; per argument byte
-= phase (3) / bytes. RSS includes the heads table's entry per open run (faust's in-memory
-store) and whatever faust and the clients keep.
+topic, all at once (a backlog) or paced (``--rate``); after each phase, once the group has
+committed the end of every partition and 2.5 s more (the worker, idle by then, has given the
+heap's free memory back: runtime/memory.py), the worker's RSS (``/proc/PID/status``) is read.
+Per run = phase (1)+(2) / runs; per argument byte = phase (3) / bytes. RSS includes the heads
+table's entry per open run (faust's in-memory store), whatever faust and the clients keep, and
+the memory the allocators keep around the runs' state after a burst's transient objects are
+freed (docs/benchmarks.md, "Memory").
 
 The target: at most 2 KiB per open run beyond its argument text.
 """
@@ -175,7 +177,10 @@ def engine(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
             sizes = [settled_rss(setup, proc.pid)]
             print(f"  {name}: warmed up: RSS {sizes[0] / 1e6:,.1f} MB")
             for phase, records in steps:
-                bench_worker.publish(args.bootstrap, setup.events, records)
+                if args.rate > 0:
+                    bench_worker.paced_publish(args.bootstrap, setup.events, records, args.rate)
+                else:
+                    bench_worker.publish(args.bootstrap, setup.events, records)
                 sizes.append(settled_rss(setup, proc.pid))
                 print(f"  {name}: after {phase}: RSS {sizes[-1] / 1e6:,.1f} MB")
         finally:
@@ -185,8 +190,9 @@ def engine(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
     deltas = [b - a for a, b in itertools.pairwise(sizes)]
     per_run = (deltas[0] + deltas[1]) / args.runs
     per_byte = deltas[2] / (args.runs * args.argument_bytes)
-    print(f"{name}: per open run {per_run:,.0f} B RSS (target <= {TARGET_PER_RUN:,}); "
-          f"per buffered argument byte {per_byte:.2f} B RSS")
+    load = f"paced at {args.rate:,.0f} records/s" if args.rate > 0 else "a backlog"
+    print(f"{name} ({load}): per open run {per_run:,.0f} B RSS (target <= "
+          f"{TARGET_PER_RUN:,}); per buffered argument byte {per_byte:.2f} B RSS")
     return {"per_run_rss": per_run, "per_byte_rss": per_byte, "rss": sizes}
 
 
@@ -201,7 +207,6 @@ def settled_rss(setup: bench_worker.Setup, pid: int, timeout: float = 300) -> in
             # The agent has acked: let the heads writes and sends settle, and the worker see
             # itself idle (it then gives the heap's free memory back: runtime/memory.py).
             time.sleep(2.5)
-            gc.collect()
             return rss_bytes(str(pid))
         if time.monotonic() > deadline:
             raise SystemExit(f"not processed after {timeout:.0f} s: committed {done}, "
@@ -224,6 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--no-core", action="store_true", help="only the engines")
+    parser.add_argument("--rate", type=float, default=0,
+                        help="publish each phase at this many records/s (default 0: all at "
+                             "once, a backlog the engine reads as fast as it can)")
     args = parser.parse_args(argv)
     if not args.no_core:
         core(args.runs, args.argument_bytes, args.top)

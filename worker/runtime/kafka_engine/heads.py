@@ -1,11 +1,12 @@
 """The heads table of the kafka engine: a dict, and the changelog records its writes become.
 
-The faust engine keeps heads in a faust ``Table`` (``key_type=bytes``, faust's JSON values)
-whose changelog is ``<app_id>-heads-changelog``; a head of events partition P lives in
-changelog partition P. This table writes the same records to the same topic (raw ``run_id``
-keys, JSON object values, ``None`` values as tombstones), so either engine restores the
-other's heads. Writes are collected in :attr:`HeadsTable.pending` and the engine sends them
-in the transaction of the record that made them.
+The faust engine keeps heads in a faust ``Table`` (``key_type=bytes``, JSON object values:
+``heads_store.HeadCodec``) whose changelog is ``<app_id>-heads-changelog``; a head of events
+partition P lives in changelog partition P. This table writes the same records to the same
+topic (raw ``run_id`` keys, JSON object values, ``None`` values as tombstones), so either
+engine restores the other's heads. Writes are collected in :attr:`HeadsTable.pending` and the
+engine sends them in the transaction of the record that made them. Both engines keep an open
+run's head packed (``partition.pack_head``).
 """
 
 from __future__ import annotations
