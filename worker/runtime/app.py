@@ -55,7 +55,7 @@ from worker.runtime import admin, control, kafka_io, logs, memory, step
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.gaps import StallWatch
-from worker.runtime.heads_store import HeadsTable, PartitionTrackedTable
+from worker.runtime.heads_store import FaustHeadsTable, PartitionTrackedTable
 from worker.runtime.health import loop_heartbeat
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.metrics import PartitionView
@@ -80,7 +80,8 @@ class LatchWorker:
         # a monitor that keeps only what faust's consumer reads (``_LeanMonitor``).
         monitor = None if settings["web_enabled"] else _LeanMonitor()
         # Table: the class app.Table makes (the heads table, the app's only one).
-        self.app = faust.App(config.worker.app_id, monitor=monitor, Table=HeadsTable, **settings)
+        self.app = faust.App(config.worker.app_id, monitor=monitor, Table=FaustHeadsTable,
+                             **settings)
         self.events = self.app.topic(names.events, partitions=names.partitions, **_RAW)
         self.control = self.app.topic(names.control, partitions=names.partitions, **_RAW)
         self.outputs = {t: self.app.topic(getattr(names, t.value), **_RAW) for t in Topic}

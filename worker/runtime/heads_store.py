@@ -24,7 +24,7 @@ the partition comes back, recovery re-reads its changelog from the earliest offs
 Stores without that registry (``rocksdb://`` keeps one database per partition and drops
 revoked ones itself) are written as they are.
 
-**Packed heads.** :class:`HeadsTable` is faust's table with its values written and read by
+**Packed heads.** :class:`FaustHeadsTable` is faust's table with its values written and read by
 :class:`HeadCodec`: the changelog holds each head as the JSON object faust's ``json`` codec
 and the kafka engine write, and the table keeps an open run's head as the tuple
 ``partition.pack_head`` makes (128 bytes less per open run than its dict,
@@ -48,7 +48,7 @@ from worker.runtime.partition import (
     unpack_head,
 )
 
-__all__ = ["HeadCodec", "HeadsTable", "PartitionTrackedTable"]
+__all__ = ["FaustHeadsTable", "HeadCodec", "PartitionTrackedTable"]
 
 
 class HeadCodec(codecs.Codec):
@@ -64,7 +64,7 @@ class HeadCodec(codecs.Codec):
         return None if head is None else pack_head(head)
 
 
-class HeadsTable(faust.Table[bytes, Any]):
+class FaustHeadsTable(faust.Table[bytes, Any]):
     """faust's table, its values through :class:`HeadCodec` both ways: the table manager
     builds the changelog topic (which decodes what recovery reads) from the table's
     ``value_serializer`` once the table is made, and each write is sent with it."""

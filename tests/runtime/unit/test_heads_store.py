@@ -14,7 +14,7 @@ from faust.serializers import codecs
 from worker.core import Assembler
 from worker.runtime.app import LatchWorker
 from worker.runtime.config import load_config
-from worker.runtime.heads_store import HeadCodec, HeadsTable, PartitionTrackedTable
+from worker.runtime.heads_store import FaustHeadsTable, HeadCodec, PartitionTrackedTable
 from worker.runtime.kafka_engine.heads import HeadsTable as KafkaHeadsTable
 from worker.runtime.partition import Heads, PartitionState
 
@@ -40,7 +40,7 @@ def test_the_worker_table_and_its_changelog_topic_use_the_head_codec(latch: Latc
                                                                       ) -> None:
     """Both directions: the writes (the table's serializer) and recovery (the changelog
     topic's schema, built by faust's table manager when the table was made)."""
-    assert isinstance(latch.heads, HeadsTable)
+    assert isinstance(latch.heads, FaustHeadsTable)
     assert isinstance(latch.heads.value_serializer, HeadCodec)
     topic = latch.heads.changelog_topic
     assert isinstance(topic.value_serializer, HeadCodec)
