@@ -326,8 +326,9 @@ class OpenAIChat(op.Adapter):
             return choice.key_for_id(call_id) if call_id else None
         slot = choice.slot(index)
         if slot is None or (call_id and slot[1] and call_id != slot[1]):
-            generation = sum(1 for k in choice.keys or () if k.split("#")[0] == f"{ci}.{index}")
-            key = _call_key(ci, index) + (f"#{generation}" if generation else "")
+            base = _call_key(ci, index)
+            generation = sum(1 for k in choice.keys or () if k.split("#")[0] == base)
+            key = base + (f"#{generation}" if generation else "")
             choice.set_slot(index, (key, call_id))
             return key
         if call_id and not slot[1]:
