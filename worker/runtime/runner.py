@@ -44,13 +44,14 @@ from worker.runtime.config import Config
 from worker.runtime.metrics import Metrics
 from worker.runtime.schemas import validator
 
-__all__ = ["DedupStore", "MemoryStore", "Outcome", "Runner", "result_record"]
+__all__ = ["DedupStore", "MemoryStore", "Outcome", "Runner", "answer", "result_record"]
 
 log = logging.getLogger("latch.runner")
 
 #: A tool: the call's decoded arguments in, a JSON-serialisable result (or a string) out.
 Tool = Callable[[Any], Any]
-#: The most bytes a result's content may hold (the results topic takes ~1 MB records).
+#: The most bytes a result's content may hold, JSON-escaped as the record carries it (the
+#: results topic takes ~1 MB records).
 MAX_RESULT_BYTES = 900_000
 
 
@@ -102,14 +103,44 @@ def result_record(call: Mapping[str, Any], is_error: bool, content: str) -> dict
             "is_error": is_error, "content": content}
 
 
-def _content(result: Any, max_bytes: int) -> tuple[bool, str]:
+def _content(result: Any) -> tuple[bool, str]:
+    """A tool's return value as the result's content: a string as is, anything else as JSON
+    (or an error result when it is not JSON)."""
+    if isinstance(result, str):
+        return False, str.__str__(result)  # a subclass's own __str__ is not asked
     try:
-        text = result if isinstance(result, str) else orjson.dumps(result).decode()
-    except TypeError as exc:
+        return False, orjson.dumps(result).decode()
+    except Exception as exc:  # orjson's TypeError; a lone surrogate is one, too
         return True, f"the tool returned a value that is not JSON ({type(exc).__name__})"
-    if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
-        return True, f"the tool's result is larger than {max_bytes} bytes"
-    return False, text
+
+
+def _escaped(text: str) -> str:
+    """``text`` without lone surrogates (what Python decodes a non-UTF-8 file name to,
+    ``os.fsdecode(b"\\xff")``): each becomes the six characters ``\\udcff``."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _failure(exc: BaseException) -> str:
+    """An exception as an error result's content: its type, then its message."""
+    try:
+        message = str(exc)
+    except Exception:  # a __str__ that raises, or returns something other than a str
+        return f"{type(exc).__name__} (its message could not be read)"
+    return f"{type(exc).__name__}: {message}"[:2000]
+
+
+def answer(call: Mapping[str, Any], is_error: bool, content: str, max_bytes: int) -> bytes:
+    """The result record answering ``call``, as bytes: always one record. A lone surrogate
+    in ``content`` is escaped; content whose JSON text is over ``max_bytes`` becomes an
+    error result (the record would not reach the results topic)."""
+    try:
+        text = orjson.dumps(content)
+    except TypeError:  # a lone surrogate: the only str orjson refuses
+        content = _escaped(content)
+        text = orjson.dumps(content)
+    if len(text) - 2 > max_bytes:
+        is_error, content = True, f"the tool's result is larger than {max_bytes} bytes"
+    return orjson.dumps(result_record(call, is_error, content))
 
 
 class Runner:
@@ -153,8 +184,8 @@ class Runner:
         if self.store.seen(key):
             return Outcome("duplicate", idempotency_key=key)
         is_error, content = self._execute(call)
-        record = result_record(call, is_error, content)
-        return Outcome("executed", call["run_id"].encode(), orjson.dumps(record), key)
+        value = answer(call, is_error, content, self.max_result_bytes)
+        return Outcome("executed", call["run_id"].encode(), value, key)
 
     def _reject(self, reason: str) -> Outcome:
         self.metrics.rejected_not_committed(reason)
@@ -168,14 +199,15 @@ class Runner:
         self.executed += 1
         try:
             result = tool(call["arguments"])
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise  # the operator stops the runner: the interrupted call runs again
+        except BaseException as exc:  # noqa: BLE001 (sys.exit in a tool is answered, too)
             # The arguments are never logged: only where the tool failed.
-            log.warning("tool %s raised %s", call["name"], type(exc).__name__,
+            log.warning("tool %s raised %s", call["name"], _escaped(type(exc).__name__),
                         extra=logs.where(run_id=call["run_id"]))
-            log.debug("".join(traceback.format_tb(exc.__traceback__)))
-            message = f"{type(exc).__name__}: {exc}"
-            return True, message[:2000]
-        return _content(result, self.max_result_bytes)
+            log.debug(_escaped("".join(traceback.format_tb(exc.__traceback__))))
+            return True, _failure(exc)
+        return _content(result)
 
     # -- the loop -----------------------------------------------------------------------
 

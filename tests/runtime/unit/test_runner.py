@@ -123,3 +123,82 @@ def test_the_example_runner_answers_every_committed_call_of_the_demo() -> None:
     assert len(answered) == 6
     errors = {name for name, result in answered.items() if result["is_error"]}
     assert errors == {"get_stock_price"}, {n: answered[n]["content"] for n in errors}
+
+
+# -- whatever a tool returns or raises: one result record, one execution -------------------
+
+#: What Python gives for a file name that is not UTF-8 (os.fsdecode(b"\xff")).
+LONE_SURROGATE = "\udcff"
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+class _NotAString(Exception):
+    def __str__(self) -> Any:
+        return 42
+
+
+def _answered_once(runner: Runner, tool: Any) -> dict[str, Any]:
+    """Run ``tool`` as a committed call; the outcome is one schema-valid result record."""
+    ran: list[Any] = []
+
+    def wrapped(args: Any) -> Any:
+        ran.append(args)
+        return tool(args)
+
+    runner.tools["t"] = wrapped
+    outcome = runner.handle(committed(name="t"), "tool.calls.committed")
+    assert outcome.status == "executed" and len(ran) == 1
+    result = orjson.loads(outcome.value or b"")
+    assert validator("tool-result").is_valid(result), result
+    return result
+
+
+def test_a_lone_surrogate_in_a_result_or_an_exception_is_escaped(runner: Runner) -> None:
+    """A tool that returns (or raises with) a non-UTF-8 file name as Python decodes it (a lone
+    surrogate) still gets its one result record, the surrogate escaped as text; handle() does
+    not raise after the tool ran (which ran it again at every restart)."""
+    name = "report-" + LONE_SURROGATE + ".txt"
+    result = _answered_once(runner, lambda args: name)
+    assert (result["is_error"], result["content"]) == (False, "report-\\udcff.txt")
+
+    def raises(args: Any) -> None:
+        raise FileNotFoundError(f"no such file: {name}")
+
+    result = _answered_once(runner, raises)
+    assert result["is_error"] is True
+    assert result["content"] == "FileNotFoundError: no such file: report-\\udcff.txt"
+    assert _answered_once(runner, lambda args: {"path": name})["is_error"] is True
+
+
+def test_an_exception_without_a_readable_message_is_an_error_result(runner: Runner) -> None:
+    """An exception whose str() raises, or is not a string, becomes an error result naming
+    the exception's type."""
+    for exc in (_Unprintable(), _NotAString()):
+        def raises(args: Any, exc: BaseException = exc) -> None:
+            raise exc
+
+        result = _answered_once(runner, raises)
+        assert result["is_error"] is True
+        assert result["content"] == f"{type(exc).__name__} (its message could not be read)"
+
+
+def test_a_tool_calling_sys_exit_is_answered_not_rerun(runner: Runner) -> None:
+    """A tool that raises SystemExit (sys.exit in a tool) is answered by an error result:
+    the runner does not stop after running it (a restart would run it again)."""
+    def exits(args: Any) -> None:
+        raise SystemExit(3)
+
+    assert _answered_once(runner, exits)["content"].startswith("SystemExit")
+
+
+def test_a_result_whose_json_grows_past_the_limit_is_an_error(runner: Runner) -> None:
+    """The limit holds for the content as the record carries it (JSON-escaped): 100 NUL
+    characters are 600 bytes in the record, over a 500-byte limit, so an error result (the
+    record would otherwise be refused by the broker, after the tool ran)."""
+    runner.max_result_bytes = 500
+    assert _answered_once(runner, lambda args: "\x00" * 100)["is_error"] is True
+    assert _answered_once(runner, lambda args: "x" * 400)["is_error"] is False
