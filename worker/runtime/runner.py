@@ -12,7 +12,9 @@ A runner consumes the committed topic (``tool.calls.committed``), and for each r
    it raised becomes one ``tool.calls.results`` record (``schemas/tool-result.schema.json``),
    keyed by ``run_id``, paired by ``tool_call_id``, with the call's trace context in its
    headers (the run's trace continues: :mod:`worker.runtime.tracing`);
-4. waits until the result is delivered, then remembers the key, then commits the offset.
+4. waits until the result is delivered, then remembers the key, then commits the offset (a
+   result the broker refuses as too large is answered by an error result instead; any other
+   failed delivery stops the runner before the offset is committed).
 
 A crash between the function's return and step 4 runs the function again after a restart:
 the store makes a redelivered call run once, not a crashed execution. A tool with side
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from opentelemetry import trace
 
 from worker.runtime import logs, tracing
@@ -201,7 +203,7 @@ class Runner:
             result = tool(call["arguments"])
         except KeyboardInterrupt:
             raise  # the operator stops the runner: the interrupted call runs again
-        except BaseException as exc:  # noqa: BLE001 (sys.exit in a tool is answered, too)
+        except BaseException as exc:  # sys.exit in a tool is answered, too
             # The arguments are never logged: only where the tool failed.
             log.warning("tool %s raised %s", call["name"], _escaped(type(exc).__name__),
                         extra=logs.where(run_id=call["run_id"]))
@@ -241,14 +243,41 @@ class Runner:
             outcome = self.handle(message.value(), message.topic())
             headers = tracing.inject()  # this span's context: the trace goes on
         if outcome.status == "executed":
-            self.producer.produce(self.config.topics.results, key=outcome.key,
-                                  value=outcome.value, headers=list(headers) or None)
+            self._deliver(outcome, list(headers) or None)
+            self.store.remember(outcome.idempotency_key or "")
+        self.consumer.commit(message=message, asynchronous=False)
+
+    def _deliver(self, outcome: Outcome, headers: Any) -> None:
+        """Publish the result and wait for its delivery. A result the broker refuses as too
+        large is replaced by an error result (running the tool again would not shrink it);
+        any other failure stops the runner before the offset is committed."""
+        failed: list[KafkaError] = []
+
+        def delivered(error: KafkaError | None, _: Any) -> None:
+            if error is not None:
+                failed.append(error)
+
+        value = outcome.value
+        for attempt in (1, 2):
+            try:
+                self.producer.produce(self.config.topics.results, key=outcome.key, value=value,
+                                      headers=headers, on_delivery=delivered)
+            except KafkaException as exc:
+                failed.append(exc.args[0])
             left = self.producer.flush(30)
             if left:
                 raise RuntimeError(f"{left} results not delivered within 30 s; stopping "
                                    "before the offset is committed")
-            self.store.remember(outcome.idempotency_key or "")
-        self.consumer.commit(message=message, asynchronous=False)
+            if not failed:
+                return
+            if attempt == 2 or failed[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                raise RuntimeError(f"the result was not delivered ({failed[0].name()}); "
+                                   "stopping before the offset is committed")
+            record = orjson.loads(value or b"")
+            record.update(is_error=True, content="the tool's result is larger than the "
+                          "results topic takes")
+            value = orjson.dumps(record)
+            failed.clear()
 
     def close(self) -> None:
         self.consumer.close()

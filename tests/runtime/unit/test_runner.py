@@ -202,3 +202,71 @@ def test_a_result_whose_json_grows_past_the_limit_is_an_error(runner: Runner) ->
     runner.max_result_bytes = 500
     assert _answered_once(runner, lambda args: "\x00" * 100)["is_error"] is True
     assert _answered_once(runner, lambda args: "x" * 400)["is_error"] is False
+
+
+class _Message:
+    def __init__(self, value: bytes) -> None:
+        self._value = value
+
+    def value(self) -> bytes:
+        return self._value
+
+    def topic(self) -> str:
+        return "tool.calls.committed"
+
+    def headers(self) -> None:
+        return None
+
+
+class _Producer:
+    """Delivers each record with the next error of ``errors`` (None: delivered)."""
+
+    def __init__(self, *errors: Any) -> None:
+        self.errors, self.sent, self._pending = list(errors), [], []  # type: ignore[var-annotated]
+
+    def produce(self, topic: str, key: bytes, value: bytes, headers: Any, on_delivery: Any
+                ) -> None:
+        self.sent.append(orjson.loads(value))
+        self._pending.append((on_delivery, self.errors.pop(0) if self.errors else None))
+
+    def flush(self, timeout: float) -> int:
+        for callback, error in self._pending:
+            callback(error, None)
+        self._pending.clear()
+        return 0
+
+
+class _Consumer:
+    def __init__(self) -> None:
+        self.commits = 0
+
+    def commit(self, message: Any, asynchronous: bool) -> None:
+        self.commits += 1
+
+
+def test_a_result_the_broker_refuses_as_too_large_is_answered_by_an_error() -> None:
+    """The results topic refuses the record (MSG_SIZE_TOO_LARGE: its max.message.bytes is
+    below max_result_bytes): an error result answers the call instead, then the key is
+    remembered and the offset committed; the tool ran once."""
+    from confluent_kafka import KafkaError
+
+    producer, consumer = _Producer(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)), _Consumer()
+    runner = Runner(Config(), {"add": lambda args: "x" * 1000}, consumer=consumer,
+                    producer=producer)
+    runner._process(_Message(committed()))
+    assert [r["is_error"] for r in producer.sent] == [False, True]
+    assert consumer.commits == 1 and runner.store.seen("r1:call_1") and runner.executed == 1
+
+
+def test_a_failed_delivery_stops_before_the_offset_is_committed() -> None:
+    """Any other delivery failure (flush returns 0 all the same) stops the runner: the key is
+    not remembered and the offset not committed, so the call is answered after a restart
+    (never left without a result)."""
+    from confluent_kafka import KafkaError
+
+    producer = _Producer(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    consumer = _Consumer()
+    runner = Runner(Config(), {"add": lambda args: 3}, consumer=consumer, producer=producer)
+    with pytest.raises(RuntimeError, match="TOPIC_AUTHORIZATION_FAILED"):
+        runner._process(_Message(committed()))
+    assert consumer.commits == 0 and not runner.store.seen("r1:call_1")
