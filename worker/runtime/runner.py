@@ -3,8 +3,10 @@
 A runner consumes the committed topic (``tool.calls.committed``), and for each record:
 
 1. refuses anything that is not a committed call (not JSON, or the committed-call schema
-   fails): nothing runs, ``tool_execute_rejected_not_committed_total{reason}`` counts it, and
-   the record is skipped (a runner must never execute what the worker did not commit);
+   fails) and, when it holds signing keys (``signing.keys``, :mod:`worker.runtime.signing`),
+   anything the worker did not sign with one of them: nothing runs,
+   ``tool_execute_rejected_not_committed_total{reason}`` counts it, and the record is
+   skipped (a runner must never execute what the worker did not commit);
 2. skips a call whose ``idempotency_key`` the :class:`DedupStore` has seen (delivery is at
    least once: the same committed call may arrive twice);
 3. calls the Python function registered under the call's ``name`` with the decoded
@@ -41,7 +43,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from opentelemetry import trace
 
-from worker.runtime import logs, tracing
+from worker.runtime import logs, signing, tracing
 from worker.runtime.config import Config
 from worker.runtime.metrics import Metrics
 from worker.runtime.schemas import validator
@@ -152,13 +154,17 @@ class Runner:
                  store: DedupStore | None = None, metrics: Metrics | None = None,
                  group_id: str = "latch-runner", max_result_bytes: int = MAX_RESULT_BYTES,
                  consumer: Any = None, producer: Any = None,
-                 tracer: trace.Tracer | None = None) -> None:
+                 tracer: trace.Tracer | None = None,
+                 verifier: signing.Verifier | None = None) -> None:
         self.config = config
         self.tools = dict(tools)
         self.store: DedupStore = store if store is not None else MemoryStore()
         self.metrics = metrics if metrics is not None else Metrics(prometheus=False)
         self.max_result_bytes = max_result_bytes
         self._check = validator("committed-call")
+        #: The keys a committed record must be signed by (config's ``signing.keys``; none:
+        #: signatures are not checked).
+        self.verifier = verifier if verifier is not None else signing.verifier(config)
         settings = config.kafka.confluent_config()
         self.consumer = consumer if consumer is not None else Consumer(logs.kafka_config({
             **settings, "group.id": group_id, "enable.auto.commit": False,
@@ -172,10 +178,16 @@ class Runner:
 
     # -- one record ---------------------------------------------------------------------
 
-    def handle(self, value: bytes | None, topic: str | None = None) -> Outcome:
-        """Decide one record of the committed topic (runs the tool at most once per key)."""
+    def handle(self, value: bytes | None, topic: str | None = None,
+               headers: Any = None) -> Outcome:
+        """Decide one record of the committed topic (runs the tool at most once per key);
+        ``headers``: the record's Kafka headers (its signature)."""
         if topic is not None and topic != self.config.topics.committed:
             return self._reject("wrong_topic")
+        if self.verifier.required:
+            refused = self.verifier.refusal(value, headers)
+            if refused is not None:
+                return self._reject(refused)
         try:
             call = orjson.loads(value or b"")
         except orjson.JSONDecodeError:
@@ -237,10 +249,11 @@ class Runner:
         return handled
 
     def _process(self, message: Any) -> None:
-        parent = tracing.extract(message.headers())
+        received = message.headers()
+        parent = tracing.extract(received)
         with self.tracer.start_as_current_span("latch.tool.execute", context=parent,
                                                kind=trace.SpanKind.CONSUMER):
-            outcome = self.handle(message.value(), message.topic())
+            outcome = self.handle(message.value(), message.topic(), received)
             headers = tracing.inject()  # this span's context: the trace goes on
         if outcome.status == "executed":
             self._deliver(outcome, list(headers) or None)

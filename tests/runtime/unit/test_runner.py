@@ -72,8 +72,8 @@ def test_anything_not_a_committed_call_is_refused_and_counted(runner: Runner) ->
              (committed(), "tool.calls.errors")]
     assert [runner.handle(value, topic).status for value, topic in cases] == ["rejected"] * 4
     assert runner.calls == []  # type: ignore[attr-defined]
-    assert runner.metrics.rejected == {"undecodable": 1, "not_a_committed_call": 2,
-                                       "wrong_topic": 1}
+    assert {k: v for k, v in runner.metrics.rejected.items() if v} == {
+        "undecodable": 1, "not_a_committed_call": 2, "wrong_topic": 1}
     runner.metrics.shutdown()
 
 
