@@ -21,7 +21,9 @@ Errors::
                        as a dotted path and, for an override, the LATCH_ variable
 
 Secrets: ``kafka.sasl_password`` and pass-through settings whose name looks secret never
-appear in a ``repr`` or in an error message.
+appear in a ``repr`` or in an error message. The signing keys are not in the configuration at
+all: ``signing.keys`` says where each is (``file:``, ``env:``; :mod:`signing` reads them), and
+an invalid value there is never echoed (a key written inline by mistake).
 """
 
 from __future__ import annotations
