@@ -6,7 +6,8 @@
 Each committed call on ``tool.calls.committed`` runs the function registered under its name
 once (a redelivered call is skipped by its idempotency_key), and one record answers it on
 ``tool.calls.results``, paired by ``tool_call_id``. Ctrl-C stops it. See docs/runner.md for
-how an agent loop turns those records into the provider's tool results.
+how an agent loop turns those records into the provider's tool results. With ``signing.keys``
+in latch.yaml it runs only what the worker signed (docs/runner.md).
 """
 
 from __future__ import annotations

@@ -348,9 +348,10 @@ class LatchWorker:
         """Send each emit, in order, with its run's trace headers; a DLQ record keeps the
         input record's key. ``record_ms``: the time of the record that produced them."""
         for emit in emits:
+            value = step.out_value(emit)
             sent = await self.outputs[emit.topic].send(
-                key=step.out_key(emit, key), value=step.out_value(emit),
-                headers=self.hooks.headers(emit))
+                key=step.out_key(emit, key), value=value,
+                headers=self.hooks.headers(emit, value))
             if emit.topic is not Topic.PROGRESS:
                 state.unconfirmed.append(sent)
                 sent.add_done_callback(self._delivery(emit.topic, record_ms))  # type: ignore[attr-defined]  # a future

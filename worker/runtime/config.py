@@ -21,7 +21,9 @@ Errors::
                        as a dotted path and, for an override, the LATCH_ variable
 
 Secrets: ``kafka.sasl_password`` and pass-through settings whose name looks secret never
-appear in a ``repr`` or in an error message.
+appear in a ``repr`` or in an error message. The signing keys are not in the configuration at
+all: ``signing.keys`` says where each is (``file:``, ``env:``; :mod:`signing` reads them), and
+an invalid value there is never echoed (a key written inline by mistake).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "KafkaSettings",
+    "SigningSettings",
     "TopicNames",
     "WorkerSettings",
     "dump_defaults",
@@ -58,7 +61,8 @@ DEFAULT_PATH = "latch.yaml"
 _ENV_PREFIX = "LATCH_"
 _KAFKA_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 _SECRET_KEY = re.compile(
-    r"password|passwd|secret|token|credential|jaas|pem|ssl_key|keystore|private|oauthbearer")
+    r"password|passwd|secret|token|credential|jaas|pem|ssl_key|keystore|private|oauthbearer"
+    r"|^signing\.keys")
 #: A quoted part of a YAML error message longer than one character (``'!hunter2'``).
 _QUOTED = re.compile(r"'[^']{2,}'|\"[^\"]{2,}\"")
 _REDACTED = "***"
@@ -191,6 +195,18 @@ class WorkerSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class SigningSettings:
+    """The ``signing`` section: where the committed calls' signing keys are (key id ->
+    ``file:PATH`` or ``env:NAME``), and the one the worker signs with (:mod:`signing`)."""
+
+    key_id: str | None = None
+    keys: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keys", _FrozenDict(self.keys))
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration; ``source`` is the file it was read from (None: no file)."""
 
@@ -198,6 +214,7 @@ class Config:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     topics: TopicNames = field(default_factory=TopicNames)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
+    signing: SigningSettings = field(default_factory=SigningSettings)
     source: Path | None = None
 
 
@@ -208,6 +225,7 @@ _SECTIONS: Mapping[str, tuple[type[Any], str]] = MappingProxyType(
         "kafka": (KafkaSettings, "kafka"),
         "topics": (TopicNames, "topics"),
         "worker": (WorkerSettings, "worker"),
+        "signing": (SigningSettings, "signing"),
     }
 )
 
@@ -445,6 +463,8 @@ def _comment(text: str, indent: str) -> list[str]:
 def _yaml_scalar(value: Any) -> str:
     if isinstance(value, tuple):
         value = list(value)
+    if isinstance(value, dict):
+        value = dict(value)  # a _FrozenDict, as a plain mapping
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     dumped = yaml.safe_dump(value, default_flow_style=True, width=1_000)

@@ -6,7 +6,8 @@ Either engine (faust's :mod:`worker.runtime.app`, the confluent-kafka
 * :meth:`EngineHooks.apply` to feed a record to a partition's assembler: the core's step,
   then the record's metrics (:mod:`worker.runtime.metrics`, a counter increment when nothing
   ends) and its run's span (:mod:`worker.runtime.tracing`);
-* :meth:`EngineHooks.headers` for the trace headers of each output record;
+* :meth:`EngineHooks.headers` for the headers of each output record: its run's trace and,
+  on a committed call with ``signing.key_id`` set, the signature (:mod:`signing`);
 * :meth:`EngineHooks.delivered` when an output's delivery is known (faust: the send's future;
   the kafka engine: its transaction committed or aborted);
 * :meth:`EngineHooks.assigned` / :meth:`EngineHooks.revoked` with the events partitions of a
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.core import Emit, Topic
-from worker.runtime import step
+from worker.runtime import signing, step
 from worker.runtime.config import Config
 from worker.runtime.health import Health, HttpServer
 from worker.runtime.metrics import PartitionView
@@ -58,6 +59,8 @@ class EngineHooks:
                                    label_cap=worker.metrics_label_cap)
         self.metrics, self.tracing = self.telemetry.metrics, self.telemetry.tracing
         self.health = Health()
+        #: Signs each committed call (None: ``signing.key_id`` is unset).
+        self.signer = signing.signer(config)
 
     # -- per record ---------------------------------------------------------------------
 
@@ -100,9 +103,13 @@ class EngineHooks:
         """Count a control record that went to the DLQ instead of its run's partition."""
         self.metrics.record([emit])
 
-    def headers(self, emit: Emit) -> Headers | None:
-        """The trace headers of an output record (None: its run carries no trace)."""
-        return self.tracing.headers(emit.key)
+    def headers(self, emit: Emit, value: bytes) -> Headers | None:
+        """The headers of an output record whose value is ``value``: its run's trace (None:
+        no trace and nothing signed); a committed call's signature when signing is on."""
+        headers = self.tracing.headers(emit.key)
+        if self.signer is None or emit.topic is not Topic.COMMITTED:
+            return headers
+        return [*(headers or ()), *self.signer.headers(value)]
 
     def delivered(self, topic: Topic, record_ms: int | None, ok: bool) -> None:
         """An output record was delivered (visible to readers), or its delivery failed;

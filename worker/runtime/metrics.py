@@ -75,8 +75,10 @@ METRIC_NAMES: frozenset[str] = frozenset({
 })
 
 #: Why a runner refuses a record (``tool_execute_rejected_not_committed_total{reason}``):
-#: not JSON, not a committed call (the committed-call schema fails), or the wrong topic.
-REJECT_REASONS = ("undecodable", "not_a_committed_call", "wrong_topic")
+#: not JSON, not a committed call (the committed-call schema fails), or the wrong topic; with
+#: signing keys (signing.py): no signature, a key id it does not hold, a wrong signature.
+REJECT_REASONS = ("undecodable", "not_a_committed_call", "wrong_topic", "unsigned",
+                  "unknown_key", "bad_signature")
 
 #: Labels an operator may turn on (``worker.metrics_labels``).
 OPTIONAL_LABELS = frozenset({"tenant", "tool"})

@@ -16,6 +16,7 @@ from worker.runtime.config import (
     Config,
     ConfigError,
     KafkaSettings,
+    SigningSettings,
     TopicNames,
     WorkerSettings,
     dump_defaults,
@@ -29,6 +30,7 @@ SECTIONS: dict[str, Any] = {
     "kafka": KafkaSettings,
     "topics": TopicNames,
     "worker": WorkerSettings,
+    "signing": SigningSettings,
 }
 
 

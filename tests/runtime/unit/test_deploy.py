@@ -1,7 +1,8 @@
 """deploy/ stays in step with the worker: Kubernetes manifests valid against the Kubernetes
 schemas (offline), probes and ports as the worker serves them, KEDA scaled to the events
 partitions, every metric a dashboard panel or an alert queries exported by the worker, the
-alerts well-formed and documented, and the Dockerfile clean for hadolint."""
+alerts well-formed and documented, the Dockerfile clean for hadolint, and the Kafka ACLs
+(deploy/kafka) letting only the worker write the committed topic."""
 
 from __future__ import annotations
 
@@ -283,3 +284,88 @@ def test_ci_runs_every_python_step_of_the_dockerfile(tmp_path: Path) -> None:
     assert stage.shell('python -c "import x"') == f'{sys.executable} -c "import x"'
     copies = [a for w, a in found if w == "COPY"]
     assert copies[-1] == "--from=build /wheels /wheels"
+
+
+# -- Kafka ACLs: who may write each topic ---------------------------------------------------
+
+KAFKA = DEPLOY / "kafka"
+#: kafka-acls' resource options, as Strimzi's KafkaUser names the resource types.
+STRIMZI_RESOURCE = {"topic": "topic", "group": "group", "transactional-id": "transactionalId"}
+Acl = tuple[str, str, str, str, frozenset[str]]  # principal, resource, name, pattern, ops
+
+
+def script_acls(**env: str) -> set[Acl]:
+    """The ACLs deploy/kafka/acls.sh adds, read from its dry run (the commands it prints)."""
+    import shlex
+
+    done = subprocess.run(["sh", str(KAFKA / "acls.sh")], env={**os.environ, **env,
+                          "DRY_RUN": "1"}, capture_output=True, text=True, timeout=30,
+                          check=True)
+    found = set()
+    for line in done.stdout.splitlines():
+        words = shlex.split(line)
+        assert words[0] == "kafka-acls.sh" and "--add" in words, line
+        (resource,) = [r for r in STRIMZI_RESOURCE if f"--{r}" in words]
+        ops = frozenset(words[i + 1] for i, w in enumerate(words) if w == "--operation")
+        found.add((words[words.index("--allow-principal") + 1], resource,
+                   words[words.index(f"--{resource}") + 1],
+                   words[words.index("--resource-pattern-type") + 1], ops))
+    return found
+
+
+def strimzi_acls() -> set[Acl]:
+    """The ACLs of deploy/kafka/users.yaml's KafkaUser resources, as kafka-acls names them."""
+    names = {v: k for k, v in STRIMZI_RESOURCE.items()}
+    found = set()
+    for user in yaml.safe_load_all((KAFKA / "users.yaml").read_text()):
+        assert user["apiVersion"] == "kafka.strimzi.io/v1beta2" and user["kind"] == "KafkaUser"
+        assert user["spec"]["authorization"]["type"] == "simple"
+        for acl in user["spec"]["authorization"]["acls"]:
+            res = acl["resource"]
+            pattern = {"literal": "literal", "prefix": "prefixed"}[res["patternType"]]
+            found.add((f"User:{user['metadata']['name']}", names[res["type"]], res["name"],
+                       pattern, frozenset(acl["operations"])))
+    return found
+
+
+def writers(acls: set[Acl], topic: str) -> set[str]:
+    """The principals allowed to write ``topic`` (a literal ACL of its name, or a prefix)."""
+    return {p for p, kind, name, pattern, ops in acls if kind == "topic" and "Write" in ops
+            and (name == topic if pattern == "literal" else topic.startswith(name))}
+
+
+def test_only_the_worker_may_write_the_committed_topic() -> None:
+    """deploy/kafka/acls.sh and the Strimzi users in deploy/kafka/users.yaml grant the same
+    ACLs, for the default topic names and app id; each topic has exactly its writers: the
+    committed calls (which runners execute) and the other outputs the worker alone, results
+    the runners alone, control the gateway, events the gateway and the worker (its ticks);
+    the runner writes nothing but results; every topic of `latch topics create` is covered."""
+    acls = script_acls()
+    assert acls == strimzi_acls()
+    config = load_config(None, env={})
+    topics, app_id = config.topics, config.worker.app_id
+    gateway, worker, runner = "User:latch-gateway", "User:latch-worker", "User:latch-runner"
+    for name in (topics.committed, topics.errors, topics.final, topics.progress, topics.dlq):
+        assert writers(acls, name) == {worker}, name
+    assert writers(acls, topics.results) == {runner}
+    assert writers(acls, topics.control) == {gateway}
+    assert writers(acls, topics.events) == {gateway, worker}
+    assert writers(acls, f"{app_id}-heads-changelog") == {worker}
+    assert {name for p, kind, name, _, ops in acls if p == runner and "Write" in ops} == {
+        topics.results}
+    from worker.runtime import admin
+
+    assert all(writers(acls, spec.name) for spec in admin.specs(config))
+    assert (worker, "group", app_id, "literal", frozenset({"Read", "Describe"})) in acls
+    assert (worker, "transactional-id", f"{app_id}-", "prefixed",
+            frozenset({"Write", "Describe"})) in acls
+
+
+def test_the_acl_script_follows_the_names_it_is_given() -> None:
+    """The script's names are variables: a deployment's own committed topic and app id get
+    the same rules (the worker the committed topic's only writer)."""
+    acls = script_acls(COMMITTED="prod.committed", APP_ID="prod-latch",
+                       WORKER="User:CN=worker")
+    assert writers(acls, "prod.committed") == {"User:CN=worker"}
+    assert writers(acls, "prod-latch-heads-changelog") == {"User:CN=worker"}
+    assert writers(acls, "tool.calls.committed") == set()

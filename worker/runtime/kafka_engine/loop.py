@@ -441,8 +441,9 @@ class KafkaEngine:
         for emit in emits:
             topic = emit.topic
             watched = topic is not Topic.PROGRESS
-            self._produce(self.outputs[topic], step.out_key(emit, key), step.out_value(emit),
-                          headers=hooks.headers(emit),
+            value = step.out_value(emit)
+            self._produce(self.outputs[topic], step.out_key(emit, key), value,
+                          headers=hooks.headers(emit, value),
                           on_delivery=self._delivered if watched else None)
             if topic is Topic.COMMITTED and self.batch is not None:
                 self.batch.committed.append(record_ms)

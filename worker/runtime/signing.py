@@ -1,0 +1,167 @@
+"""Signed committed calls: only what the worker committed runs.
+
+Any principal that may write ``tool.calls.committed`` could otherwise make a runner execute a
+tool. With ``signing.key_id`` set, the worker signs each committed record; a
+:class:`~worker.runtime.runner.Runner` given keys refuses a record that is unsigned or not
+signed by one of them (``tool_execute_rejected_not_committed_total{reason}``). ACLs keep
+other writers off the topic (docs/operations.md); the signature holds even when they fail.
+
+The signature, in two headers of the committed record (schemas/README.md)::
+
+    latch-signature-key   the key id, UTF-8 (``signing.key_id``)
+    latch-signature       hex(HMAC-SHA256(key, the record's value bytes)), 64 characters
+
+It proves the worker made the value; it says nothing of freshness (a copy of a signed record
+is the same call: runners deduplicate on ``idempotency_key``). Keys rotate by id: runners
+list the old and the new key, the worker switches ``key_id``, and the old key leaves the
+runners once no record signed with it is left to consume (docs/runner.md).
+
+Keys are read from files or environment variables (``file:PATH``, ``env:NAME``), at least
+:data:`MIN_KEY_BYTES` bytes each; no ``repr``, log line or error message holds one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from worker.runtime.config import Config, ConfigError, SigningSettings
+
+__all__ = ["KEY_ID_HEADER", "MIN_KEY_BYTES", "SIGNATURE_HEADER", "Signer", "Verifier",
+           "load_keys", "signer", "verifier"]
+
+#: The header holding the id of the key that signed the record.
+KEY_ID_HEADER = "latch-signature-key"
+#: The header holding the signature: lowercase hex of HMAC-SHA256 over the record's value.
+SIGNATURE_HEADER = "latch-signature"
+#: The shortest key accepted (HMAC-SHA256's own output size).
+MIN_KEY_BYTES = 32
+
+#: Why a runner refuses a record by its signature (``REJECT_REASONS`` in metrics.py).
+UNSIGNED, UNKNOWN_KEY, BAD_SIGNATURE = "unsigned", "unknown_key", "bad_signature"
+
+
+def _mac(key: bytes, value: bytes) -> bytes:
+    return hmac.new(key, value, hashlib.sha256).hexdigest().encode("ascii")
+
+
+class Signer:
+    """Signs record values with one key (the worker's ``signing.key_id``)."""
+
+    __slots__ = ("_key", "_prefix", "key_id")
+
+    def __init__(self, key_id: str, key: bytes) -> None:
+        self.key_id = key_id
+        self._key = key
+        self._prefix = (KEY_ID_HEADER, key_id.encode("utf-8"))
+
+    def headers(self, value: bytes) -> list[tuple[str, bytes]]:
+        """The signature headers of a record whose value is ``value``."""
+        return [self._prefix, (SIGNATURE_HEADER, _mac(self._key, value))]
+
+    def __repr__(self) -> str:
+        return f"Signer(key_id={self.key_id!r})"
+
+
+class Verifier:
+    """Checks a record's signature against a set of keys by id (the runner's
+    ``signing.keys``). With no keys it requires nothing (:attr:`required` is False)."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: Mapping[str, bytes]) -> None:
+        self._keys = dict(keys)
+
+    @property
+    def required(self) -> bool:
+        """Whether records must be signed (some key is configured)."""
+        return bool(self._keys)
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        return tuple(sorted(self._keys))
+
+    def refusal(self, value: bytes | None,
+                headers: Iterable[tuple[str, bytes | str | None]] | None) -> str | None:
+        """Why the record is refused (``unsigned``, ``unknown_key``, ``bad_signature``), or
+        None when it is signed by a known key (or nothing is required)."""
+        if not self._keys:
+            return None
+        key_id = signature = None
+        for name, data in headers or ():
+            if name == KEY_ID_HEADER:
+                key_id = data
+            elif name == SIGNATURE_HEADER:
+                signature = data
+        if key_id is None or signature is None:
+            return UNSIGNED
+        if isinstance(key_id, bytes):
+            key_id = key_id.decode("utf-8", "replace")
+        key = self._keys.get(key_id)
+        if key is None:
+            return UNKNOWN_KEY
+        if isinstance(signature, str):
+            signature = signature.encode("utf-8", "replace")
+        if not hmac.compare_digest(_mac(key, value or b""), signature):
+            return BAD_SIGNATURE
+        return None
+
+    def __repr__(self) -> str:
+        return f"Verifier(key_ids={list(self.key_ids)!r})"
+
+
+def load_keys(settings: SigningSettings, source: Path | None = None,
+              env: Mapping[str, str] | None = None) -> dict[str, bytes]:
+    """Every key of ``settings.keys``, read from its file or variable. Raises
+    :class:`ConfigError` naming the key id and where it was looked for, never its bytes."""
+    env = os.environ if env is None else env
+    keys: dict[str, bytes] = {}
+    problems: list[str] = []
+    for key_id, where in settings.keys.items():
+        kind, _, name = where.partition(":")
+        at = f"signing.keys.{key_id}"
+        if kind == "file":
+            try:
+                key = Path(name).read_bytes().strip()
+            except OSError as exc:
+                problems.append(f"{at}: cannot read {name} ({type(exc).__name__})")
+                continue
+        elif kind == "env":
+            if name not in env:
+                problems.append(f"{at}: the variable {name} is not set")
+                continue
+            key = env[name].strip().encode("utf-8", "surrogateescape")
+        else:
+            problems.append(f"{at}: expected file:PATH or env:NAME")
+            continue
+        if len(key) < MIN_KEY_BYTES:
+            problems.append(f"{at}: the key is shorter than {MIN_KEY_BYTES} bytes")
+            continue
+        keys[key_id] = key
+    if problems:
+        raise ConfigError(source, problems)
+    return keys
+
+
+def signer(config: Config, env: Mapping[str, str] | None = None) -> Signer | None:
+    """The worker's signer (None: ``signing.key_id`` is unset). Raises :class:`ConfigError`."""
+    settings = config.signing
+    key_id = settings.key_id
+    if key_id is None:
+        return None
+    if key_id not in settings.keys:
+        raise ConfigError(config.source, [f"signing.key_id: {key_id} is not one of "
+                                          "signing.keys"])
+    # Only the active key: the others may be the runners' alone (a rotation's old key).
+    keys = load_keys(SigningSettings(key_id, {key_id: settings.keys[key_id]}), config.source,
+                     env)
+    return Signer(key_id, keys[key_id])
+
+
+def verifier(config: Config, env: Mapping[str, str] | None = None) -> Verifier:
+    """A runner's verifier: every key of ``signing.keys`` (none: nothing is required).
+    Raises :class:`ConfigError`."""
+    return Verifier(load_keys(config.signing, config.source, env))
