@@ -46,6 +46,9 @@ from worker.core import Assembler, Emit, Topic
 from worker.runtime import admin
 from worker.runtime.config import Config, load_config
 
+#: The root of the checkout these tests belong to (put first on a worker's PYTHONPATH).
+CHECKOUT = str(Path(__file__).resolve().parents[1])
+
 #: faust settings that make start-up, rebalances and failover quick on a local broker
 #: (6 s is the broker's minimum session timeout).
 FAST_FAUST = {
@@ -149,7 +152,10 @@ class WorkerProcess:
         self.log_path = log_path
         settings = FAST_FAUST | faust
         args = [f"--faust-setting={k}={v}" for k, v in settings.items()]
-        env = os.environ | stack.env() | {"PYTHONUNBUFFERED": "1"}
+        # The worker imports this checkout's ``worker`` (not whatever an editable install of
+        # another checkout points at), as the test process itself does.
+        path = os.pathsep.join(p for p in (CHECKOUT, os.environ.get("PYTHONPATH")) if p)
+        env = os.environ | stack.env() | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
         if stack.engine == "kafka":
             args, env = [], FAST_KAFKA | env
         command = [sys.executable, "-m", "worker", "worker", *args]
