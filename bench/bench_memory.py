@@ -159,10 +159,10 @@ def engine(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
         print(f"skipping {name}: {reason}")
         return None
     tag = uuid.uuid4().hex[:6]
-    group = f"latch-bench-mem-{name}-{tag}"
+    topics = bench_worker.Topics(args.bootstrap, args.topic_prefix)
+    group = topics.fresh(f"mem-{name}", tag)
     work = Path(tempfile.mkdtemp(prefix="latch-bench-memory-"))
     setup = bench_worker.Setup(args.bootstrap, group, f"{group}.events", args.partitions, work)
-    topics = bench_worker.Topics(args.bootstrap)
     steps = phases(args.runs, args.argument_bytes, tag, args.fragment)
     try:
         topics.simple([setup.events], args.partitions)
@@ -229,6 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--no-core", action="store_true", help="only the engines")
+    parser.add_argument("--topic-prefix", default="latch-bench",
+                        help="every topic and consumer group an engine's run creates is "
+                             "named <prefix>-..., with a random tag (default latch-bench)")
     parser.add_argument("--rate", type=float, default=0,
                         help="publish each phase at this many records/s (default 0: all at "
                              "once, a backlog the engine reads as fast as it can)")

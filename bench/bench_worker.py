@@ -215,11 +215,21 @@ def own_broker(args: argparse.Namespace) -> Iterator[str]:
 
 
 class Topics:
-    """Creates topics (all with the broker's append times) and deletes them all at the end."""
+    """Creates topics (all with the broker's append times) and deletes them all at the end.
 
-    def __init__(self, bootstrap: str) -> None:
+    Every topic and consumer group of a benchmark run is named under ``prefix``
+    (``--topic-prefix``), by :meth:`fresh`: never a default name of the configuration, which
+    another user of the broker (``latch demo``, a worker) may hold with other settings."""
+
+    def __init__(self, bootstrap: str, prefix: str = "latch-bench") -> None:
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.prefix = prefix
         self.created: list[str] = []
+
+    def fresh(self, what: str, tag: str | None = None) -> str:
+        """A new name ``<prefix>-<what>-<tag>`` (a random tag unless given): a contender's
+        consumer group and app id, which its topics are named after (:class:`Setup`)."""
+        return f"{self.prefix}-{what}-{tag or uuid.uuid4().hex[:6]}"
 
     def create(self, specs: Sequence[admin.TopicSpec]) -> None:
         admin.create(self.admin, specs)
@@ -294,6 +304,8 @@ class Contender:
         return OUTPUTS if self.latch else ("final",)
 
     def prepare(self, topics: Topics, setup: Setup) -> None:
+        # the topic a faust app (bare or Latch's) makes for its group: deleted with the rest
+        topics.created.append(f"{setup.group}-__assignor-__leader")
         if not self.latch:
             topics.simple([setup.topic("final")], setup.partitions)
             return
@@ -303,11 +315,13 @@ class Contender:
         specs = [replace(s, config=(*s.config, APPEND_TIME)) if s.name in outs else s
                  for s in admin.specs(config) if s.name != setup.events]
         topics.create(specs)
-        topics.created.append(f"{setup.group}-__assignor-__leader")
 
 
 def latch_env(setup: Setup, engine: str | None = None) -> dict[str, str]:
-    env = {f"LATCH_TOPICS__{role.upper()}": setup.topic(role) for role in ("control", *OUTPUTS)}
+    """A Latch contender's settings: every topic of the configuration (``TOPIC_ROLES``, the
+    runners' results topic too) named after ``setup.group``, and that group as its app id."""
+    env = {f"LATCH_TOPICS__{role.upper()}": setup.topic(role)
+           for role in worker_harness.TOPIC_ROLES}
     env |= {"LATCH_TOPICS__EVENTS": setup.events,
             "LATCH_KAFKA__BOOTSTRAP_SERVERS": setup.bootstrap,
             "LATCH_TOPICS__PARTITIONS": str(setup.partitions),
@@ -504,8 +518,7 @@ def throughput_round(c: Contender, n: int, bootstrap: str, events: str, backlog:
                      runs: set[bytes], envelopes: int, topics: Topics, work: Path) -> Result:
     """One contender reads the backlog (whose partitions end at ``backlog``) cold."""
     partitions = len(backlog)
-    setup = Setup(bootstrap, f"latch-bench-{c.name}-r{n}-{uuid.uuid4().hex[:6]}", events,
-                  partitions, work)
+    setup = Setup(bootstrap, topics.fresh(f"{c.name}-r{n}"), events, partitions, work)
     c.prepare(topics, setup)
     log_path = work / f"{c.name}-r{n}.log"
     began = time.monotonic()
@@ -659,7 +672,7 @@ def latency_run(c: Contender, bootstrap: str, partitions: int, records: list[Rec
                 rate: float, topics: Topics, work: Path,
                 warmup: Sequence[Record] = ()) -> Latency:
     tag = uuid.uuid4().hex[:6]
-    group = f"latch-bench-lat-{c.name}-{tag}"
+    group = topics.fresh(f"lat-{c.name}", tag)
     setup = Setup(bootstrap, group, f"{group}.events", partitions, work)
     topics.simple([setup.events], partitions)
     c.prepare(topics, setup)
@@ -792,6 +805,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=19492, help="our own broker's port")
     parser.add_argument("--broker-dir", type=Path, default=ROOT / ".latch" / "bench-broker")
     parser.add_argument("--fixtures", type=Path, help="shared/fixtures/providers")
+    parser.add_argument("--topic-prefix", default="latch-bench",
+                        help="every topic and consumer group this run creates is named "
+                             "<prefix>-..., each with a random tag (default latch-bench)")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args(argv)
     if args.quick:
@@ -839,7 +855,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     latencies: list[Latency] = []
     summary: dict[str, Any] = {}
     with own_broker(args) as bootstrap:
-        topics = Topics(bootstrap)
+        topics = Topics(bootstrap, args.topic_prefix)
         try:
             # With a fixed rate the latency mode needs no throughput figure, and runs first:
             # on a broker that has just taken the 30 MB backlog and the throughput rounds'
@@ -847,7 +863,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             latency_first = args.latency and args.latency_rate is not None
             if latency_first:
                 latencies = latency_rounds(args, chosen, fixtures, bootstrap, topics, work, {})
-            events = f"latch-bench-{uuid.uuid4().hex[:6]}.events"
+            events = f"{topics.fresh('backlog')}.events"
             backlog = []
             if args.rounds:  # the latency mode alone does not need the backlog
                 topics.simple([events], args.partitions)

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from worker.core import Assembler, Emit, Topic
 from worker.runtime import admin
-from worker.runtime.config import Config, load_config
+from worker.runtime.config import Config, TopicNames, load_config
 
 #: The root of the checkout these tests belong to (put first on a worker's PYTHONPATH).
 CHECKOUT = str(Path(__file__).resolve().parents[1])
@@ -66,6 +66,11 @@ FAST_KAFKA = {
 READY = r"\[\^Worker\]: Ready|kafka engine ready"
 ENGINES = ("faust", "kafka")
 OUTPUTS = ("committed", "errors", "final", "progress", "dlq")
+#: Every topic name of the configuration's ``topics`` section (events, control, the outputs,
+#: the runners' results): a test or benchmark names each one of them after its own app id,
+#: so that nothing depends on what the broker holds under the default names.
+TOPIC_ROLES = tuple(f.name for f in fields(TopicNames)
+                    if isinstance(getattr(TopicNames(), f.name), str))
 
 # -- the topics of one test ------------------------------------------------------------
 
@@ -87,8 +92,7 @@ class Stack:
         return self.settings.get("LATCH_WORKER__ENGINE", "faust")
 
     def env(self) -> dict[str, str]:
-        env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role)
-               for role in ("events", "control", *OUTPUTS, "results")}
+        env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role) for role in TOPIC_ROLES}
         env |= {"LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
                 "LATCH_TOPICS__PARTITIONS": str(self.partitions),
                 "LATCH_WORKER__APP_ID": self.app_id,

@@ -136,6 +136,16 @@ def utf8_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
+#: The reasons :meth:`Latch.decide` gives only after the call's tool was found among the
+#: run's tools: a call that failed with one of them (or committed) bears a name the run
+#: registered. Any other outcome may bear a name the model made up (``unknown_tool``, a call
+#: cut short before its check; ``budget_exceeded`` is also the worker's byte budget, which
+#: fails calls unchecked). The worker's metrics take ``tool`` label values from such names
+#: only (``worker/runtime/metrics.py``).
+NAME_CHECKED_REASONS: frozenset[str] = frozenset({
+    Reason.INVALID_JSON.value, Reason.ARGUMENTS_NOT_OBJECT.value, Reason.SCHEMA_INVALID.value})
+
+
 class Latch:
     """The checks of the completion latch for one run (see the module docstring)."""
 

@@ -192,6 +192,8 @@ class WorkerSettings:
     transaction_timeout_s: float = 10.0
     metrics_labels: tuple[str, ...] = ()
     metrics_label_cap: int = 100
+    metrics_label_tools: tuple[str, ...] = ()
+    metrics_label_tenants: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

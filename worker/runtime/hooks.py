@@ -56,7 +56,9 @@ class EngineHooks:
         worker = config.worker
         self.config = config
         self.telemetry = Telemetry(worker.otel_exporter, labels=worker.metrics_labels,
-                                   label_cap=worker.metrics_label_cap)
+                                   label_cap=worker.metrics_label_cap,
+                                   label_values={"tool": worker.metrics_label_tools,
+                                                 "tenant": worker.metrics_label_tenants})
         self.metrics, self.tracing = self.telemetry.metrics, self.telemetry.tracing
         self.health = Health()
         #: Signs each committed call (None: ``signing.key_id`` is unset).

@@ -18,9 +18,13 @@ call per ended call (not per record) and carry no attributes.
 
 Labels come from closed vocabularies only: provider, state, reason, status, DLQ reason,
 logical topic, events partition. ``tenant`` and ``tool`` labels (on the outcome counter) are
-added only when the operator turns them on (``worker.metrics_labels``), and each keeps at most
-``worker.metrics_label_cap`` distinct values; later values count under ``_other``. No label
-ever holds a run id, a call id or argument text.
+added only when the operator turns them on (``worker.metrics_labels``), and their values are
+bounded (:class:`_Label`): at most :data:`LABEL_MAX_CHARS` characters; the operator's own list
+when one is given (``worker.metrics_label_tools``, ``worker.metrics_label_tenants``), else
+the first ``worker.metrics_label_cap`` registered values: a tool name the run registered
+(never a name the model made up: :data:`~worker.core.run.NAME_CHECKED_REASONS`), a tenant
+from ``run.start``. Anything else counts under ``_other`` and takes no slot. No label ever
+holds a run id, a call id or argument text.
 
 Prometheus names (the exporter appends ``_total`` to counters)::
 
@@ -47,7 +51,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,8 +63,9 @@ from opentelemetry.sdk.resources import Resource
 
 from worker.core.envelope import PROVIDERS
 from worker.core.model import DlqReason, Emit, Reason, Topic
+from worker.core.run import NAME_CHECKED_REASONS
 
-__all__ = ["METRIC_NAMES", "Metrics", "MetricsError", "PartitionView"]
+__all__ = ["LABEL_MAX_CHARS", "METRIC_NAMES", "Metrics", "MetricsError", "PartitionView"]
 
 #: Every metric family the worker exports, as Prometheus names it (dashboards and alerts may
 #: query these and nothing else: tests/runtime/unit/test_deploy.py holds them to it).
@@ -83,6 +88,9 @@ REJECT_REASONS = ("undecodable", "not_a_committed_call", "wrong_topic", "unsigne
 #: Labels an operator may turn on (``worker.metrics_labels``).
 OPTIONAL_LABELS = frozenset({"tenant", "tool"})
 OTHER = "_other"
+#: The longest value an optional label takes (the providers' own bound on a tool name: 64
+#: characters for OpenAI, Anthropic, Bedrock and Gemini); a longer one counts under ``_other``.
+LABEL_MAX_CHARS = 64
 
 _BYTES_BUCKETS = (0, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 _SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -117,32 +125,44 @@ def otlp_reader() -> MetricReader:
     return PeriodicExportingMetricReader(OTLPMetricExporter())
 
 
-class _Capped:
-    """At most ``cap`` distinct values of one optional label; the rest are ``_other``."""
+class _Label:
+    """The values one optional label takes: ``allowed`` (the operator's list) when given, and
+    then only those; else the first ``cap`` values offered as ``registered``. A value longer
+    than :data:`LABEL_MAX_CHARS`, not a string, unlisted, unregistered or past the cap is
+    ``_other`` and takes no slot; None (a run without a tenant) is the empty value, free."""
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, allowed: Iterable[str] = ()) -> None:
         self.cap = cap
+        self.allowed = frozenset(allowed)
         self.seen: set[str] = set()
 
-    def __call__(self, value: Any) -> str:
-        text = value if isinstance(value, str) else "" if value is None else OTHER
-        if text in self.seen:
-            return text
-        if len(self.seen) >= self.cap:
+    def __call__(self, value: Any, registered: bool = True) -> str:
+        if value is None:
+            return ""
+        if not isinstance(value, str) or not value or len(value) > LABEL_MAX_CHARS:
             return OTHER
-        self.seen.add(text)
-        return text
+        if self.allowed:
+            return value if value in self.allowed else OTHER
+        if value in self.seen:
+            return value
+        if not registered or len(self.seen) >= self.cap:
+            return OTHER
+        self.seen.add(value)
+        return value
 
 
 class Metrics:
     """The worker's instruments and the plain totals behind the observable ones.
 
     ``prometheus``: serve a Prometheus registry (:meth:`exposition`); ``readers``: further
-    OpenTelemetry readers (an OTLP reader, a test's in-memory reader).
+    OpenTelemetry readers (an OTLP reader, a test's in-memory reader); ``labels``: the
+    optional labels turned on, ``label_cap`` and ``label_values`` (label -> the operator's
+    list of its values) bound their values (:class:`_Label`).
     """
 
     def __init__(self, *, prometheus: bool = True, readers: Sequence[MetricReader] = (),
-                 labels: Iterable[str] = (), label_cap: int = 100) -> None:
+                 labels: Iterable[str] = (), label_cap: int = 100,
+                 label_values: Mapping[str, Iterable[str]] | None = None) -> None:
         self.registry: Any = None
         all_readers = list(readers)
         if prometheus:
@@ -152,11 +172,14 @@ class Metrics:
             self.registry = CollectorRegistry(auto_describe=False)
             all_readers.append(PrometheusMetricReader(
                 disable_target_info=True, scope_info_enabled=False, registry=self.registry))
-        unknown = set(labels) - OPTIONAL_LABELS
+        labels = tuple(labels)
+        values = dict(label_values or {})
+        unknown = (set(labels) | set(values)) - OPTIONAL_LABELS
         if unknown:
             raise MetricsError(f"worker.metrics_labels: unknown labels {sorted(unknown)}")
-        self._tenant = _Capped(label_cap) if "tenant" in labels else None
-        self._tool = _Capped(label_cap) if "tool" in labels else None
+        self._tenant = _Label(label_cap, values.get("tenant", ())) if "tenant" in labels \
+            else None
+        self._tool = _Label(label_cap, values.get("tool", ())) if "tool" in labels else None
         self._lock = threading.Lock()  # collections may run on another thread than records
         self.records = 0
         #: (provider, state, reason, tenant, tool) -> calls; reason "" for committed.
@@ -230,9 +253,11 @@ class Metrics:
                 continue
             value = emit.value
             if topic is Topic.COMMITTED:
-                self._outcome(value, "committed", "", value.get("name"))
+                self._outcome(value, "committed", "", value.get("name"), True)
             elif topic is Topic.ERRORS:
-                self._outcome(value, value["state"], value["reason"], value.get("name"))
+                reason = value["reason"]
+                self._outcome(value, value["state"], reason, value.get("name"),
+                              reason in NAME_CHECKED_REASONS)
             elif topic is Topic.FINAL:
                 self.runs[(value["provider"], value["status"])] += 1
             else:
@@ -242,10 +267,22 @@ class Metrics:
                 self._args_bytes.record(size)
             sizes.clear()
 
-    def _outcome(self, value: dict[str, Any], state: str, reason: str, tool: Any) -> None:
+    def _outcome(self, value: dict[str, Any], state: str, reason: str, tool: Any,
+                 registered: bool) -> None:
+        """Count one call's outcome; ``registered``: its name passed the run's tool check."""
         tenant = "" if self._tenant is None else self._tenant(value.get("tenant"))
-        name = "" if self._tool is None else self._tool(tool)
+        name = "" if self._tool is None else self._tool(tool, registered)
         self.outcomes[(value["provider"], state, reason, tenant, name)] += 1
+
+    def allowed(self, label: str) -> frozenset[str]:
+        """The operator's list of values for an optional label (empty: none given, or off)."""
+        found = {"tenant": self._tenant, "tool": self._tool}.get(label)
+        return frozenset() if found is None else found.allowed
+
+    def label_values(self, label: str) -> set[str]:
+        """The values an optional label has taken from the registered ones (the slots used)."""
+        found = {"tenant": self._tenant, "tool": self._tool}.get(label)
+        return set() if found is None else set(found.seen)
 
     def commit_delivered(self, record_ms: int | None, now_s: float) -> None:
         """A committed call's record was delivered at ``now_s`` (wall time, seconds); the

@@ -10,7 +10,7 @@ Labels and attributes come from closed vocabularies (contract rule 8): see the t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
@@ -43,9 +43,11 @@ class Telemetry:
 
     def __init__(self, exporter: str = "none", readers: Sequence[MetricReader] = (), *,
                  prometheus: bool = True, labels: Iterable[str] = (),
-                 label_cap: int = 100) -> None:
+                 label_cap: int = 100,
+                 label_values: Mapping[str, Iterable[str]] | None = None) -> None:
         self.metrics = Metrics(prometheus=prometheus, readers=[*_readers(exporter), *readers],
-                               labels=tuple(labels), label_cap=label_cap)
+                               labels=tuple(labels), label_cap=label_cap,
+                               label_values=label_values)
         self.tracing = RunTracer(exporter)
 
     def record(self, emits: Sequence[Emit], sizes: list[int] | None = None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 
 import orjson
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from conftest import MakeTopic
 
 from worker.runtime.config import Config, KafkaSettings, TopicNames
@@ -47,9 +47,10 @@ def test_a_call_delivered_twice_runs_once(kafka_bootstrap: str, make_topic: Make
     assert ran == [{"a": 2, "b": 3}]
     assert runner.metrics.rejected["not_a_committed_call"] == 1
 
+    # assigned, not subscribed: no consumer group shared with another test
     consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "unused",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([results])
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(results, 0, OFFSET_BEGINNING)])
     found = []
     for _ in range(20):
         found += [m for m in consumer.consume(10, timeout=1.0) if m.error() is None]

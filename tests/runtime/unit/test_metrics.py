@@ -5,11 +5,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import builders
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from worker.core import Assembler, Topic
-from worker.runtime.metrics import METRIC_NAMES, OTHER, Metrics, MetricsError, PartitionView
+from worker.runtime.config import load_config
+from worker.runtime.hooks import EngineHooks
+from worker.runtime.metrics import (
+    LABEL_MAX_CHARS,
+    METRIC_NAMES,
+    OTHER,
+    Metrics,
+    MetricsError,
+    PartitionView,
+)
 
 DEMO = Path(__file__).resolve().parents[3] / "examples" / "demo.jsonl"
 
@@ -102,3 +113,98 @@ def test_two_instances_keep_separate_registries() -> None:
     assert line + b" 0.0" in second.exposition()
     first.shutdown()
     second.shutdown()
+
+
+# -- the optional labels: registered names only, bounded in length (issue 23 item 7) -----
+
+
+def _labelled(metrics: Metrics, label: str) -> dict[str, float]:
+    """The outcome counts by the value of one optional label."""
+    counts: dict[str, float] = {}
+    for labels, value in samples(metrics)["latch_call_outcomes_total"].items():
+        key = dict(labels)[label]
+        counts[key] = counts.get(key, 0) + value
+    return counts
+
+
+def _run(metrics: Metrics, run_id: str, calls: list[tuple[str, str, str]], *,
+         tools: tuple[str, ...] = ("read_file",), tenant: str | None = "t1") -> None:
+    """One chat run registering ``tools`` that makes ``calls``, fed to ``metrics``."""
+    envelopes = builders.run_envelopes(
+        run_id, builders.CHAT, builders.tools_for(builders.CHAT,
+                                                  dict.fromkeys(tools, builders.PATH_SCHEMA)),
+        builders.provider_calls(builders.CHAT, calls), tenant=tenant)
+    assembler = Assembler()
+    for envelope in envelopes:
+        metrics.record(assembler.feed_record(None, orjson.dumps(envelope)))
+
+
+def test_names_the_model_invents_never_become_tool_labels() -> None:
+    """A model that calls 150 invented, long tool names (``unknown_tool``) takes no slot of
+    the cap: they all count under ``_other``, and a registered tool that commits afterwards
+    still gets its own value. Before, the invented names filled the cap for the process's
+    life, first come first served."""
+    metrics = Metrics(labels=["tool"], label_cap=100)
+    for n in range(150):
+        _run(metrics, f"r{n}", [(f"call_{n}", f"invented_{n}_" + "x" * 200, '{"path": "/a"}')])
+    _run(metrics, "good", [("call_ok", "read_file", '{"path": "/a"}')])
+    assert _labelled(metrics, "tool") == {OTHER: 150, "read_file": 1}
+    metrics.shutdown()
+
+
+def test_a_registered_name_takes_a_slot_only_within_the_length_bound() -> None:
+    """A name the run registered gets its own value also when its call fails after the name
+    was checked (``invalid_json``, ``schema_invalid``); one longer than
+    ``LABEL_MAX_CHARS`` counts under ``_other`` and takes no slot."""
+    long_name = "t" * (LABEL_MAX_CHARS + 1)
+    metrics = Metrics(labels=["tool"], label_cap=2)
+    _run(metrics, "r1", [("c1", long_name, '{"path": "/a"}')], tools=(long_name,))
+    _run(metrics, "r2", [("c2", "read_file", '{"path": '), ("c3", "search", '{"nope": 1}')],
+         tools=("read_file", "search"))
+    assert _labelled(metrics, "tool") == {OTHER: 1, "read_file": 1, "search": 1}
+    assert metrics.label_values("tool") == {"read_file", "search"}
+    metrics.shutdown()
+
+
+def test_the_operators_list_is_the_only_source_of_values_when_given() -> None:
+    """With ``label_values`` (``worker.metrics_label_tools``, ``..._tenants``), a value gets
+    its own label only when listed, registered or not; tenants likewise; a run without a
+    tenant keeps the empty value."""
+    metrics = Metrics(labels=["tool", "tenant"],
+                      label_values={"tool": ["search"], "tenant": ["acme"]})
+    _run(metrics, "r1", [("c1", "read_file", '{"path": "/a"}')], tenant="acme")
+    _run(metrics, "r2", [("c2", "search", '{"path": "/a"}')], tools=("search",),
+         tenant="other")
+    _run(metrics, "r3", [("c3", "search", '{"path": "/a"}')], tools=("search",), tenant=None)
+    assert _labelled(metrics, "tool") == {OTHER: 1, "search": 2}
+    assert _labelled(metrics, "tenant") == {"acme": 1, OTHER: 1, "": 1}
+    metrics.shutdown()
+    with pytest.raises(MetricsError):
+        Metrics(labels=["tool"], label_values={"run_id": ["x"]})
+
+
+def test_tenant_labels_are_bounded_in_length_and_count() -> None:
+    """Tenants come from ``run.start`` (never from the model): the first ``label_cap`` within
+    ``LABEL_MAX_CHARS`` get their own value, a longer one and the later ones ``_other``."""
+    metrics = Metrics(labels=["tenant"], label_cap=1)
+    _run(metrics, "r1", [("c1", "read_file", '{"path": "/a"}')], tenant="t" * 65)
+    _run(metrics, "r2", [("c2", "read_file", '{"path": "/a"}')], tenant="acme")
+    _run(metrics, "r3", [("c3", "read_file", '{"path": "/a"}')], tenant="beta")
+    assert _labelled(metrics, "tenant") == {OTHER: 2, "acme": 1}
+    metrics.shutdown()
+
+
+def test_the_worker_passes_the_operators_lists_to_its_metrics() -> None:
+    """``worker.metrics_label_tools`` / ``metrics_label_tenants`` reach the worker's metrics
+    (``EngineHooks``)."""
+    config = load_config(None, env={"LATCH_WORKER__METRICS_LABELS": "tool,tenant",
+                                    "LATCH_WORKER__METRICS_LABEL_TOOLS": "search,read_file",
+                                    "LATCH_WORKER__METRICS_LABEL_TENANTS": "acme",
+                                    "LATCH_WORKER__HTTP_PORT": "0"})
+    assert config.worker.metrics_label_tools == ("search", "read_file")
+    hooks = EngineHooks(config)
+    try:
+        assert hooks.metrics.allowed("tool") == {"search", "read_file"}
+        assert hooks.metrics.allowed("tenant") == {"acme"}
+    finally:
+        hooks.stop(None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -20,7 +21,8 @@ def test_bench_memory_core_and_kafka_engine_small(kafka_bootstrap: str) -> None:
     out = subprocess.run(
         [sys.executable, "bench/bench_memory.py", "--runs", "300", "--argument-bytes", "512",
          "--engines", "latch-kafka", "--bootstrap", kafka_bootstrap, "--python",
-         sys.executable, "--rate", "3000"],
+         sys.executable, "--rate", "3000",
+         "--topic-prefix", f"latch-test-bench-{uuid.uuid4().hex[:8]}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     core = re.search(r"per open run \(start \+ open call, no argument text\): ([\d,]+) B heap",

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,7 +23,8 @@ def test_bench_worker_quick_reads_everything_and_counts_outputs(kafka_bootstrap:
     dump = tmp_path / "latency.jsonl"
     out = subprocess.run([sys.executable, "bench/bench_worker.py", "--quick", "--bootstrap",
                           kafka_bootstrap, "--json", str(figures_path), "--latency",
-                          "--latency-rate", "2000", "--latency-dump", str(dump)],
+                          "--latency-rate", "2000", "--latency-dump", str(dump),
+                          "--topic-prefix", f"latch-test-bench-{uuid.uuid4().hex[:8]}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     figures = json.loads(figures_path.read_text())
