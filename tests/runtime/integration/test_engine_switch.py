@@ -14,9 +14,11 @@ import asyncio
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+from aiokafka.consumer.fetcher import READ_COMMITTED  # type: ignore[import-untyped]
 from confluent_kafka import Consumer, Producer, TopicPartition
 from conftest import MakeTopic
 from faust.types import TP
@@ -186,14 +188,19 @@ def test_last_records_skips_markers_and_aborted_records(kafka_bootstrap: str,
 def test_the_faust_engines_consumer_reads_committed(kafka_bootstrap: str) -> None:
     """The faust engine's consumer (the one faust reads events, control and the heads
     changelog with) is created at read_committed, though faust picks that for exactly-once
-    apps only: the isolation level is a private attribute of aiokafka's consumer, so this
-    fails if an aiokafka or faust upgrade stops it from taking."""
-    async def isolation() -> str:
+    apps only. It is set on the consumer faust creates, before it starts: this checks what
+    the started consumer's fetcher uses, and fails if an aiokafka or faust upgrade stops it
+    from taking."""
+    async def isolation() -> int:
         app = faust_recovery.App("isolation-check", reader_options={},
                                  broker=f"kafka://{kafka_bootstrap}")
-        thread = app.consumer._new_consumer_thread()
-        created = thread._create_worker_consumer(app.transport)
-        level: str = created._isolation_level
-        return level
+        consumer: Any = app.consumer
+        created = consumer._new_consumer_thread()._create_worker_consumer(app.transport)
+        await created.start()
+        try:
+            level: int = created._fetcher._isolation_level
+            return level
+        finally:
+            await created.stop()
 
-    assert asyncio.run(isolation()) == "read_committed"
+    assert asyncio.run(isolation()) == READ_COMMITTED
