@@ -127,7 +127,7 @@ class _ConsumerThread(_driver.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> AIOKafkaConsumer:
         consumer = super()._create_worker_consumer(transport)
         # faust picks read_committed for exactly-once apps only; aiokafka hands this to its
-        # fetcher when the consumer starts (test_faust_recovery checks it took).
+        # fetcher when the consumer starts (test_engine_switch checks that it takes).
         consumer._isolation_level = "read_committed"
         return consumer
 
