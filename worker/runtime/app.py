@@ -51,7 +51,7 @@ from faust.sensors import Monitor
 from faust.types import TP
 
 from worker.core import Assembler, Emit, Topic
-from worker.runtime import admin, control, kafka_io, logs, memory, step
+from worker.runtime import admin, control, faust_recovery, kafka_io, logs, memory, step
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.gaps import StallWatch
@@ -79,9 +79,12 @@ class LatchWorker:
         # faust's web is the only reader of its Monitor's per-message statistics: without it,
         # a monitor that keeps only what faust's consumer reads (``_LeanMonitor``).
         monitor = None if settings["web_enabled"] else _LeanMonitor()
-        # Table: the class app.Table makes (the heads table, the app's only one).
-        self.app = faust.App(config.worker.app_id, monitor=monitor, Table=FaustHeadsTable,
-                             **settings)
+        # Table: the class app.Table makes (the heads table, the app's only one). The app
+        # reads at read_committed and recovers the heads through the kafka engine's
+        # transaction markers (faust_recovery; decision 0009).
+        self.app = faust_recovery.App(
+            config.worker.app_id, reader_options=kafka_io.aiokafka_options(config.kafka),
+            monitor=monitor, Table=FaustHeadsTable, **settings)
         self.events = self.app.topic(names.events, partitions=names.partitions, **_RAW)
         self.control = self.app.topic(names.control, partitions=names.partitions, **_RAW)
         self.outputs = {t: self.app.topic(getattr(names, t.value), **_RAW) for t in Topic}

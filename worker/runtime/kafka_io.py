@@ -94,10 +94,13 @@ async def read_range(options: dict[str, Any], topic: str, partition: int,
     """The records of one partition with ``start <= offset < stop``, in order.
 
     A consumer of no group (nothing is committed), assigned to the one partition. Offsets
-    below the log start (deleted by retention) are skipped.
+    below the log start (deleted by retention) are skipped. ``read_committed``, as the faust
+    engine's consumer reads (decision 0009): the kafka engine's aborted ticks and cancels are
+    not read, and its transaction markers leave gaps in the offsets.
     """
     tp = TopicPartition(topic, partition)
     consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False,
+                                isolation_level="read_committed",
                                 auto_offset_reset="earliest", **options)
     await consumer.start()
     try:

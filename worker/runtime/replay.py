@@ -425,10 +425,9 @@ def replay(args: argparse.Namespace) -> str:
     consumer = Consumer({**_client_config(config), "group.id": group,
                          "enable.auto.commit": False, "enable.auto.offset.store": False,
                          "enable.partition.eof": True, "auto.offset.reset": "earliest",
-                         # as the worker reads: faust at least once (aiokafka's default),
-                         # the kafka engine read_committed (aborted ticks never happened)
-                         "isolation.level": "read_committed" if config.worker.engine == "kafka"
-                         else "read_uncommitted"})
+                         # as both engines read (decision 0009): the kafka engine's aborted
+                         # ticks and cancels never happened
+                         "isolation.level": "read_committed"})
     try:
         return _replay(args, config, consumer, topic, group)
     except KafkaException as exc:
