@@ -62,11 +62,17 @@ def _int(value: Any) -> bool:
     return type(value) is int
 
 
+def _index(value: Any) -> bool:
+    """An index as every adapter reads it (issue 23): an integer >= 0, never a bool, a float
+    (``1.0``) or a negative."""
+    return _int(value) and value >= 0
+
+
 def _shape(event: dict[str, Any]) -> tuple[int, int, str] | None:
     kind = event.get("type")
     if kind == "content_block_delta":
         index, delta = event.get("index"), event.get("delta")
-        if not _int(index) or type(delta) is not dict:
+        if not _index(index) or type(delta) is not dict:
             return None
         if delta.get("type") == "text_delta" and type(delta.get("text")) is str:
             return op.ANTHROPIC_TEXT, index, delta["text"]
@@ -75,10 +81,11 @@ def _shape(event: dict[str, Any]) -> tuple[int, int, str] | None:
         return None
     if kind == "response.output_text.delta" or kind in RESPONSES_ARGS_TYPES:
         index, text = event.get("output_index"), event.get("delta")
-        if not _int(index) or type(text) is not str:
+        if not _index(index) or type(text) is not str:
             return None
         return (op.RESPONSES_TEXT if kind == "response.output_text.delta"
-                else op.RESPONSES_ARGS), index, text
+                else op.RESPONSES_ARGS if kind == RESPONSES_ARGS_TYPES[0]
+                else op.RESPONSES_INPUT), index, text
     choices = event.get("choices")
     if type(choices) is not list or len(choices) != 1 or type(choices[0]) is not dict:
         return None
@@ -95,7 +102,7 @@ def _shape(event: dict[str, Any]) -> tuple[int, int, str] | None:
         return None
     entry = calls[0]
     function = entry.get("function")
-    if not _int(entry.get("index")) or entry.get("id") is not None or type(function) is not dict:
+    if not _index(entry.get("index")) or entry.get("id") is not None or type(function) is not dict:
         return None
     if type(function.get("arguments")) is not str or function.get("name") is not None:
         return None
@@ -123,7 +130,8 @@ def reference(doc: Any) -> Peeked | None:
 
 MISSING = object()
 #: Values of a JSON type or range a member should not have.
-ODD = st.sampled_from([None, True, False, 1.5, 0.0, -0.0, "0", "", [], {}, [1], {"a": 1}])
+ODD = st.sampled_from([None, True, False, 1.5, 0.0, -0.0, 1.0, "0", "", [], {}, [1],
+                      {"a": 1}])
 INT = st.sampled_from([0, 0, 1, 2, 3, -1, 2**63, 2**64 - 1, -2**63])
 TEXT = st.one_of(st.text(max_size=6), st.sampled_from(
     ["", "é°C", "\x00", 'a"b\\', "\u2028", "😀", "\ud7ff", "\ue000", "x" * 300]))
@@ -279,7 +287,9 @@ def test_each_shape_is_read() -> None:
          b'"content_index":0,"delta":"\xf0\x9f\x98\x80","sequence_number":7}',
          (op.RESPONSES_TEXT, 0, "😀")),
         (b'{"type":"response.custom_tool_call_input.delta","output_index":3,"delta":""}',
-         (op.RESPONSES_ARGS, 3, "")),
+         (op.RESPONSES_INPUT, 3, "")),
+        (b'{"type":"response.function_call_arguments.delta","output_index":3,"delta":"{"}',
+         (op.RESPONSES_ARGS, 3, "{")),
     ]
     for event, (kind, index, text) in cases:
         assert peek(_envelope(event)) == (kind, "r", 3, None, index, text)
@@ -292,9 +302,9 @@ def test_the_module_says_what_the_core_expects() -> None:
     (whose depth limit is 1,024): a record beyond them is orjson's."""
     assert _peek is not None
     assert [_peek.ANTHROPIC_TEXT, _peek.ANTHROPIC_JSON, _peek.CHAT_TEXT, _peek.CHAT_ARGS,
-            _peek.RESPONSES_TEXT, _peek.RESPONSES_ARGS] == [
+            _peek.RESPONSES_TEXT, _peek.RESPONSES_ARGS, _peek.RESPONSES_INPUT] == [
         op.ANTHROPIC_TEXT, op.ANTHROPIC_JSON, op.CHAT_TEXT, op.CHAT_ARGS, op.RESPONSES_TEXT,
-        op.RESPONSES_ARGS]
+        op.RESPONSES_ARGS, op.RESPONSES_INPUT]
     assert 0 < _peek.MAX_DEPTH <= 1024
     assert _peek.MAX_BYTES == 16384
 
