@@ -357,3 +357,68 @@ def test_the_comparison_compares_the_fast_path() -> None:
         n, p = _compare(seed, sorted(SETTINGS)[0])
         fed, parsed = fed + n, parsed + p
     assert fed - parsed >= 100, (fed, parsed)
+
+
+#: Index values every adapter reads one way (issue 23): only an integer >= 0 is an index.
+INDEXES = st.sampled_from([0, 1, 2, True, False, 1.0, 0.0, -0.0, -1, "1", None, 2**64 - 1,
+                           MISSING])
+
+
+def _index_events(provider: str, index: Any) -> list[dict[str, Any]]:
+    """A run's provider events with one delta (or stop) at ``index`` among proper ones."""
+    def at(event: dict[str, Any], key: str = "index") -> dict[str, Any]:
+        return {k: v for k, v in {**event, key: index}.items() if v is not MISSING}
+    if provider == "anthropic.messages":
+        start = {"type": "content_block_start", "index": 1,
+                 "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}}}
+        delta = {"type": "content_block_delta", "index": 1,
+                 "delta": {"type": "input_json_delta", "partial_json": "{}"}}
+        text = {"type": "content_block_delta", "index": 1,
+                "delta": {"type": "text_delta", "text": "x"}}
+        return [start, at(delta), at(text), at({"type": "content_block_stop"}), delta,
+                {"type": "content_block_stop", "index": 1}, {"type": "message_stop"}]
+    if provider == "openai.chat":
+        def chunk(entry: dict[str, Any]) -> dict[str, Any]:
+            return {"choices": [{"index": 0, "delta": {"tool_calls": [entry]}}]}
+        first = {"index": 1, "id": "c", "function": {"name": "f", "arguments": ""}}
+        more = {"index": 1, "function": {"arguments": "{}"}}
+        return [chunk(first), chunk(at(more)), chunk(more)]
+    added = {"type": "response.output_item.added", "output_index": 1,
+             "item": {"type": "function_call", "id": "fc", "call_id": "c", "name": "f"}}
+    args = {"type": "response.function_call_arguments.delta", "output_index": 1,
+            "item_id": "fc", "delta": "{}"}
+    text = {"type": "response.output_text.delta", "output_index": 1, "item_id": "fc",
+            "delta": "x"}
+    return [added, at(args, "output_index"), at(text, "output_index"), args,
+            {"type": "response.completed", "response": {"output": []}}]
+
+
+@settings(max_examples=200, deadline=None)
+@given(provider=st.sampled_from(["anthropic.messages", "openai.chat", "openai.responses"]),
+       index=INDEXES)
+def test_every_index_reads_the_same_with_and_without_peek(provider: str, index: Any) -> None:
+    """An index of every JSON type (``true``, ``1.0``, ``-1``, ``"1"``, beyond 2**63...) at
+    every event that carries one: the assembler that peeks and the one that parses every
+    record give the same records; an index that is not an integer >= 0 is never read as one
+    (the record goes to the DLQ, as at ``content_block_start``)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+             if provider != "anthropic.messages" else
+             {"name": "f", "input_schema": {"type": "object"}}]
+    envelopes = [{"v": 1, "type": "run.start", "run_id": "r", "seq": 0, "provider": provider,
+                  "tools": tools}]
+    for seq, event in enumerate(_index_events(provider, index), start=1):
+        envelopes.append({"v": 1, "type": "provider.event", "run_id": "r", "seq": seq,
+                          "event": event})
+    envelopes.append({"v": 1, "type": "stream.end", "run_id": "r", "seq": len(envelopes)})
+    with_peek, without = Assembler(), Assembler()
+    without._peek = None
+    out = []
+    for envelope in envelopes:
+        value = orjson.dumps(envelope)
+        emits = with_peek.feed_record(b"r", value, 0)
+        assert emits == without.feed_record(b"r", value, 0)
+        out += emits
+    assert with_peek.stats == without.stats
+    if not (type(index) is int and index >= 0) and index is not MISSING and not (
+            index is None and provider != "anthropic.messages"):
+        assert with_peek.stats["dlq_invalid_envelope"] >= 1
