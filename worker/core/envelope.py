@@ -22,7 +22,7 @@ so the walk over the decoded value runs only for the rare record with more than 
 A member that repeats in an envelope or in its provider event is read as orjson reads it, the
 last, in both builds (the peek gives such a record up); a record that carries arguments as a
 parsed value is read whole with one meaning (``strictjson.one_meaning``), and an index has one
-reading everywhere: ``docs/decisions/0009-one-meaning.md`` says why.
+reading everywhere: ``docs/decisions/0010-one-meaning.md`` says why.
 
 ``Cancel`` arrives on the control topic; the worker forwards it into the run's partition of
 the events topic so that it takes its place in the run's ordered history. ``Tick`` is the
