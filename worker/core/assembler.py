@@ -530,13 +530,16 @@ class Assembler:
     def _provider_event(self, run: Run, event: dict[str, Any], key: bytes | None,
                         value: bytes, source: dict[str, Any] | None) -> list[Emit]:
         adapter = run.adapter
+        adapter.record = value  # (Adapter.arguments_text), never kept past the event
         try:
             ops = adapter.feed(event)
             n = len(ops)
             if n and (n > 1 or not isinstance(ops[0], op.AppendArgs)):  # a fragment alone
                 _check_order_keys(ops)  # opens no call: nothing to check
         except Exception as exc:  # a malformed provider event: contained, never raised
+            adapter.record = b""
             return [self._unreadable(run, exc, key, value, source)]
+        adapter.record = b""
         return self._applied(run, ops, len(value) if value else len(dumps(event)))
 
     def _applied(self, run: Run, ops: list[op.Op], size: int) -> list[Emit]:
@@ -642,6 +645,12 @@ class Assembler:
                 if call is not None:
                     call.call_id = call.call_id or call_id
                     call.name = call.name or name
+                return []
+            case op.RefuseArgs(key, detail):
+                call = run.calls.get(key)
+                if call is not None and call.state is _OPEN:  # its text no longer counts
+                    self._drop(run, call)
+                    call.refused = detail
                 return []
             case op.CloseCall(key):
                 return self._close(run, key)

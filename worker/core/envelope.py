@@ -19,6 +19,11 @@ the final message (a content block, an output item) is bounded the same way when
 (``ops.kept``). Counting the brackets of the raw record bounds the depth from above at C speed,
 so the walk over the decoded value runs only for the rare record with more than 64 of them.
 
+A member that repeats in an envelope or in its provider event is read as orjson reads it, the
+last, in both builds (the peek gives such a record up); a record that carries arguments as a
+parsed value is read whole with one meaning (``strictjson.one_meaning``), and an index has one
+reading everywhere: ``docs/decisions/0010-one-meaning.md`` says why.
+
 ``Cancel`` arrives on the control topic; the worker forwards it into the run's partition of
 the events topic so that it takes its place in the run's ordered history. ``Tick`` is the
 worker's own marker (key :data:`TICK_KEY`) that carries the record time used for idle expiry.

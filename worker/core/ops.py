@@ -108,6 +108,23 @@ class SetArgs(_Text):
     __slots__ = ()
 
 
+class RefuseArgs:
+    """The call at ``key`` got arguments as an already parsed value that has no one meaning
+    (``Adapter.arguments_text``: a repeated key, an integer beyond 64 bits, nesting deeper than
+    ``strictjson.MAX_DEPTH``): the latch fails it ``invalid_json`` with ``detail`` (no argument
+    text), as it fails the same arguments sent as text."""
+
+    __slots__ = ("detail", "key")
+    __match_args__ = ("key", "detail")
+
+    def __init__(self, key: str, detail: str) -> None:
+        self.key: Final = key
+        self.detail: Final = detail
+
+    def __repr__(self) -> str:
+        return f"RefuseArgs({self.key!r}, {self.detail!r})"
+
+
 class CloseCall:
     """No more argument text will come for ``key`` (a block-level end)."""
 
@@ -228,7 +245,7 @@ def is_index(value: Any) -> bool:
 #: What ``Adapter.final`` returns: the message, and per-choice messages when n > 1.
 FinalMessage = tuple[dict[str, Any], list[dict[str, Any]] | None]
 
-Op = (OpenCall | Identify | AppendArgs | SetArgs | CloseCall | Truncated | Complete
+Op = (OpenCall | Identify | AppendArgs | SetArgs | RefuseArgs | CloseCall | Truncated | Complete
       | UpstreamError | ProtocolError | Restated)
 
 #: What ``Adapter.feed`` returns for an event without ops (a text delta, nearly every event):
@@ -246,6 +263,7 @@ CHAT_TEXT: Final = 3
 CHAT_ARGS: Final = 4
 RESPONSES_TEXT: Final = 5
 RESPONSES_ARGS: Final = 6
+RESPONSES_INPUT: Final = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,12 +319,35 @@ class Adapter:
         #: smaller one. Text counts its UTF-8 bytes, a kept value its JSON text's
         #: (:func:`json_len`). Argument text is the assembler's, never counted here.
         self.kept = 0
+        #: The raw record of the event being fed, which the assembler sets around ``feed``
+        #: (b"" when there is none: an envelope built in memory): what
+        #: :meth:`arguments_text` reads again.
+        self.record = b""
 
     def protocol_error(self, detail: str) -> ProtocolError:
         """Mark the stream broken and say so; from now on the adapter keeps no content and
         opens each call it still sees under its own :meth:`late_key`."""
         self.broken = True
         return ProtocolError(detail)
+
+    def arguments_text(self, value: Any, option: int = 0) -> str | strictjson.ParseError:
+        """The JSON text of arguments that arrived already parsed (``value``, an object
+        inside the event being fed), or why they have no one meaning: the rules of argument
+        text hold for them too (contract rule 1, issue 23). Nested deeper than
+        ``strictjson.MAX_DEPTH`` levels, or carried by a record in which a key repeats or an
+        integer is beyond 64 bits (``strictjson.one_meaning``: orjson kept the last of two
+        keys and rounded the integer, where another reader of the same bytes reads other
+        arguments), they are a :class:`strictjson.ParseError`, which the adapter gives the
+        call as :class:`RefuseArgs`. Only the rare event that carries such a value pays for
+        reading its record again. ``option``: orjson's, to write the text with."""
+        if nested_deeper(value):
+            return strictjson.ParseError(
+                f"arrays and objects nested deeper than {MAX_DEPTH} levels")
+        if self.record:
+            problem = strictjson.one_meaning(self.record)
+            if problem is not None:
+                return problem
+        return orjson.dumps(value, option=option).decode()
 
     def late_key(self) -> str:
         """A buffer key for a call seen after a protocol break: ``"!<n>"``, which no adapter's

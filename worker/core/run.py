@@ -54,8 +54,8 @@ class Call:
     """
 
     __slots__ = ("arguments", "call_id", "choice", "detail", "emitted", "folded", "index", "key",
-                 "kind", "name", "nbytes", "order", "parent", "parsed", "parts", "reason", "state",
-                 "text", "tool")
+                 "kind", "name", "nbytes", "order", "parent", "parsed", "parts", "reason",
+                 "refused", "state", "text", "tool")
 
     def __init__(self, key: str, index: int, choice: int | None, order: int,
                  call_id: str | None = None, name: str | None = None,
@@ -86,6 +86,9 @@ class Call:
         self.emitted = False
         #: The whole text, once decided.
         self.text: str | None = None
+        #: Why its arguments, sent as a parsed value, have no one meaning (``ops.RefuseArgs``):
+        #: the latch's JSON step fails it ``invalid_json`` with this. None: nothing refused.
+        self.refused: str | None = None
 
     def __repr__(self) -> str:  # never the text: it may hold a secret
         return f"Call({self.key!r}, {self.call_id!r}, {self.name!r}, {self.state})"
@@ -197,6 +200,8 @@ class Latch:
         return None
 
     def _check_value(self, call: Call, text: str, tool: ToolSchema) -> tuple[Reason, str] | None:
+        if call.refused is not None:  # arguments sent as a value without one meaning
+            return Reason.INVALID_JSON, call.refused
         value = self.parse(text) if text.strip() else {}
         if isinstance(value, strictjson.ParseError):
             return Reason.INVALID_JSON, f"{value.message}; {utf8_len(text)} bytes received"

@@ -20,6 +20,15 @@ impossible to publish.
 
 :func:`parse` never raises on bad text; it returns a :class:`ParseError` that holds a
 position and a message safe to show (no argument text).
+
+Arguments also arrive already parsed, as a JSON value inside a provider event (Anthropic's
+``tool_use.input``, a chat call whose ``function.arguments`` is an object, Gemini's
+``functionCall.args`` and ``partialArgs``, the fields of a Responses ``computer_call``). By
+then orjson has read the whole record, and a repeated key or an integer beyond 64 bits inside
+the value is already lost. The same rules apply to them (issue 23): :func:`one_meaning` reads
+the raw record that carried such a value again, as :func:`parse` reads text, and says why it
+has no one meaning; the adapter then fails the call ``invalid_json``
+(``ops.Adapter.arguments_text``).
 """
 
 from __future__ import annotations
@@ -33,6 +42,10 @@ import orjson
 #: Deepest nesting of arrays and objects accepted in argument text (and, by
 #: ``worker.core.envelope``, in an envelope); a value is one level, its members two.
 MAX_DEPTH = 64
+#: Deepest nesting accepted in a record that carries arguments as a parsed value
+#: (:func:`one_meaning`): the arguments' own :data:`MAX_DEPTH`, and room for the envelope and
+#: the provider event around them (chat's ``function.arguments`` is 9 levels down).
+RECORD_MAX_DEPTH = 2 * MAX_DEPTH
 
 
 def nested_deeper(value: Any) -> bool:
@@ -102,6 +115,32 @@ def parse(text: str) -> Any | ParseError:
     return value
 
 
+def one_meaning(record: bytes | str) -> ParseError | None:
+    """None when every reader of the JSON ``record`` reads the value orjson reads: no object
+    repeats a key, no integer is beyond 64 bits, nothing nests deeper than
+    :data:`RECORD_MAX_DEPTH` levels (so that the check itself does not depend on the caller's
+    stack). Else why not, in a message without record text. For the rare record that carries
+    arguments as a parsed value; the common one is never read twice."""
+    try:
+        text = record.decode("utf-8") if isinstance(record, bytes) else record
+        value = orjson.loads(text)
+    except (UnicodeDecodeError, orjson.JSONDecodeError):
+        return ParseError("the event that carried the arguments is not JSON")
+    shape = _Shape(value, RECORD_MAX_DEPTH)
+    if shape.too_deep:
+        return ParseError("the event that carried the arguments nests arrays and objects "
+                          f"deeper than {RECORD_MAX_DEPTH} levels")
+    if not shape.floats and shape.strings == _quoted_strings(text):
+        return None  # nothing orjson could have dropped or rounded
+    try:
+        _SECOND_PASS.decode(text)
+    except _Refused as exc:
+        return ParseError(f"{exc} in the event that carried the arguments")
+    except (ValueError, RecursionError) as exc:  # orjson accepted it; stay safe anyway
+        return ParseError(f"rejected by the duplicate-key pass ({type(exc).__name__})")
+    return None
+
+
 class _Shape:
     """One walk over a decoded value (iterative, whatever the depth): whether it nests deeper
     than :data:`MAX_DEPTH`, how many strings it holds (object keys and string values), and
@@ -115,14 +154,14 @@ class _Shape:
 
     __slots__ = ("floats", "strings", "too_deep")
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: Any, limit: int = MAX_DEPTH) -> None:
         self.too_deep = False
         self.floats = isinstance(value, float)
         self.strings = 0
         stack: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list) else []
         while stack:
             node, depth = stack.pop()
-            if depth > MAX_DEPTH:
+            if depth > limit:
                 self.too_deep = True
                 return
             if isinstance(node, dict):

@@ -121,10 +121,16 @@ def _headers(block: bytes, where: int) -> dict[str, Any]:
 
 
 def sdk_events(data: bytes) -> list[dict[str, Any] | bytes | StreamFailed]:
-    """The events of a Bedrock event stream body as the AWS SDKs yield them: an ``event`` or
-    ``exception`` message becomes ``{type: payload}`` (without the ``p`` padding); a payload
-    that is not a JSON object is kept as its bytes (the assembler sends it to the DLQ); an
-    ``error`` message ends the list with a :class:`StreamFailed`."""
+    """The events of a Bedrock event stream body as the AWS SDKs yield them: an ``event``
+    message becomes ``{type: payload}`` (without the ``p`` padding); a payload that is not a
+    JSON object is kept as its bytes (the assembler sends it to the DLQ); an ``error`` message
+    ends the list with a :class:`StreamFailed`.
+
+    An ``exception`` message ends the stream too, as the SDKs raise it: it becomes
+    ``{name: payload}`` when its ``:exception-type`` names an exception (ends in
+    ``Exception``, which the adapter reads as the provider's exception), and ends the list;
+    any other (``:exception-type`` ``contentBlockDelta``, none, a payload that is not an
+    object) ends it with a :class:`StreamFailed`. It is never read as an ordinary event."""
     events: list[dict[str, Any] | bytes | StreamFailed] = []
     for message in messages(data):
         kind = message.headers.get(":message-type")
@@ -137,6 +143,14 @@ def sdk_events(data: bytes) -> list[dict[str, Any] | bytes | StreamFailed]:
             payload = orjson.loads(message.payload) if message.payload else {}
         except orjson.JSONDecodeError:
             payload = None
+        if kind == "exception":
+            if isinstance(name, str) and name.endswith("Exception") and isinstance(payload,
+                                                                                 dict):
+                payload.pop("p", None)
+                events.append({name: payload})
+            else:
+                events.append(StreamFailed("exception"))
+            break
         if not isinstance(name, str) or not isinstance(payload, dict):
             events.append(message.payload)
             continue

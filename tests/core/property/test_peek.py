@@ -62,11 +62,17 @@ def _int(value: Any) -> bool:
     return type(value) is int
 
 
+def _index(value: Any) -> bool:
+    """An index as every adapter reads it (issue 23): an integer >= 0, never a bool, a float
+    (``1.0``) or a negative."""
+    return _int(value) and value >= 0
+
+
 def _shape(event: dict[str, Any]) -> tuple[int, int, str] | None:
     kind = event.get("type")
     if kind == "content_block_delta":
         index, delta = event.get("index"), event.get("delta")
-        if not _int(index) or type(delta) is not dict:
+        if not _index(index) or type(delta) is not dict:
             return None
         if delta.get("type") == "text_delta" and type(delta.get("text")) is str:
             return op.ANTHROPIC_TEXT, index, delta["text"]
@@ -75,10 +81,11 @@ def _shape(event: dict[str, Any]) -> tuple[int, int, str] | None:
         return None
     if kind == "response.output_text.delta" or kind in RESPONSES_ARGS_TYPES:
         index, text = event.get("output_index"), event.get("delta")
-        if not _int(index) or type(text) is not str:
+        if not _index(index) or type(text) is not str:
             return None
         return (op.RESPONSES_TEXT if kind == "response.output_text.delta"
-                else op.RESPONSES_ARGS), index, text
+                else op.RESPONSES_ARGS if kind == RESPONSES_ARGS_TYPES[0]
+                else op.RESPONSES_INPUT), index, text
     choices = event.get("choices")
     if type(choices) is not list or len(choices) != 1 or type(choices[0]) is not dict:
         return None
@@ -95,7 +102,7 @@ def _shape(event: dict[str, Any]) -> tuple[int, int, str] | None:
         return None
     entry = calls[0]
     function = entry.get("function")
-    if not _int(entry.get("index")) or entry.get("id") is not None or type(function) is not dict:
+    if not _index(entry.get("index")) or entry.get("id") is not None or type(function) is not dict:
         return None
     if type(function.get("arguments")) is not str or function.get("name") is not None:
         return None
@@ -123,7 +130,8 @@ def reference(doc: Any) -> Peeked | None:
 
 MISSING = object()
 #: Values of a JSON type or range a member should not have.
-ODD = st.sampled_from([None, True, False, 1.5, 0.0, -0.0, "0", "", [], {}, [1], {"a": 1}])
+ODD = st.sampled_from([None, True, False, 1.5, 0.0, -0.0, 1.0, "0", "", [], {}, [1],
+                      {"a": 1}])
 INT = st.sampled_from([0, 0, 1, 2, 3, -1, 2**63, 2**64 - 1, -2**63])
 TEXT = st.one_of(st.text(max_size=6), st.sampled_from(
     ["", "é°C", "\x00", 'a"b\\', "\u2028", "😀", "\ud7ff", "\ue000", "x" * 300]))
@@ -279,7 +287,9 @@ def test_each_shape_is_read() -> None:
          b'"content_index":0,"delta":"\xf0\x9f\x98\x80","sequence_number":7}',
          (op.RESPONSES_TEXT, 0, "😀")),
         (b'{"type":"response.custom_tool_call_input.delta","output_index":3,"delta":""}',
-         (op.RESPONSES_ARGS, 3, "")),
+         (op.RESPONSES_INPUT, 3, "")),
+        (b'{"type":"response.function_call_arguments.delta","output_index":3,"delta":"{"}',
+         (op.RESPONSES_ARGS, 3, "{")),
     ]
     for event, (kind, index, text) in cases:
         assert peek(_envelope(event)) == (kind, "r", 3, None, index, text)
@@ -292,9 +302,9 @@ def test_the_module_says_what_the_core_expects() -> None:
     (whose depth limit is 1,024): a record beyond them is orjson's."""
     assert _peek is not None
     assert [_peek.ANTHROPIC_TEXT, _peek.ANTHROPIC_JSON, _peek.CHAT_TEXT, _peek.CHAT_ARGS,
-            _peek.RESPONSES_TEXT, _peek.RESPONSES_ARGS] == [
+            _peek.RESPONSES_TEXT, _peek.RESPONSES_ARGS, _peek.RESPONSES_INPUT] == [
         op.ANTHROPIC_TEXT, op.ANTHROPIC_JSON, op.CHAT_TEXT, op.CHAT_ARGS, op.RESPONSES_TEXT,
-        op.RESPONSES_ARGS]
+        op.RESPONSES_ARGS, op.RESPONSES_INPUT]
     assert 0 < _peek.MAX_DEPTH <= 1024
     assert _peek.MAX_BYTES == 16384
 
@@ -347,3 +357,68 @@ def test_the_comparison_compares_the_fast_path() -> None:
         n, p = _compare(seed, sorted(SETTINGS)[0])
         fed, parsed = fed + n, parsed + p
     assert fed - parsed >= 100, (fed, parsed)
+
+
+#: Index values every adapter reads one way (issue 23): only an integer >= 0 is an index.
+INDEXES = st.sampled_from([0, 1, 2, True, False, 1.0, 0.0, -0.0, -1, "1", None, 2**64 - 1,
+                           MISSING])
+
+
+def _index_events(provider: str, index: Any) -> list[dict[str, Any]]:
+    """A run's provider events with one delta (or stop) at ``index`` among proper ones."""
+    def at(event: dict[str, Any], key: str = "index") -> dict[str, Any]:
+        return {k: v for k, v in {**event, key: index}.items() if v is not MISSING}
+    if provider == "anthropic.messages":
+        start = {"type": "content_block_start", "index": 1,
+                 "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}}}
+        delta = {"type": "content_block_delta", "index": 1,
+                 "delta": {"type": "input_json_delta", "partial_json": "{}"}}
+        text = {"type": "content_block_delta", "index": 1,
+                "delta": {"type": "text_delta", "text": "x"}}
+        return [start, at(delta), at(text), at({"type": "content_block_stop"}), delta,
+                {"type": "content_block_stop", "index": 1}, {"type": "message_stop"}]
+    if provider == "openai.chat":
+        def chunk(entry: dict[str, Any]) -> dict[str, Any]:
+            return {"choices": [{"index": 0, "delta": {"tool_calls": [entry]}}]}
+        first = {"index": 1, "id": "c", "function": {"name": "f", "arguments": ""}}
+        more = {"index": 1, "function": {"arguments": "{}"}}
+        return [chunk(first), chunk(at(more)), chunk(more)]
+    added = {"type": "response.output_item.added", "output_index": 1,
+             "item": {"type": "function_call", "id": "fc", "call_id": "c", "name": "f"}}
+    args = {"type": "response.function_call_arguments.delta", "output_index": 1,
+            "item_id": "fc", "delta": "{}"}
+    text = {"type": "response.output_text.delta", "output_index": 1, "item_id": "fc",
+            "delta": "x"}
+    return [added, at(args, "output_index"), at(text, "output_index"), args,
+            {"type": "response.completed", "response": {"output": []}}]
+
+
+@settings(max_examples=200, deadline=None)
+@given(provider=st.sampled_from(["anthropic.messages", "openai.chat", "openai.responses"]),
+       index=INDEXES)
+def test_every_index_reads_the_same_with_and_without_peek(provider: str, index: Any) -> None:
+    """An index of every JSON type (``true``, ``1.0``, ``-1``, ``"1"``, beyond 2**63...) at
+    every event that carries one: the assembler that peeks and the one that parses every
+    record give the same records; an index that is not an integer >= 0 is never read as one
+    (the record goes to the DLQ, as at ``content_block_start``)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+             if provider != "anthropic.messages" else
+             {"name": "f", "input_schema": {"type": "object"}}]
+    envelopes = [{"v": 1, "type": "run.start", "run_id": "r", "seq": 0, "provider": provider,
+                  "tools": tools}]
+    for seq, event in enumerate(_index_events(provider, index), start=1):
+        envelopes.append({"v": 1, "type": "provider.event", "run_id": "r", "seq": seq,
+                          "event": event})
+    envelopes.append({"v": 1, "type": "stream.end", "run_id": "r", "seq": len(envelopes)})
+    with_peek, without = Assembler(), Assembler()
+    without._peek = None
+    out = []
+    for envelope in envelopes:
+        value = orjson.dumps(envelope)
+        emits = with_peek.feed_record(b"r", value, 0)
+        assert emits == without.feed_record(b"r", value, 0)
+        out += emits
+    assert with_peek.stats == without.stats
+    if not (type(index) is int and index >= 0) and index is not MISSING and not (
+            index is None and provider != "anthropic.messages"):
+        assert with_peek.stats["dlq_invalid_envelope"] >= 1

@@ -179,3 +179,23 @@ def test_a_cassette_of_several_interactions_is_one_run_each(tmp_path: Path) -> N
         ("capture-2", "final", None), ("capture-3", "final", None)]
     assert [line["value"]["status"] for line in lines if line["topic"] == "final"] == [
         "completed", "completed", "failed"]
+
+
+def _exception_message(kind: str, name: str, payload: bytes) -> bytes:
+    return eventstream.encode({":message-type": kind, ":exception-type": name,
+                               ":content-type": "application/json"}, payload)
+
+
+def test_an_eventstream_exception_message_is_never_an_ordinary_event() -> None:
+    """An ``exception`` message named ``contentBlockDelta`` ends the stream with a
+    ``StreamFailed`` (on main it was read as a delta); one named as an exception becomes that
+    exception's event, and ends the stream too: nothing after it is read."""
+    delta = {"contentBlockDelta": {"contentBlockIndex": 0, "delta": {"text": "hi"}}}
+    after = eventstream.encode_events([delta])
+    forged = _exception_message("exception", "contentBlockDelta",
+                                orjson.dumps(delta["contentBlockDelta"]))
+    assert eventstream.sdk_events(forged + after) == [eventstream.StreamFailed("exception")]
+    real = _exception_message("exception", "throttlingException", b'{"message":"slow"}')
+    assert eventstream.sdk_events(real + after) == [{"throttlingException": {"message": "slow"}}]
+    odd = _exception_message("exception", "throttlingException", b"[]")
+    assert eventstream.sdk_events(odd + after) == [eventstream.StreamFailed("exception")]

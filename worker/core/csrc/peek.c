@@ -21,20 +21,24 @@
  *
  * The shapes (the envelope: "type" is "provider.event", "run_id" a string, "v" the integer 1,
  * "seq" an integer, "ts" absent, null or a non-negative integer, "event" an object):
- *   1 ANTHROPIC_TEXT  event.type "content_block_delta", event.index an integer, event.delta
- *                     an object whose type is "text_delta" and text a string;
+ *   1 ANTHROPIC_TEXT  event.type "content_block_delta", event.index an index (an integer
+ *                     >= 0, as every index below), event.delta an object whose type is
+ *                     "text_delta" and text a string;
  *   2 ANTHROPIC_JSON  the same with delta.type "input_json_delta" and partial_json a string;
  *   3 CHAT_TEXT       event.choices an array of one object, whose index is absent or 0,
  *                     finish_reason absent or null, and delta an object of one member,
  *                     "content", a non-empty string (index: 0);
  *   4 CHAT_ARGS       the same choice whose delta's one member is "tool_calls", an array of
- *                     one object: index an integer, id absent or null, function an object
+ *                     one object: index an index, id absent or null, function an object
  *                     with arguments a string and name absent or null;
- *   5 RESPONSES_TEXT  event.type "response.output_text.delta", output_index an integer,
+ *   5 RESPONSES_TEXT  event.type "response.output_text.delta", output_index an index,
  *                     delta a string;
- *   6 RESPONSES_ARGS  event.type "response.function_call_arguments.delta" or
- *                     "response.custom_tool_call_input.delta", output_index an integer,
- *                     delta a string.
+ *   6 RESPONSES_ARGS  event.type "response.function_call_arguments.delta", output_index an
+ *                     index, delta a string;
+ *   7 RESPONSES_INPUT the same with event.type "response.custom_tool_call_input.delta" (an
+ *                     item's type decides which delta it takes: the adapter tells them apart).
+ * An index of another type (true, 1.0, "1") or a negative one is no shape: every adapter
+ * refuses it, at every event (issue 23).
  * Whether the shape is one the run's adapter takes, and what it does with it, is the
  * adapter's `fast` (worker/core/ops.py), which may still say None.
  */
@@ -54,6 +58,7 @@ enum {
     CHAT_ARGS = 4,
     RESPONSES_TEXT = 5,
     RESPONSES_ARGS = 6,
+    RESPONSES_INPUT = 7,
 };
 
 /* One pool for every parse: a record is at most PEEK_MAX_BYTES, so yyjson never needs more
@@ -105,6 +110,13 @@ static int
 is_int(yyjson_val *val)
 {
     return val != NULL && (yyjson_is_uint(val) || yyjson_is_sint(val));
+}
+
+/* An index: a JSON integer >= 0 (yyjson's uint), never a bool, a real or a negative. */
+static int
+is_index(yyjson_val *val)
+{
+    return val != NULL && yyjson_is_uint(val);
 }
 
 static int
@@ -166,7 +178,7 @@ event_shape(yyjson_val *event, yyjson_val **index_out, yyjson_val **text_out)
         return 0;
     yyjson_val *type = m[0].val, *delta = m[2].val;
     if (IS(type, "content_block_delta")) {
-        if (!is_int(m[1].val) || !yyjson_is_obj(delta))
+        if (!is_index(m[1].val) || !yyjson_is_obj(delta))
             return 0;
         member d[] = {M("type"), M("text"), M("partial_json")};
         if (!read_members(delta, d, 3))
@@ -184,11 +196,11 @@ event_shape(yyjson_val *event, yyjson_val **index_out, yyjson_val **text_out)
     }
     if (type != NULL && yyjson_is_str(type)) {
         int kind = IS(type, "response.output_text.delta") ? RESPONSES_TEXT
-                   : (IS(type, "response.function_call_arguments.delta")
-                      || IS(type, "response.custom_tool_call_input.delta")) ? RESPONSES_ARGS
+                   : IS(type, "response.function_call_arguments.delta") ? RESPONSES_ARGS
+                   : IS(type, "response.custom_tool_call_input.delta") ? RESPONSES_INPUT
                    : 0;
         if (kind) {
-            if (!is_int(m[3].val) || !yyjson_is_str(delta))
+            if (!is_index(m[3].val) || !yyjson_is_str(delta))
                 return 0;
             *index_out = m[3].val;
             *text_out = delta;
@@ -215,7 +227,7 @@ event_shape(yyjson_val *event, yyjson_val **index_out, yyjson_val **text_out)
     member e[] = {M("index"), M("id"), M("function")};
     if (!read_members(entry, e, 3))
         return 0;
-    if (!is_int(e[0].val) || !absent_or_null(e[1].val) || !yyjson_is_obj(e[2].val))
+    if (!is_index(e[0].val) || !absent_or_null(e[1].val) || !yyjson_is_obj(e[2].val))
         return 0;
     member f[] = {M("arguments"), M("name")};
     if (!read_members(e[2].val, f, 2))
@@ -315,6 +327,7 @@ exec_module(PyObject *module)
         {"ANTHROPIC_TEXT", ANTHROPIC_TEXT}, {"ANTHROPIC_JSON", ANTHROPIC_JSON},
         {"CHAT_TEXT", CHAT_TEXT}, {"CHAT_ARGS", CHAT_ARGS},
         {"RESPONSES_TEXT", RESPONSES_TEXT}, {"RESPONSES_ARGS", RESPONSES_ARGS},
+        {"RESPONSES_INPUT", RESPONSES_INPUT},
         {"MAX_BYTES", PEEK_MAX_BYTES}, {"MAX_DEPTH", YYJSON_READER_DEPTH_LIMIT},
     };
     for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]); i++) {

@@ -30,6 +30,10 @@ an index already started; a delta for an index never started or already stopped;
 more is kept for the final message (the two messages' text is never joined), and each
 ``tool_use`` block still started opens a call under its own late key, which fails at once:
 every call id the stream carried gets one outcome.
+
+An ``index`` is an integer >= 0 at every event that carries one (start, delta, stop): ``true``
+or ``1.0`` is no block 1, and the event goes to the DLQ (``invalid_envelope``), as
+``worker.core._peek`` leaves it to this path.
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ class _Block:
     #: The buffer key of a client call (a ``tool_use`` block), else None.
     key: str | None = None
     text: list[str] = field(default_factory=list)
+    #: A client call's ``input`` from its start, when a non-empty object: its JSON text, or
+    #: why it has no one meaning (``Adapter.arguments_text``); used when no delta streams.
+    start_args: str | strictjson.ParseError | None = None
     #: ``partial_json`` of a block that is not a client call (a call's text is its buffer's).
     json: list[str] = field(default_factory=list)
     streamed: bool = False
@@ -79,9 +86,12 @@ class AnthropicMessages(op.Adapter):
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
         kind = _str_or_empty(event.get(keys.TYPE))  # (orjson's key objects: worker/core/keys.py)
         if kind == "content_block_delta":  # first: nearly every event is one
-            block = self._blocks.get(event[keys.INDEX])
+            index: Any = event.get(keys.INDEX)
+            if type(index) is not int or index < 0:  # op.is_index, inline: true and 1.0 are
+                raise ValueError("content_block_delta without an index")  # no block 1
+            block = self._blocks.get(index)
             if block is None or block.stopped or self.broken:
-                return self._misplaced("content_block_delta", block, event["index"])
+                return self._misplaced("content_block_delta", block, index)
             delta = event[keys.DELTA]
             if not isinstance(delta, dict):  # checked, and then read as a dict when compiled
                 raise ValueError("content_block_delta without a delta object")
@@ -96,10 +106,13 @@ class AnthropicMessages(op.Adapter):
         if kind == "content_block_start":
             return self._start(event["index"], event["content_block"])
         if kind == "content_block_stop":
-            block = self._blocks.get(event["index"])
+            index = event.get("index")
+            if not op.is_index(index):  # read as content_block_start and the deltas read it
+                raise ValueError("content_block_stop without an index")
+            block = self._blocks.get(index)
             if block is None or block.stopped or self.broken:
-                return self._misplaced("content_block_stop", block, event["index"])
-            return self._stop(event["index"], block)
+                return self._misplaced("content_block_stop", block, index)
+            return self._stop(index, block)
         if self.broken and kind == "message_delta":  # the spliced message's: not kept
             return []
         if kind == "message_delta":
@@ -193,7 +206,10 @@ class AnthropicMessages(op.Adapter):
         if kind != "tool_use":
             self._blocks[index] = _Block(_own(body))
             return []
-        self._blocks[index] = _Block(_own(body), str(index))
+        block = self._blocks[index] = _Block(_own(body), str(index))
+        start_input = body.get("input")
+        if isinstance(start_input, dict) and start_input:  # read now, from this event's record
+            block.start_args = self.arguments_text(start_input)
         return [op.OpenCall(str(index), index, None, _text(body.get("id")),
                             _text(body.get("name")))]
 
@@ -229,10 +245,11 @@ class AnthropicMessages(op.Adapter):
         block.stopped = True
         if block.body.get("type") != "tool_use":
             return []
-        start_input = block.body.get("input")
-        if not block.streamed and isinstance(start_input, dict) and start_input:
-            return [op.SetArgs(str(index), orjson.dumps(start_input).decode()),
-                    op.CloseCall(str(index))]
+        start_args = block.start_args
+        if not block.streamed and start_args is not None:
+            if isinstance(start_args, strictjson.ParseError):
+                return [op.RefuseArgs(str(index), start_args.message), op.CloseCall(str(index))]
+            return [op.SetArgs(str(index), start_args), op.CloseCall(str(index))]
         return [op.CloseCall(str(index))]
 
     def final(self, calls: Sequence[op.CallView]) -> op.FinalMessage:

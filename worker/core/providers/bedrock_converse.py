@@ -29,7 +29,8 @@ How Latch reads it:
   ``malformed_tool_use`` and ``malformed_model_output`` fail them ``malformed_output``; a stop
   reason this version does not know fails them ``upstream_error``. A stream that ends without
   ``messageStop`` fails ``stream_error``;
-* an exception member fails the open calls ``upstream_error`` at once;
+* an exception member fails the open calls ``upstream_error`` at once, whatever else the
+  event carries (an exception beside a delta ends the stream: the delta is not read);
 * what breaks the protocol (``ops.ProtocolError``; README, "Protocol breaks"): a content
   block started twice, content after its block's stop or after ``messageStop``, a delta of
   another kind than its block, a second ``messageStart`` or ``messageStop``. From the break on
@@ -91,6 +92,10 @@ class BedrockConverse(op.Adapter):
         self._stop: str | None = None
 
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
+        if len(event) != 1:  # an SDK event has one member: an exception is never read as
+            for name in event:  # the delta (or start, stop) beside it
+                if name.endswith("Exception"):
+                    return [op.UpstreamError(f"provider exception: {_safe(name)}")]
         delta = event.get("contentBlockDelta")
         if delta is not None:  # first: nearly every event is one
             return self._delta(delta)

@@ -59,8 +59,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-import orjson
-
 from worker.core import ops as op
 from worker.core import strictjson
 from worker.core.model import Reason
@@ -184,7 +182,7 @@ class Gemini(op.Adapter):
         if candidate.streaming is not None:
             key = candidate.streaming
             if name is None:  # the streamed call goes on, or ends here
-                ops += [op.AppendArgs(key, gemini_args.record(p)) for p in partial or ()]
+                ops += self._records(key, partial)
                 if not more:
                     candidate.streaming = None
                     ops.append(op.CloseCall(key))
@@ -212,14 +210,28 @@ class Gemini(op.Adapter):
             self.kept += op.utf8_len(signature)
         ops: list[op.Op] = [op.OpenCall(key, n, index, call_id, name)]
         if partial is not None or more:  # streamed
-            ops += [op.AppendArgs(key, gemini_args.record(p)) for p in partial or ()]
+            ops += self._records(key, partial)
             if more:
                 candidate.streaming = key
                 return ops
-        elif call.get("args") is not None:  # whole: the parsed args, as JSON text
-            ops.append(op.SetArgs(key, orjson.dumps(call["args"]).decode()))
+        elif call.get("args") is not None:  # whole: the parsed args, as strict as JSON text
+            text = self.arguments_text(call["args"])
+            ops.append(op.RefuseArgs(key, text.message) if isinstance(text, strictjson.ParseError)
+                       else op.SetArgs(key, text))
         ops.append(op.CloseCall(key))
         return ops
+
+    def _records(self, key: str, partial: list[Any] | None) -> list[op.Op]:
+        """The buffer records of a part's ``partialArgs``. Their paths and values are parsed
+        values too: from a record in which a key repeats or an integer is beyond 64 bits
+        (``strictjson.one_meaning``), the part gives one record that ``gemini_args.build``
+        refuses, so the call fails ``invalid_json`` as it would for such text."""
+        if not partial:
+            return []
+        problem = strictjson.one_meaning(self.record) if self.record else None
+        if problem is not None:
+            return [op.AppendArgs(key, gemini_args.refused(problem.message))]
+        return [op.AppendArgs(key, gemini_args.record(p)) for p in partial]
 
     def _late_call(self, index: int, candidate: _Candidate, call: dict[str, Any]) -> list[op.Op]:
         """A ``functionCall`` at or after a protocol break: nothing of it is kept; one with a

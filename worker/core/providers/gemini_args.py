@@ -101,6 +101,12 @@ def _poison(why: str) -> str:
     return f"{RS}{orjson.dumps({'refused': why}).decode()}\n"
 
 
+def refused(why: str) -> str:
+    """A record that :func:`build` refuses with ``why`` (a message without argument text):
+    for ``partialArgs`` whose event has no one meaning (``strictjson.one_meaning``)."""
+    return _poison(why)
+
+
 def is_records(text: str) -> bool:
     """Whether a buffer holds ``partialArgs`` records rather than a whole call's JSON."""
     return text.startswith(RS)

@@ -34,9 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import orjson
-
-from worker.core import keys
+from worker.core import keys, strictjson
 from worker.core import ops as op
 
 #: The buffer keys ``"c.i"`` of the first choices' first tool indexes, made once: an open call's
@@ -150,12 +148,14 @@ def _text(value: Any) -> str | None:
 
 
 def _index(value: Any) -> int | None:
-    """A choice or tool index: None when absent or not an integer; a negative one is refused
-    (the event goes to the DLQ), since it would be emitted as an order key."""
-    if not isinstance(value, int) or isinstance(value, bool):
+    """A choice or tool index: None when absent (or null); anything but an integer >= 0 is
+    refused (the event goes to the DLQ): ``true``, ``1.0`` or ``"1"`` is no index 1, and a
+    negative one would be emitted as an order key. Every adapter reads an index so
+    (issue 23), and ``worker.core._peek`` leaves such an event to this path."""
+    if value is None:
         return None
-    if value < 0:
-        raise ValueError("negative index")
+    if type(value) is not int or value < 0:
+        raise ValueError("an index that is not an integer >= 0")
     return value
 
 
@@ -304,8 +304,8 @@ class OpenAIChat(op.Adapter):
                     ops.append(op.AppendArgs(slot[0], args))
                 return
         call_id, name = _text(entry.get("id")), _text(fn.get("name"))
-        if isinstance(args, dict):  # a gateway that already parsed the arguments
-            args = orjson.dumps(args).decode()
+        if isinstance(args, dict):  # a gateway that already parsed the arguments: as strict
+            args = self.arguments_text(args)  # as text (a ParseError fails the call)
         key = self._key(ci, choice, index, call_id)
         if key is None:
             index = choice.free_index()
@@ -318,6 +318,8 @@ class OpenAIChat(op.Adapter):
             ops.append(op.Identify(key, call_id, name))
         if isinstance(args, str) and args:
             ops.append(op.AppendArgs(key, args))
+        elif isinstance(args, strictjson.ParseError):
+            ops.append(op.RefuseArgs(key, args.message))
 
     def _key(self, ci: int, choice: _Choice, index: Any, call_id: str | None) -> str | None:
         """The buffer key this entry belongs to; a not-yet-listed key opens a call."""

@@ -49,16 +49,20 @@ from typing import Any, ClassVar
 
 import orjson
 
-from worker.core import keys
+from worker.core import keys, strictjson
 from worker.core import ops as op
 from worker.core.tools import responses_tool_key
 
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 _RESPONSE_EVENTS = frozenset({"response.created", "response.in_progress", *_TERMINAL})
-_TEXT_DELTAS = frozenset({"response.function_call_arguments.delta",
-                          "response.custom_tool_call_input.delta"})
+#: The argument and input events, each with the one item type it is for (another type at its
+#: output index is a protocol break).
+_TEXT_DELTAS = {"response.function_call_arguments.delta": "function_call",
+                "response.custom_tool_call_input.delta": "custom_tool_call"}
 _TEXT_DONE = {"response.function_call_arguments.done": "arguments",
               "response.custom_tool_call_input.done": "input"}
+_DONE_ITEMS = {"response.function_call_arguments.done": "function_call",
+               "response.custom_tool_call_input.done": "custom_tool_call"}
 #: The items that are client calls: their kind, and the field that holds a call's whole text
 #: (None: the text is the item's own fields, see ``_item_text``).
 _CALL_ITEMS: dict[str, tuple[str, str | None]] = {
@@ -92,8 +96,8 @@ class OpenAIResponses(op.Adapter):
         kind = event.get(keys.TYPE)  # (orjson's key objects: worker/core/keys.py)
         if kind == "response.output_text.delta":  # the deltas first: nearly every event
             index = event.get(keys.OUTPUT_INDEX)
-            if type(index) is not int:
-                index = self._index_of[event[keys.ITEM_ID]]
+            if type(index) is not int or index < 0:  # absent: by item id; else refused
+                index = self._item_index(event)
             delta = event[keys.DELTA]
             if type(delta) is not str:
                 raise ValueError("expected a string")
@@ -101,7 +105,7 @@ class OpenAIResponses(op.Adapter):
             return op.NO_OPS
         if kind in _TEXT_DELTAS:
             fragment = _str(event[keys.DELTA])
-            index = self._open_index(event)
+            index = self._open_index(event, _TEXT_DELTAS[kind])
             if index is None:
                 return self._misplaced(kind)
             return [op.AppendArgs(str(index), fragment)]
@@ -111,7 +115,7 @@ class OpenAIResponses(op.Adapter):
             return self._added(event["output_index"], event["item"])
         if kind in _TEXT_DONE:
             whole = _str(event[_TEXT_DONE[kind]])
-            index = self._open_index(event)
+            index = self._open_index(event, _DONE_ITEMS[kind])
             if index is None:
                 return self._misplaced(kind)
             return [op.SetArgs(str(index), whole)]
@@ -122,12 +126,17 @@ class OpenAIResponses(op.Adapter):
         return []
 
     def fast(self, kind: int, index: int, text: str) -> list[op.Op] | None:
-        """``feed`` of an ``output_text.delta``, or of an argument or input delta of an item
-        that was added (both by ``output_index``)."""
+        """``feed`` of an ``output_text.delta``, or of an argument (input) delta of a
+        ``function_call`` (``custom_tool_call``) item that was added (both by
+        ``output_index``)."""
         if kind == op.RESPONSES_TEXT:
             self._keep_text(index, text)
             return op.NO_OPS
-        if kind == op.RESPONSES_ARGS and not self.broken and index in self._types:
+        if self.broken:
+            return None
+        added = self._types.get(index)
+        if (kind == op.RESPONSES_ARGS and added == "function_call") or (
+                kind == op.RESPONSES_INPUT and added == "custom_tool_call"):
             return [op.AppendArgs(str(index), text)]
         return None
 
@@ -199,10 +208,10 @@ class OpenAIResponses(op.Adapter):
         return ops
 
     def _misplaced(self, kind: str) -> list[op.Op]:
-        """An argument or input event for an item never added."""
+        """An argument or input event for an item never added, or added with another type."""
         if self.broken:
             return []
-        return [self.protocol_error(f"{kind} for an item never added")]
+        return [self.protocol_error(f"{kind} for an item never added, or of another type")]
 
     def _added(self, index: Any, item: Any) -> list[op.Op]:
         if not op.is_index(index) or not isinstance(item, dict):
@@ -246,8 +255,10 @@ class OpenAIResponses(op.Adapter):
         key = str(index)
         ops = [self._open(key, index, item)]
         field = _CALL_ITEMS[kind][1]
-        if field is None:
-            ops.append(op.SetArgs(key, _item_text(item)))
+        if field is None:  # the item's own fields, parsed values: as strict as JSON text
+            text = self.arguments_text(_item_fields(item), orjson.OPT_SORT_KEYS)
+            ops.append(op.RefuseArgs(key, text.message) if isinstance(text, strictjson.ParseError)
+                       else op.SetArgs(key, text))
         elif isinstance(item.get(field), str):
             ops.append(op.SetArgs(key, item[field]))
         ops.append(op.CloseCall(key))
@@ -273,15 +284,25 @@ class OpenAIResponses(op.Adapter):
         return op.OpenCall(key, index, None, call_id, _CLIENT_ITEM_NAMES[kind], kind,
                            responses_tool_key(kind))
 
-    def _open_index(self, event: dict[str, Any]) -> int | None:
+    def _open_index(self, event: dict[str, Any], item_type: str) -> int | None:
         """The output index an item event names (by ``output_index``, else by ``item_id``),
-        when that item was added; else None."""
+        when an item of ``item_type`` was added there; else None."""
         index = event.get(keys.OUTPUT_INDEX)
-        if type(index) is not int:  # not an output index (a bool is none either)
+        if index is None:
             item_id = event.get(keys.ITEM_ID)
             index = self._index_of.get(item_id) if isinstance(item_id, str) else None
-        if self.broken or index is None or index not in self._types:
+        elif not op.is_index(index):  # true, 1.0, "1" or -1: no output index 1 (issue 23)
+            raise ValueError("an output_index that is not an integer >= 0")
+        if self.broken or index is None or self._types.get(index) != item_type:
             return None
+        return index
+
+    def _item_index(self, event: dict[str, Any]) -> int:
+        """The output index of an ``output_text.delta`` without an ``output_index`` (by its
+        ``item_id``); one of another type, or negative, is refused."""
+        if event.get(keys.OUTPUT_INDEX) is not None:
+            raise ValueError("an output_index that is not an integer >= 0")
+        index: int = self._index_of[event[keys.ITEM_ID]]
         return index
 
     def final(self, calls: Sequence[op.CallView]) -> op.FinalMessage:
@@ -330,8 +351,13 @@ def _item_text(item: dict[str, Any]) -> str:
     if field is not None:
         text = item.get(field)
         return text if isinstance(text, str) else ""
-    fields = {k: v for k, v in item.items() if k not in _NOT_TEXT}
-    return orjson.dumps(op.bounded(fields), option=orjson.OPT_SORT_KEYS).decode()
+    return orjson.dumps(op.bounded(_item_fields(item)), option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _item_fields(item: dict[str, Any]) -> dict[str, Any]:
+    """A client-answered item's own fields (but ``type``, ``id``, ``call_id``, ``status``):
+    its arguments (``_item_text``)."""
+    return {k: v for k, v in item.items() if k not in _NOT_TEXT}
 
 
 def _call_id(item: dict[str, Any]) -> str | None:
