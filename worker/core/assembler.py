@@ -558,6 +558,8 @@ class Assembler:
             if n and (n > 1 or not isinstance(ops[0], op.AppendArgs)):  # a fragment alone
                 _check_order_keys(ops)  # opens no call: nothing to check
         except Exception as exc:  # a malformed provider event: contained, never raised
+            if adapter.kept:  # what it kept before refusing is the final message's: counted
+                run.text_bytes += len(value) if value else len(dumps(event))
             return [self._unreadable(run, exc, key, value, source)]
         return self._applied(run, ops, len(value) if value else len(dumps(event)))
 

@@ -305,3 +305,17 @@ def test_text_beside_argument_fragments_counts_in_the_run_text() -> None:
     [final] = finals(emits)
     assert final["status"] == "failed"
     assert [e["reason"] for e in errors(emits)] == ["budget_exceeded"]
+
+
+def test_text_kept_from_a_refused_event_counts_in_the_run_text() -> None:
+    """A chat chunk whose content the adapter keeps before one of its tool calls is refused
+    (an index beyond 2**53: the chunk goes to the DLQ) used to keep that content uncounted in
+    ``max_run_text_bytes``, so a run could grow its final message past any bound. The refused
+    event's bytes now count: the run ends ``failed`` once they cross the bound."""
+    chunks = [chat_chunk([chat_tool_delta(2**60 + n, f"call_{n}", "f", "{}")],
+                         content="x" * 300) for n in range(100)]
+    emits = checked(feed(make(max_run_text_bytes=20_000),
+                         run_envelopes("r", CHAT, [], [*chunks, chat_chunk(content="y")])))
+    assert len(dlq(emits)) == 100
+    [final] = finals(emits)
+    assert final["status"] == "failed"
