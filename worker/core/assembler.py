@@ -50,7 +50,21 @@ happens at each bound is an outcome, never a silent drop or a refused run:
   uncommitted calls fail ``budget_exceeded``), so no final message grows past what the output
   topics accept. This per-run bound counts event bytes, an overcount of the text kept (the
   envelopes of small deltas) that is never below the text's JSON size in the final message;
-  the partition's ``max_buffered_bytes`` counts the text actually kept.
+  the partition's ``max_buffered_bytes`` counts the text actually kept. An event that keeps
+  nothing but argument text counts no envelope; one that keeps anything, or names a call, does.
+* **State per run**: each choice but a run's first, each Gemini candidate but its first, each
+  content block, output item and item text an adapter keeps counts ``ops.STATE_BYTES`` in
+  ``max_buffered_bytes`` (with the same eviction as text) besides its text; and a run may open
+  at most ``max_choices_per_run`` choices (candidates): the event that opens one more ends the
+  run (status ``failed``, uncommitted calls ``budget_exceeded``).
+* **Output records** (``settings.MAX_RECORD_BYTES``): a call id longer than
+  ``MAX_ID_CHARACTERS``, or a name longer than ``MAX_NAME_CHARACTERS``, is none (the call fails
+  ``missing_id_or_name``), so that every record's head, ids and names are small. A committed
+  call record that could be larger is measured, and fails ``record_too_large`` if it is
+  (``run.Latch``). At a run's end, a final message that could be larger (:meth:`_final_bound`)
+  is measured: a run ending normally whose final message would not fit ends ``failed``
+  instead, its undecided calls ``record_too_large``; whatever the end, a final message that
+  does not fit drops content and says so (``Outputs.bounded``).
 
 Every end of a run above is the same ``_finish`` as a stream error's, so each call still gets
 exactly one outcome and the run one final message.
@@ -87,7 +101,15 @@ from worker.core.outputs import Outputs, dlq_record, id_counts
 from worker.core.providers import adapter_for
 from worker.core.run import FOLD_PIECES, Call, Latch, utf8_len
 from worker.core.schemacheck import SchemaLimits
-from worker.core.settings import AssembleSettings
+from worker.core.settings import (
+    CALLS_PER_RUN_FACTOR,
+    CHOICE_BYTES,
+    MAX_ID_CHARACTERS,
+    MAX_NAME_CHARACTERS,
+    MAX_RECORD_BYTES,
+    RECORD_OVERHEAD,
+    AssembleSettings,
+)
 from worker.core.tools import (
     SchemaCheck,
     ToolSchema,
@@ -123,9 +145,8 @@ WRAPPED_ID_SEPARATOR = "#"
 #: What ``feed_record`` reads a record that is not a JSON object as (never changed).
 _NOT_AN_OBJECT: dict[str, Any] = {}
 
-#: A run may hold at most this many times ``max_tool_calls_in_flight_assemble`` calls,
-#: placeholders included (see "Memory budgets" in the module docstring).
-CALLS_PER_RUN_FACTOR = 4
+#: Bytes of a call's entries in a final message besides its text, id and name, at most.
+_CALL_FIELDS_BYTES = 512
 #: The bytes of a record carrying one argument fragment that are taken for its envelope (the
 #: ids, model and names a provider repeats on every chunk), not counted as the run's text.
 FRAGMENT_ENVELOPE = 512
@@ -398,6 +419,7 @@ class Assembler:
         if start.max_tool_calls is not None:
             budget = min(budget, start.max_tool_calls)
         adapter = adapter_for(start.provider, start.run_id)
+        adapter.max_choices = self.settings.max_choices_per_run
         latch = Latch(self.settings, tools, budget, adapter.parse_arguments
                       if adapter.parses_own_arguments else strictjson.parse)
         run = Run(start, adapter, latch, now_ms, raw[0] if raw is not None else None)
@@ -538,6 +560,8 @@ class Assembler:
                 _check_order_keys(ops)  # opens no call: nothing to check
         except Exception as exc:  # a malformed provider event: contained, never raised
             adapter.record = b""
+            if adapter.kept:  # what it kept before refusing is the final message's: counted
+                run.text_bytes += len(value) if value else len(dumps(event))
             return [self._unreadable(run, exc, key, value, source)]
         adapter.record = b""
         return self._applied(run, ops, len(value) if value else len(dumps(event)))
@@ -564,7 +588,9 @@ class Assembler:
             first = ops[0]
             if isinstance(first, (op.AppendArgs, op.SetArgs)):
                 size -= len(first.text)
-            if size <= FRAGMENT_ENVELOPE:
+            # (an event that keeps something, or names a call, is the final message's source)
+            if (size <= FRAGMENT_ENVELOPE and not adapter.kept
+                    and not isinstance(first, (op.OpenCall, op.Identify))):
                 size = 0
         elif n:
             for item in ops:
@@ -642,9 +668,9 @@ class Assembler:
                 return self._open(run, item)
             case op.Identify(key, call_id, name):
                 call = run.calls.get(key)
-                if call is not None:
-                    call.call_id = call.call_id or call_id
-                    call.name = call.name or name
+                if call is not None:  # (a too long id or name is none: _open)
+                    call.call_id = call.call_id or _usable(call_id, MAX_ID_CHARACTERS)
+                    call.name = call.name or _usable(name, MAX_NAME_CHARACTERS)
                 return []
             case op.RefuseArgs(key, detail):
                 call = run.calls.get(key)
@@ -676,10 +702,14 @@ class Assembler:
         if run.broken is not None and item.call_id is not None and any(
                 c.call_id == item.call_id for c in run.calls.values()):
             return []  # after a break, an id the run holds already has its one outcome
-        name = item.name
+        name, call_id = item.name, item.call_id
+        # An id or name too long to repeat in every record is none (``missing_id_or_name``).
+        long = _too_long(call_id, name)
+        if long:
+            call_id, name = _usable(call_id, MAX_ID_CHARACTERS), _usable(name, MAX_NAME_CHARACTERS)
         if name is not None and name in run.latch.tools:
             name = sys.intern(name)  # the tool map's key (tools.client_tools): one string
-        call = Call(item.key, item.index, item.choice, len(run.calls), item.call_id, name,
+        call = Call(item.key, item.index, item.choice, len(run.calls), call_id, name,
                     item.kind, item.tool)
         limit = self.settings.max_tool_calls_in_flight_assemble
         cap = CALLS_PER_RUN_FACTOR * limit
@@ -691,6 +721,9 @@ class Assembler:
         run.calls[item.key] = call
         if run.broken is not None:  # nothing of the stream is trusted (outcome at the end)
             call.fail(Reason.PROTOCOL_ERROR, f"started after the stream broke: {run.broken}")
+            return []
+        if long:
+            call.fail(Reason.MISSING_ID_OR_NAME, long)
             return []
         if run.in_flight() > limit:
             call.fail(Reason.TOO_MANY_TOOL_CALLS, f"at most {limit} calls may be assembled at once")
@@ -774,6 +807,7 @@ class Assembler:
         children = []
         for n, use in enumerate(uses):
             name, arguments = _tool_use(use)
+            name = _usable(name, MAX_NAME_CHARACTERS)  # (too long: missing_id_or_name)
             child = Call(f"{call.key}/{n}", call.index, call.choice, len(run.calls),
                          f"{call.call_id}{WRAPPED_ID_SEPARATOR}{n}", name)
             child.parent = call.key
@@ -824,7 +858,7 @@ class Assembler:
         truncated = None in run.truncated or call.choice in run.truncated
         tool_call_id = call.tool_call_id
         shared = sum(1 for c in run.calls.values() if c.tool_call_id == tool_call_id) > 1
-        run.latch.decide(call, truncated, shared)
+        run.latch.decide(call, truncated, shared, run.out.committed_size)
         if self.sizes is not None:
             self.sizes.append(call.nbytes)
 
@@ -837,13 +871,26 @@ class Assembler:
                     call.move(CallState.ARGS_COMPLETE)
                     self._unwrap(run, call)
         calls = sorted(run.calls.values(), key=Call.sort_key)
+        large = self._final_bound(run, calls) > MAX_RECORD_BYTES  # (nearly never)
+        if large and reason is None and self._final_over(run, calls, status):
+            # Nothing commits whose final message cannot be sent: the run fails instead.
+            self.stats["runs_over_record_bytes"] += 1
+            status, reason = RunStatus.FAILED, Reason.RECORD_TOO_LARGE
+            detail = (f"the run's final message would be larger than an output record may be "
+                      f"({MAX_RECORD_BYTES} bytes); the run was ended")
         for call in calls:
             if call.state is CallState.ARGS_COMPLETE and reason is None:
                 self._decide(run, call)
             elif call.state in (CallState.OPEN, CallState.ARGS_COMPLETE):
                 call.fail(reason or Reason.STREAM_ERROR, detail)
         emits = self._outcomes(run, calls)
-        emits.append(run.out.final(run.adapter, calls, status))
+        final = run.out.final(run.adapter, calls, status)
+        if large:  # measured, and made smaller if it must be (Outputs.bounded)
+            bounded = run.out.bounded(final)
+            if bounded is not final:
+                self.stats["finals_dropped_content"] += 1
+            final = bounded
+        emits.append(final)
         del self._runs[run.run_id]
         self._unpeeked.discard(run.key)
         self._buffered -= run.nbytes
@@ -852,6 +899,28 @@ class Assembler:
             self._finished.popitem(last=False)
         self.stats[f"runs_{status}"] += 1
         return emits
+
+    def _final_bound(self, run: Run, calls: list[Call]) -> int:
+        """At most the bytes of ``run``'s final message: 6 bytes (the longest JSON escape) a
+        byte of the events its text came from (``text_bytes``; a kept value written back is
+        never longer than 4.5 bytes a byte of its event) and a character of each call's text,
+        id and name (twice: in the message and in ``outcomes``), each choice's own fields, and
+        the rest of a record."""
+        bound = (6 * run.text_bytes + self.settings.max_choices_per_run * CHOICE_BYTES
+                 + RECORD_OVERHEAD)
+        for call in calls:
+            text = call.text
+            chars = len(text) if text is not None else sum(len(p) for p in call.parts)
+            named = len(call.call_id or call.key) + len(call.name or "unknown")
+            bound += 6 * (chars + 2 * named) + _CALL_FIELDS_BYTES
+        return bound
+
+    def _final_over(self, run: Run, calls: list[Call], status: RunStatus) -> bool:
+        """Whether ``run``'s final message, written now with its calls not yet decided, is
+        larger than an output record may be, less what deciding them may add to it (a
+        ``reason`` per outcome)."""
+        final = run.out.final(run.adapter, calls, status)
+        return len(dumps(final.value)) + _CALL_FIELDS_BYTES * len(calls) > MAX_RECORD_BYTES
 
     def _outcomes(self, run: Run, batch: list[Call]) -> list[Emit]:
         """The records of ``batch``'s decided calls not yet emitted, one kind of outcome per
@@ -937,6 +1006,20 @@ class Assembler:
                 source: dict[str, Any] | None) -> Emit:
         self.stats[f"dlq_{rejected.reason}"] += 1
         return dlq_record(rejected, key, value, source)
+
+
+def _usable(text: str | None, limit: int) -> str | None:
+    """A provider id or name, or None when it is longer than ``limit`` characters."""
+    return text if text is None or len(text) <= limit else None
+
+
+def _too_long(call_id: str | None, name: str | None) -> str:
+    """Why a call's id or name is too long to be used, or "" when neither is."""
+    if call_id is not None and len(call_id) > MAX_ID_CHARACTERS:
+        return f"the provider's call id has more than {MAX_ID_CHARACTERS} characters"
+    if name is not None and len(name) > MAX_NAME_CHARACTERS:
+        return f"the provider's tool name has more than {MAX_NAME_CHARACTERS} characters"
+    return ""
 
 
 def _tool_use(use: Any) -> tuple[str | None, str]:

@@ -51,6 +51,9 @@ _TICK_KEY_BYTES = TICK_KEY.encode()
 #: keeps it for each open and remembered run, so it is bounded; a longer one is
 #: ``invalid_envelope`` and the DLQ record names no run.
 MAX_RUN_ID_LENGTH = 256
+#: The longest tenant accepted, in characters (``maxLength`` in the envelope schema): every
+#: output of the run repeats it, and no record may outgrow the output record size.
+MAX_TENANT_LENGTH = 256
 
 
 # The envelopes are NamedTuples rather than frozen slotted dataclasses: as immutable and as
@@ -204,6 +207,9 @@ def _run_start(doc: dict[str, Any], run_id: str, seq: int, ts: int | None) -> En
     tenant = doc.get("tenant")
     if tenant is not None and not isinstance(tenant, str):
         return Rejected(DlqReason.INVALID_ENVELOPE, "tenant is not a string", run_id)
+    if tenant is not None and len(tenant) > MAX_TENANT_LENGTH:
+        return Rejected(DlqReason.INVALID_ENVELOPE, f"tenant has {len(tenant)} characters, more "
+                        f"than {MAX_TENANT_LENGTH}", run_id)
     tools = doc.get("tools", [])
     if not isinstance(tools, list):
         return Rejected(DlqReason.INVALID_ENVELOPE, "tools is not an array", run_id)

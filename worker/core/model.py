@@ -103,6 +103,9 @@ class Reason(StrEnum):
     #: started twice, a delta or stop for a block never started, a terminal event whose
     #: output contradicts the streamed calls): nothing of the run is trusted any more.
     PROTOCOL_ERROR = "protocol_error"
+    #: A record Latch would emit for the call (its committed call) or for its run (the final
+    #: message) is larger than the output topics' record size (``settings.MAX_RECORD_BYTES``).
+    RECORD_TOO_LARGE = "record_too_large"
 
 
 class DlqReason(StrEnum):

@@ -237,6 +237,13 @@ def json_len(value: Any) -> int:
     return len(orjson.dumps(value))
 
 
+#: Bytes an adapter adds to ``Adapter.kept`` for each choice, candidate, content block or
+#: output item (or item text) it keeps: the object and its map entry besides its text, at
+#: most (125 to 450 bytes measured, CPython 3.11), so that ``max_buffered_bytes`` counts state
+#: that holds no text (a chunk of empty choices ``{"index": n}`` keeps one per 18 bytes).
+STATE_BYTES: Final = 512
+
+
 def is_index(value: Any) -> bool:
     """Whether a provider's order key can be emitted as a call's ``index``: an int >= 0."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
@@ -323,6 +330,16 @@ class Adapter:
         #: (b"" when there is none: an envelope built in memory): what
         #: :meth:`arguments_text` reads again.
         self.record = b""
+        #: Choices (candidates) the run may open (``AssembleSettings.max_choices_per_run``,
+        #: set by the assembler): the event that opens one more ends the run
+        #: (:meth:`too_many_choices`).
+        self.max_choices = 128
+
+    def too_many_choices(self) -> UpstreamError:
+        """The op that ends a run whose stream opened more than :attr:`max_choices` choices
+        (its uncommitted calls fail ``budget_exceeded``)."""
+        return UpstreamError(f"the stream opened more than {self.max_choices} choices "
+                             "(max_choices_per_run)", Reason.BUDGET_EXCEEDED)
 
     def protocol_error(self, detail: str) -> ProtocolError:
         """Mark the stream broken and say so; from now on the adapter keeps no content and

@@ -9,6 +9,12 @@ different lists of parts never give one key (run ``a:7`` with call ``c`` is ``a%
 ``a`` with call ``7:c`` is ``a:7%3Ac``). The error ``content`` holds the reason
 and a detail made by the core from positions, lengths, counts and schema paths: never
 argument text.
+
+No record is larger than ``settings.MAX_RECORD_BYTES``: an error result is small (its id and
+name are bounded, its detail cut at :data:`MAX_DETAIL_CHARACTERS`); a committed call that would
+be larger fails ``record_too_large`` instead (``run.Latch``); and a final message that would be
+larger drops its message's content and its ``choices``, then its ``outcomes``, and lists what
+it dropped in ``dropped`` (:meth:`Outputs.bounded`).
 """
 
 from __future__ import annotations
@@ -17,10 +23,21 @@ import base64
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from orjson import dumps
+
 from worker.core.envelope import Rejected, RunStart
 from worker.core.model import CallState, Emit, Reason, RunStatus, Topic
 from worker.core.ops import CUSTOM, FUNCTION, Adapter, CallView
 from worker.core.run import Call
+from worker.core.settings import MAX_RECORD_BYTES
+
+#: Characters of an error's detail written in its ``content``; a longer one (a schema path
+#: through long property names) is cut, and ends with "...".
+MAX_DETAIL_CHARACTERS = 1024
+#: The fields a final message that must drop its message keeps of it (short strings only),
+#: and the fields it empties (an array becomes [], anything else null).
+_MESSAGE_LABELS = ("role", "id", "model", "status", "stop_reason")
+_MESSAGE_CONTENT = ("content", "parts", "output")
 
 
 def idempotency_key(*parts: str) -> str:
@@ -95,12 +112,15 @@ class Outputs:
         provider id, or a provider id equal to a fallback buffer key). Each of them is a
         different outcome, so the key adds the buffer key, or a runner would drop one."""
         reason = call.reason or Reason.STREAM_ERROR
+        detail = call.detail
+        if len(detail) > MAX_DETAIL_CHARACTERS:
+            detail = detail[:MAX_DETAIL_CHARACTERS - 3] + "..."
         key = (idempotency_key(self._run_id, call.tool_call_id, call.key)
                if shared or reason is Reason.DUPLICATE_CALL_ID
                else idempotency_key(self._run_id, call.tool_call_id))
         value = {**self._head(), "tool_call_id": call.tool_call_id, "name": call.name or "unknown",
                  **self._where(call), "is_error": True, "state": str(call.state),
-                 "reason": str(reason), "content": f"{reason}: {call.detail}",
+                 "reason": str(reason), "content": f"{reason}: {detail}",
                  "idempotency_key": key}
         return Emit(Topic.ERRORS, self._run_id, value)
 
@@ -117,6 +137,36 @@ class Outputs:
         value["outcomes"] = [self._outcome(c) for c in calls]
         value["idempotency_key"] = idempotency_key(self._run_id, "final")
         return Emit(Topic.FINAL, self._run_id, value)
+
+    def committed_size(self, call: Call) -> int:
+        """The bytes of ``call``'s committed call record (a committed or decided call)."""
+        return len(dumps(self._committed(call).value))
+
+    def bounded(self, final: Emit) -> Emit:
+        """``final`` when it is at most ``MAX_RECORD_BYTES`` long. Else the same final with
+        its message's content and its ``choices`` dropped (the message keeps its role, ids,
+        model and status; its content, parts or output are emptied), then, if that is still too
+        long, its ``outcomes`` too (each call has its own record), with ``dropped`` listing
+        what was left out. The head of a record is bounded, so what is left always fits."""
+        value = final.value
+        if len(dumps(value)) <= MAX_RECORD_BYTES:
+            return final
+        message = value["message"]
+        kept = {k: message[k] for k in _MESSAGE_LABELS
+                if isinstance(message.get(k), str) and len(message[k]) <= 256}
+        for k in _MESSAGE_CONTENT:
+            if k in message:
+                kept[k] = [] if isinstance(message[k], list) else None
+        dropped = ["message"]
+        smaller = {k: v for k, v in value.items() if k != "choices"}
+        if len(smaller) < len(value):
+            dropped.append("choices")
+        smaller["message"] = kept
+        smaller["dropped"] = dropped
+        if len(dumps(smaller)) > MAX_RECORD_BYTES:
+            smaller["outcomes"] = []
+            dropped.append("outcomes")
+        return Emit(Topic.FINAL, final.key, smaller)
 
     def _outcome(self, call: Call) -> dict[str, Any]:
         outcome = {"tool_call_id": call.tool_call_id, "name": call.name or "unknown",

@@ -11,11 +11,12 @@ these hold, checked in this order, the first failure naming the reason:
 5. its text is strict JSON (``invalid_json``, rule 1), empty text meaning ``{}`` (rule 3);
 6. the value is an object (``arguments_not_object``) when ``arguments_must_be_object``;
 7. the value is valid against the tool's JSON Schema (``schema_invalid``);
-8. the run's call budget has room (``budget_exceeded``, rule 7, counted at enqueue).
+8. its committed call record fits the output topics' record size (``record_too_large``);
+9. the run's call budget has room (``budget_exceeded``, rule 7, counted at enqueue).
 
 A call's ``kind`` (``ops.CALL_KINDS``) says what its text is. ``function`` calls take every
 step. A ``custom`` call (Responses ``custom_tool_call``) takes 1 to 4 against the custom tools
-the run registered, then 8: its text is free-form input, committed as text, never parsed (a
+the run registered, then 8 and 9: its text is free-form input, committed as text, never parsed (a
 ``grammar`` format is not enforced). The Responses items a client answers take every step
 against the tool of their type (``tools.client_tools``), whose schema is empty.
 
@@ -36,7 +37,7 @@ from typing import Any
 from worker.core import strictjson
 from worker.core.model import CallState, IllegalTransition, Reason, check_transition
 from worker.core.ops import CUSTOM, FUNCTION
-from worker.core.settings import AssembleSettings
+from worker.core.settings import MAX_RECORD_BYTES, RECORD_OVERHEAD, AssembleSettings
 from worker.core.tools import ToolSchema
 
 #: Loose argument fragments a call holds before :meth:`Call.fold` joins them: a fragment held
@@ -164,11 +165,13 @@ class Latch:
         #: Argument text to value: strict JSON, or the adapter's own (``Adapter.parse_arguments``).
         self.parse = parse
 
-    def decide(self, call: Call, truncated: bool, duplicate: bool) -> None:
-        """Move an ``ARGS_COMPLETE`` call to ``COMMITTED`` or ``FAILED``."""
+    def decide(self, call: Call, truncated: bool, duplicate: bool,
+               measure: Callable[[Call], int] | None = None) -> None:
+        """Move an ``ARGS_COMPLETE`` call to ``COMMITTED`` or ``FAILED``; ``measure`` gives
+        the bytes of the call's committed record (``Outputs.committed_size``)."""
         text = "".join(call.parts)
         call.text, call.parts = text, []
-        failure = self._check(call, text, truncated, duplicate)
+        failure = self._check(call, text, truncated, duplicate, measure)
         if failure is not None:
             call.fail(*failure)
             return
@@ -176,7 +179,8 @@ class Latch:
         self.committed += 1
 
     def _check(
-        self, call: Call, text: str, truncated: bool, duplicate: bool
+        self, call: Call, text: str, truncated: bool, duplicate: bool,
+        measure: Callable[[Call], int] | None = None,
     ) -> tuple[Reason, str] | None:
         if truncated:
             return Reason.TRUNCATED, "the provider truncated the message before the call ended"
@@ -190,9 +194,27 @@ class Latch:
             if call.kind == FUNCTION:
                 return Reason.UNKNOWN_TOOL, "the tool name is not among the run's tools"
             return Reason.UNKNOWN_TOOL, f"the run registered no tool for this {call.kind} call"
-        if call.kind == CUSTOM:  # free-form input: committed as text, never parsed
-            return self._check_budget()
-        return self._check_value(call, text, tool)
+        if call.kind != CUSTOM:  # (free-form input: committed as text, never parsed)
+            failure = self._check_value(call, text, tool)
+            if failure is not None:
+                return failure
+        return self._check_record(call, text, measure) or self._check_budget()
+
+    @staticmethod
+    def _check_record(call: Call, text: str, measure: Callable[[Call], int] | None
+                      ) -> tuple[Reason, str] | None:
+        """Whether the committed call record fits ``MAX_RECORD_BYTES``: surely, when its text,
+        id and name at 6 bytes a character (the longest JSON escape; a parsed value is never
+        longer than 4.5 bytes a character of its text) and the rest of a record fit; else as
+        measured."""
+        chars = len(text) + len(call.call_id or "") + len(call.name or "")
+        if 6 * chars + RECORD_OVERHEAD <= MAX_RECORD_BYTES or measure is None:
+            return None
+        size = measure(call)
+        if size <= MAX_RECORD_BYTES:
+            return None
+        return Reason.RECORD_TOO_LARGE, (f"the committed call would take {size} bytes, more "
+                                         f"than an output record may ({MAX_RECORD_BYTES})")
 
     def _check_budget(self) -> tuple[Reason, str] | None:
         if self.committed >= self.budget:
@@ -211,7 +233,7 @@ class Latch:
         problem = tool.check().errors(value)  # compiled now, for the first call of its tool
         if problem is not None:
             return Reason.SCHEMA_INVALID, problem
-        return self._check_budget()
+        return None
 
 
 def _json_type(value: Any) -> str:

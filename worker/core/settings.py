@@ -8,6 +8,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: ``max.message.bytes`` of the output topics (``worker.runtime.admin`` creates them with it;
+#: the worker's producers take the same limit): no record the worker sends may be larger.
+OUTPUT_RECORD_BYTES = 64 * 1024 * 1024
+#: The largest record value the core emits: the output record size less 1 MiB for the key (a
+#: run id, at most 256 characters), the headers and Kafka's framing. The core measures any
+#: record that might be larger (``Assembler``, "Memory budgets") and never emits one that is.
+MAX_RECORD_BYTES = OUTPUT_RECORD_BYTES - 1024 * 1024
+#: Bytes of one record besides its arguments and text, at most: the run's head (run id and
+#: tenant, 256 characters each), a call's id and name (``MAX_ID_CHARACTERS``,
+#: ``MAX_NAME_CHARACTERS``), an error's detail, the field names.
+RECORD_OVERHEAD = 64 * 1024
+#: Bytes of one call's entries in a final message besides its argument text, at most (its
+#: id and name twice, in the message and in ``outcomes``, and their field names).
+CALL_OUTCOME_BYTES = 8 * 1024
+#: Bytes of one choice's (candidate's) entry in a final message besides its text, at most.
+CHOICE_BYTES = 128
+#: Provider call ids and names longer than these (characters) are no id or name: the call
+#: fails ``missing_id_or_name``, and no record repeats the text.
+MAX_ID_CHARACTERS = 512
+MAX_NAME_CHARACTERS = 256
+#: A run may hold at most this many times ``max_tool_calls_in_flight_assemble`` calls,
+#: placeholders included (``assembler``, "Memory budgets").
+CALLS_PER_RUN_FACTOR = 4
+
 
 @dataclass(frozen=True, slots=True)
 class AssembleSettings:
@@ -18,7 +42,7 @@ class AssembleSettings:
     max_tool_argument_bytes: int = 262_144
     #: Calls being assembled at once in one run; the surplus gets a failed placeholder. A run
     #: holding 4 times this many calls, placeholders included, is ended by the next call start
-    #: (``too_many_tool_calls``; ``assembler.CALLS_PER_RUN_FACTOR``).
+    #: (``too_many_tool_calls``; :data:`CALLS_PER_RUN_FACTOR`).
     max_tool_calls_in_flight_assemble: int = 32
     #: Calls committed per run (a run's ``limits.max_tool_calls`` may only lower it).
     max_tool_calls_per_run: int = 16
@@ -74,3 +98,26 @@ class AssembleSettings:
     #: ends the run (status ``failed``, uncommitted calls ``budget_exceeded``). Bounds the
     #: final message below the output topics' record size.
     max_run_text_bytes: int = 16 * 1024 * 1024
+    #: Choices (chat ``n``) or candidates (Gemini ``candidateCount``) one run may open; the
+    #: event that opens one more ends the run (status ``failed``, uncommitted calls
+    #: ``budget_exceeded``). Each is counted in ``max_buffered_bytes`` while its run is open.
+    max_choices_per_run: int = 128
+
+
+def largest_records(settings: AssembleSettings) -> list[tuple[str, int, tuple[str, ...]]]:
+    """The largest committed call and final message ``settings`` let a run make, counted in the
+    units the limits count (UTF-8 bytes of argument text, bytes of provider events), each as
+    (what, bytes, the settings that bound it). ``worker.runtime.config`` refuses settings for
+    which one is above :data:`MAX_RECORD_BYTES`. JSON escapes can make a record larger than
+    its count (a quote written ``\\"``); the core measures such a record and never emits it
+    (``record_too_large``)."""
+    s = settings
+    calls = CALLS_PER_RUN_FACTOR * s.max_tool_calls_in_flight_assemble + 1
+    committed = s.max_tool_argument_bytes + RECORD_OVERHEAD
+    final = (s.max_run_text_bytes + min(s.max_buffered_bytes, calls * s.max_tool_argument_bytes)
+             + calls * CALL_OUTCOME_BYTES + s.max_choices_per_run * CHOICE_BYTES
+             + RECORD_OVERHEAD)
+    return [("a committed call", committed, ("max_tool_argument_bytes",)),
+            ("a final message", final, (
+                "max_run_text_bytes", "max_buffered_bytes", "max_tool_argument_bytes",
+                "max_tool_calls_in_flight_assemble", "max_choices_per_run"))]

@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource  # not re-exported for mypy
 from confluent_kafka.cimpl import NewTopic
 
+from worker.core.settings import OUTPUT_RECORD_BYTES
 from worker.runtime import logs
 from worker.runtime.config import Config, ConfigError, load_config
 
@@ -36,8 +37,11 @@ _TIMEOUT_S = 30.0
 #: output topics; the worker's producer takes the same limit). Kafka's default, 1 MiB, is too
 #: small: a DLQ record carries its input record in base64 (4/3 of a record that may itself be
 #: near 1 MiB), and a final message carries the argument text of all of a run's calls. A record
-#: over the limit could never be sent, and the worker would stop on it at every restart.
-OUTPUT_MAX_BYTES = 64 * 1024 * 1024
+#: over the limit could never be sent, and the worker would stop on it at every restart. The
+#: core's own constant (``worker.core.settings.OUTPUT_RECORD_BYTES``): it keeps every committed
+#: call, error result and final message it emits below it, and the configuration refuses
+#: limits that would let one outgrow it.
+OUTPUT_MAX_BYTES = OUTPUT_RECORD_BYTES
 
 
 #: The events topic's records carry the broker's time, not the producer's: idle expiry is

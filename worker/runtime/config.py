@@ -12,7 +12,10 @@ holds the two equal. The steps of :func:`load_config`:
 3. apply each ``LATCH_<SECTION>__<KEY>=value`` variable: string keys take the value as is,
    list keys split it on commas, other keys parse it as YAML (``4``, ``2.5``, ``true``).
    ``LATCH_`` variables without ``__`` belong to other tools and are ignored;
-4. validate against the schema, then build the dataclasses (absent keys take defaults).
+4. validate against the schema, then build the dataclasses (absent keys take defaults);
+5. refuse ``agent_stream_assemble`` limits that let one record outgrow the output topics'
+   record size (``worker.core.settings.largest_records``): the error names the keys to
+   lower and the bound.
 
 Errors::
 
@@ -40,7 +43,12 @@ from typing import Any, NoReturn
 
 import yaml
 
-from worker.core.settings import AssembleSettings
+from worker.core.settings import (
+    MAX_RECORD_BYTES,
+    OUTPUT_RECORD_BYTES,
+    AssembleSettings,
+    largest_records,
+)
 from worker.runtime.schemas import load_schema, validator
 
 __all__ = [
@@ -248,7 +256,24 @@ def load_config(
         problems = _validate(data, origins)
     if problems:
         raise ConfigError(source, problems)
-    return _build(data, source)
+    config = _build(data, source)
+    problems = _record_problems(config.assemble)
+    if problems:
+        raise ConfigError(source, problems)
+    return config
+
+
+def _record_problems(settings: AssembleSettings) -> list[str]:
+    """The records ``settings`` let grow past what an output record may hold, each naming the
+    limits that bound it (see ``worker.core.settings.largest_records``)."""
+    return [
+        f"agent_stream_assemble: {what} may take {size} bytes under "
+        f"{', '.join(f'{key} ({getattr(settings, key)})' for key in keys)}, more than the "
+        f"{MAX_RECORD_BYTES} bytes a record may hold (the output topics' max.message.bytes, "
+        f"{OUTPUT_RECORD_BYTES}, less 1 MiB for key, headers and framing): lower "
+        f"{'it' if len(keys) == 1 else 'one of them'}"
+        for what, size, keys in largest_records(settings) if size > MAX_RECORD_BYTES
+    ]
 
 
 def _resolve(path: str | os.PathLike[str] | None) -> Path | None:

@@ -69,6 +69,7 @@ from builders import (
 
 from worker.core import Assembler, AssembleSettings, Emit, Topic
 from worker.core.envelope import MAX_RUN_ID_LENGTH
+from worker.core.ops import STATE_BYTES
 from worker.core.strictjson import MAX_DEPTH
 from worker.runtime.schemas import validator
 
@@ -252,13 +253,13 @@ def test_restated_arguments_replace_their_bytes() -> None:
     """The Responses API restates a call's whole text (``arguments.done``, ``output_item.done``):
     the restatement replaces the buffer, so the bytes are counted once, and they are released
     when the run ends. (The adapter's kept response fields and item, without its arguments,
-    count as its text.)"""
+    count as its text, and the item its state, ``STATE_BYTES``.)"""
     asm = make()
     text = '{"p": "' + "x" * 293 + '"}'  # 302 bytes
     events = [*responses_head(), *responses_call(0, "call_1", "f", text)]
     feed(asm, run_envelopes("r1", RESPONSES, tools_for(RESPONSES, TOOLS), events, end=False))
     kept = (len(orjson.dumps({"id": "resp_1", "model": "gpt-4.1", "status": "in_progress"}))
-            + len(orjson.dumps(responses_item(0, "call_1", "f", ""))))
+            + len(orjson.dumps(responses_item(0, "call_1", "f", ""))) + STATE_BYTES)
     assert asm.buffered_bytes == 302 + SCHEMA + kept
     emits = feed(asm, [provider_event("r1", 99, responses_tail())])
     assert [c["call_id"] for c in committed(emits)] == ["call_1"]

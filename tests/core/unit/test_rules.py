@@ -66,6 +66,7 @@ from builders import (
 )
 
 from worker.core import Assembler, AssembleSettings, Emit, Reason, Topic
+from worker.core.settings import MAX_RECORD_BYTES
 
 SECRET = "hunter2-SECRET"
 
@@ -1454,6 +1455,23 @@ class TestReasonProtocolError:
         assert finals(emits)[0]["status"] == "failed"
 
 
+class TestReasonRecordTooLarge:
+    """``record_too_large``: a record Latch would emit for the call (or its run's final
+    message) is larger than an output record may be (the full set: ``test_record_bounds.py``).
+    """
+
+    def test_a_committed_call_over_the_record_size_fails(self) -> None:
+        """17.5 MB of argument text of numbers written short (``1e15``), which the committed
+        call writes in full (``1000000000000000.0``): 66 MB, over the 63 MiB a record may take.
+        The call fails ``record_too_large`` (its error result small); the run completes and its
+        final message, which shows the text as sent, fits."""
+        settings, envs = SCENARIOS[Reason.RECORD_TOO_LARGE]
+        emits = feed(assembler(**settings), envs)
+        assert committed(emits) == [] and reasons(emits) == ["record_too_large"]
+        assert finals(emits)[0]["status"] == "completed"
+        assert max(len(orjson.dumps(e.value)) for e in emits) <= MAX_RECORD_BYTES
+
+
 # ===========================================================================================
 # Across all reasons: shape, secrecy, redelivery, order and determinism.
 # ===========================================================================================
@@ -1504,6 +1522,10 @@ def scenarios() -> dict[Reason, tuple[dict[str, Any], list[dict[str, Any]]]]:
             "r1", tools_for(ANTHROPIC, TOOLS),
             [*anthropic_calls([("c1", "read_file", good)])[:-2],
              anthropic_message_start("msg_spliced"), *anthropic_tail()], end=False)),
+        Reason.RECORD_TOO_LARGE: (
+            {"max_tool_argument_bytes": 20 * 1024 * 1024, "max_buffered_bytes": 40 * 1024 * 1024},
+            chat_run("r1", tools_for(CHAT, {"any": {"type": "object"}}), chat_calls([(
+                "c1", "any", fill('{"p": "@", "n": [0' + ",1e15" * 3_500_000 + "]}"))]))),
     }
 
 

@@ -37,6 +37,7 @@ from builders import (
 from test_abuse import checked, one_outcome_each
 
 from worker.core import Assembler, AssembleSettings
+from worker.core.ops import STATE_BYTES
 
 #: 37 characters, 41 UTF-8 bytes (two "é", one "°": 2 bytes each; no JSON escapes).
 PIECE = "Il fait 12°C à Paris, pluie légère. "
@@ -83,14 +84,16 @@ def text_run(provider: str, pieces: int = PIECES, piece: str = PIECE
 def test_kept_text_counts_in_buffered_bytes_until_the_run_ends(provider: str) -> None:
     """Each text delta adds the UTF-8 bytes of its text to ``buffered_bytes`` (not its
     event's bytes, not its characters), and the run's end releases them all; the final
-    message carries that text."""
+    message carries that text. (The first delta of a Bedrock block without a start, or of a
+    Responses item, opens its state too: ``STATE_BYTES``.)"""
     head, deltas, tail = text_run(provider)
     envs = run_envelopes("r1", provider, [], [*head, *deltas, *tail])
     asm = make()
     feed(asm, envs[:1 + len(head)])
     before = asm.buffered_bytes
     feed(asm, envs[1 + len(head):1 + len(head) + len(deltas)])
-    assert asm.buffered_bytes - before == PIECES * PIECE_BYTES
+    state = STATE_BYTES if provider in (BEDROCK, RESPONSES) else 0
+    assert asm.buffered_bytes - before == PIECES * PIECE_BYTES + state
     emits = feed(asm, envs[1 + len(head) + len(deltas):])
     [final] = finals(checked(emits))
     assert final["status"] == "completed"

@@ -41,6 +41,8 @@ CONTRACT_REASONS = [
     "content_filtered", "malformed_output",
     # issue 11: a stream that breaks its own provider's protocol
     "protocol_error",
+    # issue 23: a record that would outgrow the output topics' record size
+    "record_too_large",
 ]  # fmt: skip
 
 PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages", "bedrock.converse",
@@ -158,7 +160,8 @@ def test_provider_enums_agree() -> None:
 
 def test_reason_codes_are_the_contracts() -> None:
     """The error result and the final message's outcomes use exactly the contract's codes
-    (its fourteen, and the three that issue 11 added), and so does ``Reason``."""
+    (its fourteen, the three that issue 11 added and the one of issue 23), and so does
+    ``Reason``."""
     from worker.core import Reason
     assert [r.value for r in Reason] == CONTRACT_REASONS
     assert load_schema("error-result")["$defs"]["reason"]["enum"] == CONTRACT_REASONS

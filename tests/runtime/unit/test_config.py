@@ -380,3 +380,47 @@ def test_config_copies_and_pickles() -> None:
     assert copy.deepcopy(config) == config
     assert pickle.loads(pickle.dumps(config)) == config
     assert dataclasses.asdict(config)["kafka"]["extra"] == {"linger_ms": "5"}
+
+
+# -- limits that would let a record outgrow the output topics' record size -------------------
+
+
+def test_limits_that_let_a_record_outgrow_the_output_size_are_refused() -> None:
+    """Issue 23: the schema accepts ``max_tool_argument_bytes: 100 MiB``,
+    ``max_buffered_bytes: 256 MiB`` and ``max_run_text_bytes: 100 MiB``, which let one 70 MB
+    argument become a 67 MiB committed call and final message, records the output topics
+    (64 MiB) refuse for good. The configuration refuses them: one problem per record kind,
+    each naming the keys that bound it, their values and the bound."""
+    mib = 1024 * 1024
+    message = config_error(env={
+        "LATCH_AGENT_STREAM_ASSEMBLE__MAX_TOOL_ARGUMENT_BYTES": str(100 * mib),
+        "LATCH_AGENT_STREAM_ASSEMBLE__MAX_BUFFERED_BYTES": str(256 * mib),
+        "LATCH_AGENT_STREAM_ASSEMBLE__MAX_RUN_TEXT_BYTES": str(100 * mib)})
+    assert "2 problems" in message
+    assert (f"a committed call may take {100 * mib + 64 * 1024} bytes under "
+            f"max_tool_argument_bytes ({100 * mib}), more than the {63 * mib} bytes") in message
+    assert ("a final message may take" in message and f"max_run_text_bytes ({100 * mib})"
+            in message and "max_choices_per_run (128)" in message and "lower one of them"
+            in message)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("max_tool_calls_in_flight_assemble", 64),  # 257 calls x 256 KiB > 64 MiB of arguments
+    ("max_run_text_bytes", 48 * 1024 * 1024),
+    ("max_choices_per_run", 200_000),
+])
+def test_one_limit_raised_too_far_is_refused(tmp_path: Path, key: str, value: int) -> None:
+    """Each limit that bounds the final message is refused, raised alone too far from the
+    defaults, with its name in the error; the defaults themselves are accepted."""
+    path = write(tmp_path, f"agent_stream_assemble:\n  {key}: {value}\n")
+    message = config_error(path)
+    assert "a final message may take" in message and f"{key} ({value})" in message
+    assert str(tmp_path / "latch.yaml") in message
+
+
+def test_limits_within_the_output_size_are_accepted(tmp_path: Path) -> None:
+    """Raised limits whose largest records still fit are accepted: 10 MiB arguments with a
+    run's arguments bounded by 40 MiB and its text by 8 MiB."""
+    path = write(tmp_path, "agent_stream_assemble:\n  max_tool_argument_bytes: 10485760\n"
+                           "  max_buffered_bytes: 41943040\n  max_run_text_bytes: 8388608\n")
+    assert load_config(path, env={}).assemble.max_tool_argument_bytes == 10 * 1024 * 1024

@@ -202,7 +202,7 @@ class AnthropicMessages(op.Adapter):
             return ops
         if kind in ("text", "thinking") and not isinstance(body.get(kind, ""), str):
             raise ValueError(f"a {kind} block whose {kind} is not a string")
-        self.kept += op.json_len(body)
+        self.kept += op.json_len(body) + op.STATE_BYTES  # the block: its body and its state
         if kind != "tool_use":
             self._blocks[index] = _Block(_own(body))
             return []

@@ -131,7 +131,7 @@ class BedrockConverse(op.Adapter):
             kind = tool.get("type")
             body = {k: tool[k] for k in ("toolUseId", "name", "type")
                     if isinstance(tool.get(k), str)}
-            self.kept += op.json_len(body)
+            self.kept += op.json_len(body) + op.STATE_BYTES  # the block: body and state
             if kind is not None and kind != "tool_use":  # server_tool_use: Bedrock runs it
                 self._blocks[index] = _Block("serverToolUse", body)
                 return []
@@ -142,10 +142,11 @@ class BedrockConverse(op.Adapter):
         members = [k for k in start if isinstance(start[k], dict)]
         if not members:  # an empty start: a text or reasoning block, its deltas will say
             self._blocks[index] = _Block("pending")
+            self.kept += op.STATE_BYTES
             return []
         name = "toolResult" if "toolResult" in members else members[0]
         self._blocks[index] = _Block(name, dict(op.bounded(start[name])))
-        self.kept += op.json_len(self._blocks[index].body)
+        self.kept += op.json_len(self._blocks[index].body) + op.STATE_BYTES
         return []
 
     def _late_start(self, index: int, start: dict[str, Any]) -> list[op.Op]:
@@ -172,6 +173,7 @@ class BedrockConverse(op.Adapter):
         block = self._blocks.get(index)
         if block is None:  # text arrives without a contentBlockStart
             block = self._blocks[index] = _Block("pending")
+            self.kept += op.STATE_BYTES
         if block.stopped or self._stop is not None:
             return [self.protocol_error(f"content for block {index} after its end")]
         text = delta.get("text")

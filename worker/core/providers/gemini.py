@@ -126,6 +126,13 @@ class Gemini(op.Adapter):
             index = candidate.get("index", position)
             if not op.is_index(index):
                 raise ValueError("a candidate index that is not an integer >= 0")
+            if index not in self._candidates:  # a new candidate: counted, and bounded
+                if len(self._candidates) >= self.max_choices:
+                    ops.append(self.too_many_choices())
+                    return ops
+                if self._candidates:  # (the first is part of an open run's own cost)
+                    self.kept += op.STATE_BYTES
+                self._candidates[int(index)] = _Candidate()
             ops += self._candidate(int(index), candidate)
         return ops
 
@@ -142,9 +149,7 @@ class Gemini(op.Adapter):
         return []  # a usage-only chunk
 
     def _candidate(self, index: int, body: dict[str, Any]) -> list[op.Op]:
-        candidate = self._candidates.get(index)
-        if candidate is None:
-            candidate = self._candidates[index] = _Candidate()
+        candidate = self._candidates[index]
         content = body.get("content")
         parts = content.get("parts") if isinstance(content, dict) else None
         ops: list[op.Op] = []
@@ -158,6 +163,8 @@ class Gemini(op.Adapter):
                 ops += self._part(index, candidate, part)
         finish = _field(body, "finishReason", "finish_reason")
         if isinstance(finish, str):
+            old = candidate.finish  # kept for the final message: counted
+            self.kept += op.utf8_len(finish) - (0 if old is None else op.utf8_len(old))
             candidate.finish = finish
         return ops
 

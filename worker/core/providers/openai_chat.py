@@ -189,8 +189,7 @@ class OpenAIChat(op.Adapter):
         """``feed`` of a chunk of choice 0 alone with a text delta (``_text_delta``), or with
         one more piece of a call's arguments whose slot is known (``_tool_call``)."""
         if kind == op.CHAT_TEXT:  # (peek: a non-empty content)
-            self._first_text(text)
-            return op.NO_OPS
+            return op.NO_OPS if self._first_text(text) else None
         if kind == op.CHAT_ARGS and text:
             choice = self._first
             slot = choice.slot(index) if choice is not None else None
@@ -210,14 +209,19 @@ class OpenAIChat(op.Adapter):
             if ci == 0:
                 choice = self._first
                 if choice is None:
-                    choice = self._first = _Choice()
+                    choice = self._first = self._open_choice()
             else:
                 others = self._choices
                 if others is None:
                     others = self._choices = {}
                 choice = others.get(ci)
                 if choice is None:  # not setdefault: that would build a _Choice every chunk
-                    choice = others[ci] = _Choice()
+                    choice = self._open_choice()
+                    if choice is not None:
+                        others[ci] = choice
+            if choice is None:  # one choice more than the run may open: it ends here
+                ops.append(self.too_many_choices())
+                return ops
             delta = raw.get(keys.DELTA) or _NO_DELTA
             if not isinstance(delta, dict):
                 raise ValueError("expected an object")
@@ -237,6 +241,8 @@ class OpenAIChat(op.Adapter):
                         self._tool_call(ci, choice, _object(entry), ops)
             finish = raw.get(keys.FINISH_REASON)
             if type(finish) is str:
+                old = choice.finish_reason  # kept for the final message: counted
+                self.kept += op.utf8_len(finish) - (0 if old is None else op.utf8_len(old))
                 choice.finish_reason = finish
                 if finish == "length":
                     ops.append(op.Truncated(ci))
@@ -258,19 +264,35 @@ class OpenAIChat(op.Adapter):
         ci = raw.get(keys.INDEX, 0)
         if type(ci) is not int or ci != 0:
             return False
-        self._first_text(content)
-        return True
+        return self._first_text(content)
 
-    def _first_text(self, content: str) -> None:
-        """Keep a text delta of choice 0."""
+    def _first_text(self, content: str) -> bool:
+        """Keep a text delta of choice 0; False, and nothing done, when choice 0 is not open
+        and the run may open no more choices (``feed``'s loop then says so)."""
         choice = self._first
         if choice is None:
-            choice = self._first = _Choice()
+            choice = self._first = self._open_choice()
+            if choice is None:
+                return False
         if choice.content is None:
             choice.content = [content]
         else:
             choice.content.append(content)
         self.kept += len(content) if content.isascii() else op.utf8_len(content)
+        return True
+
+    def _open_choice(self) -> _Choice | None:
+        """A new choice, its state counted in ``kept`` (``ops.STATE_BYTES``) but for the run's
+        first (part of an open run's own cost, which ``max_open_runs`` bounds); None when the
+        run has opened ``max_choices`` already."""
+        opened = len(self._choices) if self._choices is not None else 0
+        if self._first is not None:
+            opened += 1
+        if opened >= self.max_choices:
+            return None
+        if opened:
+            self.kept += op.STATE_BYTES
+        return _Choice()
 
     @staticmethod
     def _other_text(choice: _Choice, delta: Any) -> int:

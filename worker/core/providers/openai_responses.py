@@ -145,6 +145,7 @@ class OpenAIResponses(op.Adapter):
         text = self._text.get(index)
         if text is None:  # not setdefault: that would build a list for every delta
             text = self._text[index] = []
+            self.kept += op.STATE_BYTES  # an item's text: counted even while empty
         text.append(delta)
         self.kept += len(delta) if delta.isascii() else op.utf8_len(delta)
 
@@ -225,7 +226,7 @@ class OpenAIResponses(op.Adapter):
                 ops.append(self._open(self.late_key(), index, item))
             return ops
         self._items[index], self._types[index] = kept, kind
-        self.kept += op.json_len(kept)
+        self.kept += op.json_len(kept) + op.STATE_BYTES  # the item: its value and its state
         if isinstance(item.get("id"), str):
             self._index_of[item["id"]] = index
         if kind not in _CALL_ITEMS:
