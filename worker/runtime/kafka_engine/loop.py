@@ -55,6 +55,14 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   this worker has seen in the log is forwarded (at most ``_TICK_DEFER_MAX_S`` late):
   after a takeover the first tick would otherwise reach the events log before the cancels
   that arrived while the partition stood still, and expire the runs they stop.
+* **A record refused for its own sake does not stop a partition** (worker/runtime/refusals.py):
+  each output is checked against its topic's ``max.message.bytes`` (read at start) before it
+  is sent, and ``batch.size`` is kept below the smallest; a refusal in a delivery report
+  fails the transaction, so the worker reads the limits again, replaces the producer (the
+  refused batch's sequence numbers would fail the next transaction too) and applies the
+  records again: the refused one goes to the DLQ as ``output_refused``.
+* **One live worker per ``worker.instance_id``** (instance.py): checked before
+  ``init_transactions``, through the group's members.
 """
 
 from __future__ import annotations
@@ -80,7 +88,7 @@ from worker.runtime import admin, control, logs, memory, refusals, step
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config
 from worker.runtime.hooks import EngineHooks
-from worker.runtime.kafka_engine import reader
+from worker.runtime.kafka_engine import instance, reader
 from worker.runtime.kafka_engine.heads import HeadsTable
 from worker.runtime.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
@@ -259,7 +267,10 @@ class KafkaEngine:
         #: Set by a delivery report (in the commit's thread) of a record refused for its own
         #: sake: ``size`` or ``invalid``; the transaction then fails (:meth:`_refused_abort`).
         self.refusal: str | None = None
-        self.consumer = Consumer(logs.kafka_config(consumer_settings(config)))
+        #: The group consumer carries worker.instance_id in its client.id (instance.py).
+        member = instance.client_id(config)
+        self.consumer = Consumer(logs.kafka_config(
+            consumer_settings(config) | ({} if member is None else {"client.id": member})))
         self.producer = self._new_producer()
         #: Threads still in a wedged call of a replaced (fenced) producer.
         self.wedged: list[threading.Thread] = []
@@ -286,6 +297,9 @@ class KafkaEngine:
             return 2
         self.thread = threading.current_thread()
         try:
+            # before init_transactions: never fence a live worker that holds our id
+            instance.check(self.config, self.reader_settings,
+                           int(consumer_settings(self.config)["session.timeout.ms"]) / 1000)
             self._read_limits()
             self.producer.init_transactions(_CLIENT_TIMEOUT_S)
             self.consumer.subscribe([self.events, self.control], on_assign=self._on_assign,
@@ -298,8 +312,11 @@ class KafkaEngine:
             self._loop()
             self._commit()
             return 0
+        except instance.InstanceTaken as exc:
+            log.error("not starting: %s", exc)
+            return 2
         except (Fatal, KafkaException) as exc:
-            log.error("stopping: %s", _describe(exc))
+            log.error("stopping: %s%s", _describe(exc), instance.fenced_hint(exc, self.config))
             return 1
         finally:
             self._close()
