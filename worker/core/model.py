@@ -121,6 +121,9 @@ class DlqReason(StrEnum):
     DUPLICATE_RUN_START = "duplicate_run_start"
     #: The worker failed on this record (a bug, not bad input); the partition moved on.
     INTERNAL_ERROR = "internal_error"
+    #: Kafka refused an output record for its own sake (too large for its topic, invalid):
+    #: written by the worker at the send (worker/runtime/refusals.py) in its place.
+    OUTPUT_REFUSED = "output_refused"
 
 
 class RunStatus(StrEnum):

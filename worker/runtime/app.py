@@ -38,6 +38,7 @@ import contextlib
 import logging
 import sys
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -45,13 +46,28 @@ from typing import Any
 import faust
 import orjson
 import yaml
+from aiokafka.errors import (  # type: ignore[import-untyped]
+    CorruptRecordException,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+)
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
+from faust.exceptions import ProducerSendError
 from faust.sensors import Monitor
 from faust.types import TP
 
 from worker.core import Assembler, Emit, Topic
-from worker.runtime import admin, control, faust_recovery, kafka_io, logs, memory, step
+from worker.runtime import (
+    admin,
+    control,
+    faust_recovery,
+    kafka_io,
+    logs,
+    memory,
+    refusals,
+    step,
+)
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.gaps import StallWatch
@@ -97,6 +113,9 @@ class LatchWorker:
         self.metrics, self.health = self.hooks.metrics, self.hooks.health
         self.metrics.watch(self._partition_views)
         self.reader_options = kafka_io.aiokafka_options(config.kafka)
+        #: The output topics' limits, read when the worker starts (:meth:`run`) and again
+        #: after a refusal for size: each output is checked before it is sent.
+        self.limits = refusals.Limits()
         self.partitions: dict[int, PartitionState] = {}
         #: The next offset to forward of each control partition this worker owns.
         self.control_next: dict[int, int] = {}
@@ -280,7 +299,7 @@ class LatchWorker:
         early cancel's head pending: publish, record heads, confirm."""
         key, source = record[0], record[3]
         partition, offset = source["partition"], source["offset"]
-        await self._publish(state, key, emits, record[2])
+        await self._publish(state, key, emits, record[2], source)
         self.run_heads.applied(state, key, partition, offset, opened, emits)
         if emits:
             await self._record_finished(state, partition, emits)
@@ -347,17 +366,58 @@ class LatchWorker:
     # -- the core, and what it emits --------------------------------------------------
 
     async def _publish(self, state: PartitionState, key: bytes | None,
-                       emits: Sequence[Emit], record_ms: int | None = None) -> None:
+                       emits: Sequence[Emit], record_ms: int | None = None,
+                       source: dict[str, Any] | None = None) -> None:
         """Send each emit, in order, with its run's trace headers; a DLQ record keeps the
-        input record's key. ``record_ms``: the time of the record that produced them."""
+        input record's key. ``record_ms``: the time of the record that produced them;
+        ``source``: where it was read. An emit over its topic's limit is not sent, and one
+        the broker refuses for its own sake is not sent again: a small ``output_refused``
+        DLQ record goes in its place (worker/runtime/refusals.py, :class:`_Refusable`)."""
         for emit in emits:
-            value = step.out_value(emit)
-            sent = await self.outputs[emit.topic].send(
-                key=step.out_key(emit, key), value=value,
-                headers=self.hooks.headers(emit, value))
+            topic = self.outputs[emit.topic]
+            name = topic.get_topic_name()
+            out_key, value = step.out_key(emit, key), step.out_value(emit)
+            headers = self.hooks.headers(emit, value)
+            size = self.limits.over(name, out_key, value, headers)
+            if size is not None:
+                await (await self._refuse(emit, name, out_key, size, "MSG_SIZE_TOO_LARGE", key,
+                                          source))
+                continue
+            # topic.send, with the message's future at hand: it is what a failure is set on
+            # (awaited by the confirm, so never an unretrieved exception); ``send`` returns
+            # aiokafka's future instead
+            message = topic.as_future_message(key=out_key, value=value, headers=headers)
+            try:
+                await topic.publish_message(message)
+            except ProducerSendError as exc:  # refused by aiokafka at once
+                error = _refusal(exc.__cause__)
+                if error is None:
+                    raise
+                await (await self._refuse(emit, name, out_key,
+                                          refusals.batch_size(out_key, value, headers), error,
+                                          key, source))
+                continue
             if emit.topic is not Topic.PROGRESS:
-                state.unconfirmed.append(sent)
-                sent.add_done_callback(self._delivery(emit.topic, record_ms))  # type: ignore[attr-defined]  # a future
+                state.unconfirmed.append(_Refusable(self, message, emit, name, out_key, value,
+                                                    headers, key, source))
+                message.add_done_callback(self._delivery(emit.topic, record_ms))
+
+    async def _refuse(self, emit: Emit, name: str, out_key: bytes | None, size: int,
+                      error: str, key: bytes | None, source: dict[str, Any] | None
+                      ) -> Awaitable[Any]:
+        """Send, instead of ``emit`` (for topic ``name``), its ``output_refused`` DLQ record,
+        keyed by the input record's ``key``; return the send's future."""
+        limit = self.limits.limit(name)
+        detail = (refusals.too_large_detail(name, size, limit) if size > limit
+                  else refusals.refused_detail(name, size, error))
+        dlq = refusals.dlq_record(name, out_key, size, error, detail, source, key,
+                                  refusals.run_of(emit))
+        where = logs.where(source["topic"], source["partition"], source["offset"]) \
+            if source else {}
+        log.warning("an output record for %s (%d bytes) is refused (%s); an output_refused "
+                    "DLQ record replaces it", name, size, error, extra=where)
+        self.metrics.dlq[str(dlq.value["reason"])] += 1
+        return await self.outputs[Topic.DLQ].send(key=key, value=step.out_value(dlq))
 
     async def _record_finished(self, state: PartitionState, partition_id: int,
                                emits: Sequence[Emit]) -> None:
@@ -449,6 +509,7 @@ class LatchWorker:
         except OSError as exc:
             print(self.hooks.http_error(exc), file=sys.stderr)
             return 2
+        self._read_limits()
         worker = faust.Worker(self.app, loglevel=self.config.worker.log_level, quiet=True,
                               logging_config=logs.faust_logging_config(self.config.worker))
         try:
@@ -458,6 +519,72 @@ class LatchWorker:
         finally:
             self.hooks.stop(server)
         return 0  # pragma: no cover  (execute_from_commandline always raises SystemExit)
+
+
+    def _read_limits(self) -> None:
+        """The output topics' limits (:class:`refusals.Limits`); aiokafka's batches kept
+        below the smallest (the broker refuses a whole batch over it)."""
+        names = [topic.get_topic_name() for topic in self.outputs.values()]
+        self.limits.update(refusals.read(self.config.kafka.confluent_config(), names))
+        default = int(self.app.conf.producer_max_batch_size)
+        batch = self.limits.batch_bytes(default)
+        if batch < default:
+            with warnings.catch_warnings():  # the producer is made when the app starts
+                warnings.simplefilter("ignore")
+                self.app.conf.producer_max_batch_size = batch
+
+
+class _Refusable:
+    """The confirm of one send (awaited by :meth:`PartitionState.confirm`): the send's
+    future, or, if the broker refused the record for its own sake, the ``output_refused``
+    DLQ record that replaces it. A refusal for size counts only once the topic's limit, read
+    again, is below the record's size (the broker refuses a whole batch: a record that fits
+    was refused for another's sake, and the failure stands); aiokafka cannot tell which
+    record of a batch the broker found invalid, so each record of that batch is replaced."""
+
+    __slots__ = ("emit", "headers", "key", "name", "out_key", "sent", "source", "value",
+                 "worker")
+
+    def __init__(self, worker: LatchWorker, sent: Awaitable[Any], emit: Emit, name: str,
+                 out_key: bytes | None, value: bytes, headers: Any, key: bytes | None,
+                 source: dict[str, Any] | None) -> None:
+        self.worker, self.sent, self.emit, self.name = worker, sent, emit, name
+        self.out_key, self.value, self.headers = out_key, value, headers
+        self.key, self.source = key, source
+
+    def __await__(self) -> Any:
+        return self._confirm().__await__()
+
+    async def _confirm(self) -> Any:
+        try:
+            return await self.sent
+        except Exception as exc:
+            error = _refusal(exc)
+            if error is None:
+                raise
+            worker, name = self.worker, self.name
+            size = refusals.batch_size(self.out_key, self.value, self.headers)
+            if error in _TOO_LARGE:
+                worker.limits.update(await asyncio.to_thread(
+                    refusals.read, worker.config.kafka.confluent_config(), [name]))
+                if size <= worker.limits.limit(name):
+                    raise
+            return await (await worker._refuse(self.emit, name, self.out_key, size, error,
+                                               self.key, self.source))
+
+
+#: aiokafka's errors of a record refused for its size, by the Kafka error name they stand for.
+_TOO_LARGE = frozenset({"MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"})
+
+
+def _refusal(exc: BaseException | None) -> str | None:
+    """The Kafka error name if ``exc`` (aiokafka's) refuses a record for its own sake."""
+    if isinstance(exc, (MessageSizeTooLargeError, RecordListTooLargeError)):
+        return "MSG_SIZE_TOO_LARGE" if isinstance(exc, MessageSizeTooLargeError) \
+            else "RECORD_LIST_TOO_LARGE"
+    if isinstance(exc, CorruptRecordException) or getattr(exc, "errno", None) == 87:
+        return "INVALID_RECORD"
+    return None
 
 
 class _LeanMonitor(Monitor):

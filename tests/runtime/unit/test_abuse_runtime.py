@@ -265,6 +265,26 @@ class _Topic:
         asyncio.get_running_loop().call_soon(deliver)
         return future
 
+    def as_future_message(self, key: bytes | None = None, value: bytes = b"",
+                          headers: Any = None) -> asyncio.Future[None]:
+        """faust's: the message's future (set once the send is delivered or failed)."""
+        message: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        message.key, message.value = key, value  # type: ignore[attr-defined]
+        return message
+
+    async def publish_message(self, message: asyncio.Future[None]) -> asyncio.Future[None]:
+        """faust's: send ``message``; its future follows the send's."""
+        sent = await self.send(message.key, message.value)  # type: ignore[attr-defined]
+
+        def done(future: asyncio.Future[None]) -> None:
+            if future.exception() is not None:
+                message.set_exception(future.exception())  # type: ignore[arg-type]
+            else:
+                message.set_result(None)
+
+        sent.add_done_callback(done)
+        return sent
+
 
 def _worker(log: list[str], fail: bool = False) -> LatchWorker:
     latch = LatchWorker(load_config(None, env={"LATCH_TOPICS__EVENTS": "ev",

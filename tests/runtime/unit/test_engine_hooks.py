@@ -199,8 +199,8 @@ def test_the_kafka_engine_counts_commit_latency_only_once_its_transaction_commit
         engine: loop.KafkaEngine) -> None:
     """A committed call sent in a transaction that aborts adds no commit latency; sent in one
     that commits, it adds one. Its clients log through ``latch.kafka``; every output of a
-    traced run carries the trace headers, and only non-progress outputs ask for delivery
-    reports."""
+    traced run carries the trace headers, and delivery reports come through the producer's
+    own callback (failures only: it counts no progress record, and notes refusals)."""
     assert engine.producer.settings["logger"].name == "latch.kafka"  # type: ignore[attr-defined]
     assert engine.consumer.settings["logger"].name == "latch.kafka"  # type: ignore[attr-defined]
     emits = committed_run(engine)
@@ -215,9 +215,10 @@ def test_the_kafka_engine_counts_commit_latency_only_once_its_transaction_commit
     engine._publish(b"r1", emits, 1_000)
     engine._commit()
     assert sample(engine.hooks, "tool_assemble_to_commit_seconds_count") == 1
-    for topic, _, options in fake.produced:
+    for _, _, options in fake.produced:
         assert options["headers"] == HEADERS
-        assert ("on_delivery" in options) == (topic != engine.outputs[Topic.PROGRESS])
+        assert "on_delivery" not in options
+    assert fake.settings["on_delivery"] == engine._delivered  # type: ignore[attr-defined]
 
 
 def test_the_kafka_engine_counts_a_failed_delivery_under_its_topic(

@@ -55,7 +55,8 @@ def _worker() -> tuple[worker_app.LatchWorker, InMemoryMetricReader, CountingHea
     published: list[Emit] = []
 
     async def publish(state: PartitionState, key: bytes | None,
-                      emits: Sequence[Emit], record_ms: int | None = None) -> None:
+                      emits: Sequence[Emit], record_ms: int | None = None,
+                      source: dict[str, Any] | None = None) -> None:
         published.extend(emits)
 
     latch._publish = publish  # type: ignore[method-assign]

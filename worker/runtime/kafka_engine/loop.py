@@ -55,6 +55,14 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   this worker has seen in the log is forwarded (at most ``_TICK_DEFER_MAX_S`` late):
   after a takeover the first tick would otherwise reach the events log before the cancels
   that arrived while the partition stood still, and expire the runs they stop.
+* **A record refused for its own sake does not stop a partition** (worker/runtime/refusals.py):
+  each output is checked against its topic's ``max.message.bytes`` (read at start) before it
+  is sent, and ``batch.size`` is kept below the smallest; a refusal in a delivery report
+  fails the transaction, so the worker reads the limits again, replaces the producer (the
+  refused batch's sequence numbers would fail the next transaction too) and applies the
+  records again: the refused one goes to the DLQ as ``output_refused``.
+* **One live worker per ``worker.instance_id``** (instance.py): checked before
+  ``init_transactions``, through the group's members.
 """
 
 from __future__ import annotations
@@ -76,11 +84,11 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from worker.core import Assembler, Emit, Topic
-from worker.runtime import admin, control, logs, memory, step
+from worker.runtime import admin, control, logs, memory, refusals, step
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config
 from worker.runtime.hooks import EngineHooks
-from worker.runtime.kafka_engine import reader
+from worker.runtime.kafka_engine import instance, reader
 from worker.runtime.kafka_engine.heads import HeadsTable
 from worker.runtime.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
@@ -115,6 +123,15 @@ _TICK_DEFER_MAX_S = 10.0
 _COMMIT_POLL_S = 0.005
 #: Calls that may stay wedged at once (each holds a fenced producer) before the worker exits.
 MAX_WEDGED = 3
+#: librdkafka's default ``batch.size``.
+_BATCH_SIZE = 1_000_000
+#: Errors of a record refused for its size (synchronously by ``produce``, or in the
+#: delivery report: the broker refuses the whole batch that held it).
+_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
+                        KafkaError.INVALID_MSG_SIZE})
+#: The broker found this record invalid (KIP-467: the others of its batch are reported as
+#: ``_INVALID_DIFFERENT_RECORD`` and are sent again).
+_INVALID = frozenset({KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG})
 
 
 class Wedged(Exception):
@@ -182,7 +199,8 @@ def consumer_settings(config: Config) -> dict[str, Any]:
             "isolation.level": "read_committed", "partition.assignment.strategy": "range"}
 
 
-def producer_settings(config: Config, instance: str) -> dict[str, Any]:
+def producer_settings(config: Config, instance: str, batch_bytes: int | None = None
+                      ) -> dict[str, Any]:
     """The transactional producer: Java's partitioner (a forwarded cancel lands in its run's
     partition, as the gateway's records do), output records up to the output topics' size.
 
@@ -195,9 +213,14 @@ def producer_settings(config: Config, instance: str) -> dict[str, Any]:
     the markers are usually written within a few ms, and a 10 ms backoff still made
     ``send_offsets_to_transaction`` take 12.5 ms at the median (2.1 to 3.6 ms at 2 ms; paced
     load of 1,000 envelopes/s, docs/benchmarks.md). librdkafka backs off exponentially from
-    there (2, 4, 8 ms ...) to ``retry.backoff.max.ms`` on repeated failures."""
+    there (2, 4, 8 ms ...) to ``retry.backoff.max.ms`` on repeated failures.
+
+    ``batch_bytes``: a ``batch.size`` below every written topic's ``max.message.bytes``
+    (:meth:`worker.runtime.refusals.Limits.batch_bytes`; the broker refuses a whole batch over
+    it)."""
     worker = config.worker
-    return {"retry.backoff.ms": 2, **config.kafka.confluent_config(),
+    batch = {} if batch_bytes is None else {"batch.size": batch_bytes}
+    return {"retry.backoff.ms": 2, **config.kafka.confluent_config(), **batch,
             "transactional.id": f"{worker.app_id}-{instance}",
             "transaction.timeout.ms": int(worker.transaction_timeout_s * 1000),
             "partitioner": "murmur2_random", "linger.ms": 5,
@@ -235,7 +258,19 @@ class KafkaEngine:
         self.thread = threading.current_thread()
         self.reader_settings = config.kafka.confluent_config()
         self.instance = worker.instance_id or uuid.uuid4().hex
-        self.consumer = Consumer(logs.kafka_config(consumer_settings(config)))
+        #: Each written topic's limit (read at start, and again after a refusal for size),
+        #: checked before each output is sent (worker/runtime/refusals.py).
+        self.limits = refusals.Limits()
+        self.batch_bytes: int | None = None
+        #: Records the broker found invalid: (topic, key, value size) -> the error's name.
+        self.invalid: dict[tuple[str, bytes | None, int], str] = {}
+        #: Set by a delivery report (in the commit's thread) of a record refused for its own
+        #: sake: ``size`` or ``invalid``; the transaction then fails (:meth:`_refused_abort`).
+        self.refusal: str | None = None
+        #: The group consumer carries worker.instance_id in its client.id (instance.py).
+        member = instance.client_id(config)
+        self.consumer = Consumer(logs.kafka_config(
+            consumer_settings(config) | ({} if member is None else {"client.id": member})))
         self.producer = self._new_producer()
         #: Threads still in a wedged call of a replaced (fenced) producer.
         self.wedged: list[threading.Thread] = []
@@ -262,6 +297,10 @@ class KafkaEngine:
             return 2
         self.thread = threading.current_thread()
         try:
+            # before init_transactions: never fence a live worker that holds our id
+            instance.check(self.config, self.reader_settings,
+                           int(consumer_settings(self.config)["session.timeout.ms"]) / 1000)
+            self._read_limits()
             self.producer.init_transactions(_CLIENT_TIMEOUT_S)
             self.consumer.subscribe([self.events, self.control], on_assign=self._on_assign,
                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -273,8 +312,11 @@ class KafkaEngine:
             self._loop()
             self._commit()
             return 0
+        except instance.InstanceTaken as exc:
+            log.error("not starting: %s", exc)
+            return 2
         except (Fatal, KafkaException) as exc:
-            log.error("stopping: %s", _describe(exc))
+            log.error("stopping: %s%s", _describe(exc), instance.fenced_hint(exc, self.config))
             return 1
         finally:
             self._close()
@@ -372,7 +414,7 @@ class KafkaEngine:
             if opened or (not emits and state.assembler.early_cancels_waiting):
                 heads.applied(state, key, partition, offset, opened, emits)
             if emits:
-                self._publish(key, emits, record_ms)
+                self._publish(key, emits, record_ms, record[3])
                 finished = partition_module.finished_runs(emits)
                 if finished:
                     heads.finished(state, partition, finished)
@@ -434,19 +476,52 @@ class KafkaEngine:
         return False
 
     def _publish(self, key: bytes | None, emits: Sequence[Emit],
-                 record_ms: int | None = None) -> None:
+                 record_ms: int | None = None, source: dict[str, Any] | None = None) -> None:
         """Send each emit, in order, with its run's trace headers; a DLQ record keeps the
-        input record's key. ``record_ms``: the time of the record that produced them."""
-        hooks = self.hooks
+        input record's key. ``record_ms``: the time of the record that produced them;
+        ``source``: where it was read. An emit its topic would refuse (over the topic's
+        limit, or found invalid by the broker before) is not sent: a small ``output_refused``
+        DLQ record goes in its place (:meth:`_refuse`)."""
+        hooks, outputs, limits, invalid = self.hooks, self.outputs, self.limits, self.invalid
         for emit in emits:
             topic = emit.topic
-            watched = topic is not Topic.PROGRESS
-            value = step.out_value(emit)
-            self._produce(self.outputs[topic], step.out_key(emit, key), value,
-                          headers=hooks.headers(emit, value),
-                          on_delivery=self._delivered if watched else None)
+            name = outputs[topic]
+            out_key, value = step.out_key(emit, key), step.out_value(emit)
+            headers = hooks.headers(emit, value)
+            size = limits.over(name, out_key, value, headers)
+            if size is not None:
+                self._refuse(emit, name, out_key, size, "MSG_SIZE_TOO_LARGE", key, source)
+                continue
+            if invalid and (name, out_key, len(value)) in invalid:
+                self._refuse(emit, name, out_key, refusals.batch_size(out_key, value, headers),
+                             invalid[(name, out_key, len(value))], key, source)
+                continue
+            try:
+                self._produce(name, out_key, value, headers=headers)
+            except KafkaException as exc:  # refused by librdkafka at once
+                if exc.args[0].code() not in _TOO_LARGE | _INVALID:
+                    raise
+                self._refuse(emit, name, out_key, refusals.batch_size(out_key, value, headers),
+                             exc.args[0].name(), key, source)
+                continue
             if topic is Topic.COMMITTED and self.batch is not None:
                 self.batch.committed.append(record_ms)
+
+    def _refuse(self, emit: Emit, name: str, out_key: bytes | None, size: int, error: str,
+                key: bytes | None, source: dict[str, Any] | None) -> None:
+        """Send, instead of ``emit`` (for topic ``name``), its ``output_refused`` DLQ record,
+        keyed by the input record's ``key``."""
+        limit = self.limits.limit(name)
+        detail = (refusals.too_large_detail(name, size, limit) if size > limit
+                  else refusals.refused_detail(name, size, error))
+        dlq = refusals.dlq_record(name, out_key, size, error, detail, source, key,
+                                  refusals.run_of(emit))
+        where = logs.where(source["topic"], source["partition"], source["offset"]) \
+            if source else {}
+        log.warning("an output record for %s (%d bytes) is refused (%s); an output_refused "
+                    "DLQ record replaces it", name, size, error, extra=where)
+        self.hooks.metrics.dlq[str(dlq.value["reason"])] += 1
+        self._produce(self.outputs[Topic.DLQ], key, step.out_value(dlq))
 
     def _write_heads(self) -> None:
         if not self.table.pending:
@@ -467,7 +542,7 @@ class KafkaEngine:
         options: dict[str, Any] = {}
         if headers:
             options["headers"] = headers
-        if on_delivery is not None:
+        if on_delivery is not None:  # (else the producer's: :meth:`_delivered`)
             options["on_delivery"] = on_delivery
         while True:
             try:
@@ -567,7 +642,10 @@ class KafkaEngine:
             error = exc.args[0]
             if not error.txn_requires_abort():
                 raise Fatal(f"transaction: {error.str()}") from exc
-            self._abort(error.str(), rewind)
+            if self.refusal is not None:
+                self._refused_abort(error.str(), rewind)
+            else:
+                self._abort(error.str(), rewind)
             return
         batch = self.batch
         if batch is not None and not batch.begun:
@@ -593,7 +671,43 @@ class KafkaEngine:
                 log.warning("transaction: %s; retrying", error.str())
                 time.sleep(0.5)
 
-    def _abort(self, reason: str, rewind: bool, wedged: bool = False) -> None:
+    def _refused_abort(self, reason: str, rewind: bool) -> None:
+        """The transaction failed because the broker refused a record for its own sake
+        (:meth:`_delivered`). Learn why: for size, read the topics' limits again (one was
+        lowered, or records that fit alone were batched past it: the batch size follows the
+        smallest limit); an invalid record is remembered already. Then abort by replacing the
+        producer (the refused batch's sequence numbers would fail the next transaction too)
+        and rewind: applied again, the refused records go to the DLQ (:meth:`_publish`). An
+        abort that learned something does not count towards :data:`MAX_ABORTS`."""
+        kind, self.refusal = self.refusal, None
+        learned = kind == "invalid"
+        if kind == "size":
+            learned = self._read_limits(replace=False)
+        if learned:
+            self.aborts = 0
+        self._abort(f"{reason}; a record was refused for its own sake", rewind, wedged=True,
+                    why="refusing")
+
+    def _read_limits(self, replace: bool = True) -> bool:
+        """Read the written topics' ``max.message.bytes`` (:class:`refusals.Limits`) and the
+        batch size they allow; ``replace``: make the producer again if that changed (none has
+        begun a transaction yet); return whether a limit changed."""
+        topics = [*self.outputs.values(), self.events, self.changelog]
+        changed = self.limits.update(refusals.read(self.reader_settings, topics))
+        default = int(self.reader_settings.get("batch.size", _BATCH_SIZE))
+        batch_bytes = self.limits.batch_bytes(default)
+        wanted = None if batch_bytes >= default else batch_bytes
+        if wanted != self.batch_bytes:
+            log.info("producer batch.size %d: below the smallest max.message.bytes",
+                     batch_bytes)
+            self.batch_bytes = wanted
+            if replace:
+                self.producer = self._new_producer()
+            changed = True
+        return changed
+
+    def _abort(self, reason: str, rewind: bool, wedged: bool = False,
+               why: str = "wedged") -> None:
         """Abort the open transaction (``wedged``: replace the producer, which fences it and
         aborts its transaction), forget its changelog writes, and (``rewind``) rebuild every
         owned partition from its committed offset."""
@@ -603,7 +717,7 @@ class KafkaEngine:
         if self.aborts > MAX_ABORTS:
             raise Fatal(f"{self.aborts} transactions aborted in a row")
         if wedged:
-            self._replace_producer()
+            self._replace_producer(why)
         else:
             self._retrying(lambda: self.producer.abort_transaction(_CLIENT_TIMEOUT_S))
         self.table.take_pending()
@@ -612,12 +726,15 @@ class KafkaEngine:
             self._take_over(self.consumer.assignment(), seek=True)
 
     def _new_producer(self) -> Producer:
-        return Producer(logs.kafka_config(producer_settings(self.config, self.instance)))
+        return Producer(logs.kafka_config({
+            **producer_settings(self.config, self.instance, self.batch_bytes),
+            "on_delivery": self._delivered}))
 
-    def _replace_producer(self) -> None:
+    def _replace_producer(self, why: str = "wedged") -> None:
         """A new producer with the same ``transactional.id``: its ``init_transactions`` bumps
-        the epoch, so the wedged producer is fenced and its open transaction aborted."""
-        log.warning("replacing the wedged transactional producer (transactional.id %s-%s)",
+        the epoch, so the wedged producer is fenced and its open transaction aborted (also
+        after a refused record: :meth:`_refused_abort`)."""
+        log.warning("replacing the %s transactional producer (transactional.id %s-%s)", why,
                     self.config.worker.app_id, self.instance)
         self.producer = self._new_producer()
         self._retrying(lambda: self.producer.init_transactions(_CLIENT_TIMEOUT_S))
@@ -737,10 +854,22 @@ class KafkaEngine:
     # -- operations: delivery, lag, liveness -------------------------------------------
 
     def _delivered(self, error: KafkaError | None, msg: Message) -> None:
-        """The delivery report of a watched output (served while the transaction commits):
-        a failure is counted (the transaction then aborts)."""
-        if error is not None:
-            self.hooks.delivered(self.topic_of[str(msg.topic())], None, False)
+        """The producer's delivery report of a failed record (served while the transaction
+        commits, in the commit's thread): a failure of an output is counted (progress aside)
+        and the transaction then aborts. A record refused for its own sake is noted
+        (:attr:`refusal`; an invalid one in :attr:`invalid`) for :meth:`_refused_abort`."""
+        if error is None:
+            return
+        name = str(msg.topic())
+        topic = self.topic_of.get(name)
+        if topic is not None and topic is not Topic.PROGRESS:
+            self.hooks.delivered(topic, None, False)
+        code = error.code()
+        if code in _TOO_LARGE:
+            self.refusal = "size"
+        elif code in _INVALID:
+            self.invalid[(name, msg.key(), len(msg.value() or b""))] = error.name()
+            self.refusal = self.refusal or "invalid"
 
     def _read_lags(self) -> None:
         """Note each owned events partition's lag: its end offset in the consumer's cache (at

@@ -1,0 +1,177 @@
+"""An output record that Kafka refuses for its own sake becomes a small DLQ record.
+
+A record can be refused for what it is, not because the cluster failed: larger than its
+topic's ``max.message.bytes`` (or the producer's limit), or invalid to the broker (KIP-467's
+``INVALID_RECORD``). Sent again, it is refused again: if that stopped the worker, the next
+owner would apply the same records, send the same record and stop too, and the partition
+would stand still for good. So both engines, at the send:
+
+* **check each output against its topic's limit before sending it** (:class:`Limits`, read
+  from the cluster when the worker starts and again after a refusal for size). A record over
+  it is not sent; a ``output_refused`` DLQ record (:func:`dlq_record`) goes in its place and
+  the partition goes on;
+* **take a refusal that comes back from the broker the same way** (the limit was lowered
+  while the worker ran, or the broker found the record invalid): the faust engine at the
+  send's future, the kafka engine in the delivery report and on the next try of the aborted
+  transaction (``worker/runtime/kafka_engine/loop.py``);
+* **keep batches under the smallest limit** (:meth:`Limits.batch_bytes`): the broker checks
+  a whole batch against ``max.message.bytes`` and refuses every record in it, so records
+  that fit one by one must not be batched past it.
+
+The DLQ record is bounded: the reason, the refused record's topic, key, size and Kafka error,
+the input record it came from, and never the refused value (``original_b64`` is empty). Any
+other failure of a send is the cluster's: the worker stops as before, and its record is
+processed again after a restart.
+
+The size checked is an upper bound of the record batch that carries the record alone
+(:func:`batch_size`), uncompressed: what librdkafka and Java's producer check too. With a
+compressing producer a record just over the limit might have fitted compressed; it goes to
+the DLQ all the same (topics made by ``latch topics create`` take 64 MiB).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource  # not re-exported for mypy
+
+from worker.core import DlqReason, Emit, Topic
+from worker.runtime import admin, logs
+
+__all__ = ["Limits", "batch_size", "dlq_record", "run_of"]
+
+log = logging.getLogger("latch.worker")
+
+#: A record batch's own bytes (Kafka's ``DefaultRecordBatch.RECORD_BATCH_OVERHEAD``, with the
+#: log's offset and length) plus the most a record's varints take (length, attributes,
+#: timestamp and offset deltas, key and value lengths, header count): 61 + 5+1+10+5+5+5+5.
+_BATCH_OVERHEAD = 97
+#: The varints of one header (name and value lengths).
+_HEADER_OVERHEAD = 10
+#: What a record's headers (its run's trace context) take at most, for the quick check.
+_HEADERS_SLACK = 4096
+#: Kafka's default ``max.message.bytes``, for a topic whose setting cannot be read.
+KAFKA_DEFAULT_MAX = 1048588
+_TIMEOUT_S = 30.0
+
+
+def batch_size(key: bytes | None, value: bytes,
+               headers: Sequence[tuple[str, bytes]] | None = None) -> int:
+    """An upper bound of the size of a record batch that holds this record alone."""
+    size = _BATCH_OVERHEAD + len(value) + (0 if key is None else len(key))
+    if headers:
+        for name, header in headers:
+            size += _HEADER_OVERHEAD + len(name.encode()) + len(header or b"")
+    return size
+
+
+class Limits:
+    """The largest record batch each topic takes: its ``max.message.bytes``, no more than
+    the producer's own limit (:data:`admin.OUTPUT_MAX_BYTES`). A topic not read takes the
+    producer's limit (the broker's answer then decides)."""
+
+    def __init__(self, limits: Mapping[str, int] | None = None) -> None:
+        self.limits: dict[str, int] = dict(limits or {})
+        #: Per topic, the largest value that fits whatever its key and headers: most records
+        #: are checked with one comparison (:meth:`over`).
+        self.quick: dict[str, int] = {}
+        self._quick()
+
+    def _quick(self) -> None:
+        self.quick = {topic: limit - _BATCH_OVERHEAD - _HEADERS_SLACK for topic, limit in
+                      self.limits.items()}
+
+    def limit(self, topic: str) -> int:
+        return min(self.limits.get(topic, admin.OUTPUT_MAX_BYTES), admin.OUTPUT_MAX_BYTES)
+
+    def over(self, topic: str, key: bytes | None, value: bytes,
+             headers: Sequence[tuple[str, bytes]] | None = None) -> int | None:
+        """The record's size (:func:`batch_size`) if it is over its topic's limit, else None."""
+        if len(value) + (0 if key is None else len(key)) <= self.quick.get(
+                topic, admin.OUTPUT_MAX_BYTES - _BATCH_OVERHEAD - _HEADERS_SLACK):
+            return None
+        size = batch_size(key, value, headers)
+        return size if size > self.limit(topic) else None
+
+    def batch_bytes(self, default: int) -> int:
+        """A producer's batch size that no topic refuses: ``default``, or less."""
+        return min([default, *self.limits.values()])
+
+    def update(self, limits: Mapping[str, int]) -> bool:
+        """Take newly read limits; return whether one changed."""
+        changed = any(self.limits.get(topic) != limit for topic, limit in limits.items())
+        self.limits.update(limits)
+        self._quick()
+        return changed
+
+    @classmethod
+    def read(cls, settings: Mapping[str, Any], topics: Iterable[str]) -> Limits:
+        """The limits of ``topics``, read from the cluster (:func:`read`)."""
+        return cls(read(settings, topics))
+
+
+def read(settings: Mapping[str, Any], topics: Iterable[str]) -> dict[str, int]:
+    """Each topic's effective ``max.message.bytes`` (its own, or the broker's default). A
+    topic that cannot be described is left out, with a warning (its refusals then come from
+    the broker)."""
+    names = sorted(set(topics))
+    client = AdminClient(logs.kafka_config(dict(settings)))
+    resources = {name: ConfigResource(ConfigResource.Type.TOPIC, name) for name in names}
+    limits: dict[str, int] = {}
+    try:
+        futures = client.describe_configs(list(resources.values()),
+                                          request_timeout=_TIMEOUT_S)
+    except KafkaException as exc:
+        log.warning("cannot read the topics' max.message.bytes (%s)", exc.args[0].str())
+        return limits
+    for name, resource in resources.items():
+        try:
+            entry = futures[resource].result(timeout=_TIMEOUT_S).get("max.message.bytes")
+            limits[name] = int(entry.value) if entry is not None and entry.value else \
+                KAFKA_DEFAULT_MAX
+        except (KafkaException, ValueError) as exc:
+            log.warning("cannot read max.message.bytes of topic %s (%s)", name,
+                        type(exc).__name__)
+    return limits
+
+
+def run_of(emit: Emit) -> str | None:
+    """The run an output belongs to (a DLQ record: the run its input named, if any)."""
+    if emit.topic is Topic.DLQ:
+        run = emit.value.get("run_id")
+        return run if isinstance(run, str) else None
+    return emit.key
+
+
+def dlq_record(topic: str, key: bytes | None, size: int, error: str, detail: str,
+               source: Mapping[str, Any] | None, input_key: bytes | None,
+               run_id: str | None) -> Emit:
+    """The ``output_refused`` DLQ record of an output record refused for its own sake:
+    where it was going (``topic``), its ``key`` and ``size``, the Kafka ``error`` and a
+    ``detail`` for people; ``source`` and ``input_key``: the input record that made it.
+    Keyed, like every DLQ record, by the input record's key. Never the refused value."""
+    def b64(data: bytes | None) -> str | None:
+        return None if data is None else base64.b64encode(data).decode()
+
+    src: dict[str, Any] = {k: source[k] for k in ("topic", "partition", "offset")
+                           if source is not None and source.get(k) is not None}
+    src["key_b64"] = b64(input_key)
+    record = {"v": 1, "reason": str(DlqReason.OUTPUT_REFUSED), "detail": detail,
+              "source": src, "original_b64": "", "run_id": run_id,
+              "refused": {"topic": topic, "key_b64": b64(key), "bytes": size, "error": error}}
+    text_key = None if input_key is None else input_key.decode("utf-8", "replace")
+    return Emit(Topic.DLQ, text_key, record)
+
+
+def too_large_detail(topic: str, size: int, limit: int) -> str:
+    return (f"the record for topic {topic} is {size} bytes, over the {limit} bytes the topic "
+            f"takes (max.message.bytes); it was not sent")
+
+
+def refused_detail(topic: str, size: int, error: str) -> str:
+    return f"the broker refused the {size}-byte record for topic {topic} ({error})"
