@@ -160,7 +160,7 @@ def engine(msgs: list[Fields]) -> tuple[Callable[[], None], Callable[[], KafkaEn
                     e._apply_event(msg)  # type: ignore[attr-defined]
         begin = lambda: _begin(e, txn)  # noqa: E731
         if txn is e:  # an engine of before transaction.py
-            e._begin = begin  # type: ignore[attr-defined]
+            e._begin = begin  # type: ignore[attr-defined,unused-ignore]
         else:
             txn.begin = begin
         for chunk in consumed(msgs):

@@ -108,8 +108,8 @@ def test_a_wedged_offsets_call_replaces_the_producer_and_too_many_stop_the_worke
         for n in range(transaction.MAX_WEDGED):
             engine.txn.batch = transaction.Batch(0.0, offsets={(engine.events, 0): 1})
             engine._commit(rewind=False)
-            assert len(made) == n + 2 and engine.txn.producer is made[-1]
-            assert made[-1].initialised and engine.txn.batch is None
+            assert len(made) == n + 2 and made[-1].initialised
+            assert engine.txn.producer is made[-1] and engine.txn.batch is None
         engine.txn.batch = transaction.Batch(0.0, offsets={(engine.events, 0): 1})
         with pytest.raises(transaction.Fatal):
             engine._commit(rewind=False)
