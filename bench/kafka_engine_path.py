@@ -31,6 +31,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
@@ -43,7 +44,7 @@ from confluent_kafka import Message, Producer  # noqa: E402
 import worker.runtime.app  # noqa: E402,F401
 from worker.core import Assembler, Topic  # noqa: E402
 from worker.runtime.config import load_config  # noqa: E402
-from worker.runtime.kafka_engine.loop import Batch, KafkaEngine  # noqa: E402
+from worker.runtime.kafka_engine.loop import KafkaEngine  # noqa: E402
 from worker.runtime.partition import PartitionState  # noqa: E402
 
 PARTITIONS = 6
@@ -134,45 +135,57 @@ def engine(msgs: list[Fields]) -> tuple[Callable[[], None], Callable[[], KafkaEn
 
     def fresh() -> KafkaEngine:
         if holder:
-            holder[0].producer.purge()
+            _txn(holder[0]).producer.purge()
             return_engine = holder[0]
         else:
             return_engine = KafkaEngine(config)
             return_engine.consumer.close()
-            return_engine.producer = sink()
+            _txn(return_engine).producer = sink()
             holder.append(return_engine)
         e = return_engine
         e.partitions = {p: PartitionState(Assembler(config.assemble), next_offset=0)
                         for p in range(PARTITIONS)}
         e.table.data.clear()
         e.table.pending.clear()
-        e.batch = None
+        _txn(e).batch = None
         return e
 
     def run() -> None:
         e = fresh()
-        hooks = e.hooks
+        hooks, txn = e.hooks, _txn(e)
         apply_events = getattr(e, "_apply_events", None)
         if apply_events is None:  # an engine of before the batch method: record by record
             def apply_events(chunk: list[Message]) -> None:
                 for msg in chunk:
                     e._apply_event(msg)  # type: ignore[attr-defined]
-        e._begin = lambda: _begin(e)  # type: ignore[method-assign]
+        begin = lambda: _begin(e, txn)  # noqa: E731
+        if txn is e:  # an engine of before transaction.py
+            e._begin = begin  # type: ignore[attr-defined,unused-ignore]
+        else:
+            txn.begin = begin
         for chunk in consumed(msgs):
             apply_events(chunk)
-            if e.batch is not None and e.batch.records >= BATCH:  # a commit, without a broker
-                batch, e.batch = e.batch, None
+            if txn.batch is not None and txn.batch.records >= BATCH:  # a commit, no broker
+                batch, txn.batch = txn.batch, None
                 for record_ms in batch.committed:
                     hooks.delivered(Topic.COMMITTED, record_ms, True)
                 batch.positions()
-        e.producer.purge()
+        txn.producer.purge()
     return run, fresh
 
 
-def _begin(e: KafkaEngine) -> Batch:
-    if e.batch is None:
-        e.batch = Batch(time.monotonic(), events_topic=e.events)
-    return e.batch
+def _txn(e: KafkaEngine) -> Any:
+    """What holds the producer and the open batch: the engine's transaction
+    (``kafka_engine/transaction.py``), or the engine itself before it had one."""
+    return getattr(e, "txn", e)
+
+
+def _begin(e: KafkaEngine, txn: Any) -> Any:
+    """Open a batch without a transaction (the producer never connects)."""
+    if txn.batch is None:
+        batch = sys.modules[type(txn).__module__].Batch
+        txn.batch = batch(time.monotonic(), events_topic=e.events)
+    return txn.batch
 
 
 def best(run: Callable[[], None], repeat: int) -> float:

@@ -201,17 +201,17 @@ def test_the_kafka_engine_counts_commit_latency_only_once_its_transaction_commit
     that commits, it adds one. Its clients log through ``latch.kafka``; every output of a
     traced run carries the trace headers, and delivery reports come through the producer's
     own callback (failures only: it counts no progress record, and notes refusals)."""
-    assert engine.producer.settings["logger"].name == "latch.kafka"  # type: ignore[attr-defined]
+    assert engine.txn.producer.settings["logger"].name == "latch.kafka"  # type: ignore[attr-defined]
     assert engine.consumer.settings["logger"].name == "latch.kafka"  # type: ignore[attr-defined]
     emits = committed_run(engine)
-    fake: FakeProducer = engine.producer  # type: ignore[assignment]
+    fake: FakeProducer = engine.txn.producer  # type: ignore[assignment]
     fake.fail_commit = KafkaError(KafkaError._FAIL, "boom", txn_requires_abort=True)
-    engine._begin()
+    engine.txn.begin()
     engine._publish(b"r1", emits, 1_000)
     engine._commit(rewind=False)
     assert sample(engine.hooks, "tool_assemble_to_commit_seconds_count") == 0
     fake.fail_commit = None
-    engine._begin()
+    engine.txn.begin()
     engine._publish(b"r1", emits, 1_000)
     engine._commit()
     assert sample(engine.hooks, "tool_assemble_to_commit_seconds_count") == 1

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from worker.core import Assembler
 from worker.runtime.config import load_config
-from worker.runtime.kafka_engine import loop, reader
+from worker.runtime.kafka_engine import loop, reader, transaction
 from worker.runtime.partition import TICK, PartitionState
 
 
@@ -50,7 +50,7 @@ def test_a_tick_waits_for_the_control_backlog_for_a_bounded_time() -> None:
     config = load_config(None, env={"LATCH_WORKER__TICK_INTERVAL_S": "1"})
     engine = loop.KafkaEngine(config)
     consumer, producer = _Consumer(), _Producer()
-    engine.consumer, engine.producer = consumer, producer  # type: ignore[assignment]
+    engine.consumer, engine.txn.producer = consumer, producer  # type: ignore[assignment]
     engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
     engine.control_next = {0: 5}
 
@@ -82,7 +82,7 @@ def test_a_wedged_offsets_call_replaces_the_producer_and_too_many_stop_the_worke
     (initialised for transactions: that fences the wedged one); once more than
     ``MAX_WEDGED`` calls are wedged at once, the worker stops (exit 1) instead of piling up
     fenced producers."""
-    monkeypatch.setattr(loop, "_WEDGED_GRACE_S", -0.95)  # a wait of 0.05 s, not 3 s
+    monkeypatch.setattr(transaction, "_WEDGED_GRACE_S", -0.95)  # a wait of 0.05 s, not 3 s
     config = load_config(None, env={"LATCH_WORKER__TRANSACTION_TIMEOUT_S": "1"})
     engine = loop.KafkaEngine(config)
     release = threading.Event()
@@ -101,17 +101,17 @@ def test_a_wedged_offsets_call_replaces_the_producer_and_too_many_stop_the_worke
         made.append(Wedging())
         return made[-1]
 
-    engine._new_producer = new_producer  # type: ignore[method-assign]
-    engine.producer = new_producer()
+    engine.txn.make_producer = new_producer
+    engine.txn.producer = new_producer()
     engine.consumer = _GroupConsumer()  # type: ignore[assignment]
     try:
-        for n in range(loop.MAX_WEDGED):
-            engine.batch = loop.Batch(0.0, offsets={(engine.events, 0): 1})
+        for n in range(transaction.MAX_WEDGED):
+            engine.txn.batch = transaction.Batch(0.0, offsets={(engine.events, 0): 1})
             engine._commit(rewind=False)
-            assert len(made) == n + 2 and engine.producer is made[-1]
-            assert engine.producer.initialised and engine.batch is None
-        engine.batch = loop.Batch(0.0, offsets={(engine.events, 0): 1})
-        with pytest.raises(loop.Fatal):
+            assert len(made) == n + 2 and made[-1].initialised
+            assert engine.txn.producer is made[-1] and engine.txn.batch is None
+        engine.txn.batch = transaction.Batch(0.0, offsets={(engine.events, 0): 1})
+        with pytest.raises(transaction.Fatal):
             engine._commit(rewind=False)
     finally:
         release.set()

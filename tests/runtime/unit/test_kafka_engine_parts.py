@@ -14,12 +14,8 @@ from faust.serializers import codecs
 from worker.core import Assembler, RunStatus, Topic
 from worker.runtime.config import load_config
 from worker.runtime.kafka_engine.heads import HeadsTable
-from worker.runtime.kafka_engine.loop import (
-    Batch,
-    KafkaEngine,
-    consumer_settings,
-    producer_settings,
-)
+from worker.runtime.kafka_engine.loop import KafkaEngine, consumer_settings, producer_settings
+from worker.runtime.kafka_engine.transaction import Batch
 from worker.runtime.partition import Heads, PartitionState, decode_head, encode_head
 
 
@@ -185,7 +181,7 @@ def test_per_record_only_the_offset_moves_unless_a_run_opens_or_ends() -> None:
     config = load_config(None, env={"LATCH_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"})
     engine = KafkaEngine(config)  # clients that never connect
     producer = _Producer()
-    engine.producer = producer  # type: ignore[assignment]
+    engine.txn.producer = producer  # type: ignore[assignment]
     engine.partitions = {3: PartitionState(Assembler(config.assemble), next_offset=10)}
     run = {"v": 1, "run_id": "r1", "provider": "openai.chat"}
     docs = [run | {"seq": 0, "type": "run.start", "tenant": "t1", "tools": []}]
@@ -196,23 +192,24 @@ def test_per_record_only_the_offset_moves_unless_a_run_opens_or_ends() -> None:
     docs.append(run | {"seq": 4, "type": "stream.end"})
     messages = [_Message(engine.events, 3, 10 + n, b"r1", doc) for n, doc in enumerate(docs)]
 
-    engine._handle(messages[0])  # type: ignore[arg-type]
+    engine._apply_events(messages[:1])  # type: ignore[arg-type]
     assert producer.sent == [(engine.changelog, b"r1", 3)]
     for msg in messages[1:4]:
-        engine._handle(msg)  # type: ignore[arg-type]
+        engine._apply_events([msg])  # type: ignore[list-item]
     assert producer.sent == [(engine.changelog, b"r1", 3)]
-    assert engine.batch is not None and engine.batch.records == 4
-    assert [(tp.topic, tp.partition, tp.offset) for tp in engine.batch.positions()] == [
+    batch = engine.txn.batch
+    assert batch is not None and batch.records == 4
+    assert [(tp.topic, tp.partition, tp.offset) for tp in batch.positions()] == [
         (engine.events, 3, 14)]
     assert engine.partitions[3].next_offset == 14
 
-    engine._handle(messages[4])  # type: ignore[arg-type]
+    engine._apply_events(messages[4:])  # type: ignore[arg-type]
     topics = [topic for topic, _, _ in producer.sent[1:]]
     assert topics[-1] == engine.changelog and engine.outputs[Topic.FINAL] in topics
     assert engine.table[b"r1"]["done"] is True
-    assert engine.batch.positions()[0].offset == 15 and producer.transactions == 1
-    engine._handle(messages[2])  # type: ignore[arg-type]  # a repeat: ignored
-    assert engine.batch.records == 5
+    assert batch.positions()[0].offset == 15 and producer.transactions == 1
+    engine._apply_events(messages[2:3])  # type: ignore[arg-type]  # a repeat: ignored
+    assert batch.records == 5
     engine.consumer.close()
 
 
@@ -251,15 +248,15 @@ def _looping_engine(max_records: int, script: list[list[_Message]] | None = None
         "LATCH_WORKER__BATCH_MAX_RECORDS": str(max_records)})
     engine = KafkaEngine(config)  # clients that never connect
     engine.consumer.close()
-    engine.producer = _Producer()  # type: ignore[assignment]
+    engine.txn.producer = _Producer()  # type: ignore[assignment]
     engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
     engine.lags_read = float("inf")
     commits: list[int] = []
 
     def commit(rewind: bool = True, wait: bool = True) -> None:
-        if engine.batch is not None:
-            commits.append(engine.batch.records)
-        engine.batch = None
+        if engine.txn.batch is not None:
+            commits.append(engine.txn.batch.records)
+        engine.txn.batch = None
 
     engine._commit = commit  # type: ignore[method-assign]
     consumer = _Consumer(engine, script or [])
@@ -344,7 +341,7 @@ def _committing_engine(producer: _Transactions) -> KafkaEngine:
     config = load_config(None, env={"LATCH_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"})
     engine = KafkaEngine(config)  # clients that never connect
     engine.consumer.close()
-    engine.producer = producer  # type: ignore[assignment]
+    engine.txn.producer = producer  # type: ignore[assignment]
     engine.consumer = _GroupConsumer()  # type: ignore[assignment]
     engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
     return engine
@@ -372,19 +369,19 @@ def test_the_next_batch_is_applied_while_the_previous_commits_and_sent_after_it(
     engine._apply_events(_run_messages(engine, "r1", 0))
     first = list(producer.sent)
     engine._commit(wait=False)
-    assert engine.committing is not None and engine.batch is None
+    assert engine.txn.committing is not None and engine.txn.batch is None
     engine._apply_events(_run_messages(engine, "r2", 3))
     assert producer.sent == first and producer.transactions == 1  # held
-    assert engine.batch is not None and len(engine.batch.held) == len(first)
+    assert engine.txn.batch is not None and len(engine.txn.batch.held) == len(first)
     producer.release.set()
-    engine._settle()
-    assert producer.transactions == 2 and engine.committing is None
+    engine._after(engine.txn.settle(), rewind=True)
+    assert producer.transactions == 2 and engine.txn.committing is None
     assert [key for _, key, _ in producer.sent] == [b"r1"] * len(first) + [b"r2"] * len(first)
     engine._commit()
     assert producer.calls == [f"begin {0}", "offsets [3]", f"commit {len(first)}",
                               f"begin {len(first)}", "offsets [6]",
                               f"commit {2 * len(first)}"]
-    assert engine.partitions[0].next_offset == 6 and engine.batch is None
+    assert engine.partitions[0].next_offset == 6 and engine.txn.batch is None
 
 
 def test_a_commit_that_fails_takes_the_next_batch_with_it_and_rewinds() -> None:
@@ -401,8 +398,8 @@ def test_a_commit_that_fails_takes_the_next_batch_with_it_and_rewinds() -> None:
     engine._commit(wait=False)
     engine._apply_events(_run_messages(engine, "r2", 3))
     producer.release.set()
-    engine._settle()
-    assert engine.batch is None and engine.committing is None
+    engine._after(engine.txn.settle(), rewind=True)
+    assert engine.txn.batch is None and engine.txn.committing is None
     assert producer.sent == sent and producer.transactions == 1  # r2's records never sent
     assert producer.calls == ["begin 0", "offsets [3]", "abort"] and rewound == [True]
     assert engine.table.pending == []
@@ -427,7 +424,7 @@ class _WatchingConsumer(_GroupConsumer):
         self.calls: list[tuple[int, float, bool]] = []
 
     def consume(self, num_messages: int, timeout: float) -> list[_Message]:
-        commit = self.engine.committing
+        commit = self.engine.txn.committing
         in_flight = commit is not None and not commit.done.is_set()
         self.calls.append((num_messages, timeout, in_flight))
         if in_flight:  # it returns now (so that the next call sees it returned)
@@ -443,7 +440,7 @@ def _watched_engine(max_records: int) -> tuple[KafkaEngine, _SlowCommits, _Watch
     engine = KafkaEngine(config)  # clients that never connect
     engine.consumer.close()
     producer = _SlowCommits()
-    engine.producer = producer  # type: ignore[assignment]
+    engine.txn.producer = producer  # type: ignore[assignment]
     engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
     engine.lags_read = float("inf")
     consumer = _WatchingConsumer(engine, producer, [])
@@ -465,7 +462,7 @@ def test_a_drained_batch_commits_before_the_loop_consumes_again() -> None:
     assert [timeout for _, timeout, _ in consumer.calls] == [0.1, 0.0, 0.1, 0.1, 0.0, 0.1]
     assert producer.calls == ["begin 0", "offsets [3]", "commit 1",
                               "begin 1", "offsets [5]", "commit 1"]
-    assert engine.committing is None and engine.batch is None
+    assert engine.txn.committing is None and engine.txn.batch is None
 
 
 def test_under_a_backlog_a_batch_commits_while_the_next_is_applied() -> None:
@@ -479,4 +476,4 @@ def test_under_a_backlog_a_batch_commits_while_the_next_is_applied() -> None:
         False, False, True, False, True, False, False]
     assert [call for call in producer.calls if not call.startswith("begin")] == [
         "offsets [4]", "commit 1", "offsets [8]", "commit 1", "offsets [10]", "commit 1"]
-    assert engine.committing is None and engine.batch is None
+    assert engine.txn.committing is None and engine.txn.batch is None

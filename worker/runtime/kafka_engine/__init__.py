@@ -4,6 +4,8 @@ with Kafka transactions, around the same per-partition logic as the faust engine
 * :mod:`.heads`: the heads table as a dict whose writes go to the heads changelog (the topic
   and encoding the faust engine's table uses), restored from it on assignment.
 * :mod:`.reader`: a bounded, ``read_committed`` reader of one partition (rebuilds, restores).
+* :mod:`.transaction`: the Kafka transaction from begin to settled or aborted (the producer,
+  the open batch, the overlapped commit, the retry and abort policies).
 * :mod:`.loop`: the engine itself; ``docs/decisions/0004-kafka-engine.md`` says why it is
   built this way.
 """

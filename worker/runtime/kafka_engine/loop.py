@@ -25,11 +25,14 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   consumer sees once the batch commits.
 * **Under a backlog, a batch commits while the next one is applied.** A batch ended by its
   bounds (the input not drained) commits in a thread of its own (``send_offsets_to_transaction``
-  and ``commit_transaction``, :class:`Commit`); meanwhile the loop applies the next records,
-  holding their output and heads records (the producer has one transaction at a time) until
-  the commit returns: then it begins their transaction and sends them, in order. If the commit
-  fails, the next batch is dropped with it (its offsets are past the aborted ones) and the
-  partitions rewind as below. One commit is in flight at a time. **A drained batch commits
+  and ``commit_transaction``, ``transaction.Commit``); meanwhile the loop applies the next
+  records, holding their output and heads records (the producer has one transaction at a
+  time) until the commit returns: then it begins their transaction and sends them, in order.
+  If the commit fails, the next batch is dropped with it (its offsets are past the aborted
+  ones) and the partitions rewind as below. One commit is in flight at a time. The
+  transaction, from begin to settled or aborted, is an object of its own
+  (``transaction.py``): it returns what happened and the engine acts on it (rewinds after
+  an abort). **A drained batch commits
   before the loop consumes again** (the same thread, waited for): overlapped there, the
   next batch was cut at its first record, which waited for this commit while the records
   behind it waited for one more; waiting lets everything that arrives meanwhile into the
@@ -76,7 +79,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -90,18 +92,24 @@ from worker.runtime.config import Config
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import instance, reader
 from worker.runtime.kafka_engine.heads import HeadsTable
+from worker.runtime.kafka_engine.transaction import (
+    CLIENT_TIMEOUT_S,
+    Aborted,
+    Fatal,
+    Outcome,
+    Settled,
+    Transaction,
+)
 from worker.runtime.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
 
 _T = TypeVar("_T")
 
-__all__ = ["Batch", "KafkaEngine", "consumer_settings", "producer_settings"]
+__all__ = ["KafkaEngine", "consumer_settings", "producer_settings"]
 
 log = logging.getLogger("latch.worker")
 
-#: Transactions aborted in a row (no commit between them) before the worker gives up.
-MAX_ABORTS = 10
-_CLIENT_TIMEOUT_S = 30.0
+_CLIENT_TIMEOUT_S = CLIENT_TIMEOUT_S
 #: /healthz: the engine's thread turned its loop within this many seconds (a commit may retry
 #: for a while; a rebuild holds the loop as long as it takes and counts as alive).
 LIVE_S = 2 * _CLIENT_TIMEOUT_S
@@ -111,18 +119,12 @@ LIVE_S = 2 * _CLIENT_TIMEOUT_S
 _CONSUME_MAX = 1000
 #: How often the loop reads the consumer's positions and cached end offsets (lag gauges).
 _LAGS_EVERY_S = 1.0
-#: How long past the transaction timeout a ``send_offsets_to_transaction`` may take before
-#: its producer counts as wedged and is replaced.
-_WEDGED_GRACE_S = 2.0
 #: Seconds a tick may wait for the control backlog (a control partition whose end is never
 #: reached, e.g. held by someone's open transaction, must not stop the clock).
 _TICK_DEFER_MAX_S = 10.0
 
-
 #: How long the loop waits for a first record while a commit is in flight.
 _COMMIT_POLL_S = 0.005
-#: Calls that may stay wedged at once (each holds a fenced producer) before the worker exits.
-MAX_WEDGED = 3
 #: librdkafka's default ``batch.size``.
 _BATCH_SIZE = 1_000_000
 #: Errors of a record refused for its size (synchronously by ``produce``, or in the
@@ -132,63 +134,6 @@ _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TO
 #: The broker found this record invalid (KIP-467: the others of its batch are reported as
 #: ``_INVALID_DIFFERENT_RECORD`` and are sent again).
 _INVALID = frozenset({KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG})
-
-
-class Wedged(Exception):
-    """A transactional producer call did not return in time: the producer must be replaced.
-    ``thread`` is the thread still in the call (it holds the old producer until it returns)."""
-
-    def __init__(self, message: str, thread: threading.Thread) -> None:
-        super().__init__(message)
-        self.thread = thread
-
-
-class Fatal(Exception):
-    """The worker cannot go on (fenced, or transactions keep failing): exit 1."""
-
-
-@dataclass(slots=True)
-class Batch:
-    """The open transaction: when it began, how many input records it holds, and the next
-    offset of each input partition it consumed."""
-
-    began: float
-    records: int = 0
-    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
-    #: The next offset of each partition of ``events_topic`` consumed (apart from
-    #: ``offsets``: an int key per record costs less than a (topic, partition) tuple).
-    events: dict[int, int] = field(default_factory=dict)
-    events_topic: str = ""
-    #: The record time of the input of each committed call sent (visible once it commits).
-    committed: list[int | None] = field(default_factory=list)
-    #: Whether the producer's transaction has begun: not while the previous batch's commit
-    #: is still in flight (:class:`Commit`); until then its records wait in ``held``.
-    begun: bool = True
-    held: list[tuple[Any, ...]] = field(default_factory=list)
-
-    def due(self, now: float, max_records: int, max_s: float) -> bool:
-        """Whether the batch is full or old enough to commit."""
-        return self.records >= max_records or now - self.began >= max_s
-
-    def positions(self) -> list[TopicPartition]:
-        """The consumed positions to commit with the transaction."""
-        offsets = self.offsets | {(self.events_topic, p): o for p, o in self.events.items()}
-        return [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
-
-
-@dataclass(slots=True)
-class Commit:
-    """A batch's commit (``send_offsets_to_transaction``, then ``commit_transaction``) in a
-    thread of its own, while the loop applies the next batch's records: what it raised, and
-    when its offsets were sent (a ``send_offsets_to_transaction`` that never returns is the
-    wedge of confluentinc/librdkafka#5456)."""
-
-    batch: Batch
-    began: float
-    thread: threading.Thread | None = None
-    offsets_sent: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
-    failed: list[BaseException] = field(default_factory=list)
 
 
 def consumer_settings(config: Config) -> dict[str, Any]:
@@ -264,23 +209,20 @@ class KafkaEngine:
         self.batch_bytes: int | None = None
         #: Records the broker found invalid: (topic, key, value size) -> the error's name.
         self.invalid: dict[tuple[str, bytes | None, int], str] = {}
-        #: Set by a delivery report (in the commit's thread) of a record refused for its own
-        #: sake: ``size`` or ``invalid``; the transaction then fails (:meth:`_refused_abort`).
-        self.refusal: str | None = None
         #: The group consumer carries worker.instance_id in its client.id (instance.py).
         member = instance.client_id(config)
         self.consumer = Consumer(logs.kafka_config(
             consumer_settings(config) | ({} if member is None else {"client.id": member})))
-        self.producer = self._new_producer()
-        #: Threads still in a wedged call of a replaced (fenced) producer.
-        self.wedged: list[threading.Thread] = []
+        #: The transactional producer and the open batch (transaction.py). A refusal teaches
+        #: the topics' limits (a size refusal: read again) before its producer is replaced.
+        self.txn = Transaction(
+            self._new_producer, lambda: self.consumer.consumer_group_metadata(),
+            name=f"{worker.app_id}-{self.instance}", timeout_s=worker.transaction_timeout_s,
+            events_topic=self.events,
+            learn=lambda kind: kind == "invalid" or self._read_limits(replace=False))
         #: When the tick waiting for the control backlog first fell due (None: none waits).
         self.tick_deferred: float | None = None
-        self.batch: Batch | None = None
-        #: The previous batch's commit, while it is in flight (at most one).
-        self.committing: Commit | None = None
         self.server: Any = None
-        self.aborts = 0
         self.stopping = False
         self.ready = False
 
@@ -301,7 +243,7 @@ class KafkaEngine:
             instance.check(self.config, self.reader_settings,
                            int(consumer_settings(self.config)["session.timeout.ms"]) / 1000)
             self._read_limits()
-            self.producer.init_transactions(_CLIENT_TIMEOUT_S)
+            self.txn.start()
             self.consumer.subscribe([self.events, self.control], on_assign=self._on_assign,
                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
             # What start-up made (modules, faust's among them: the CLI imports app.py) never
@@ -336,19 +278,19 @@ class KafkaEngine:
         max_s = worker.batch_max_ms / 1000
         next_tick = time.monotonic() + worker.tick_interval_s
         consume, apply_events = self.consumer.consume, self._apply_events
-        idle_trim = self.idle_trim
+        idle_trim, txn = self.idle_trim, self.txn
         while not self.stopping:
             self.beat = now = time.monotonic()
             if now - self.lags_read >= _LAGS_EVERY_S:
                 self._read_lags()
                 self.lags_read = now
-            if self.committing is not None:
-                self._settle(wait=False)
-            batch = self.batch
+            if txn.committing is not None:
+                self._after(txn.settle(wait=False), rewind=True)
+            batch = txn.batch
             if batch is None:  # no transaction open: wait for a first record
                 # (while a commit is in flight, briefly: its outcome is counted at the next
                 # turn)
-                want, wait = 1, _COMMIT_POLL_S if self.committing else min(max_s, 0.5)
+                want, wait = 1, _COMMIT_POLL_S if txn.committing else min(max_s, 0.5)
             else:  # take what is fetched already, without waiting
                 want = min(max(worker.batch_max_records - batch.records, 1), _CONSUME_MAX)
                 wait = 0.0
@@ -361,24 +303,13 @@ class KafkaEngine:
             now = time.monotonic()
             if now >= next_tick and self._tick(now):
                 next_tick = now + worker.tick_interval_s
-            batch = self.batch
+            batch = txn.batch
             if batch is None:
                 continue
             if len(msgs) < want:  # drained: commit at once, and wait for it (module doc)
                 self._commit()
             elif batch.due(now, worker.batch_max_records, max_s):  # a backlog: overlap it
                 self._commit(wait=False)
-
-    def _handle(self, msg: Message) -> None:
-        error = msg.error()
-        if error is not None:
-            if error.fatal():
-                raise Fatal(f"consumer: {error.str()}")
-            log.warning("consumer: %s", error.str())
-        elif msg.topic() == self.events:
-            self._apply_events((msg,))
-        else:
-            self._apply_control(msg)
 
     # -- records ----------------------------------------------------------------------
 
@@ -390,12 +321,12 @@ class KafkaEngine:
         # record emitted something; Heads.applied called only when a run opened or a cancel
         # may wait for its run (it writes a head only then).
         events, partitions, apply = self.events, self.partitions, self.hooks.apply
-        heads, table = self.heads, self.table
-        batch = self.batch
+        heads, table, txn = self.heads, self.table, self.txn
+        batch = txn.batch
         for msg in msgs:
             if msg.error() is not None or msg.topic() != events:
                 self._handle(msg)
-                batch = self.batch
+                batch = txn.batch
                 continue
             # (reader.where's assertion, without its cost: both are set on a consumed record)
             partition: int = msg.partition()  # type: ignore[assignment]
@@ -404,7 +335,7 @@ class KafkaEngine:
             if state is None or offset < state.next_offset:  # not ours (any more), a repeat
                 continue
             if batch is None:
-                batch = self._begin()
+                batch = txn.begin()
             key = msg.key()
             kind, ts = msg.timestamp()
             record_ms = None if kind == 0 else ts
@@ -425,19 +356,27 @@ class KafkaEngine:
             state.next_offset = batch.events[partition] = offset + 1
             batch.records += 1
 
-    def _apply_control(self, msg: Message) -> None:
+    def _handle(self, msg: Message) -> None:
+        """A consumer error (a fatal one stops the worker), or a control record: forwarded
+        into the events topic (a cancel, keyed by its run) or to the DLQ."""
+        error = msg.error()
+        if error is not None:
+            if error.fatal():
+                raise Fatal(f"consumer: {error.str()}")
+            log.warning("consumer: %s", error.str())
+            return
         _, partition, offset = reader.where(msg)
         expected = self.control_next.get(partition)
         if expected is None or offset < expected:
             return
-        batch = self._begin()
+        batch = self.txn.begin()
         record = reader.record_of(msg)
         routed = control.route(record)
         if isinstance(routed, Emit):
             self.hooks.routed(routed)
-            self._produce(self.outputs[Topic.DLQ], record[0], step.out_value(routed))
+            self.txn.produce(self.outputs[Topic.DLQ], record[0], step.out_value(routed))
         else:
-            self._produce(self.events, *routed)
+            self.txn.produce(self.events, *routed)
         self.control_next[partition] = offset + 1
         batch.offsets[(self.control, partition)] = offset + 1
         batch.records += 1
@@ -456,10 +395,10 @@ class KafkaEngine:
             log.warning("ticking with control records not yet forwarded (waited %.1fs)",
                         now - self.tick_deferred)
         self.tick_deferred = None
-        self._begin()
+        self.txn.begin()
         value = orjson.dumps({"v": 1, "type": "tick", "ts": int(time.time() * 1000)})
         for partition in sorted(self.partitions):
-            self._produce(self.events, TICK, value, partition)
+            self.txn.produce(self.events, TICK, value, partition)
         return True
 
     def _control_behind(self) -> bool:
@@ -483,6 +422,7 @@ class KafkaEngine:
         limit, or found invalid by the broker before) is not sent: a small ``output_refused``
         DLQ record goes in its place (:meth:`_refuse`)."""
         hooks, outputs, limits, invalid = self.hooks, self.outputs, self.limits, self.invalid
+        txn = self.txn
         for emit in emits:
             topic = emit.topic
             name = outputs[topic]
@@ -497,15 +437,15 @@ class KafkaEngine:
                              invalid[(name, out_key, len(value))], key, source)
                 continue
             try:
-                self._produce(name, out_key, value, headers=headers)
+                txn.produce(name, out_key, value, headers=headers)
             except KafkaException as exc:  # refused by librdkafka at once
                 if exc.args[0].code() not in _TOO_LARGE | _INVALID:
                     raise
                 self._refuse(emit, name, out_key, refusals.batch_size(out_key, value, headers),
                              exc.args[0].name(), key, source)
                 continue
-            if topic is Topic.COMMITTED and self.batch is not None:
-                self.batch.committed.append(record_ms)
+            if topic is Topic.COMMITTED and txn.batch is not None:
+                txn.batch.committed.append(record_ms)
 
     def _refuse(self, emit: Emit, name: str, out_key: bytes | None, size: int, error: str,
                 key: bytes | None, source: dict[str, Any] | None) -> None:
@@ -521,172 +461,40 @@ class KafkaEngine:
         log.warning("an output record for %s (%d bytes) is refused (%s); an output_refused "
                     "DLQ record replaces it", name, size, error, extra=where)
         self.hooks.metrics.dlq[str(dlq.value["reason"])] += 1
-        self._produce(self.outputs[Topic.DLQ], key, step.out_value(dlq))
+        self.txn.produce(self.outputs[Topic.DLQ], key, step.out_value(dlq))
 
     def _write_heads(self) -> None:
         if not self.table.pending:
             return
+        produce = self.txn.produce
         for partition, key, value in self.table.take_pending():
-            self._produce(self.changelog, key, value, partition)
+            produce(self.changelog, key, value, partition)
 
-    def _produce(self, topic: str, key: bytes | None, value: bytes | None,
-                 partition: int | None = None, headers: list[tuple[str, bytes]] | None = None,
-                 on_delivery: Callable[[KafkaError | None, Message], None] | None = None
-                 ) -> None:
-        """Queue one record in the open transaction (held until it begins); a delivery
-        failure surfaces when the transaction commits (it must then abort)."""
-        batch = self.batch
-        if batch is not None and not batch.begun:
-            batch.held.append((topic, key, value, partition, headers, on_delivery))
-            return
-        options: dict[str, Any] = {}
-        if headers:
-            options["headers"] = headers
-        if on_delivery is not None:  # (else the producer's: :meth:`_delivered`)
-            options["on_delivery"] = on_delivery
-        while True:
-            try:
-                if partition is None:
-                    self.producer.produce(topic, value, key, **options)
-                else:
-                    self.producer.produce(topic, value, key, partition, **options)
-                return
-            except BufferError:  # the local queue is full: let librdkafka send
-                self.producer.poll(0.05)
-
-    # -- transactions -----------------------------------------------------------------
-
-    def _begin(self) -> Batch:
-        if self.batch is None:
-            begun = self.committing is None
-            if begun:
-                self.producer.begin_transaction()
-            self.batch = Batch(time.monotonic(), events_topic=self.events, begun=begun)
-        return self.batch
+    # -- the transaction's outcomes -----------------------------------------------------
 
     def _commit(self, rewind: bool = True, wait: bool = True) -> None:
-        """Commit the open transaction with its consumed offsets, in a thread of its own
-        (:class:`Commit`), after the one in flight; ``wait``: until it has committed (the
-        loop does not wait: it applies the next batch's records meanwhile, holding their
-        outputs until the producer begins their transaction). If it must be aborted, abort it
-        and (``rewind``) rebuild every owned partition from its committed offset."""
-        self._settle(rewind=rewind)  # one transaction commits at a time, in order
-        batch, self.batch = self.batch, None
-        if batch is None:
-            return
-        commit = Commit(batch, time.monotonic())
-        producer, positions = self.producer, batch.positions()
-        metadata = self.consumer.consumer_group_metadata() if positions else None
+        """Commit the open transaction (transaction.py), after the one in flight; ``wait``:
+        until it has settled (the loop does not wait under a backlog: it applies the next
+        batch's records meanwhile, held until the producer begins their transaction). If it
+        must be aborted, act as :meth:`_after` says."""
+        self._after(self.txn.settle(), rewind)  # one transaction commits at a time, in order
+        self._after(self.txn.commit(wait=wait), rewind)
 
-        def run() -> None:
-            try:
-                if positions:
-                    self._retrying(lambda: producer.send_offsets_to_transaction(
-                        positions, metadata, _CLIENT_TIMEOUT_S))
-                commit.offsets_sent.set()
-                self._retrying(lambda: producer.commit_transaction(_CLIENT_TIMEOUT_S))
-            except BaseException as exc:  # handed to the loop (_settle)
-                commit.failed.append(exc)
-            finally:
-                commit.offsets_sent.set()
-                commit.done.set()
-
-        commit.thread = threading.Thread(target=run, name="latch-txn-commit", daemon=True)
-        self.committing = commit
-        commit.thread.start()
-        if wait:
-            self._settle(rewind=rewind)
-
-    def _settle(self, wait: bool = True, rewind: bool = True) -> None:
-        """The commit in flight, if any, once it has returned (``wait``: wait for it): its
-        committed calls counted and the next batch's transaction begun with the records it
-        held; or, if it failed, the next batch dropped (its records are consumed again) and
-        the transaction aborted as :meth:`_commit` says. :class:`Wedged` handling: a
-        ``send_offsets_to_transaction`` that has not returned by the transaction timeout
-        (which caps the call's own) and a grace."""
-        commit = self.committing
-        if commit is None:
-            return
-        wait_s = self.config.worker.transaction_timeout_s + _WEDGED_GRACE_S
-        wedged = False
-        if not commit.done.is_set():
-            left = commit.began + wait_s - time.monotonic()
-            if not wait:
-                if commit.offsets_sent.is_set() or left > 0:
-                    return
-                wedged = True
-            elif not commit.offsets_sent.wait(max(0.0, left)):
-                wedged = True
-            else:
-                commit.done.wait()
-        self.committing = None
-        if (wedged or commit.failed) and self.batch is not None and not self.batch.begun:
-            self.batch = None  # the next batch builds on this one: it goes too
-        try:
-            if wedged:
-                assert commit.thread is not None
-                raise Wedged(f"send_offsets_to_transaction did not return in {wait_s:g}s",
-                             commit.thread)
-            if commit.failed:
-                raise commit.failed[0]
-            self.aborts = 0
-            for record_ms in commit.batch.committed:  # visible to read_committed readers
+    def _after(self, outcome: Outcome | None, rewind: bool) -> None:
+        """Act on what the transaction did: a :class:`Settled` one's committed calls are
+        visible to read_committed readers now (counted); after an :class:`Aborted` one its
+        changelog writes are forgotten and (``rewind``) every owned partition is rebuilt
+        from its committed offset (the in-memory state had moved past it)."""
+        if isinstance(outcome, Settled):
+            for record_ms in outcome.committed:
                 self.hooks.delivered(Topic.COMMITTED, record_ms, True)
-        except Wedged as exc:
-            self.wedged = [t for t in self.wedged if t.is_alive()] + [exc.thread]
-            if len(self.wedged) > MAX_WEDGED:
-                raise Fatal(f"{len(self.wedged)} transactional calls wedged") from exc
-            self._abort(str(exc), rewind, wedged=True)
-            return
-        except KafkaException as exc:
-            error = exc.args[0]
-            if not error.txn_requires_abort():
-                raise Fatal(f"transaction: {error.str()}") from exc
-            if self.refusal is not None:
-                self._refused_abort(error.str(), rewind)
-            else:
-                self._abort(error.str(), rewind)
-            return
-        batch = self.batch
-        if batch is not None and not batch.begun:
-            self.producer.begin_transaction()
-            batch.begun = True
-            held, batch.held = batch.held, []
-            for args in held:
-                self._produce(*args)
-
-    def _retrying(self, call: Callable[[], None]) -> None:
-        """``call``, again while it fails with a retriable error (librdkafka's advice for
-        ``send_offsets_to_transaction`` and ``commit_transaction``)."""
-        while True:
-            try:
-                call()
-                return
-            except KafkaException as exc:
-                error = exc.args[0]
-                if error.fatal():
-                    raise Fatal(f"transaction: {error.str()}") from exc
-                if not error.retriable():
-                    raise
-                log.warning("transaction: %s; retrying", error.str())
-                time.sleep(0.5)
-
-    def _refused_abort(self, reason: str, rewind: bool) -> None:
-        """The transaction failed because the broker refused a record for its own sake
-        (:meth:`_delivered`). Learn why: for size, read the topics' limits again (one was
-        lowered, or records that fit alone were batched past it: the batch size follows the
-        smallest limit); an invalid record is remembered already. Then abort by replacing the
-        producer (the refused batch's sequence numbers would fail the next transaction too)
-        and rewind: applied again, the refused records go to the DLQ (:meth:`_publish`). An
-        abort that learned something does not count towards :data:`MAX_ABORTS`."""
-        kind, self.refusal = self.refusal, None
-        learned = kind == "invalid"
-        if kind == "size":
-            learned = self._read_limits(replace=False)
-        if learned:
-            self.aborts = 0
-        self._abort(f"{reason}; a record was refused for its own sake", rewind, wedged=True,
-                    why="refusing")
+        elif isinstance(outcome, Aborted):
+            log.warning("transaction aborted (%s); %s", outcome.reason,
+                        "rebuilding from the committed offsets" if rewind else "partitions go")
+            self.table.take_pending()
+            if rewind:
+                time.sleep(outcome.backoff_s)
+                self._take_over(self.consumer.assignment(), seek=True)
 
     def _read_limits(self, replace: bool = True) -> bool:
         """Read the written topics' ``max.message.bytes`` (:class:`refusals.Limits`) and the
@@ -702,49 +510,21 @@ class KafkaEngine:
                      batch_bytes)
             self.batch_bytes = wanted
             if replace:
-                self.producer = self._new_producer()
+                self.txn.producer = self._new_producer()
             changed = True
         return changed
-
-    def _abort(self, reason: str, rewind: bool, wedged: bool = False,
-               why: str = "wedged") -> None:
-        """Abort the open transaction (``wedged``: replace the producer, which fences it and
-        aborts its transaction), forget its changelog writes, and (``rewind``) rebuild every
-        owned partition from its committed offset."""
-        self.aborts += 1
-        log.warning("transaction aborted (%s); %s", reason,
-                    "rebuilding from the committed offsets" if rewind else "partitions go")
-        if self.aborts > MAX_ABORTS:
-            raise Fatal(f"{self.aborts} transactions aborted in a row")
-        if wedged:
-            self._replace_producer(why)
-        else:
-            self._retrying(lambda: self.producer.abort_transaction(_CLIENT_TIMEOUT_S))
-        self.table.take_pending()
-        if rewind:
-            time.sleep(min(self.aborts, 5))
-            self._take_over(self.consumer.assignment(), seek=True)
 
     def _new_producer(self) -> Producer:
         return Producer(logs.kafka_config({
             **producer_settings(self.config, self.instance, self.batch_bytes),
             "on_delivery": self._delivered}))
 
-    def _replace_producer(self, why: str = "wedged") -> None:
-        """A new producer with the same ``transactional.id``: its ``init_transactions`` bumps
-        the epoch, so the wedged producer is fenced and its open transaction aborted (also
-        after a refused record: :meth:`_refused_abort`)."""
-        log.warning("replacing the %s transactional producer (transactional.id %s-%s)", why,
-                    self.config.worker.app_id, self.instance)
-        self.producer = self._new_producer()
-        self._retrying(lambda: self.producer.init_transactions(_CLIENT_TIMEOUT_S))
-
     # -- assignment -------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, assigned: list[TopicPartition]) -> None:
         """Rebuild each events partition as it was at its committed offset; consume every
         partition from that offset."""
-        self._settle(rewind=False)  # (none in flight: a revocation came first)
+        self._after(self.txn.settle(), rewind=False)  # (none in flight: revoked first)
         self.hooks.assigned([tp.partition for tp in assigned if tp.topic == self.events])
         self._take_over(assigned, seek=False)
         if not self.ready:
@@ -759,13 +539,9 @@ class KafkaEngine:
 
     def _on_lost(self, consumer: Consumer, lost: list[TopicPartition]) -> None:
         """The partitions are someone else's already: abort, drop them."""
-        self._settle(rewind=False)  # the commit in flight, committed or aborted
-        if self.batch is not None:
-            batch, self.batch = self.batch, None
-            if batch.begun:
-                self._abort("the assignment was lost", rewind=False)
-            else:  # nothing sent yet: its records and heads go
-                self.table.take_pending()
+        self._after(self.txn.settle(), rewind=False)  # the commit in flight, done or aborted
+        self._after(self.txn.abandon("the assignment was lost"), rewind=False)
+        self.table.take_pending()  # (a batch not begun: nothing sent, its heads go)
         self._drop(lost)
 
     def _drop(self, partitions: Iterable[TopicPartition]) -> None:
@@ -846,7 +622,7 @@ class KafkaEngine:
         transactions: a head commits with its outputs): publish them again and record them."""
         outputs = partition_module.refinished(partition, replayed)
         if outputs:
-            self._begin()
+            self.txn.begin()
             self._publish(None, [e for e in outputs if e.topic is not Topic.DLQ])
             self.heads.finished(state, partition, partition_module.finished_runs(outputs))
             self._write_heads()
@@ -857,7 +633,8 @@ class KafkaEngine:
         """The producer's delivery report of a failed record (served while the transaction
         commits, in the commit's thread): a failure of an output is counted (progress aside)
         and the transaction then aborts. A record refused for its own sake is noted
-        (:attr:`refusal`; an invalid one in :attr:`invalid`) for :meth:`_refused_abort`."""
+        (``txn.refusal``; an invalid one in :attr:`invalid`): the transaction's abort then
+        replaces the producer (transaction.py, step 6)."""
         if error is None:
             return
         name = str(msg.topic())
@@ -866,10 +643,10 @@ class KafkaEngine:
             self.hooks.delivered(topic, None, False)
         code = error.code()
         if code in _TOO_LARGE:
-            self.refusal = "size"
+            self.txn.refusal = "size"
         elif code in _INVALID:
             self.invalid[(name, msg.key(), len(msg.value() or b""))] = error.name()
-            self.refusal = self.refusal or "invalid"
+            self.txn.refusal = self.txn.refusal or "invalid"
 
     def _read_lags(self) -> None:
         """Note each owned events partition's lag: its end offset in the consumer's cache (at
