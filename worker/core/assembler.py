@@ -282,7 +282,7 @@ class Assembler:
             return []
         self._enter(run, envelope.seq, now_ms)
         if isinstance(envelope, ProviderEvent):
-            return run.provider_event(envelope.event, *self._raw(raw))
+            return run.provider_event(envelope.event, *_raw(raw))
         if isinstance(envelope, StreamError):
             return run.finish(RunStatus.FAILED, Reason.STREAM_ERROR, "transport failed")
         return run.stream_end()
@@ -339,7 +339,7 @@ class Assembler:
                 self.stats["duplicates"] += 1
                 return []
             return [self._reject(Rejected(DlqReason.DUPLICATE_RUN_START, "run already started",
-                                          start.run_id), *self._raw(raw))]
+                                          start.run_id), *_raw(raw))]
         emits: list[Emit] = []
         limit = self.settings.max_open_runs
         while self._runs and len(self._runs) >= limit:
@@ -476,7 +476,7 @@ class Assembler:
             return []
         if finished is None:
             reject = Rejected(DlqReason.UNKNOWN_RUN, "no run.start for this run", envelope.run_id)
-            return [self._reject(reject, *self._raw(raw))]
+            return [self._reject(reject, *_raw(raw))]
         last_seq, status = finished
         if isinstance(envelope, Cancel) or status is RunStatus.CANCELLED:
             self.stats["ignored_after_end"] += 1
@@ -485,7 +485,7 @@ class Assembler:
             self.stats["duplicates" if envelope.seq <= last_seq else "ignored_after_end"] += 1
             return []
         reject = Rejected(DlqReason.RUN_FINISHED, f"the run ended as {status}", envelope.run_id)
-        return [self._reject(reject, *self._raw(raw))]
+        return [self._reject(reject, *_raw(raw))]
 
 
     # -- memory budgets (module docstring) ---------------------------------------------
@@ -520,11 +520,12 @@ class Assembler:
 
     # -- the dead-letter topic --------------------------------------------------------
 
-    @staticmethod
-    def _raw(raw: tuple[bytes | None, bytes, dict[str, Any] | None] | None
-             ) -> tuple[bytes | None, bytes, dict[str, Any] | None]:
-        return raw if raw is not None else (None, b"", None)
-
     def _reject(self, rejected: Rejected, key: bytes | None, value: bytes,
                 source: dict[str, Any] | None) -> Emit:
         return self._ledger.reject(rejected, key, value, source)
+
+
+def _raw(raw: tuple[bytes | None, bytes, dict[str, Any] | None] | None
+         ) -> tuple[bytes | None, bytes, dict[str, Any] | None]:
+    """The input record an envelope came from; none (``feed`` of a decoded envelope): empty."""
+    return raw if raw is not None else (None, b"", None)
