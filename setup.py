@@ -35,8 +35,10 @@ from setuptools.command.build_ext import build_ext
 COMPILED = [
     "worker/core/__init__.py",
     "worker/core/assembler.py",
+    "worker/core/call.py",
     "worker/core/envelope.py",
     "worker/core/keys.py",
+    "worker/core/latch.py",
     "worker/core/model.py",
     "worker/core/ops.py",
     "worker/core/outputs.py",

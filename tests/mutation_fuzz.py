@@ -40,6 +40,7 @@ import orjson
 
 from worker.core import Assembler, AssembleSettings, Emit, Topic
 from worker.core.envelope import TICK_KEY
+from worker.core.run import Run
 from worker.runtime.schemas import validator
 from worker.tools import capture
 
@@ -361,26 +362,37 @@ class SpyAssembler(Assembler):
         self.opened: Counter[str] = Counter()
         self.started: set[str] = set()
 
-    def _open(self, run: Any, item: Any) -> list[Emit]:
-        # Counted by what the run holds after: a start the assembler reads as no new call
-        # (an id it holds already, after a protocol break) opens none.
-        before = len(run.calls)
-        emits = super()._open(run, item)
-        self.opened[run.run_id] += len(run.calls) - before
-        return emits
-
-    def _unwrap(self, run: Any, call: Any) -> Any:
-        # A parallel wrapper gets no outcome of its own; each of its entries gets one.
-        children = super()._unwrap(run, call)
-        if children:
-            self.opened[run.run_id] += len(children) - 1
-        return children
+    def _new_run(self, *args: Any) -> Run:
+        run = SpyRun(*args, self._ledger, self._rules)
+        run.opened = self.opened
+        return run
 
     def _start(self, start: Any, run: Any, now_ms: int, raw: Any) -> list[Emit]:
         emits = super()._start(start, run, now_ms, raw)
         if self.is_open(start.run_id):
             self.started.add(start.run_id)
         return emits
+
+
+class SpyRun(Run):
+    """A run that counts the calls its adapter opened in its assembler's ``opened``."""
+
+    opened: Counter[str]
+
+    def _open(self, item: Any) -> list[Emit]:
+        # Counted by what the run holds after: a start the run reads as no new call (an id
+        # it holds already, after a protocol break) opens none.
+        before = len(self.calls)
+        emits = super()._open(item)
+        self.opened[self.run_id] += len(self.calls) - before
+        return emits
+
+    def _unwrap(self, call: Any) -> Any:
+        # A parallel wrapper gets no outcome of its own; each of its entries gets one.
+        children = super()._unwrap(call)
+        if children:
+            self.opened[self.run_id] += len(children) - 1
+        return children
 
 
 def _entry(emit: Emit) -> dict[str, Any]:

@@ -23,10 +23,17 @@ entry (README, "The parallel wrapper"); those calls get the outcomes, the wrappe
 
 A call may also fail or be cancelled while still ``OPEN`` (oversize text, too many calls in
 flight, a stream error, a cancel). Terminal states have no way out: whatever arrives for a
-terminal call changes nothing, which is what makes a re-delivered or late event harmless.
+terminal call changes nothing, which is what makes a re-delivered or late event harmless. The
+one exception is ``duplicate_call_id``: a failed or cancelled call whose id another call of
+the run shares fails ``duplicate_call_id`` instead, so that one id gets one kind of outcome
+(``Run._outcomes``); a committed call is never taken back.
 
-``TRANSITIONS`` is the whole table; a move that is not in it is a bug in the core, and
-:func:`check_transition` raises :class:`IllegalTransition` for it.
+``TRANSITIONS`` is the whole machine, in the manner of h11's ``EVENT_TRIGGERED_TRANSITIONS``
+and h2's ``_transitions``: for every state and every :class:`CallEvent` (what happens to a
+call) it gives the state the event moves the call to, or None when the event changes nothing
+there. It is total (tests/core/property/test_transitions.py), and :meth:`Call.step
+<worker.core.call.Call.step>` is the only way a call changes state: an event the table
+refuses is a defined outcome (the call keeps its state), never an exception.
 """
 
 from __future__ import annotations
@@ -34,8 +41,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
-
-from worker.core._mypyc import mypyc_attr
 
 
 class CallState(StrEnum):
@@ -51,28 +56,49 @@ TERMINAL: frozenset[CallState] = frozenset(
     {CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED, CallState.UNWRAPPED}
 )
 
-TRANSITIONS: dict[CallState, frozenset[CallState]] = {
-    CallState.OPEN: frozenset({CallState.ARGS_COMPLETE, CallState.FAILED, CallState.CANCELLED}),
-    CallState.ARGS_COMPLETE: frozenset(
-        {CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED, CallState.UNWRAPPED}
-    ),
-    CallState.COMMITTED: frozenset(),
-    CallState.UNWRAPPED: frozenset(),
-    CallState.FAILED: frozenset(),
-    CallState.CANCELLED: frozenset(),
+
+class CallEvent(StrEnum):
+    """What happens to a call: the column of ``TRANSITIONS``."""
+
+    #: The provider says no more text will come (its block ended, or the stream did).
+    CLOSE = "close"
+    #: The completion latch held.
+    COMMIT = "commit"
+    #: A rule broke (any :class:`Reason` but ``cancelled``).
+    FAIL = "fail"
+    #: A cancel reached the run first.
+    CANCEL = "cancel"
+    #: A parallel wrapper was read and replaced by its entries.
+    UNWRAP = "unwrap"
+    #: Another call of the run has the same id (``duplicate_call_id``, after the fact).
+    DUPLICATE = "duplicate"
+
+
+_OPEN, _COMPLETE = CallState.OPEN, CallState.ARGS_COMPLETE
+_FAILED, _CANCELLED = CallState.FAILED, CallState.CANCELLED
+
+#: (state, event) -> the state the event moves a call to; None: the event changes nothing.
+#: Total: every pair is here (tests/core/property/test_transitions.py).
+TRANSITIONS: dict[tuple[CallState, CallEvent], CallState | None] = {
+    (_OPEN, CallEvent.CLOSE): _COMPLETE,
+    (_OPEN, CallEvent.COMMIT): None,  # (only a call whose text is complete is decided)
+    (_OPEN, CallEvent.FAIL): _FAILED,
+    (_OPEN, CallEvent.CANCEL): _CANCELLED,
+    (_OPEN, CallEvent.UNWRAP): None,
+    (_OPEN, CallEvent.DUPLICATE): None,  # (an outcome is given to terminal calls only)
+    (_COMPLETE, CallEvent.CLOSE): None,
+    (_COMPLETE, CallEvent.COMMIT): CallState.COMMITTED,
+    (_COMPLETE, CallEvent.FAIL): _FAILED,
+    (_COMPLETE, CallEvent.CANCEL): _CANCELLED,
+    (_COMPLETE, CallEvent.UNWRAP): CallState.UNWRAPPED,
+    (_COMPLETE, CallEvent.DUPLICATE): None,
+    # Terminal states: nothing moves them, but for ``duplicate_call_id`` (below).
+    **{(state, event): None
+       for state in (CallState.COMMITTED, CallState.UNWRAPPED, _FAILED, _CANCELLED)
+       for event in CallEvent},
+    (_FAILED, CallEvent.DUPLICATE): _FAILED,
+    (_CANCELLED, CallEvent.DUPLICATE): _FAILED,
 }
-
-
-@mypyc_attr(native_class=False)  # mypyc: a native class cannot derive from AssertionError
-class IllegalTransition(AssertionError):
-    """The core tried a move that ``TRANSITIONS`` does not allow: a bug, never bad input."""
-
-
-def check_transition(old: CallState, new: CallState) -> CallState:
-    """Return ``new`` if ``old -> new`` is in the table, else raise :class:`IllegalTransition`."""
-    if new not in TRANSITIONS[old]:
-        raise IllegalTransition(f"{old} -> {new}")
-    return new
 
 
 class Reason(StrEnum):

@@ -25,10 +25,10 @@ from typing import Any
 
 from orjson import dumps
 
+from worker.core.call import Call
 from worker.core.envelope import Rejected, RunStart
 from worker.core.model import CallState, Emit, Reason, RunStatus, Topic
 from worker.core.ops import CUSTOM, FUNCTION, Adapter, CallView
-from worker.core.run import Call
 from worker.core.settings import MAX_RECORD_BYTES
 
 #: Characters of an error's detail written in its ``content``; a longer one (a schema path

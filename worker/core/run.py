@@ -1,241 +1,586 @@
-"""One run: its calls, their buffers, and the completion latch.
+"""One run: its calls, their buffers, and its end.
 
-A :class:`Run` applies the ops of its adapter to its calls and, when the run ends, decides
-each call's outcome. The decision is the *completion latch*; a call commits only when all of
-these hold, checked in this order, the first failure naming the reason:
+A :class:`Run` lives from its ``run.start`` to its end. It applies the ops its adapter reads
+from each provider event to its calls (:mod:`worker.core.call`), keeps its own bounds
+(argument bytes per call, text per run, calls per run: ``assembler``'s module docstring), asks
+the completion latch (:mod:`worker.core.latch`) to decide each complete call, and at its end
+(:meth:`Run.finish`) gives every call exactly one outcome and the run one final message.
 
-1. the message was not truncated (``truncated``, rule 5);
-2. it has a non-empty id and name (``missing_id_or_name``);
-3. no other call of the run claims the same id, its ``tool_call_id`` (``duplicate_call_id``);
-4. the name is a client tool registered by ``run.start`` (``unknown_tool``);
-5. its text is strict JSON (``invalid_json``, rule 1), empty text meaning ``{}`` (rule 3);
-6. the value is an object (``arguments_not_object``) when ``arguments_must_be_object``;
-7. the value is valid against the tool's JSON Schema (``schema_invalid``);
-8. its committed call record fits the output topics' record size (``record_too_large``);
-9. the run's call budget has room (``budget_exceeded``, rule 7, counted at enqueue).
-
-A call's ``kind`` (``ops.CALL_KINDS``) says what its text is. ``function`` calls take every
-step. A ``custom`` call (Responses ``custom_tool_call``) takes 1 to 4 against the custom tools
-the run registered, then 8 and 9: its text is free-form input, committed as text, never parsed (a
-``grammar`` format is not enforced). The Responses items a client answers take every step
-against the tool of their type (``tools.client_tools``), whose schema is empty.
-
-Limits that can be known earlier fail the call earlier, while its text streams in:
-``arguments_exceed_max_bytes`` (the buffer is dropped at once) and ``too_many_tool_calls``
-(a placeholder that keeps the call's place so that it still gets its one outcome).
-
-Whatever ended them, calls that share one ``tool_call_id`` end with one kind of outcome
-(``Assembler._outcomes``): ``duplicate_call_id`` for each, or, when one of them already had
-its record emitted (block-level early commit), that record alone.
+What a run shares with the other runs of its partition it reaches through two small objects
+passed in: the :class:`Ledger` (the bytes all open runs hold against ``max_buffered_bytes``,
+the counters, and the partition's hooks to make room and to forget an ended run) and the
+:class:`Rules` (the settings a run reads, copied once per partition).
 """
 
 from __future__ import annotations
 
+import sys
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from orjson import dumps
+
+from worker.core import ops as op
 from worker.core import strictjson
-from worker.core.model import CallState, IllegalTransition, Reason, check_transition
-from worker.core.ops import CUSTOM, FUNCTION
-from worker.core.settings import MAX_RECORD_BYTES, RECORD_OVERHEAD, AssembleSettings
-from worker.core.tools import ToolSchema
+from worker.core._mypyc import mypyc_attr
+from worker.core.call import (
+    FOLD_PIECES,
+    Call,
+    check_order_keys,
+    too_long,
+    usable,
+    utf8_len,
+)
+from worker.core.envelope import Rejected, RunStart
+from worker.core.latch import NAME_CHECKED_REASONS, Latch
+from worker.core.model import CallEvent, CallState, DlqReason, Emit, Reason, RunStatus
+from worker.core.outputs import Outputs, dlq_record, id_counts
+from worker.core.settings import (
+    CALLS_PER_RUN_FACTOR,
+    CHOICE_BYTES,
+    MAX_ID_CHARACTERS,
+    MAX_NAME_CHARACTERS,
+    MAX_RECORD_BYTES,
+    RECORD_OVERHEAD,
+    AssembleSettings,
+)
 
-#: Loose argument fragments a call holds before :meth:`Call.fold` joins them: a fragment held
-#: as its own ``str`` costs about 57 bytes besides its text (bench/bench_memory.py).
-FOLD_PIECES = 16
+__all__ = ["FOLD_PIECES", "NAME_CHECKED_REASONS", "Call", "Latch", "Ledger", "Rules", "Run",
+           "utf8_len"]
+
+_OPEN = CallState.OPEN
+_COMPLETE = CallState.ARGS_COMPLETE
+_UNWRAPPED = CallState.UNWRAPPED
+#: Between a parallel wrapper's call id and an entry's position in the ids of the calls it is
+#: unwrapped into (``call_abc`` -> ``call_abc#0``, ``call_abc#1``; README, "The parallel
+#: wrapper"). OpenAI's call ids are ``call_`` and letters and digits, never ``#``; an id that
+#: equals a derived one anyway is shared by two calls, and both fail ``duplicate_call_id``.
+WRAPPED_ID_SEPARATOR = "#"
+#: Bytes of a call's entries in a final message besides its text, id and name, at most.
+_CALL_FIELDS_BYTES = 512
+#: The bytes of a record carrying one argument fragment that are taken for its envelope (the
+#: ids, model and names a provider repeats on every chunk), not counted as the run's text.
+FRAGMENT_ENVELOPE = 512
+
+_NONE_TRUNCATED: frozenset[int | None] = frozenset()
 
 
-class Call:
-    """A tool call being assembled; ``parts`` is its opaque argument text, in pieces: the
-    first ``folded`` are joined runs of fragments (:meth:`fold`), the rest fragments as they
-    came.
+class Ledger:
+    """The accounts one partition's open runs share: the bytes they hold (``held``) against
+    ``max_buffered_bytes`` (``limit``), the partition's counters (``stats``) and the argument
+    bytes of each call the latch checks (``sizes``, when a list), and the partition's two hooks:
+    ``make_room(run, growth)`` ends the least recently active runs other than ``run`` until
+    ``growth`` more bytes fit, and ``forget(run)`` is told when a run has ended."""
 
-    (A slotted class with its ``__init__`` written out, like the other per-call and per-run
-    state, rather than a dataclass: compiled, a dataclass is still built by the interpreter.)
-    """
+    __slots__ = ("forget", "held", "limit", "make_room", "sizes", "stats")
 
-    __slots__ = ("arguments", "call_id", "choice", "detail", "emitted", "folded", "index", "key",
-                 "kind", "name", "nbytes", "order", "parent", "parsed", "parts", "reason",
-                 "refused", "state", "text", "tool")
+    def __init__(self, limit: int, make_room: Callable[[Run, int], list[Emit]],
+                 forget: Callable[[Run], None]) -> None:
+        self.held = 0
+        self.limit = limit
+        self.make_room = make_room
+        self.forget = forget
+        self.stats: Counter[str] = Counter()
+        self.sizes: list[int] | None = None
 
-    def __init__(self, key: str, index: int, choice: int | None, order: int,
-                 call_id: str | None = None, name: str | None = None,
-                 kind: str = FUNCTION, tool: str | None = None) -> None:
-        self.key = key
-        self.index = index
-        self.choice = choice
-        self.order = order
-        self.call_id = call_id
-        self.name = name
-        #: What its text is (``ops.CALL_KINDS``), and the key its tool is registered under
-        #: when that is not its name.
-        self.kind = kind
-        self.tool = tool
-        #: The buffer key of the parallel wrapper it was unwrapped from, else None.
-        self.parent: str | None = None
-        self.parts: list[str] = []
-        self.folded = 0
-        #: UTF-8 bytes of ``parts``.
+    def reject(self, rejected: Rejected, key: bytes | None, value: bytes,
+               source: dict[str, Any] | None) -> Emit:
+        """The DLQ record of an input record, counted."""
+        self.stats[f"dlq_{rejected.reason}"] += 1
+        return dlq_record(rejected, key, value, source)
+
+
+class Rules:
+    """The settings a run reads, copied out of :class:`AssembleSettings` once per partition
+    (read for every fragment: compiled, a setting is an attribute of a Python object)."""
+
+    __slots__ = ("argument_bytes", "choices", "early", "in_flight", "partial_args",
+                 "pipelined", "progress", "text_bytes")
+
+    def __init__(self, settings: AssembleSettings) -> None:
+        self.argument_bytes = settings.max_tool_argument_bytes
+        self.text_bytes = settings.max_run_text_bytes
+        self.progress = settings.emit_progress
+        self.partial_args = settings.ui_forward_partial_args
+        self.early = settings.execute_before_stream_end
+        self.pipelined = frozenset(settings.allow_pipelined_execute)
+        self.in_flight = settings.max_tool_calls_in_flight_assemble
+        self.choices = settings.max_choices_per_run
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # mypyc: tests subclass it (mutation_fuzz.py)
+class Run:
+    """The state of one open run, and what it does with each provider event."""
+
+    __slots__ = ("adapter", "broken", "calls", "key", "last_ms", "last_seq", "latch", "ledger",
+                 "nbytes", "out", "rules", "run_id", "status", "text_bytes", "truncated")
+
+    def __init__(self, start: RunStart, adapter: op.Adapter, latch: Latch, now_ms: int,
+                 key: bytes | None, ledger: Ledger, rules: Rules) -> None:
+        # (the run.start itself is not kept: its tools are the latch's, the rest the outputs')
+        self.run_id = start.run_id
+        #: The record key of the run's envelopes (its run id, UTF-8): the ``run.start``
+        #: record's own key object, which the engine's heads table holds too.
+        encoded = start.run_id.encode()
+        self.key = key if key is not None and key == encoded else encoded
+        self.adapter = adapter
+        self.latch = latch
+        self.ledger = ledger
+        self.rules = rules
+        self.out = Outputs(start)
+        self.last_seq = start.seq
+        self.last_ms = now_ms
+        self.calls: dict[str, Call] = {}
+        #: The choices cut short (None: the whole message); a shared empty set until one is.
+        self.truncated: frozenset[int | None] = _NONE_TRUNCATED
+        #: Argument, schema and text bytes this run holds (its share of ``ledger.held``).
         self.nbytes = 0
-        self.state = CallState.OPEN
-        self.reason: Reason | None = None
-        self.detail = ""
-        #: The parsed value, once ``parsed``.
-        self.arguments: Any = None
-        self.parsed = False
-        #: Whether its outcome has been emitted.
-        self.emitted = False
-        #: The whole text, once decided.
-        self.text: str | None = None
-        #: Why its arguments, sent as a parsed value, have no one meaning (``ops.RefuseArgs``):
-        #: the latch's JSON step fails it ``invalid_json`` with this. None: nothing refused.
-        self.refused: str | None = None
+        #: How the stream broke its protocol, once it did (see :meth:`_break`).
+        self.broken: str | None = None
+        #: Bytes of the provider events its final message is built from (``max_run_text_bytes``).
+        self.text_bytes = 0
+        #: How it ended, once it has (:meth:`finish`).
+        self.status: RunStatus | None = None
 
-    def __repr__(self) -> str:  # never the text: it may hold a secret
-        return f"Call({self.key!r}, {self.call_id!r}, {self.name!r}, {self.state})"
+    def in_flight(self) -> int:
+        return sum(1 for c in self.calls.values() if c.state is CallState.OPEN)
 
-    @property
-    def tool_call_id(self) -> str:
-        """The id the outcome pairs with: the provider's, else the buffer key."""
-        return self.call_id or self.key
+    # -- provider events --------------------------------------------------------------
 
-    def move(self, new: CallState) -> None:
-        self.state = check_transition(self.state, new)
+    def provider_event(self, event: dict[str, Any], key: bytes | None, value: bytes,
+                       source: dict[str, Any] | None) -> list[Emit]:
+        """Apply one provider event (``value``: its record); one its adapter cannot read or
+        refuses becomes a DLQ record."""
+        adapter = self.adapter
+        adapter.record = value  # (Adapter.arguments_text), never kept past the event
+        try:
+            ops = adapter.feed(event)
+            n = len(ops)
+            if n and (n > 1 or not isinstance(ops[0], op.AppendArgs)):  # a fragment alone
+                check_order_keys(ops)  # opens no call: nothing to check
+        except Exception as exc:  # a malformed provider event: contained, never raised
+            adapter.record = b""
+            if adapter.kept:  # what it kept before refusing is the final message's: counted
+                self.text_bytes += len(value) if value else len(dumps(event))
+            detail = (str(exc) if isinstance(exc, op.EventRefused)
+                      else f"provider event could not be read ({type(exc).__name__})")
+            reject = Rejected(DlqReason.INVALID_ENVELOPE, detail, self.run_id)
+            return [self.ledger.reject(reject, key, value, source)]
+        adapter.record = b""
+        return self.applied(ops, len(value) if value else len(dumps(event)))
 
-    def fail(self, reason: Reason, detail: str) -> None:
-        """End the call with ``reason``; ``detail`` must not quote argument text."""
-        self.move(CallState.CANCELLED if reason is Reason.CANCELLED else CallState.FAILED)
-        self.reason, self.detail = reason, detail
-        if reason is Reason.ARGUMENTS_EXCEED_MAX_BYTES:
-            self.parts.clear()
-            self.folded = 0
+    def applied(self, ops: list[op.Op], size: int) -> list[Emit]:
+        """Apply the ops of one provider event of ``size`` bytes that the run's adapter read."""
+        # What an adapter keeps for the final message (text, thinking, blocks, items) comes
+        # from the event's bytes that are not argument text: they bound the run's text. A lone
+        # argument fragment's own envelope (at most FRAGMENT_ENVELOPE bytes) is not counted.
+        adapter, ledger, text_limit = self.adapter, self.ledger, self.rules.text_bytes
+        n = len(ops)
+        if not n:  # nearly every event, a text delta: its text kept, no op (_ops, inline)
+            text_bytes = self.text_bytes + size
+            self.text_bytes = text_bytes
+            kept = adapter.kept
+            if text_bytes <= text_limit and kept >= 0 and (
+                    ledger.held + kept <= ledger.limit):
+                adapter.kept = 0
+                self.nbytes += kept  # it fits: _hold_text, inline
+                ledger.held += kept
+                return []
+            self.text_bytes -= size  # anything else: the general steps below
+        if n == 1:
+            first = ops[0]
+            if isinstance(first, (op.AppendArgs, op.SetArgs)):
+                size -= len(first.text)
+            # (an event that keeps something, or names a call, is the final message's source)
+            if (size <= FRAGMENT_ENVELOPE and not adapter.kept
+                    and not isinstance(first, (op.OpenCall, op.Identify))):
+                size = 0
+        elif n:
+            for item in ops:
+                if isinstance(item, (op.AppendArgs, op.SetArgs)):
+                    size -= len(item.text)
+        text_bytes = self.text_bytes + size
+        self.text_bytes = text_bytes
+        if text_bytes > text_limit:
+            ledger.stats["runs_over_text_bytes"] += 1
+            return self.finish(RunStatus.FAILED, Reason.BUDGET_EXCEEDED, "the run's text "
+                               f"and thinking exceeded {text_limit} bytes")
+        kept = adapter.kept
+        if kept:  # text kept for the final message: held in max_buffered_bytes
+            adapter.kept = 0
+            if kept < 0 or ledger.held + kept <= ledger.limit:
+                self.nbytes += kept  # it fits: _hold_text, inline
+                ledger.held += kept
+            else:
+                ended = self._hold_text(kept)
+                if ended:  # runs ended to make room, perhaps this one
+                    return ended + self._ops(ops) if self.status is None else ended
+        if n == 1:
+            item = ops[0]
+            if isinstance(item, op.AppendArgs):  # _apply(item), inline: nearly every op
+                return self._args(item.key, item.text, replace=False)
+        return self._ops(ops)
 
-    def duplicate(self, detail: str) -> None:
-        """Fail a call whose id another call of the run shares, once it is terminal and its
-        outcome not yet emitted: ``duplicate_call_id`` replaces whatever failed or cancelled
-        it (one kind of outcome per id, ``Assembler._outcomes``). The one move out of a
-        terminal state; a committed call is never taken back (IllegalTransition)."""
-        if self.state is not CallState.FAILED and self.state is not CallState.CANCELLED:
-            raise IllegalTransition(f"{self.state} -> duplicate_call_id")
-        self.state, self.reason, self.detail = CallState.FAILED, Reason.DUPLICATE_CALL_ID, detail
+    def _ops(self, ops: list[op.Op]) -> list[Emit]:
+        """Apply one provider event's ops, until one ends the run."""
+        if not ops:  # most events (text deltas) have none
+            return []
+        if len(ops) == 1:
+            item = ops[0]
+            if isinstance(item, op.AppendArgs):  # _apply(item), inline: nearly every op
+                return self._args(item.key, item.text, replace=False)
+            return self._apply(item)
+        emits: list[Emit] = []
+        for item in ops:
+            emits += self._apply(item)
+            if self.status is not None:
+                break
+        return emits
 
-    def fold(self) -> None:
-        """Join the loose fragments at the end of ``parts`` into one piece, then merge it with
-        the pieces before it while they are no longer than it: ``parts`` keeps O(log n)
-        pieces and each byte is copied O(log n) times (the text itself never changes)."""
-        parts = self.parts
-        at = min(self.folded, len(parts))
-        piece = "".join(parts[at:])
-        del parts[at:]
-        while parts and len(parts[-1]) <= len(piece):
-            piece = parts.pop() + piece
-        parts.append(piece)
-        self.folded = len(parts)
+    def stream_end(self) -> list[Emit]:
+        """The gateway's ``stream.end``: the provider's own end, or a failure without it."""
+        if self.broken is not None:
+            return self.finish(RunStatus.FAILED, Reason.PROTOCOL_ERROR, self.broken)
+        emits: list[Emit] = []
+        for item in self.adapter.end():  # a stop reason decided at the stream's end
+            emits += self._apply(item)
+            if self.status is not None:
+                return emits
+        if self.adapter.completes_on_stream_end:
+            status = RunStatus.TRUNCATED if self.truncated else RunStatus.COMPLETED
+            return emits + self.finish(status, None, "")
+        detail = "the stream ended before the provider's end-of-message event"
+        return emits + self.finish(RunStatus.FAILED, Reason.STREAM_ERROR, detail)
 
-    def sort_key(self) -> tuple[int, int, int]:
-        return (self.choice or 0, self.index, self.order)
+    # -- ops --------------------------------------------------------------------------
 
+    def _apply(self, item: op.Op) -> list[Emit]:
+        if isinstance(item, op.AppendArgs):  # the most frequent op by far: before the match
+            return self._args(item.key, item.text, replace=False)
+        match item:
+            case op.SetArgs():
+                return self._args(item.key, item.text, replace=True)
+            case op.OpenCall():
+                return self._open(item)
+            case op.Identify(key, call_id, name):
+                call = self.calls.get(key)
+                if call is not None:  # (a too long id or name is none: _open)
+                    call.call_id = call.call_id or usable(call_id, MAX_ID_CHARACTERS)
+                    call.name = call.name or usable(name, MAX_NAME_CHARACTERS)
+                return []
+            case op.RefuseArgs(key, detail):
+                call = self.calls.get(key)
+                if call is not None and call.state is _OPEN:  # its text no longer counts
+                    self._drop(call)
+                    call.refused = detail
+                return []
+            case op.CloseCall(key):
+                return self._close(key)
+            case op.Truncated(choice):
+                self.truncated = self.truncated | {choice}
+                return []
+            case op.Complete():
+                if self.broken is not None:
+                    return self.finish(RunStatus.FAILED, Reason.PROTOCOL_ERROR, self.broken)
+                status = RunStatus.TRUNCATED if self.truncated else RunStatus.COMPLETED
+                return self.finish(status, None, "")
+            case op.UpstreamError(detail, reason):
+                return self.finish(RunStatus.FAILED, reason, detail)
+            case op.ProtocolError(detail):
+                return self._break(detail)
+            case op.Restated(key, text):
+                return self._restated(key, text)
+        raise AssertionError(f"unhandled op {item!r}")  # pragma: no cover
 
-def utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    def _open(self, item: op.OpenCall) -> list[Emit]:
+        if item.key in self.calls:
+            return self._apply(op.Identify(item.key, item.call_id, item.name))
+        if self.broken is not None and item.call_id is not None and any(
+                c.call_id == item.call_id for c in self.calls.values()):
+            return []  # after a break, an id the run holds already has its one outcome
+        name, call_id = item.name, item.call_id
+        # An id or name too long to repeat in every record is none (``missing_id_or_name``).
+        long = too_long(call_id, name)
+        if long:
+            call_id, name = usable(call_id, MAX_ID_CHARACTERS), usable(name, MAX_NAME_CHARACTERS)
+        if name is not None and name in self.latch.tools:
+            name = sys.intern(name)  # the tool map's key (tools.client_tools): one string
+        call = Call(item.key, item.index, item.choice, len(self.calls), call_id, name,
+                    item.kind, item.tool)
+        limit = self.rules.in_flight
+        cap = CALLS_PER_RUN_FACTOR * limit
+        if len(self.calls) >= cap:  # a flood of call starts: end the run (module docstring)
+            self.calls[item.key] = call
+            self.ledger.stats["runs_ended_too_many_calls"] += 1
+            detail = f"the run started more than {cap} calls; the whole run was ended"
+            return self.finish(RunStatus.FAILED, Reason.TOO_MANY_TOOL_CALLS, detail)
+        self.calls[item.key] = call
+        if self.broken is not None:  # nothing of the stream is trusted (outcome at the end)
+            call.fail(Reason.PROTOCOL_ERROR, f"started after the stream broke: {self.broken}")
+            return []
+        if long:
+            call.fail(Reason.MISSING_ID_OR_NAME, long)
+            return []
+        if self.in_flight() > limit:
+            call.fail(Reason.TOO_MANY_TOOL_CALLS, f"at most {limit} calls may be assembled at once")
+        return []
 
+    def _args(self, key: str, text: str, replace: bool) -> list[Emit]:
+        call = self.calls.get(key)
+        if call is None or call.state is not _OPEN:
+            return []
+        ledger, limit = self.ledger, self.rules.argument_bytes
+        held = call.nbytes
+        total = (len(text) if text.isascii() else utf8_len(text)) + (0 if replace else held)
+        if total > limit:
+            self._drop(call)
+            call.fail(Reason.ARGUMENTS_EXCEED_MAX_BYTES, f"more than {limit} bytes of arguments")
+            return []
+        growth, budget = total - held, ledger.limit
+        emits: list[Emit] = []
+        if growth > 0 and ledger.held + growth > budget:
+            if self.nbytes + growth > budget:  # this run alone: fail the call, end nobody
+                self._drop(call)
+                ledger.stats["calls_over_buffered_bytes"] += 1
+                call.fail(Reason.BUDGET_EXCEEDED, f"the worker's argument byte budget ({budget} "
+                          "bytes) cannot hold this run's calls; this call's text was dropped")
+                return []
+            emits = ledger.make_room(self, growth)
+        parts = call.parts
+        if replace:
+            parts.clear()
+            call.folded = 0
+        parts.append(text)
+        if len(parts) - call.folded >= FOLD_PIECES:
+            call.fold()
+        call.nbytes = total
+        self.nbytes += growth
+        ledger.held += growth
+        if not self.rules.progress:
+            return emits
+        if not self.rules.partial_args:
+            return [*emits, self.out.progress(call)]
+        # Only this fragment's text, and where it goes: progress is linear in argument bytes.
+        return [*emits, self.out.progress(call, text, 0 if replace else held)]
 
-#: The reasons :meth:`Latch.decide` gives only after the call's tool was found among the
-#: run's tools: a call that failed with one of them (or committed) bears a name the run
-#: registered. Any other outcome may bear a name the model made up (``unknown_tool``, a call
-#: cut short before its check; ``budget_exceeded`` is also the worker's byte budget, which
-#: fails calls unchecked). The worker's metrics take ``tool`` label values from such names
-#: only (``worker/runtime/metrics.py``).
-NAME_CHECKED_REASONS: frozenset[str] = frozenset({
-    Reason.INVALID_JSON.value, Reason.ARGUMENTS_NOT_OBJECT.value, Reason.SCHEMA_INVALID.value})
+    def _close(self, key: str) -> list[Emit]:
+        call = self.calls.get(key)
+        if call is None or not call.step(CallEvent.CLOSE):
+            return []
+        ready = self._unwrap(call) or [call]
+        if not self.rules.early:
+            return []
+        pipelined = self.rules.pipelined
+        ready = [c for c in ready if c.name in pipelined and c.state is _COMPLETE]
+        for each in ready:
+            self._decide(each)
+        return self._outcomes(ready) if ready else []
 
+    # -- the parallel wrapper (README, "The parallel wrapper") --------------------------
 
-class Latch:
-    """The checks of the completion latch for one run (see the module docstring)."""
-
-    __slots__ = ("budget", "committed", "parse", "settings", "tools")
-
-    def __init__(self, settings: AssembleSettings, tools: dict[str, ToolSchema],
-                 budget: int,
-                 parse: Callable[[str], Any | strictjson.ParseError] = strictjson.parse) -> None:
-        self.settings = settings
-        self.tools = tools
-        self.budget = budget
-        self.committed = 0
-        #: Argument text to value: strict JSON, or the adapter's own (``Adapter.parse_arguments``).
-        self.parse = parse
-
-    def decide(self, call: Call, truncated: bool, duplicate: bool,
-               measure: Callable[[Call], int] | None = None) -> None:
-        """Move an ``ARGS_COMPLETE`` call to ``COMMITTED`` or ``FAILED``; ``measure`` gives
-        the bytes of the call's committed record (``Outputs.committed_size``)."""
+    def _unwrap(self, call: Call) -> list[Call] | None:
+        """Replace an ``ARGS_COMPLETE`` ``multi_tool_use.parallel`` wrapper by one
+        ``ARGS_COMPLETE`` call per ``tool_uses[]`` entry and return those; None (and nothing
+        changed) when ``call`` is not such a wrapper: another kind or name, a name the run
+        registered, no id, or a text that is not a strict JSON object whose ``tool_uses`` is a
+        non-empty array. A wrapper with more entries than the run may still hold calls fails
+        ``too_many_tool_calls`` instead (and returns [])."""
+        if (call.kind != op.FUNCTION or call.name not in self.adapter.wrapper_names
+                or call.name in self.latch.tools or not call.call_id):
+            return None
         text = "".join(call.parts)
+        value = strictjson.parse(text)
+        uses = value.get("tool_uses") if isinstance(value, dict) else None
+        if not isinstance(uses, list) or not uses:
+            return None
+        room = CALLS_PER_RUN_FACTOR * self.rules.in_flight
+        if len(self.calls) + len(uses) > room:
+            call.fail(Reason.TOO_MANY_TOOL_CALLS, f"the parallel wrapper holds {len(uses)} "
+                      f"calls; the run may hold at most {room}")
+            return []
         call.text, call.parts = text, []
-        failure = self._check(call, text, truncated, duplicate, measure)
-        if failure is not None:
-            call.fail(*failure)
-            return
-        call.move(CallState.COMMITTED)
-        self.committed += 1
+        call.step(CallEvent.UNWRAP)
+        children = []
+        for n, use in enumerate(uses):
+            name, arguments = _tool_use(use)
+            name = usable(name, MAX_NAME_CHARACTERS)  # (too long: missing_id_or_name)
+            child = Call(f"{call.key}/{n}", call.index, call.choice, len(self.calls),
+                         f"{call.call_id}{WRAPPED_ID_SEPARATOR}{n}", name)
+            child.parent = call.key
+            child.parts.append(arguments)
+            child.step(CallEvent.CLOSE)
+            self.calls[child.key] = child
+            children.append(child)
+        self.ledger.stats["parallel_wrappers_unwrapped"] += 1
+        return children
 
-    def _check(
-        self, call: Call, text: str, truncated: bool, duplicate: bool,
-        measure: Callable[[Call], int] | None = None,
-    ) -> tuple[Reason, str] | None:
-        if truncated:
-            return Reason.TRUNCATED, "the provider truncated the message before the call ended"
-        if not call.call_id or not call.name:
-            missing = "id" if not call.call_id else "name"
-            return Reason.MISSING_ID_OR_NAME, f"the provider sent no {missing} for this call"
-        if duplicate:
-            return Reason.DUPLICATE_CALL_ID, "another call of this run has the same id"
-        tool = self.tools.get(call.name if call.tool is None else call.tool)
-        if tool is None:
-            if call.kind == FUNCTION:
-                return Reason.UNKNOWN_TOOL, "the tool name is not among the run's tools"
-            return Reason.UNKNOWN_TOOL, f"the run registered no tool for this {call.kind} call"
-        if call.kind != CUSTOM:  # (free-form input: committed as text, never parsed)
-            failure = self._check_value(call, text, tool)
-            if failure is not None:
-                return failure
-        return self._check_record(call, text, measure) or self._check_budget()
+    # -- protocol breaks (README, "Protocol breaks") ---------------------------------------
 
-    @staticmethod
-    def _check_record(call: Call, text: str, measure: Callable[[Call], int] | None
-                      ) -> tuple[Reason, str] | None:
-        """Whether the committed call record fits ``MAX_RECORD_BYTES``: surely, when its text,
-        id and name at 6 bytes a character (the longest JSON escape; a parsed value is never
-        longer than 4.5 bytes a character of its text) and the rest of a record fit; else as
-        measured."""
-        chars = len(text) + len(call.call_id or "") + len(call.name or "")
-        if 6 * chars + RECORD_OVERHEAD <= MAX_RECORD_BYTES or measure is None:
-            return None
-        size = measure(call)
-        if size <= MAX_RECORD_BYTES:
-            return None
-        return Reason.RECORD_TOO_LARGE, (f"the committed call would take {size} bytes, more "
-                                         f"than an output record may ({MAX_RECORD_BYTES})")
+    def _break(self, detail: str) -> list[Emit]:
+        """The stream broke its protocol: every call not yet decided fails
+        ``protocol_error`` now (its text stays for the final message, as after any failed
+        check), later call starts fail at once (``_open``), and the run ends ``failed``
+        (``finish``), which emits the outcomes, in provider order like every run's. A second
+        break changes nothing."""
+        if self.broken is not None:
+            return []
+        self.broken = detail
+        self.ledger.stats["protocol_errors"] += 1
+        for call in self.calls.values():
+            call.fail(Reason.PROTOCOL_ERROR, detail)  # (a decided call keeps its outcome)
+        return []
 
-    def _check_budget(self) -> tuple[Reason, str] | None:
-        if self.committed >= self.budget:
-            return Reason.BUDGET_EXCEEDED, f"the run may commit at most {self.budget} calls"
-        return None
+    def _restated(self, key: str, text: str) -> list[Emit]:
+        """The provider restated a call's whole text at its end: a different text than the
+        one streamed (and decided on) is a protocol break."""
+        call = self.calls.get(key)
+        if call is None:
+            return []
+        if call.text is not None:  # decided (or unwrapped): the text it was decided on
+            held = call.text
+        elif call.state is _OPEN or call.state is _COMPLETE:
+            held = "".join(call.parts)
+        else:  # failed before it was decided (oversize, too many...): no text was kept
+            return []
+        if held == text:
+            return []
+        return self._break("the terminal event restates a call with another text than the "
+                           "one streamed")
 
-    def _check_value(self, call: Call, text: str, tool: ToolSchema) -> tuple[Reason, str] | None:
-        if call.refused is not None:  # arguments sent as a value without one meaning
-            return Reason.INVALID_JSON, call.refused
-        value = self.parse(text) if text.strip() else {}
-        if isinstance(value, strictjson.ParseError):
-            return Reason.INVALID_JSON, f"{value.message}; {utf8_len(text)} bytes received"
-        call.arguments, call.parsed = value, True
-        if self.settings.arguments_must_be_object and not isinstance(value, dict):
-            return Reason.ARGUMENTS_NOT_OBJECT, f"arguments are a JSON {_json_type(value)}"
-        problem = tool.check().errors(value)  # compiled now, for the first call of its tool
-        if problem is not None:
-            return Reason.SCHEMA_INVALID, problem
-        return None
+    # -- the end of a run -------------------------------------------------------------
+
+    def _decide(self, call: Call) -> None:
+        truncated = None in self.truncated or call.choice in self.truncated
+        tool_call_id = call.tool_call_id
+        shared = sum(1 for c in self.calls.values() if c.tool_call_id == tool_call_id) > 1
+        self.latch.decide(call, truncated, shared, self.out.committed_size)
+        sizes = self.ledger.sizes
+        if sizes is not None:
+            sizes.append(call.nbytes)
+
+    def finish(self, status: RunStatus, reason: Reason | None, detail: str) -> list[Emit]:
+        """End the run: every call gets its outcome, then the final message; the run's bytes
+        are released and the partition told (``Ledger.forget``). ``reason`` None: the run
+        ended normally, and its complete calls are decided; else every call not yet decided
+        fails ``reason``."""
+        ledger = self.ledger
+        if reason is None:
+            for call in list(self.calls.values()):
+                if call.step(CallEvent.CLOSE):
+                    self._unwrap(call)
+        calls = sorted(self.calls.values(), key=Call.sort_key)
+        large = self._final_bound(calls) > MAX_RECORD_BYTES  # (nearly never)
+        if large and reason is None and self._final_over(calls, status):
+            # Nothing commits whose final message cannot be sent: the run fails instead.
+            ledger.stats["runs_over_record_bytes"] += 1
+            status, reason = RunStatus.FAILED, Reason.RECORD_TOO_LARGE
+            detail = (f"the run's final message would be larger than an output record may be "
+                      f"({MAX_RECORD_BYTES} bytes); the run was ended")
+        for call in calls:
+            if call.state is _COMPLETE and reason is None:
+                self._decide(call)
+            else:  # (a decided call keeps its outcome: TRANSITIONS)
+                call.fail(reason or Reason.STREAM_ERROR, detail)
+        emits = self._outcomes(calls)
+        final = self.out.final(self.adapter, calls, status)
+        if large:  # measured, and made smaller if it must be (Outputs.bounded)
+            bounded = self.out.bounded(final)
+            if bounded is not final:
+                ledger.stats["finals_dropped_content"] += 1
+            final = bounded
+        emits.append(final)
+        self.status = status
+        ledger.held -= self.nbytes
+        ledger.stats[f"runs_{status}"] += 1
+        ledger.forget(self)
+        return emits
+
+    def _final_bound(self, calls: list[Call]) -> int:
+        """At most the bytes of the run's final message: 6 bytes (the longest JSON escape) a
+        byte of the events its text came from (``text_bytes``; a kept value written back is
+        never longer than 4.5 bytes a byte of its event) and a character of each call's text,
+        id and name (twice: in the message and in ``outcomes``), each choice's own fields, and
+        the rest of a record."""
+        bound = 6 * self.text_bytes + self.rules.choices * CHOICE_BYTES + RECORD_OVERHEAD
+        for call in calls:
+            text = call.text
+            chars = len(text) if text is not None else sum(len(p) for p in call.parts)
+            named = len(call.call_id or call.key) + len(call.name or "unknown")
+            bound += 6 * (chars + 2 * named) + _CALL_FIELDS_BYTES
+        return bound
+
+    def _final_over(self, calls: list[Call], status: RunStatus) -> bool:
+        """Whether the run's final message, written now with its calls not yet decided, is
+        larger than an output record may be, less what deciding them may add to it (a
+        ``reason`` per outcome)."""
+        final = self.out.final(self.adapter, calls, status)
+        return len(dumps(final.value)) + _CALL_FIELDS_BYTES * len(calls) > MAX_RECORD_BYTES
+
+    def _outcomes(self, batch: list[Call]) -> list[Emit]:
+        """The records of ``batch``'s decided calls not yet emitted, one kind of outcome per
+        ``tool_call_id`` (README, "Choices the contract leaves open"). Among calls that share
+        an id: once one of them has its record out (block-level early commit, or an early
+        error), the others get none (the final message lists them ``failed``,
+        ``duplicate_call_id``; counted in ``reused_ids_suppressed``); until then, each fails
+        ``duplicate_call_id``, whatever else ended it, under a key of its own."""
+        calls = self.calls
+        if len(calls) > 1:
+            ids = id_counts(calls.values())
+            answered = {c.tool_call_id for c in calls.values() if c.emitted}
+            for call in batch:
+                if call.emitted or call.state is _UNWRAPPED or ids.get(call.tool_call_id, 0) < 2:
+                    continue
+                if call.tool_call_id in answered:
+                    call.duplicate("another call of this run with the same id already has its "
+                                   "outcome; this one gets no record")
+                    call.emitted = True
+                    self.ledger.stats["reused_ids_suppressed"] += 1
+                elif call.reason is not Reason.DUPLICATE_CALL_ID:
+                    call.duplicate("another call of this run has the same id")
+        return self.out.outcomes(batch, calls.values())
+
+    # -- memory budgets (assembler's module docstring) ----------------------------------
+
+    def _drop(self, call: Call) -> None:
+        """Drop ``call``'s argument text and release its bytes."""
+        self.nbytes -= call.nbytes
+        self.ledger.held -= call.nbytes
+        call.parts.clear()
+        call.folded = 0
+        call.nbytes = 0
+
+    def _hold_text(self, growth: int) -> list[Emit]:
+        """Count ``growth`` more bytes of text that the run's adapter kept (fewer when
+        negative) in ``max_buffered_bytes``, making room as for argument text: the runs ended
+        to make it (``Ledger.make_room``), or this run itself when it alone would cross the
+        budget (its text cannot be dropped from a final message in the making, so it ends)."""
+        ledger = self.ledger
+        budget = ledger.limit
+        emits: list[Emit] = []
+        if growth > 0 and ledger.held + growth > budget:
+            if self.nbytes + growth > budget:
+                ledger.stats["runs_over_buffered_bytes_text"] += 1
+                return self.finish(RunStatus.FAILED, Reason.BUDGET_EXCEEDED, (
+                    f"the worker's byte budget ({budget} bytes) cannot hold this run's text "
+                    "and arguments; the run was ended"))
+            emits = ledger.make_room(self, growth)
+        self.nbytes += growth
+        ledger.held += growth
+        return emits
 
 
-def _json_type(value: Any) -> str:
-    names = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
-    return "null" if value is None else names.get(type(value), type(value).__name__)
+def _tool_use(use: Any) -> tuple[str | None, str]:
+    """The name and argument text of one ``tool_uses[]`` entry: ``recipient_name`` without
+    its ``functions.`` namespace (None when it is not a non-empty string, so the call fails
+    ``missing_id_or_name``), and ``parameters`` written back as JSON (empty when absent, which
+    the latch reads as ``{}``)."""
+    if not isinstance(use, dict):
+        return None, ""
+    recipient = use.get("recipient_name")
+    name = None
+    if isinstance(recipient, str):
+        name = recipient.removeprefix("functions.") or None
+    parameters = use.get("parameters")
+    arguments = "" if "parameters" not in use else dumps(parameters).decode()
+    return name, arguments

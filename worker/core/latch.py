@@ -1,0 +1,142 @@
+"""The completion latch: whether a call whose text is complete commits.
+
+When a run ends (or, with block-level early commit, when a call's block does), its
+:class:`~worker.core.run.Run` asks the latch to decide each complete call. A call commits
+only when all of these hold, checked in this order, the first failure naming the reason:
+
+1. the message was not truncated (``truncated``, rule 5);
+2. it has a non-empty id and name (``missing_id_or_name``);
+3. no other call of the run claims the same id, its ``tool_call_id`` (``duplicate_call_id``);
+4. the name is a client tool registered by ``run.start`` (``unknown_tool``);
+5. its text is strict JSON (``invalid_json``, rule 1), empty text meaning ``{}`` (rule 3);
+6. the value is an object (``arguments_not_object``) when ``arguments_must_be_object``;
+7. the value is valid against the tool's JSON Schema (``schema_invalid``);
+8. its committed call record fits the output topics' record size (``record_too_large``);
+9. the run's call budget has room (``budget_exceeded``, rule 7, counted at enqueue).
+
+A call's ``kind`` (``ops.CALL_KINDS``) says what its text is. ``function`` calls take every
+step. A ``custom`` call (Responses ``custom_tool_call``) takes 1 to 4 against the custom tools
+the run registered, then 8 and 9: its text is free-form input, committed as text, never parsed (a
+``grammar`` format is not enforced). The Responses items a client answers take every step
+against the tool of their type (``tools.client_tools``), whose schema is empty.
+
+Limits that can be known earlier fail the call earlier, while its text streams in:
+``arguments_exceed_max_bytes`` (the buffer is dropped at once) and ``too_many_tool_calls``
+(a placeholder that keeps the call's place so that it still gets its one outcome).
+
+Whatever ended them, calls that share one ``tool_call_id`` end with one kind of outcome
+(``Run._outcomes``): ``duplicate_call_id`` for each, or, when one of them already had
+its record emitted (block-level early commit), that record alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from worker.core import strictjson
+from worker.core.call import Call, utf8_len
+from worker.core.model import CallEvent, Reason
+from worker.core.ops import CUSTOM, FUNCTION
+from worker.core.settings import MAX_RECORD_BYTES, RECORD_OVERHEAD, AssembleSettings
+from worker.core.tools import ToolSchema
+
+#: The reasons :meth:`Latch.decide` gives only after the call's tool was found among the
+#: run's tools: a call that failed with one of them (or committed) bears a name the run
+#: registered. Any other outcome may bear a name the model made up (``unknown_tool``, a call
+#: cut short before its check; ``budget_exceeded`` is also the worker's byte budget, which
+#: fails calls unchecked). The worker's metrics take ``tool`` label values from such names
+#: only (``worker/runtime/metrics.py``).
+NAME_CHECKED_REASONS: frozenset[str] = frozenset({
+    Reason.INVALID_JSON.value, Reason.ARGUMENTS_NOT_OBJECT.value, Reason.SCHEMA_INVALID.value})
+
+
+class Latch:
+    """The checks of the completion latch for one run (see the module docstring)."""
+
+    __slots__ = ("budget", "committed", "parse", "settings", "tools")
+
+    def __init__(self, settings: AssembleSettings, tools: dict[str, ToolSchema],
+                 budget: int,
+                 parse: Callable[[str], Any | strictjson.ParseError] = strictjson.parse) -> None:
+        self.settings = settings
+        self.tools = tools
+        self.budget = budget
+        self.committed = 0
+        #: Argument text to value: strict JSON, or the adapter's own (``Adapter.parse_arguments``).
+        self.parse = parse
+
+    def decide(self, call: Call, truncated: bool, duplicate: bool,
+               measure: Callable[[Call], int] | None = None) -> None:
+        """Move an ``ARGS_COMPLETE`` call to ``COMMITTED`` or ``FAILED``; ``measure`` gives
+        the bytes of the call's committed record (``Outputs.committed_size``)."""
+        text = "".join(call.parts)
+        call.text, call.parts = text, []
+        failure = self._check(call, text, truncated, duplicate, measure)
+        if failure is not None:
+            call.fail(*failure)
+            return
+        if call.step(CallEvent.COMMIT):
+            self.committed += 1
+
+    def _check(
+        self, call: Call, text: str, truncated: bool, duplicate: bool,
+        measure: Callable[[Call], int] | None = None,
+    ) -> tuple[Reason, str] | None:
+        if truncated:
+            return Reason.TRUNCATED, "the provider truncated the message before the call ended"
+        if not call.call_id or not call.name:
+            missing = "id" if not call.call_id else "name"
+            return Reason.MISSING_ID_OR_NAME, f"the provider sent no {missing} for this call"
+        if duplicate:
+            return Reason.DUPLICATE_CALL_ID, "another call of this run has the same id"
+        tool = self.tools.get(call.name if call.tool is None else call.tool)
+        if tool is None:
+            if call.kind == FUNCTION:
+                return Reason.UNKNOWN_TOOL, "the tool name is not among the run's tools"
+            return Reason.UNKNOWN_TOOL, f"the run registered no tool for this {call.kind} call"
+        if call.kind != CUSTOM:  # (free-form input: committed as text, never parsed)
+            failure = self._check_value(call, text, tool)
+            if failure is not None:
+                return failure
+        return self._check_record(call, text, measure) or self._check_budget()
+
+    @staticmethod
+    def _check_record(call: Call, text: str, measure: Callable[[Call], int] | None
+                      ) -> tuple[Reason, str] | None:
+        """Whether the committed call record fits ``MAX_RECORD_BYTES``: surely, when its text,
+        id and name at 6 bytes a character (the longest JSON escape; a parsed value is never
+        longer than 4.5 bytes a character of its text) and the rest of a record fit; else as
+        measured."""
+        chars = len(text) + len(call.call_id or "") + len(call.name or "")
+        if 6 * chars + RECORD_OVERHEAD <= MAX_RECORD_BYTES or measure is None:
+            return None
+        size = measure(call)
+        if size <= MAX_RECORD_BYTES:
+            return None
+        return Reason.RECORD_TOO_LARGE, (f"the committed call would take {size} bytes, more "
+                                         f"than an output record may ({MAX_RECORD_BYTES})")
+
+    def _check_budget(self) -> tuple[Reason, str] | None:
+        if self.committed >= self.budget:
+            return Reason.BUDGET_EXCEEDED, f"the run may commit at most {self.budget} calls"
+        return None
+
+    def _check_value(self, call: Call, text: str, tool: ToolSchema) -> tuple[Reason, str] | None:
+        if call.refused is not None:  # arguments sent as a value without one meaning
+            return Reason.INVALID_JSON, call.refused
+        value = self.parse(text) if text.strip() else {}
+        if isinstance(value, strictjson.ParseError):
+            return Reason.INVALID_JSON, f"{value.message}; {utf8_len(text)} bytes received"
+        call.arguments, call.parsed = value, True
+        if self.settings.arguments_must_be_object and not isinstance(value, dict):
+            return Reason.ARGUMENTS_NOT_OBJECT, f"arguments are a JSON {_json_type(value)}"
+        problem = tool.check().errors(value)  # compiled now, for the first call of its tool
+        if problem is not None:
+            return Reason.SCHEMA_INVALID, problem
+        return None
+
+
+def _json_type(value: Any) -> str:
+    names = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
