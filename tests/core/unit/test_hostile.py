@@ -57,7 +57,7 @@ from builders import (
     run_envelopes,
     tools_for,
 )
-from test_abuse import checked
+from test_assembler import checked
 
 from worker.core import Assembler, AssembleSettings, Emit, Topic
 from worker.core.outputs import idempotency_key

@@ -42,7 +42,7 @@ from builders import (
     run_start,
     tools_for,
 )
-from test_abuse import checked
+from test_assembler import checked
 
 from worker.core import Assembler, AssembleSettings
 from worker.core import tools as tools_module
