@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 from builders import (
+    CHAT,
     chat_call_chunks,
     chat_chunk,
     chat_run,
@@ -24,7 +25,9 @@ from builders import (
     errors,
     feed,
     finals,
+    run_envelopes,
 )
+from test_assembler import checked
 
 from worker.core import Assembler, AssembleSettings, Emit
 
@@ -171,3 +174,27 @@ def test_index_zero_reused_with_streamed_fragments() -> None:
     emits = run(chat_run("r1", [chat_tool("weather", CITY)], chunks))
     assert [(c["call_id"], c["arguments"]) for c in committed(emits)] == [
         ("call_a", {"city": "A"}), ("call_b", {"city": "B"})]
+
+
+def make(**settings: Any) -> Assembler:
+    return Assembler(AssembleSettings(**settings))
+
+
+# -- the final message's size ----------------------------------------------------------------
+
+
+def test_chat_final_with_two_choices_writes_choice_0_once() -> None:
+    """A chat run with n = 2 writes choice 0's text once (in ``message``), not also in
+    ``choices``: the final message is as big as the text the run holds, not twice that."""
+    text0, text1 = "A" * 1000, "B" * 10
+    chunks = [{"choices": [{"index": 0, "delta": {"content": text0}}]},
+              {"choices": [{"index": 1, "delta": {"content": text1}}]},
+              {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"},
+                           {"index": 1, "delta": {}, "finish_reason": "stop"}]}]
+    emits = checked(feed(make(), run_envelopes("r", CHAT, [], chunks)))
+    final = finals(emits)[0]
+    assert orjson.dumps(final).count(b"A" * 1000) == 1
+    assert final["message"]["content"] == text0
+    assert final["choices"] == [{"index": 0, "finish_reason": "stop"},
+                                {"index": 1, "message": {"role": "assistant", "content": text1},
+                                 "finish_reason": "stop"}]
