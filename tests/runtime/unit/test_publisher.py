@@ -535,3 +535,76 @@ def test_publish_sends_a_bedrock_and_a_gemini_file_unchanged(
     assert [value for _, _, value in producer.produced] == lines
     out, _ = capsys.readouterr()
     assert out == f"sent {len(lines)} envelopes for 2 runs to llm.stream.events ({len(lines)})\n"
+
+
+# -- reserved keys and types at the gateway -----------------------------------------------
+
+
+class _Producer:
+    """Records what the publisher hands to librdkafka (nothing is delivered)."""
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.produced: list[tuple[str, bytes, bytes]] = []
+
+    def produce(self, topic: str, value: bytes, key: bytes,
+                on_delivery: Callable[..., None],
+                headers: list[tuple[str, bytes]] | None = None) -> None:
+        self.produced.append((topic, key, value))
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+
+def _publisher() -> tuple[Publisher, _Producer]:
+    fake = _Producer()
+    config = Config(topics=TopicNames(events="ev", control="ctl"))
+    return Publisher(config, producer=fake), fake  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("send", "problem"),
+    [
+        (lambda p: p.send_envelope({"v": 1, "type": "tick", "ts": 99_999_999_999_999,
+                                    "run_id": "__latch_tick__"}), "type 'tick' is reserved"),
+        (lambda p: p.send_envelope({"v": 1, "type": "tick", "ts": 1, "run_id": "r1"}),
+         "type 'tick' is reserved"),
+        (lambda p: p.send_raw("__latch_tick__", b'{"v":1,"type":"tick","ts":1}'),
+         "reserved for the worker"),
+        (lambda p: p.run("__latch_x", "openai.chat", []), "reserved for the worker"),
+        (lambda p: p.cancel("__latch_tick__"), "reserved for the worker"),
+        (lambda p: p.send_raw("__latch_tick__", b"{}", control=True), "reserved for the worker"),
+    ],
+)
+def test_publisher_never_sends_a_tick_or_a_reserved_key(send: Callable[[Publisher], Any],
+                                                        problem: str) -> None:
+    """The gateway's ``Publisher`` refuses the worker's own envelope type and keys with a
+    ``ValueError`` that names the problem, and hands nothing to the producer."""
+    pub, fake = _publisher()
+    with pytest.raises(ValueError, match=problem):
+        send(pub)
+    assert fake.produced == []
+
+
+def test_latch_publish_skips_ticks_and_reserved_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``latch publish`` skips a tick line and a ``__latch_…`` line, naming the line and the
+    reason, sends the rest, and exits 1."""
+    made: list[_Producer] = []
+    monkeypatch.setattr(publisher_module, "Producer",
+                        lambda config: made.append(_Producer(config)) or made[-1])
+    monkeypatch.chdir(tmp_path)
+    good = b'{"v":1,"run_id":"r1","seq":0,"type":"run.start","provider":"openai.chat"}'
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join([
+        b'{"v":1,"run_id":"__latch_tick__","type":"tick","ts":99999999999999}',
+        b'{"v":1,"run_id":"__latch_tick__","type":"cancel","reason":"x"}',
+        good]) + b"\n")
+    assert publisher_module.main(["--no-check", str(path)]) == 1
+    assert [key for _, key, _ in made[0].produced] == [b"r1"]
+    err = capsys.readouterr().err
+    assert "line 1: type 'tick' is reserved" in err
+    assert "line 2: run ids starting with __latch_ are reserved" in err
