@@ -43,7 +43,7 @@ line is checked to serialize with orjson (what the worker publishes) and to vali
 Issue 9's other hostile-run cases are pinned by the modules they concern:
 ``tests/core/unit/test_outputs.py`` (idempotency keys of ids holding ``:``),
 ``tests/core/unit/test_openai_chat.py`` (n > 1 choices: choice 0 written once) and
-``tests/core/unit/test_schema_bounds.py`` (tool schemas: references, patterns, fan-out, steps,
+``tests/core/unit/test_schemacheck.py`` (tool schemas: references, patterns, fan-out, steps,
 ``uniqueItems``, sizes, laziness, memory, stack depth).
 """
 
