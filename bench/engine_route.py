@@ -1,4 +1,4 @@
-"""Issue 10, item 3: the route for a second engine, by measurement (decision 0004).
+"""Issue 10, item 3: the route for a second engine, by measurement (decision 0011).
 
     python bench/engine_route.py --bootstrap 127.0.0.1:PORT [--runs 400] [--only kafka,quix]
 

@@ -68,7 +68,7 @@ MAX_PATTERN_LENGTH = 1000
 #: Frames allowed beyond the caller's while a schema is checked or applied: measured, about
 #: 3.5 per level of :data:`MAX_VALIDATION_DEPTH` (1,800 at the bound), and 450 for
 #: ``check_schema`` of a schema 60 levels deep, the deepest a ``run.start`` can hold;
-#: ``tests/core/unit/test_schema_bounds.py`` runs the cases with 150 frames left to the caller.
+#: ``tests/core/unit/test_schemacheck.py`` runs the cases with 150 frames left to the caller.
 RECURSION_HEADROOM = 6 * MAX_VALIDATION_DEPTH + 2000
 
 _RE2_OPTIONS = re2.Options()

@@ -702,7 +702,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _kafka_engine(config: Config, faust_settings: Sequence[str]) -> Any:
-    """``worker.engine: kafka`` (decision 0004): every topic must exist, the changelog too
+    """``worker.engine: kafka`` (decision 0011): every topic must exist, the changelog too
     (this engine does not create it); faust settings do not apply."""
     from worker.runtime import kafka_engine
 

@@ -217,6 +217,8 @@ def _compiled(schema: Any, draft: str | None, limits: SchemaLimits | None = None
 @given(schema=SCHEMAS, draft=st.sampled_from(DRAFTS), data=st.data())
 def test_sure_only_where_jsonschema_finds_the_value_valid(schema: Any, draft: str | None,
                                                           data: Any) -> None:
+    """Soundness: over generated schemas and values, the quick check says "surely valid" only for
+    values jsonschema finds valid, and the combined check's errors are always jsonschema's."""
     check, slow = _compiled(schema, draft)
     for value in (data.draw(VALUES), data.draw(_conform(schema))):
         # the arguments the latch validates are what strict JSON parsing gives
@@ -242,6 +244,8 @@ def test_never_sure_beyond_the_step_budget(schema: Any, draft: str | None, max_s
 @given(schema=SCHEMAS, draft=st.sampled_from(DRAFTS), data=st.data())
 def test_a_conforming_value_of_a_subset_schema_is_surely_valid(
         schema: Any, draft: str | None, data: Any) -> None:
+    """Completeness on the subset: a value built to conform to a schema the quick check plans
+    (no non-string enum) is found surely valid, within the step budget."""
     check, slow = _compiled(schema, draft)
     plain = {k: v for k, v in schema.items() if k != "$schema"} \
         if isinstance(schema, dict) else schema
@@ -252,6 +256,8 @@ def test_a_conforming_value_of_a_subset_schema_is_surely_valid(
 
 
 def test_the_subset_and_outside_it() -> None:
+    """Which schemas ``quickcheck.plan`` covers: closed objects, required, enum and shared local
+    ``$ref`` are planned; patterns, cycles, remote or odd refs and over-deep nesting are not."""
     tags = {"type": "array", "items": {"type": "string"}}
     tool = {"type": "object", "properties": {"path": {"type": "string"},
                                              "mode": {"enum": ["w", "a"]}, "tags": tags},

@@ -217,7 +217,7 @@ def test_matching_key_is_accepted() -> None:
 
 def test_open_run_limit_ends_the_oldest_run_instead_of_refusing() -> None:
     """With ``max_open_runs: 1`` a second ``run.start`` is no DLQ record: it is accepted, and
-    the first run is ended (final status ``failed``) to make room (tests/core/unit/test_abuse.py
+    the first run is ended (final status ``failed``) to make room (tests/core/unit/test_assembler.py
     holds the whole policy)."""
     asm = make()
     feed(asm, [start("r1")])

@@ -19,6 +19,8 @@ def test_each_name_is_its_member() -> None:
 
 
 def test_reads_with_the_names_find_the_members_of_a_parsed_record() -> None:
+    """Each name in ``worker.core.keys`` finds its member in a dict orjson parsed, and
+    ``keys.parsed`` returns a string equal to the one it is given."""
     doc = orjson.loads(orjson.dumps({n.lower(): i for i, n in enumerate(NAMES)}))
     assert [doc[getattr(keys, n)] for n in NAMES] == list(range(len(NAMES)))
     assert keys.parsed("a key of its own") == "a key of its own"

@@ -40,7 +40,7 @@ from builders import (
     stream_end,
     tools_for,
 )
-from test_abuse import checked, one_outcome_each
+from test_assembler import checked, one_outcome_each
 
 from worker.core import Assembler, AssembleSettings
 from worker.core.model import Emit

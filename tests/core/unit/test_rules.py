@@ -790,7 +790,7 @@ MALFORMED_EVENTS: dict[str, list[dict[str, Any]]] = {
            {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": "x"}]}}]}],
     # A well-formed event in the wrong place (a delta for a block never started, for an item
     # never added) is no malformed event but a protocol break, which fails the run:
-    # tests/core/unit/test_protocol_breaks.py.
+    # tests/core/unit/test_anthropic_messages.py, test_openai_responses_breaks.py.
     ANTHROPIC: [{"type": "content_block_start", "index": "0", "content_block": {}},
                 {"type": "content_block_start"},
                 {"type": "content_block_delta", "index": 0,
@@ -1443,7 +1443,8 @@ class TestReasonDuplicateCallId:
 
 class TestReasonProtocolError:
     """``protocol_error``: the stream broke its provider's own protocol (the full set of
-    breaks, per provider: ``tests/core/unit/test_protocol_breaks.py``)."""
+    breaks, per provider: ``test_anthropic_messages.py``, ``test_openai_responses_breaks.py``,
+    ``test_bedrock_converse.py``, ``test_gemini.py``)."""
 
     def test_spliced_anthropic_message_fails_the_open_call_and_the_run(self) -> None:
         """A second ``message_start`` with another id while a call is complete but undecided:

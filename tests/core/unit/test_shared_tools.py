@@ -17,6 +17,8 @@ def _start(assembler: Assembler, run_id: str, tools: list[object]) -> None:
 
 
 def test_runs_with_the_same_tools_share_one_map_and_others_do_not() -> None:
+    """Two runs registering the same tools share one tool map, runs with other tools (or none)
+    get their own, and each run still counts its schema text in its bytes."""
     assembler = Assembler()
     _start(assembler, "a", [chat_tool("write_file", PATH_SCHEMA)])
     _start(assembler, "b", [chat_tool("write_file", PATH_SCHEMA)])

@@ -34,7 +34,7 @@ from builders import (
     run_envelopes,
     tools_for,
 )
-from test_abuse import checked, one_outcome_each
+from test_assembler import checked, one_outcome_each
 
 from worker.core import Assembler, AssembleSettings
 from worker.core.ops import STATE_BYTES

@@ -8,7 +8,7 @@ only when a later record of the same partition arrived, which never came. Now ea
 compares every owned control partition's next offset with its log end and reads a range that
 stood still (``worker.runtime.gaps``). faust's skip cannot be forced from outside, so this
 test fails on the old code only when faust skips; the deterministic proof of the repair is
-``tests/runtime/unit/test_abuse_runtime.py::test_a_cancel_faust_never_delivers_is_forwarded_at_the_next_ticks``.
+``tests/runtime/unit/test_faust_engine.py::test_a_cancel_faust_never_delivers_is_forwarded_at_the_next_ticks``.
 """
 
 from __future__ import annotations

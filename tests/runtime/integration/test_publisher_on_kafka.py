@@ -40,6 +40,9 @@ def run_ids(n: int) -> list[str]:
 def test_events_and_cancels_land_on_the_partition_aiokafka_computes(
     kafka_bootstrap: str, make_topic: MakeTopic
 ) -> None:
+    """600 runs' events and cancels, sent by the publisher (librdkafka ``murmur2_random``),
+    land on the partition aiokafka's ``DefaultPartitioner`` computes, as does the worker's
+    forwarded cancel."""
     events = make_topic("events", partitions=PARTITIONS)
     control = make_topic("control", partitions=PARTITIONS)
     config = Config(kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap),
@@ -108,6 +111,9 @@ def config_file(kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path) -> 
 
 
 def test_publish_then_tail_round_trip(config_file: Path, tmp_path: Path) -> None:
+    """``latch publish`` sends a JSON Lines file (skipping a bad line, exit 1) and
+    ``latch tail`` reads back every envelope on its topic, each run in seq order; ``--run``
+    and ``--max`` filter."""
     envelopes: list[dict[str, Any]] = []
     for n in range(5):
         run_id = f"round-trip-{n}"
@@ -153,6 +159,8 @@ def test_publish_then_tail_round_trip(config_file: Path, tmp_path: Path) -> None
 
 
 def test_tail_prints_output_records_readably(config_file: Path, tmp_path: Path) -> None:
+    """``latch tail`` prints a committed call on the real broker as one readable line with a clock,
+    and skips default topics that do not exist, saying so."""
     topics = yaml.safe_load(config_file.read_text())["topics"]
     committed = {"v": 1, "run_id": "r1", "tenant": "t1", "provider": "openai.chat",
                  "call_id": "call_abc", "name": "read_file", "index": 0,
@@ -174,6 +182,8 @@ def test_tail_prints_output_records_readably(config_file: Path, tmp_path: Path) 
 def test_publish_refuses_missing_topics_instead_of_auto_creating_them(
     kafka_bootstrap: str, kafka_admin: Any, tmp_path: Path
 ) -> None:
+    """``latch publish`` to topics that do not exist exits 2 naming the topic, and the broker
+    does not auto-create it."""
     missing = f"latch-test.never-created.{tmp_path.name}"
     path = tmp_path / "latch.yaml"
     path.write_text(yaml.safe_dump({"kafka": {"bootstrap_servers": kafka_bootstrap},

@@ -424,3 +424,54 @@ def test_limits_within_the_output_size_are_accepted(tmp_path: Path) -> None:
     path = write(tmp_path, "agent_stream_assemble:\n  max_tool_argument_bytes: 10485760\n"
                            "  max_buffered_bytes: 41943040\n  max_run_text_bytes: 8388608\n")
     assert load_config(path, env={}).assemble.max_tool_argument_bytes == 10 * 1024 * 1024
+
+
+SECRET = "hunter2-swordfish"
+
+
+def _config_error(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "latch.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env={})
+    return str(caught.value)
+
+
+# -- latch.yaml ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (f'kafka:\n  sasl_password: "{SECRET}\n', "line 3, column 1"),
+        (f"kafka:\n  sasl_password: !{SECRET} x\n", "line 2, column 18"),
+        (f"kafka:\n  sasl_password: {SECRET}: x\n", "line 2, column "),
+        (f"kafka:\n\tsasl_password: {SECRET}\n", "line 2, column 1"),
+        (f"kafka: {{sasl_password: {SECRET}\n", "line 2, column 1"),
+    ],
+)
+def test_broken_yaml_names_the_place_never_the_text(tmp_path: Path, text: str,
+                                                    where: str) -> None:
+    """A YAML error names the file, the line and column and the problem; the offending line
+    (which holds a password here) is never quoted, nor a tag or anchor taken from it."""
+    message = _config_error(tmp_path, text)
+    assert "latch.yaml" in message and where in message and "invalid YAML" in message
+    assert SECRET not in message and "sasl_password" not in message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"kafka:\n  sasl_password: [{SECRET}]\n",
+        f"kafka:\n  ssl_key_pem: [{SECRET}]\n",
+        f"kafka:\n  ssl_key_password: [{SECRET}]\n",
+        f"kafka:\n  sasl_oauthbearer_config: [{SECRET}]\n",
+        f"kafka:\n  ssl_keystore_password: {{a: {SECRET}}}\n",
+    ],
+)
+def test_a_secret_of_the_wrong_type_is_named_not_shown(tmp_path: Path, text: str) -> None:
+    """A secret-like key with an invalid value is reported by its dotted name and the rule it
+    fails, never with its value."""
+    message = _config_error(tmp_path, text)
+    assert "kafka." in message and "invalid value" in message
+    assert SECRET not in message

@@ -51,6 +51,8 @@ def test_the_worker_table_and_its_changelog_topic_use_the_head_codec(latch: Latc
 @pytest.mark.parametrize("head", HEADS)
 def test_each_head_is_written_as_the_json_object_both_engines_read(head: dict[str, Any]
                                                                    ) -> None:
+    """Every head round-trips through ``HeadCodec`` (an open run's packed), is written as the JSON
+    object orjson and faust's json codec read, and the kafka engine's heads table restores it."""
     codec = HeadCodec()
     packed = codec.loads(codec.dumps(head))
     assert packed == ((2, 40) if head == HEADS[0] else head)  # only an open run's is packed
@@ -64,6 +66,8 @@ def test_each_head_is_written_as_the_json_object_both_engines_read(head: dict[st
 
 @pytest.mark.parametrize("value", [b"[1, 2]", b"\xff", b"7", b'"p"', b"{"])
 def test_a_changelog_value_that_is_no_head_reads_as_none_and_is_skipped(value: bytes) -> None:
+    """A changelog value that is no head decodes to None, and the tracked table skips it:
+    not listed, ``get`` gives None, indexing raises ``KeyError``."""
     assert HeadCodec().loads(value) is None
     table = PartitionTrackedTable(_Table({b"bad": None, b"open": (1, 9)}))
     assert dict(table.items()) == {b"open": {"p": 1, "start": 9}}
@@ -73,6 +77,8 @@ def test_a_changelog_value_that_is_no_head_reads_as_none_and_is_skipped(value: b
 
 
 def test_heads_read_as_dicts_while_an_open_head_is_kept_packed() -> None:
+    """An opened run's head is stored packed as ``(partition, offset)`` yet reads as its dict, and
+    ``Heads.load`` gives the partition's open runs with their start offsets."""
     store = _Table()
     heads = Heads(PartitionTrackedTable(store), retention_s=60)
     heads.opened(b"open", partition=1, offset=17)

@@ -31,6 +31,8 @@ def _trim() -> tuple[memory.IdleTrim, Clock, list[int]]:
 
 
 def test_trims_once_after_a_whole_idle_interval_that_follows_work() -> None:
+    """``IdleTrim`` trims nothing before any work, trims once a whole idle interval follows work,
+    and not again until more work comes."""
     idle_trim, clock, calls = _trim()
     assert not idle_trim.idle()  # nothing processed yet: nothing to give back
     idle_trim.busy()
@@ -45,6 +47,8 @@ def test_trims_once_after_a_whole_idle_interval_that_follows_work() -> None:
 
 
 def test_records_in_the_interval_start_it_again() -> None:
+    """A record arriving within the idle interval restarts it: the trim waits a whole interval
+    after the last record."""
     idle_trim, clock, calls = _trim()
     idle_trim.busy()
     idle_trim.idle()

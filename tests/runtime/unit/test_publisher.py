@@ -103,6 +103,8 @@ def sent(fake: FakeProducer) -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def test_run_numbers_seq_from_zero_and_closes_once() -> None:
+    """A ``Publisher`` run numbers its envelopes' seq from 0 on the events topic under the run id,
+    writes run.start's fields and ``ts``, and refuses an event after its end."""
     pub, fake = make_publisher()
     tools = [{"type": "function", "function": {"name": "read_file"}}]
     run = pub.run("r1", "openai.chat", tools, tenant="t1", limits={"max_tool_calls": 2})
@@ -126,6 +128,8 @@ def test_run_numbers_seq_from_zero_and_closes_once() -> None:
 
 
 def test_runs_number_independently_and_optional_fields_are_left_out() -> None:
+    """Two runs number their seqs independently, an error ends a run (``end`` then raises), and
+    without a clock or tenant no ``ts``, ``tenant`` or ``limits`` field is written."""
     pub, fake = make_publisher(clock=None)
     a = pub.run("a", "anthropic.messages", [])
     b = pub.run("b", "openai.responses", [])
@@ -145,6 +149,8 @@ def test_runs_number_independently_and_optional_fields_are_left_out() -> None:
 
 
 def test_cancel_goes_to_the_control_topic_keyed_by_run_id() -> None:
+    """A cancel, from a run or by run id, goes to the control topic keyed by the run id with
+    reason ``user_stop`` unless another is given."""
     pub, fake = make_publisher(clock=None)
     run = pub.run("r9", "openai.chat", [])
     run.cancel("user_stop")
@@ -156,6 +162,8 @@ def test_cancel_goes_to_the_control_topic_keyed_by_run_id() -> None:
 
 
 def test_send_envelope_routes_by_type_and_keeps_the_envelope() -> None:
+    """``send_envelope`` sends a cancel to the control topic and the rest to events, keeps an
+    envelope's own ``ts`` (stamping one otherwise) and refuses an envelope without a run_id."""
     pub, fake = make_publisher()
     assert pub.send_envelope({"v": 1, "run_id": "x", "seq": 4, "type": "stream.end",
                               "ts": 5}) == "ev"
@@ -169,6 +177,8 @@ def test_send_envelope_routes_by_type_and_keeps_the_envelope() -> None:
 
 
 def test_bad_arguments_are_refused_before_anything_is_sent() -> None:
+    """An unknown provider, an empty run_id or a non-dict event raises before anything is
+    produced."""
     pub, fake = make_publisher()
     with pytest.raises(ValueError, match="provider"):
         pub.run("r1", "openai.completions", [])
@@ -185,6 +195,8 @@ def test_bad_arguments_are_refused_before_anything_is_sent() -> None:
 
 
 def test_producer_settings_force_the_java_compatible_partitioner() -> None:
+    """The producer's settings force ``murmur2_random``, idempotence and ``acks=all`` over the
+    configuration's extras, which may tune everything else."""
     kafka = KafkaSettings(bootstrap_servers="b:9092",
                           extra={"partitioner": "consistent_random", "linger_ms": "20"})
     pub = Publisher(Config(kafka=kafka), producer=FakeProducer())  # type: ignore[arg-type]
@@ -197,6 +209,8 @@ def test_producer_settings_force_the_java_compatible_partitioner() -> None:
 
 
 def test_a_failed_delivery_raises_with_topic_and_error_but_no_payload() -> None:
+    """A failed delivery raises ``PublishError`` once, naming topic, count and broker error but
+    never the payload or the run id."""
     pub, fake = make_publisher()
     fake.fail_with = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
     run = pub.run("secret-run", "openai.chat", [{"api_key": SECRET}])
@@ -212,6 +226,8 @@ def test_a_failed_delivery_raises_with_topic_and_error_but_no_payload() -> None:
 
 
 def test_a_failure_surfaces_on_the_next_send_too() -> None:
+    """A delivery failure reported in the background raises on the next send, not only at
+    ``flush``."""
     pub, fake = make_publisher()
     fake.fail_with = KafkaError(KafkaError._MSG_TIMED_OUT)
     run = pub.run("r1", "openai.chat", [])
@@ -221,6 +237,8 @@ def test_a_failure_surfaces_on_the_next_send_too() -> None:
 
 
 def test_produce_errors_and_leftovers_become_publish_errors() -> None:
+    """A ``produce`` that raises, and envelopes still unacknowledged at ``flush``'s deadline, both
+    become ``PublishError`` without the payload."""
     pub, fake = make_publisher()
     fake.raise_on_produce = KafkaException(KafkaError(KafkaError._UNKNOWN_TOPIC))
     with pytest.raises(PublishError) as caught:
@@ -234,6 +252,8 @@ def test_produce_errors_and_leftovers_become_publish_errors() -> None:
 
 
 def test_a_full_local_queue_is_waited_out() -> None:
+    """A local producer queue full twice (``BufferError``) is waited out: the cancel is
+    produced once."""
     pub, fake = make_publisher()
     fake.full_times = 2
     pub.cancel("r1")
@@ -241,6 +261,8 @@ def test_a_full_local_queue_is_waited_out() -> None:
 
 
 def test_deliveries_are_reported() -> None:
+    """``on_delivery`` gets each delivery's topic, partition, offset and key, and ``sent`` counts
+    them per topic."""
     seen: list[Delivery] = []
     pub, _ = make_publisher(on_delivery=seen.append)
     pub.run("abc", "openai.chat", [])
@@ -251,6 +273,7 @@ def test_deliveries_are_reported() -> None:
 
 
 def test_check_topics_names_the_cluster_when_it_does_not_answer() -> None:
+    """``check_topics`` against no cluster raises ``PublishError`` naming the bootstrap address."""
     pub, _ = make_publisher()
     with pytest.raises(PublishError, match=r"no answer from 127\.0\.0\.1:9092"):
         pub.check_topics(0.1)
@@ -275,6 +298,8 @@ def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> list[FakeProducer]:
 def test_publish_sends_lines_unchanged_and_summarises(
     tmp_path: Path, fake_kafka: list[FakeProducer], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """``latch publish`` sends each non-blank line's bytes unchanged (trimmed) to its topic with
+    the forced partitioner, and prints a summary per topic; exit 0."""
     lines = [
         b'{"v":1,"run_id":"r1","seq":0,"type":"run.start","provider":"openai.chat","tools":[]}',
         b"",
@@ -300,6 +325,8 @@ def test_publish_sends_lines_unchanged_and_summarises(
 def test_publish_reports_bad_lines_by_number_skips_them_and_exits_1(
     tmp_path: Path, fake_kafka: list[FakeProducer], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """``latch publish`` skips invalid lines naming each by number and reason (never its text),
+    sends the good ones and exits 1."""
     path = tmp_path / "in.jsonl"
     path.write_text(
         '{"v":1,"run_id":"r1","seq":0,"type":"stream.end"}\n'
@@ -321,6 +348,8 @@ def test_publish_reports_bad_lines_by_number_skips_them_and_exits_1(
 def test_publish_fails_cleanly_without_a_cluster(
     tmp_path: Path, fake_kafka: list[FakeProducer], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """``latch publish`` exits 2 with a message naming the address when no cluster answers (nothing
+    sent), and exits 2 naming a missing input file."""
     path = tmp_path / "in.jsonl"
     path.write_text('{"v":1,"run_id":"r1","seq":0,"type":"stream.end"}\n')
     assert publisher_module.main([str(path)]) == 2
@@ -344,6 +373,9 @@ def without_clock(line: str) -> str:
 
 
 def test_tail_lines() -> None:
+    """``latch tail`` formats each record kind (committed, error, final, DLQ, progress,
+    events, control, not JSON) as one readable line, newlines escaped; ``as_line`` keeps the
+    whole record."""
     committed = {"v": 1, "run_id": "r1", "call_id": "call_abc", "name": "read_file",
                  "index": 0, "arguments": {"path": "/tmp/a"}}
     error = {"v": 1, "run_id": "r1", "tool_call_id": "call_x", "name": "read_file",
@@ -375,12 +407,15 @@ def test_tail_lines() -> None:
 
 
 def test_tail_cuts_long_arguments() -> None:
+    """``latch tail`` cuts a committed call's long arguments with ``...``: the line stays short."""
     committed = {"run_id": "r1", "call_id": "c", "name": "n", "arguments": {"a": "x" * 500}}
     line = without_clock(tail.format_record(rec("committed", committed)))
     assert line.endswith("...") and len(line) < 230
 
 
 def test_tail_topic_list() -> None:
+    """``--topics`` takes a comma-separated list (spaces and repeats tolerated) and refuses an
+    unknown topic name."""
     assert tail.build_parser().parse_args(["--topics", "final, dlq,final"]).topics == [
         "final", "dlq"]
     with pytest.raises(SystemExit):
@@ -391,6 +426,8 @@ def test_tail_topic_list() -> None:
 
 
 def test_the_demo_file_publishes_and_assembles_to_the_documented_outcomes() -> None:
+    """Every line of ``examples/demo.jsonl`` is publishable, and the core gives the
+    documented outcomes and final statuses with no DLQ record and no run left open."""
     lines = [line for line in DEMO.read_bytes().splitlines() if line.strip()]
     assert all(publisher_module._classify(line)[0] is None for line in lines)
     assembler = Assembler()
@@ -430,6 +467,8 @@ def test_the_demo_file_publishes_and_assembles_to_the_documented_outcomes() -> N
 def test_demo_stops_its_worker_when_a_step_raises_unexpectedly(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """When a step of ``latch demo`` raises unexpectedly, the demo stops the worker it started,
+    reports the step FAILED and keeps the worker log, then re-raises."""
     import subprocess
     import sys
 
@@ -535,3 +574,76 @@ def test_publish_sends_a_bedrock_and_a_gemini_file_unchanged(
     assert [value for _, _, value in producer.produced] == lines
     out, _ = capsys.readouterr()
     assert out == f"sent {len(lines)} envelopes for 2 runs to llm.stream.events ({len(lines)})\n"
+
+
+# -- reserved keys and types at the gateway -----------------------------------------------
+
+
+class _Producer:
+    """Records what the publisher hands to librdkafka (nothing is delivered)."""
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.produced: list[tuple[str, bytes, bytes]] = []
+
+    def produce(self, topic: str, value: bytes, key: bytes,
+                on_delivery: Callable[..., None],
+                headers: list[tuple[str, bytes]] | None = None) -> None:
+        self.produced.append((topic, key, value))
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+
+def _publisher() -> tuple[Publisher, _Producer]:
+    fake = _Producer()
+    config = Config(topics=TopicNames(events="ev", control="ctl"))
+    return Publisher(config, producer=fake), fake  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("send", "problem"),
+    [
+        (lambda p: p.send_envelope({"v": 1, "type": "tick", "ts": 99_999_999_999_999,
+                                    "run_id": "__latch_tick__"}), "type 'tick' is reserved"),
+        (lambda p: p.send_envelope({"v": 1, "type": "tick", "ts": 1, "run_id": "r1"}),
+         "type 'tick' is reserved"),
+        (lambda p: p.send_raw("__latch_tick__", b'{"v":1,"type":"tick","ts":1}'),
+         "reserved for the worker"),
+        (lambda p: p.run("__latch_x", "openai.chat", []), "reserved for the worker"),
+        (lambda p: p.cancel("__latch_tick__"), "reserved for the worker"),
+        (lambda p: p.send_raw("__latch_tick__", b"{}", control=True), "reserved for the worker"),
+    ],
+)
+def test_publisher_never_sends_a_tick_or_a_reserved_key(send: Callable[[Publisher], Any],
+                                                        problem: str) -> None:
+    """The gateway's ``Publisher`` refuses the worker's own envelope type and keys with a
+    ``ValueError`` that names the problem, and hands nothing to the producer."""
+    pub, fake = _publisher()
+    with pytest.raises(ValueError, match=problem):
+        send(pub)
+    assert fake.produced == []
+
+
+def test_latch_publish_skips_ticks_and_reserved_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``latch publish`` skips a tick line and a ``__latch_…`` line, naming the line and the
+    reason, sends the rest, and exits 1."""
+    made: list[_Producer] = []
+    monkeypatch.setattr(publisher_module, "Producer",
+                        lambda config: made.append(_Producer(config)) or made[-1])
+    monkeypatch.chdir(tmp_path)
+    good = b'{"v":1,"run_id":"r1","seq":0,"type":"run.start","provider":"openai.chat"}'
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join([
+        b'{"v":1,"run_id":"__latch_tick__","type":"tick","ts":99999999999999}',
+        b'{"v":1,"run_id":"__latch_tick__","type":"cancel","reason":"x"}',
+        good]) + b"\n")
+    assert publisher_module.main(["--no-check", str(path)]) == 1
+    assert [key for _, key, _ in made[0].produced] == [b"r1"]
+    err = capsys.readouterr().err
+    assert "line 1: type 'tick' is reserved" in err
+    assert "line 2: run ids starting with __latch_ are reserved" in err

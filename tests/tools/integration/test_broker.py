@@ -37,12 +37,15 @@ def _kafka_processes(properties: Path) -> list[int]:
 
 
 def test_broker_answers(kafka_bootstrap: str) -> None:
+    """The managed broker answers at the test bootstrap address as a single node."""
     assert broker.answers(kafka_bootstrap)
     meta = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10)
     assert len(meta.brokers) == 1
 
 
 def test_message_round_trip(kafka_bootstrap: str, make_topic: MakeTopic) -> None:
+    """A message produced with idempotence to a fresh topic is consumed back with its key and
+    value, and its offset commits."""
     topic = make_topic("roundtrip")
     value = f"hello {uuid.uuid4()}".encode()
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
@@ -73,12 +76,15 @@ def test_message_round_trip(kafka_bootstrap: str, make_topic: MakeTopic) -> None
 
 
 def test_status_reports_running(kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``latch broker status`` prints the running broker's pid and bootstrap address, exit 0."""
     pid = _managed_pid(kafka_bootstrap)
     assert broker.main(["status"]) == broker.EXIT_OK
     assert capsys.readouterr().out == f"running pid={pid} bootstrap={kafka_bootstrap}\n"
 
 
 def test_start_is_idempotent(kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``latch broker start`` on a running broker prints its address and starts no second Kafka
+    process."""
     pid = _managed_pid(kafka_bootstrap)
     port = kafka_bootstrap.rpartition(":")[2]
     assert broker.main(["start", "--port", port]) == broker.EXIT_OK

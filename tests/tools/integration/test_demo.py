@@ -120,6 +120,9 @@ def worker_pid(out: str) -> int:
 
 
 def test_demo_prints_every_outcome_and_stops_its_worker(demo_config: Path) -> None:
+    """``latch demo`` on the test broker prints every documented outcome, holds the cancelled
+    run's later envelopes until the cancel is applied and stops its worker; a second run
+    reuses the topics."""
     first = latch_demo(demo_config, "--timeout", "120")
     assert first.returncode == 0, first.stdout + first.stderr
     out = first.stdout
@@ -144,6 +147,8 @@ def test_demo_prints_every_outcome_and_stops_its_worker(demo_config: Path) -> No
 
 
 def test_demo_explains_an_unreachable_cluster(tmp_path: Path) -> None:
+    """``latch demo`` against an address where no broker answers fails at step 1 naming the address
+    and the setting, exit 1, and goes no further."""
     path = tmp_path / "latch.yaml"
     write_config(path, "192.0.2.1:9092")  # TEST-NET-1: never a broker
     result = latch_demo(path, timeout=120)

@@ -56,6 +56,8 @@ def test_rounds_are_pooled_and_each_rounds_p99_is_kept(bench: ModuleType) -> Non
 
 
 def test_one_round_reports_as_before(bench: ModuleType) -> None:
+    """With one latency round the report's p99 is that round's own percentile, and the per-round
+    list holds that one figure."""
     runs = [float(v) for v in range(1, 101)]
     out = bench.report_latency([_round(bench, "latch-faust", runs, 500.0)])
     assert out["latch-faust"]["visible_p99"] == bench.percentile(runs, 0.99) == 99.0

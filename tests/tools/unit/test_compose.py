@@ -55,15 +55,20 @@ def _declared(schema: dict[str, Any], path: list[str]) -> bool:
 
 
 def test_services_exist(services: dict[str, Any]) -> None:
+    """docker-compose.yml defines kafka, topics, worker and demo-publisher, the last in the demo
+    profile only."""
     assert {"kafka", "topics", "worker", "demo-publisher"} <= set(services)
     assert services["demo-publisher"].get("profiles") == ["demo"]
 
 
 def test_kafka_image_is_the_pinned_version(services: dict[str, Any]) -> None:
+    """The kafka service runs the Kafka version the broker tool pins."""
     assert services["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
 
 
 def test_kafka_is_single_node_kraft(services: dict[str, Any]) -> None:
+    """The kafka service is one KRaft node (broker and controller), replication factor 1 for the
+    offsets and transaction logs, with a healthcheck."""
     env = _environment(services["kafka"])
     assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
     assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{env['KAFKA_NODE_ID']}@kafka:9093"
@@ -73,6 +78,8 @@ def test_kafka_is_single_node_kraft(services: dict[str, Any]) -> None:
 
 
 def test_latch_services_reach_kafka_inside_the_network(services: dict[str, Any]) -> None:
+    """Latch's services reach Kafka as ``kafka:9092``, wait for it to be healthy, build from
+    ``deploy/Dockerfile`` and run the documented commands."""
     for name in ("topics", "worker", "demo-publisher"):
         service = services[name]
         assert _environment(service)["LATCH_KAFKA__BOOTSTRAP_SERVERS"] == "kafka:9092", name
@@ -86,6 +93,7 @@ def test_latch_services_reach_kafka_inside_the_network(services: dict[str, Any])
 def test_every_latch_variable_names_a_config_key(
     services: dict[str, Any], config_schema: dict[str, Any]
 ) -> None:
+    """Every ``LATCH_`` variable in docker-compose.yml names a key the config schema declares."""
     variables = {
         variable
         for service in services.values()
@@ -102,6 +110,7 @@ def test_every_latch_variable_names_a_config_key(
 
 
 def test_the_variable_check_catches_typos(config_schema: dict[str, Any]) -> None:
+    """The variable check itself refuses misspelt section or key names."""
     assert _schema_path("LATCH_KAFKA__BOOTSTRAP_SERVERS") == ["kafka", "bootstrap_servers"]
     for variable, declared in [
         ("LATCH_KAFKA__BOOTSTRAP_SERVERS", True),

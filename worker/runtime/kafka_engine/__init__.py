@@ -6,7 +6,7 @@ with Kafka transactions, around the same per-partition logic as the faust engine
 * :mod:`.reader`: a bounded, ``read_committed`` reader of one partition (rebuilds, restores).
 * :mod:`.transaction`: the Kafka transaction from begin to settled or aborted (the producer,
   the open batch, the overlapped commit, the retry and abort policies).
-* :mod:`.loop`: the engine itself; ``docs/decisions/0004-kafka-engine.md`` says why it is
+* :mod:`.loop`: the engine itself; ``docs/decisions/0011-kafka-engine.md`` says why it is
   built this way.
 """
 

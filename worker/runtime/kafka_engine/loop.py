@@ -1,7 +1,7 @@
 """The kafka engine: consume, step, produce, one Kafka transaction per batch.
 
 The same rules as the faust engine (``worker/runtime/app.py``; decision 0001), on
-confluent-kafka, with exactly once to readers at ``read_committed`` (decision 0004):
+confluent-kafka, with exactly once to readers at ``read_committed`` (decision 0011):
 
 * **One ordered history per run.** Cancels on the control topic are forwarded into the
   events topic (keyed by ``run_id``, murmur2 as the gateway partitions) and ticks are written
@@ -12,7 +12,7 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   outputs of the batch's records, the heads changelog writes they made, the ticks and the
   forwarded cancels, and (``send_offsets_to_transaction`` with the consumer's group metadata,
   KIP-447) the next offsets of the events and control partitions the batch consumed.
-* **A batch commits as soon as its input is drained** (decision 0004): with no transaction
+* **A batch commits as soon as its input is drained** (decision 0011): with no transaction
   open the loop waits for one record; then it takes, without waiting, what the consumer has
   fetched already (``consume`` with a zero time-out, at most ``_CONSUME_MAX`` a call) and
   commits once a call returns fewer records than asked, i.e. nothing more is at hand. Under a

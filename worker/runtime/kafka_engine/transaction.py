@@ -1,4 +1,4 @@
-"""The kafka engine's Kafka transaction, as an object of its own (decision 0004).
+"""The kafka engine's Kafka transaction, as an object of its own (decision 0011).
 
 Quix Streams' ``Checkpoint`` is the model: one object owns the transactional producer and the
 open batch (what it consumed, what it sent) and takes it from begin to commit or abort. The

@@ -1,6 +1,6 @@
 """Tool schemas are hostile input too (issue 9, items 1, 2, 10 and 11; ``worker.core.schemacheck``).
 
-Each test is one line of this list (``tests/core/unit/test_hostile.py`` lists the rest):
+Each test is one line of this list (``tests/core/unit/test_assembler.py`` lists the rest):
 
 * A ``$ref`` to ``http://`` or ``file://``: nothing is fetched or read (a server on 127.0.0.1
   records no hit), the tool's calls fail ``schema_invalid`` saying why, the run goes on.
@@ -42,7 +42,7 @@ from builders import (
     run_start,
     tools_for,
 )
-from test_abuse import checked
+from test_assembler import checked
 
 from worker.core import Assembler, AssembleSettings
 from worker.core import tools as tools_module

@@ -1,17 +1,20 @@
-"""Hostile inputs to the runtime (issue 9): every kind has a defined result, and this file (or
-the integration test it names) proves each one. The core's own table is
-``tests/core/unit/test_abuse.py``; this is its successor for what the core never sees.
+"""The faust engine (``worker.runtime.app.LatchWorker``) against hostile inputs to the runtime
+(issue 9): every kind has a defined result, and this file, the unit file it names or the
+integration test it names proves each one. The core's own table is
+``tests/core/unit/test_assembler.py``; this is its successor for what the core never sees.
+The faust engine's per-record path is ``test_worker_hot_path.py``, its commits past skipped
+records ``test_worker_commit_gap.py``.
 
 =========================================  ===========================================  ======
 Hostile input                              Defined result                               Test
 =========================================  ===========================================  ======
-tick sent through ``Publisher``            ``ValueError`` naming the reserved type;     here
+tick sent through ``Publisher``            ``ValueError`` naming the reserved type;     [4]
                                            nothing is sent
-``__latch_…`` run id through ``Publisher``  ``ValueError`` naming the reserved prefix;   here
+``__latch_…`` run id through ``Publisher``  ``ValueError`` naming the reserved prefix;   [4]
 (``run``, ``cancel``, ``send_raw``)        nothing is sent
-tick or ``__latch_…`` line in              the line is skipped with its line number and here
+tick or ``__latch_…`` line in              the line is skipped with its line number and [4]
 ``latch publish``                          the reason; exit 1
-far-future ``ts`` in a tick (or any        expiry follows the record time only; the     here
+far-future ``ts`` in a tick (or any        expiry follows the record time only; the     [5]
 envelope)                                  events topic stamps it (``LogAppendTime``)
 events topic created with ``CreateTime``   ``latch topics create`` and the worker's     integ.
                                            start refuse it, naming the setting          [1]
@@ -21,26 +24,28 @@ a flood of DLQ-only records                pending sends never outlive their rec
                                            the unconfirmed set is one record's outputs
 partition revoked, compacted, re-assigned  heads of a revoked partition leave the       here,
                                            memory store: the changelog alone decides    [3]
-broken ``latch.yaml`` holding a password   file, line, column and problem; no snippet   here
-secret of the wrong type or value          the key and the failed rule; never the value here
+broken ``latch.yaml`` holding a password   file, line, column and problem; no snippet   [6]
+secret of the wrong type or value          the key and the failed rule; never the value [6]
 no ``web_*`` setting                       faust's web server off                       here
 ``web_enabled: true``                      bound to 127.0.0.1 unless ``web_host`` says  here
 control partition whose first record       read from the log on assignment and at each  integ.
 faust never delivers                       tick, without waiting for a later record     [2]
 =========================================  ===========================================  ======
 
-[1] ``tests/runtime/integration/test_worker_topics.py``.
+[1] ``tests/runtime/integration/test_worker_topics.py`` (and ``test_admin.py`` here).
 [2] ``tests/runtime/integration/test_control_gap.py`` (a ``kill -9`` of the owner of a
 control partition while a cancel is in flight; the cancel ends the run's calls ``cancelled``).
 [3] ``tests/runtime/integration/test_heads_return.py`` (the partition moves away and back
 after compaction removed the tombstone of a run finished elsewhere).
+[4] ``tests/runtime/unit/test_publisher.py``.
+[5] ``tests/runtime/unit/test_step.py`` and ``tests/runtime/unit/test_admin.py``.
+[6] ``tests/runtime/unit/test_config.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -49,66 +54,13 @@ import pytest
 from faust.types import TP
 from faust_fakes import FaustStream
 
-from worker.core import Assembler, AssembleSettings, RunStatus, Topic
-from worker.runtime import admin, kafka_io, step
-from worker.runtime import publisher as publisher_module
+from worker.core import Assembler, Topic
+from worker.runtime import kafka_io
 from worker.runtime.app import LatchWorker, app_settings
-from worker.runtime.config import Config, ConfigError, TopicNames, load_config
+from worker.runtime.config import load_config
 from worker.runtime.gaps import StallWatch
 from worker.runtime.heads_store import PartitionTrackedTable
-from worker.runtime.partition import TICK, Heads, PartitionState
-from worker.runtime.publisher import Publisher
-
-SECRET = "hunter2-swordfish"
-
-
-def _config_error(tmp_path: Path, text: str) -> str:
-    path = tmp_path / "latch.yaml"
-    path.write_text(text, encoding="utf-8")
-    with pytest.raises(ConfigError) as caught:
-        load_config(path, env={})
-    return str(caught.value)
-
-
-# -- latch.yaml ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "where"),
-    [
-        (f'kafka:\n  sasl_password: "{SECRET}\n', "line 3, column 1"),
-        (f"kafka:\n  sasl_password: !{SECRET} x\n", "line 2, column 18"),
-        (f"kafka:\n  sasl_password: {SECRET}: x\n", "line 2, column "),
-        (f"kafka:\n\tsasl_password: {SECRET}\n", "line 2, column 1"),
-        (f"kafka: {{sasl_password: {SECRET}\n", "line 2, column 1"),
-    ],
-)
-def test_broken_yaml_names_the_place_never_the_text(tmp_path: Path, text: str,
-                                                    where: str) -> None:
-    """A YAML error names the file, the line and column and the problem; the offending line
-    (which holds a password here) is never quoted, nor a tag or anchor taken from it."""
-    message = _config_error(tmp_path, text)
-    assert "latch.yaml" in message and where in message and "invalid YAML" in message
-    assert SECRET not in message and "sasl_password" not in message
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        f"kafka:\n  sasl_password: [{SECRET}]\n",
-        f"kafka:\n  ssl_key_pem: [{SECRET}]\n",
-        f"kafka:\n  ssl_key_password: [{SECRET}]\n",
-        f"kafka:\n  sasl_oauthbearer_config: [{SECRET}]\n",
-        f"kafka:\n  ssl_keystore_password: {{a: {SECRET}}}\n",
-    ],
-)
-def test_a_secret_of_the_wrong_type_is_named_not_shown(tmp_path: Path, text: str) -> None:
-    """A secret-like key with an invalid value is reported by its dotted name and the rule it
-    fails, never with its value."""
-    message = _config_error(tmp_path, text)
-    assert "kafka." in message and "invalid value" in message
-    assert SECRET not in message
-
+from worker.runtime.partition import Heads, PartitionState
 
 # -- faust's web server -------------------------------------------------------------------
 
@@ -128,113 +80,6 @@ def test_web_server_binds_to_localhost_when_enabled() -> None:
     anywhere = load_config(None, env={"LATCH_WORKER__WEB_ENABLED": "true",
                                       "LATCH_WORKER__WEB_HOST": "0.0.0.0"})
     assert app_settings(anywhere, {})["web_bind"] == "0.0.0.0"
-
-
-# -- reserved keys and types at the gateway -----------------------------------------------
-
-
-class _Producer:
-    """Records what the publisher hands to librdkafka (nothing is delivered)."""
-
-    def __init__(self, config: dict[str, Any] | None = None) -> None:
-        self.produced: list[tuple[str, bytes, bytes]] = []
-
-    def produce(self, topic: str, value: bytes, key: bytes,
-                on_delivery: Callable[..., None],
-                headers: list[tuple[str, bytes]] | None = None) -> None:
-        self.produced.append((topic, key, value))
-
-    def poll(self, timeout: float = 0) -> int:
-        return 0
-
-    def flush(self, timeout: float = 0) -> int:
-        return 0
-
-
-def _publisher() -> tuple[Publisher, _Producer]:
-    fake = _Producer()
-    config = Config(topics=TopicNames(events="ev", control="ctl"))
-    return Publisher(config, producer=fake), fake  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    ("send", "problem"),
-    [
-        (lambda p: p.send_envelope({"v": 1, "type": "tick", "ts": 99_999_999_999_999,
-                                    "run_id": "__latch_tick__"}), "type 'tick' is reserved"),
-        (lambda p: p.send_envelope({"v": 1, "type": "tick", "ts": 1, "run_id": "r1"}),
-         "type 'tick' is reserved"),
-        (lambda p: p.send_raw("__latch_tick__", b'{"v":1,"type":"tick","ts":1}'),
-         "reserved for the worker"),
-        (lambda p: p.run("__latch_x", "openai.chat", []), "reserved for the worker"),
-        (lambda p: p.cancel("__latch_tick__"), "reserved for the worker"),
-        (lambda p: p.send_raw("__latch_tick__", b"{}", control=True), "reserved for the worker"),
-    ],
-)
-def test_publisher_never_sends_a_tick_or_a_reserved_key(send: Callable[[Publisher], Any],
-                                                        problem: str) -> None:
-    """The gateway's ``Publisher`` refuses the worker's own envelope type and keys with a
-    ``ValueError`` that names the problem, and hands nothing to the producer."""
-    pub, fake = _publisher()
-    with pytest.raises(ValueError, match=problem):
-        send(pub)
-    assert fake.produced == []
-
-
-def test_latch_publish_skips_ticks_and_reserved_keys(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """``latch publish`` skips a tick line and a ``__latch_…`` line, naming the line and the
-    reason, sends the rest, and exits 1."""
-    made: list[_Producer] = []
-    monkeypatch.setattr(publisher_module, "Producer",
-                        lambda config: made.append(_Producer(config)) or made[-1])
-    monkeypatch.chdir(tmp_path)
-    good = b'{"v":1,"run_id":"r1","seq":0,"type":"run.start","provider":"openai.chat"}'
-    path = tmp_path / "in.jsonl"
-    path.write_bytes(b"\n".join([
-        b'{"v":1,"run_id":"__latch_tick__","type":"tick","ts":99999999999999}',
-        b'{"v":1,"run_id":"__latch_tick__","type":"cancel","reason":"x"}',
-        good]) + b"\n")
-    assert publisher_module.main(["--no-check", str(path)]) == 1
-    assert [key for _, key, _ in made[0].produced] == [b"r1"]
-    err = capsys.readouterr().err
-    assert "line 1: type 'tick' is reserved" in err
-    assert "line 2: run ids starting with __latch_ are reserved" in err
-
-
-# -- idle expiry in record time -----------------------------------------------------------
-
-
-def _record(key: bytes, doc: dict[str, Any], time_ms: int, offset: int) -> step.Record:
-    return key, orjson.dumps(doc), time_ms, {"topic": "ev", "partition": 0, "offset": offset}
-
-
-def test_a_tick_expires_by_its_record_time_not_its_ts() -> None:
-    """A tick whose payload ``ts`` is far in the future (a gateway's skewed or chosen clock)
-    expires nothing while its record time is within the idle timeout; a tick whose record
-    time is past it expires the run, whatever its ``ts`` says."""
-    asm = Assembler(AssembleSettings(assemble_idle_timeout_s=60))
-    start = {"v": 1, "run_id": "r1", "seq": 0, "type": "run.start", "provider": "openai.chat",
-             "tools": [], "ts": 1_000}
-    assert step.step(asm, _record(b"r1", start, 1_000, 0)) == []
-    future = {"v": 1, "type": "tick", "ts": 99_999_999_999_999}
-    assert step.step(asm, _record(TICK, future, 2_000, 1)) == []
-    assert asm.is_open("r1")
-    past = {"v": 1, "type": "tick", "ts": 0}
-    emits = step.step(asm, _record(TICK, past, 61_000, 2))
-    finals = [e for e in emits if e.topic is Topic.FINAL]
-    assert len(finals) == 1 and finals[0].value["status"] == RunStatus.IDLE_TIMEOUT
-
-
-def test_events_topic_is_created_with_log_append_time() -> None:
-    """``latch topics create`` makes the events topic stamp records with the broker's time
-    (``LogAppendTime``), so no producer's clock decides idle expiry; the setting is enforced
-    on an existing topic (tests/runtime/integration/test_worker_topics.py)."""
-    config = load_config(None, env={})
-    (events,) = [s for s in admin.specs(config) if s.name == config.topics.events]
-    assert ("message.timestamp.type", "LogAppendTime") in events.config
-    assert "message.timestamp.type" in admin.ENFORCED
 
 
 # -- outputs confirmed before the offset moves ----------------------------------------------

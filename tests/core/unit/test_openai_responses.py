@@ -1,5 +1,7 @@
-"""OpenAI quirks (issue 11, item 3): the parallel wrapper, the Responses items a client
-answers or never answers, custom tool calls, and calls that all share ``index: 0``.
+"""``worker.core.providers.openai_responses``: the OpenAI Responses adapter's items (issue 11,
+item 3): the parallel wrapper with pipelined entries, the items a client answers or never
+answers (decision 0004), custom tool calls. Its protocol breaks are
+``test_openai_responses_breaks.py``.
 
 Outcomes in the fixture tests are written from reading the files (``../shared/fixtures/
 providers``, see its README); every other stream is built here as the providers document it.
@@ -11,14 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-import pytest
 from builders import (
     RESPONSES,
-    chat_call_chunks,
-    chat_chunk,
-    chat_run,
-    chat_tool,
-    chat_tool_delta,
     check_outputs,
     check_schemas,
     committed,
@@ -55,107 +51,6 @@ def wrapper_text(*uses: tuple[str, Any]) -> str:
                                        for r, p in uses]}).decode()
 
 
-# -- the parallel wrapper, chat ------------------------------------------------------------
-
-
-def chat_wrapper_run(text: str, tools: list[Any], call_id: str = "call_w",
-                     name: str = "multi_tool_use.parallel") -> list[dict[str, Any]]:
-    chunks = [*chat_call_chunks(0, call_id, name, text), chat_chunk(finish_reason="tool_calls")]
-    return chat_run("r1", tools, chunks)
-
-
-def test_chat_wrapper_unwraps_into_one_call_per_entry() -> None:
-    """Chat ``multi_tool_use.parallel`` with two ``functions.X`` entries, neither the wrapper's
-    name registered: two calls ``call_w#0`` and ``call_w#1``, each checked on its own (the
-    second breaks its schema), at the wrapper's index; the final message lists the two calls
-    in the wrapper's place, never the wrapper."""
-    text = wrapper_text(("functions.weather", {"city": "Rome"}), ("functions.weather", {"x": 1}))
-    emits = run(chat_wrapper_run(text, [chat_tool("weather", CITY)]))
-    assert [(c["call_id"], c["name"], c["index"], c["arguments"]) for c in committed(emits)] == [
-        ("call_w#0", "weather", 0, {"city": "Rome"})]
-    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [
-        ("call_w#1", "schema_invalid")]
-    [final] = finals(emits)
-    assert final["status"] == "completed"
-    assert final["message"]["tool_calls"] == [
-        {"id": "call_w#0", "type": "function",
-         "function": {"name": "weather", "arguments": '{"city":"Rome"}'}},
-        {"id": "call_w#1", "type": "function",
-         "function": {"name": "weather", "arguments": '{"x":1}'}}]
-    assert [o["tool_call_id"] for o in final["outcomes"]] == ["call_w#0", "call_w#1"]
-
-
-def test_chat_wrapper_registered_by_the_run_is_an_ordinary_call() -> None:
-    """A run that registered ``multi_tool_use.parallel`` itself gets one call to it."""
-    text = wrapper_text(("functions.weather", {"city": "Rome"}))
-    emits = run(chat_wrapper_run(text, [chat_tool("multi_tool_use.parallel", {})]))
-    assert [(c["call_id"], c["name"]) for c in committed(emits)] == [
-        ("call_w", "multi_tool_use.parallel")]
-
-
-@pytest.mark.parametrize(("text", "reason"), [
-    ('{"tool_uses": []}', "unknown_tool"),
-    ('{"calls": [1]}', "unknown_tool"),
-    ('{"tool_uses": [', "unknown_tool"),
-    ('[{"tool_uses": [1]}]', "unknown_tool"),
-])
-def test_chat_text_that_is_no_wrapper_stays_the_wrapper_call(text: str, reason: str) -> None:
-    """A wrapper whose text is not a strict JSON object with a non-empty ``tool_uses`` array
-    is not unwrapped: the call keeps its own id and fails like any call to an unregistered
-    name."""
-    emits = run(chat_wrapper_run(text, [chat_tool("weather", CITY)]))
-    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [("call_w", reason)]
-
-
-def test_chat_wrapper_entries_that_are_malformed_get_their_own_outcome() -> None:
-    """Entries without a usable ``recipient_name`` fail ``missing_id_or_name``; one without
-    ``parameters`` has empty text, read as ``{}``; a name outside the ``functions.``
-    namespace is taken as it is."""
-    text = orjson.dumps({"tool_uses": [
-        {"parameters": {"city": "Rome"}}, 7, {"recipient_name": "functions.ping"},
-        {"recipient_name": "ping", "parameters": {}}]}).decode()
-    emits = run(chat_wrapper_run(text, [chat_tool("ping", {"type": "object"})]))
-    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [
-        ("call_w#0", "missing_id_or_name"), ("call_w#1", "missing_id_or_name")]
-    assert [(c["call_id"], c["arguments"]) for c in committed(emits)] == [
-        ("call_w#2", {}), ("call_w#3", {})]
-
-
-def test_chat_wrapper_with_more_entries_than_the_run_may_hold_fails_whole() -> None:
-    """A wrapper with more entries than ``4 x max_tool_calls_in_flight_assemble`` calls
-    is not unwrapped: the wrapper fails ``too_many_tool_calls`` under its own id."""
-    text = wrapper_text(*[("functions.ping", {})] * 9)
-    emits = run(chat_wrapper_run(text, [chat_tool("ping", {})]),
-                max_tool_calls_in_flight_assemble=2)
-    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [
-        ("call_w", "too_many_tool_calls")]
-
-
-def test_chat_derived_id_equal_to_a_real_id_fails_both() -> None:
-    """A real call whose id equals a derived one (``call_w#0``) makes that id ambiguous:
-    both calls fail ``duplicate_call_id``, the other derived call commits."""
-    text = wrapper_text(("functions.ping", {}), ("functions.ping", {}))
-    chunks = [*chat_call_chunks(0, "call_w", "multi_tool_use.parallel", text),
-              *chat_call_chunks(1, "call_w#0", "ping", "{}"),
-              chat_chunk(finish_reason="tool_calls")]
-    emits = run(chat_run("r1", [chat_tool("ping", {})], chunks))
-    assert sorted((e["tool_call_id"], e["reason"]) for e in errors(emits)) == [
-        ("call_w#0", "duplicate_call_id"), ("call_w#0", "duplicate_call_id")]
-    assert [c["call_id"] for c in committed(emits)] == ["call_w#1"]
-
-
-def test_chat_wrapper_cut_by_a_stream_error_fails_under_its_own_id() -> None:
-    """A wrapper still open when the stream fails was never complete: it is not unwrapped,
-    and its own id gets the one ``stream_error``."""
-    text = wrapper_text(("functions.ping", {}))
-    chunks = chat_call_chunks(0, "call_w", "multi_tool_use.parallel", text)
-    emits = run(chat_run("r1", [chat_tool("ping", {})],
-                         [*chunks, {"v": 1, "type": "stream.error", "error": "reset"}],
-                         end=False))
-    assert [(e["tool_call_id"], e["reason"]) for e in errors(emits)] == [
-        ("call_w", "stream_error")]
-
-
 def test_responses_wrapper_pipelined_entries_commit_at_item_done() -> None:
     """Responses ``parallel`` with ``execute_before_stream_end`` and one entry's tool
     allowed: that call commits at ``output_item.done``, before ``response.completed``; the
@@ -172,33 +67,6 @@ def test_responses_wrapper_pipelined_entries_commit_at_item_done() -> None:
                                                                       text)])}])
     assert outcome_ids(late) == ["call_p#1"]
     assert finals(late)[0]["status"] == "completed"
-
-
-# -- calls that all share index 0 (Ollama) ----------------------------------------------------
-
-
-def test_every_call_at_index_zero_with_its_own_id_is_its_own_call() -> None:
-    """Ollama (and some OpenAI Chat streams) send each call whole at ``index: 0`` with a new
-    id: three ids, three calls, three outcomes, none of their texts joined."""
-    chunks = [chat_chunk([chat_tool_delta(0, f"call_{n}", "weather", f'{{"city": "c{n}"}}')])
-              for n in range(3)]
-    chunks.append(chat_chunk(finish_reason="tool_calls"))
-    emits = run(chat_run("r1", [chat_tool("weather", CITY)], chunks))
-    assert [(c["call_id"], c["index"], c["arguments"]) for c in committed(emits)] == [
-        ("call_0", 0, {"city": "c0"}), ("call_1", 0, {"city": "c1"}),
-        ("call_2", 0, {"city": "c2"})]
-    assert len(finals(emits)[0]["message"]["tool_calls"]) == 3
-
-
-def test_index_zero_reused_with_streamed_fragments() -> None:
-    """The same at ``index: 0`` when each call's text is streamed in fragments after its
-    first chunk: each fragment goes to the call whose id last opened the index."""
-    chunks = [*chat_call_chunks(0, "call_a", "weather", '{"city": "A"}'),
-              *chat_call_chunks(0, "call_b", "weather", '{"city": "B"}'),
-              chat_chunk(finish_reason="tool_calls")]
-    emits = run(chat_run("r1", [chat_tool("weather", CITY)], chunks))
-    assert [(c["call_id"], c["arguments"]) for c in committed(emits)] == [
-        ("call_a", {"city": "A"}), ("call_b", {"city": "B"})]
 
 
 # -- Responses: built-in items, never calls -----------------------------------------------------
