@@ -101,8 +101,11 @@ class PartitionState:
     waiting: set[bytes] = field(default_factory=set)
 
     def apply(self, record: Record) -> list[Emit]:
-        """The emits of the partition's next record, in order (its time moves the clock)."""
-        self.clock_ms = max(self.clock_ms, record[2] or 0)
+        """The emits of the partition's next record, in order (its time moves the clock):
+        the core's step (:func:`step.step`) for both engines, live and in a rebuild."""
+        now = record[2]
+        if now is not None and now > self.clock_ms:
+            self.clock_ms = now
         return step.step(self.assembler, record)
 
     async def confirm(self) -> None:

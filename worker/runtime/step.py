@@ -39,11 +39,18 @@ Record = tuple[bytes | None, bytes, int | None, dict[str, Any]]
 
 
 def step(assembler: Assembler, record: Record) -> list[Emit]:
-    """What the worker publishes for one events record, in order."""
-    if record[0] is not None:  # keyed: every envelope but a tick (or a bad record)
-        return feed(assembler, record)
-    emits = keyless(record)
-    return feed(assembler, record) if emits is None else emits
+    """What the worker publishes for one events record, in order: the one step of both
+    engines (through :meth:`worker.runtime.partition.PartitionState.apply`) and of replay.
+    (:func:`feed` inlined: this is every record's path.)"""
+    key = record[0]
+    if key is None:  # a tick or a bad record (every envelope but a tick has a key)
+        emits = keyless(record)
+        if emits is not None:
+            return emits
+    try:
+        return assembler.feed_record(key, record[1], record[2], record[3])
+    except Exception as exc:  # a bug in Latch must not stop the partition
+        return failed(record, exc)
 
 
 def keyless(record: Record) -> list[Emit] | None:

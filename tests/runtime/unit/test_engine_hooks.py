@@ -15,9 +15,10 @@ from worker_harness import provider_run
 
 from worker.core import Assembler, Emit, Topic
 from worker.runtime.config import Config, load_config
+from worker.runtime.driver import Driver
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import loop
-from worker.runtime.partition import TICK, PartitionState
+from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.step import Record
 
 TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -32,6 +33,17 @@ def records(envelopes: list[dict[str, Any]], partition: int = 0) -> Iterator[Rec
     for offset, envelope in enumerate(envelopes):
         source = {"topic": "events", "partition": partition, "offset": offset}
         yield str(envelope["run_id"]).encode(), orjson.dumps(envelope), 1_000 + offset, source
+
+
+def apply(hooks: EngineHooks, state: PartitionState, record: Record, headers: Any = None
+          ) -> tuple[list[Emit], bool]:
+    """``Driver.apply`` (which calls the hooks for each record), read as these tests read
+    it: the record's emits, and whether it opened its run."""
+    run_id = record[0].decode() if record[0] else ""
+    was_open = state.assembler.is_open(run_id)
+    applied = Driver(hooks.config, hooks, Heads({}, 3600)).apply(state, record, headers)
+    return ([] if applied is None else applied.emits,
+            not was_open and state.assembler.is_open(run_id))
 
 
 def one_run(run_id: str = "r1") -> list[dict[str, Any]]:
@@ -69,7 +81,7 @@ def test_apply_counts_each_record_and_puts_the_runs_trace_on_its_outputs() -> No
     traced: list[Topic] = []
     opened_at = []
     for record in records(envelopes):
-        emits, opened = hooks.apply(state, record, headers)
+        emits, opened = apply(hooks, state, record, headers)
         if opened:
             opened_at.append(record[3]["offset"])
         for emit in emits:
@@ -90,7 +102,7 @@ def test_a_record_that_emits_nothing_is_counted_and_still_lets_an_ended_run_go()
     hooks = EngineHooks(config())
     state = PartitionState(Assembler(config().assemble), next_offset=0)
     first, second = one_run("r1"), one_run("r2")
-    applied = [hooks.apply(state, record, HEADERS)[0]
+    applied = [apply(hooks, state, record, HEADERS)[0]
                for record in records([second[0], *first, second[1], second[2]])]
     assert applied[-2:] == [[], []]  # r2's first events: nothing emitted
     assert hooks.tracing.headers("r1") is None and hooks.tracing.open_spans == 1
@@ -114,7 +126,7 @@ def test_readiness_and_rebuild_metrics_around_a_rebuild() -> None:
     assert sample(hooks, "latch_rebuild_records_total") == 7
     assert sample(hooks, "latch_rebuild_seconds_count") == 1
     start = next(records(one_run()))
-    hooks.apply(state, start, HEADERS)
+    apply(hooks, state, start, HEADERS)
     assert hooks.tracing.headers("r1") == HEADERS
     hooks.revoked([0])
     assert hooks.tracing.headers("r1") is None
@@ -191,7 +203,8 @@ def committed_run(engine: loop.KafkaEngine) -> list[Emit]:
     state = engine.partitions[0] = PartitionState(Assembler(config().assemble), 0)
     emits: list[Emit] = []
     for record in records(one_run()):
-        emits += engine.hooks.apply(state, record, HEADERS)[0]
+        applied = engine.driver.apply(state, record, HEADERS)
+        emits += [] if applied is None else applied.emits
     return emits
 
 
@@ -300,7 +313,7 @@ def test_the_kafka_engine_exits_2_when_its_http_port_is_taken(
 
 
 def test_apply_feeds_the_core_as_the_partitions_step_does() -> None:
-    """``EngineHooks.apply`` (which calls the core itself for a keyed record) emits what
+    """``Driver.apply`` (the hooks' per-record work around the core's one step) emits what
     ``PartitionState.apply`` emits, record for record, and moves the partition's clock the
     same way: a keyed record, one without a time, one older than the clock, a tick (the core
     expires the idle run) and a record without a key (DLQ)."""
@@ -314,12 +327,12 @@ def test_apply_feeds_the_core_as_the_partitions_step_does() -> None:
     tick = orjson.dumps({"v": 1, "type": "tick", "ts": 0})
     recs += [(TICK, tick, 10_000_000, source), (None, b'{"v": 1}', 10_000_001, source)]
     for record in recs:
-        got = hooks.apply(by_hooks, record)[0]
+        got = apply(hooks, by_hooks, record)[0]
         want = by_state.apply(record)
         assert [(e.topic, e.key, e.value) for e in got] == [
             (e.topic, e.key, e.value) for e in want]
         assert by_hooks.clock_ms == by_state.clock_ms
-    assert {e.topic for e in hooks.apply(by_hooks, recs[-1])[0]} == {Topic.DLQ}
+    assert {e.topic for e in apply(hooks, by_hooks, recs[-1])[0]} == {Topic.DLQ}
     assert by_hooks.clock_ms == 10_000_001
 
 
@@ -337,13 +350,13 @@ class _Failing:
 
 
 def test_a_failure_of_the_core_is_one_internal_error_dlq_record() -> None:
-    """When the core raises on a keyed record, ``EngineHooks.apply`` returns one DLQ record
+    """When the core raises on a keyed record, ``Driver.apply`` returns one DLQ record
     (reason ``internal_error``, the input record's key and bytes) instead of raising: a bug
     in Latch never stops the partition."""
     hooks = EngineHooks(config())
     state = PartitionState(_Failing(), next_offset=0)  # type: ignore[arg-type]
     record = next(records(one_run("r1")))
-    emits, opened = hooks.apply(state, record)
+    emits, opened = apply(hooks, state, record)
     assert not opened and [e.topic for e in emits] == [Topic.DLQ]
     assert emits[0].value["reason"] == "internal_error"
     assert state.clock_ms == record[2]

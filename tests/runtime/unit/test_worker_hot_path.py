@@ -51,7 +51,7 @@ def _worker() -> tuple[worker_app.LatchWorker, InMemoryMetricReader, CountingHea
     latch.hooks.telemetry = Telemetry("none", readers=[reader], prometheus=False)
     latch.metrics = latch.hooks.metrics = latch.hooks.telemetry.metrics
     table = CountingHeads()
-    latch.run_heads = Heads(table, 3600)
+    latch.run_heads = latch.driver.heads = Heads(table, 3600)
     published: list[Emit] = []
 
     async def publish(state: PartitionState, key: bytes | None,
