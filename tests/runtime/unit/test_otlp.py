@@ -87,10 +87,10 @@ def sums(posts: list[bytes]) -> dict[str, float]:
 
 
 def test_otlp_exports_the_metrics_and_the_run_spans(collector: Collector) -> None:
-    """The demo's runs through the driver and EngineHooks with otel_exporter otlp: at shutdown the collector
-    holds the metrics by their names (one invalid_json, six committed calls, seven argument
-    sizes, every record) and one latch.run span per run, in the trace the run.start records'
-    traceparent carried; no span holds argument text."""
+    """The demo's runs through the driver and EngineHooks with otel_exporter otlp: at
+    shutdown the collector holds the metrics by their names (one invalid_json, six committed
+    calls, seven argument sizes, every record) and one latch.run span per run, in the trace
+    the run.start records' traceparent carried; no span holds argument text."""
     config = load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0",
                                     "LATCH_WORKER__OTEL_EXPORTER": "otlp"})
     hooks = EngineHooks(config)
