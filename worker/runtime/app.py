@@ -76,7 +76,7 @@ from worker.runtime.health import loop_heartbeat
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
-from worker.runtime.step import Record
+from worker.runtime.step import Record, Source
 from worker.runtime.telemetry import TelemetryError
 
 log = logging.getLogger("latch.worker")
@@ -227,7 +227,7 @@ class LatchWorker:
             await self._process(state, _record(message), message.headers)
             return
         async for record in self._in_order(message, state.next_offset):
-            live = record[3]["offset"] == message.offset  # not read back from the log
+            live = record.source.offset == message.offset  # not read back from the log
             await self._process(state, record, message.headers if live else None)
 
     async def _apply_control(self, message: Any) -> None:
@@ -236,7 +236,7 @@ class LatchWorker:
             await self._control_resume(message.topic, partition)
             async for record in self._in_order(message, self.control_next[partition]):
                 await self._forward_control(record)
-                self.control_next[partition] = record[3]["offset"] + 1
+                self.control_next[partition] = record.source.offset + 1
 
     async def _control_resume(self, topic: str, partition: int) -> None:
         if partition not in self.control_next:
@@ -261,7 +261,7 @@ class LatchWorker:
             async with (self.control_locks[partition],
                         contextlib.aclosing(self._read(topic, partition, start, end)) as records):
                 async for record in records:
-                    offset = record[3]["offset"]
+                    offset = record.source.offset
                     if partition not in self.control_next:  # revoked meanwhile
                         break
                     if offset >= self.control_next[partition]:
@@ -299,7 +299,7 @@ class LatchWorker:
         """Feed one record to the partition's assembler; publish, then record heads."""
         applied = self.driver.apply(state, record, headers)
         if applied is None and not state.unconfirmed:
-            state.next_offset = record[3]["offset"] + 1
+            state.next_offset = record.source.offset + 1
             return
         await self._finish(state, record, applied)
 
@@ -308,10 +308,10 @@ class LatchWorker:
         """The rest of a record that the driver says needs more (it emitted or is a tick),
         or that finds outputs of the partition unconfirmed: publish, confirm, record heads
         (at a tick, so in stream context), confirm."""
-        source = record[3]
-        partition, offset = source["partition"], source["offset"]
+        source = record.source
+        partition, offset = source.partition, source.offset
         if applied is not None:
-            await self._publish(state, record[0], applied.emits, record[2], source)
+            await self._publish(state, record.key, applied.emits, record.time_ms, source)
             if applied.confirm:  # a run's done head only after its outputs are delivered
                 await state.confirm()
             self.driver.recorded(state, partition, applied)
@@ -325,7 +325,7 @@ class LatchWorker:
         """Forward a cancel into its run's events partition; anything else goes to the DLQ."""
         routed = self.driver.route(record)
         if isinstance(routed, Emit):
-            sent = await self.outputs[Topic.DLQ].send(key=record[0],
+            sent = await self.outputs[Topic.DLQ].send(key=record.key,
                                                       value=step.out_value(routed))
         else:
             key, value = routed
@@ -391,7 +391,7 @@ class LatchWorker:
 
     async def _publish(self, state: PartitionState, key: bytes | None,
                        emits: Sequence[Emit], record_ms: int | None = None,
-                       source: dict[str, Any] | None = None) -> None:
+                       source: Source | None = None) -> None:
         """Send each emit, in order, with its run's trace headers; a DLQ record keeps the
         input record's key. ``record_ms``: the time of the record that produced them;
         ``source``: where it was read. An emit over its topic's limit is not sent, and one
@@ -427,7 +427,7 @@ class LatchWorker:
                 message.add_done_callback(self._delivery(emit.topic, record_ms))
 
     async def _refuse(self, emit: Emit, name: str, out_key: bytes | None, size: int,
-                      error: str, key: bytes | None, source: dict[str, Any] | None
+                      error: str, key: bytes | None, source: Source | None
                       ) -> Awaitable[Any]:
         """Send, instead of ``emit`` (for topic ``name``), its ``output_refused`` DLQ record,
         keyed by the input record's ``key``; return the send's future."""
@@ -436,8 +436,7 @@ class LatchWorker:
                   else refusals.refused_detail(name, size, error))
         dlq = refusals.dlq_record(name, out_key, size, error, detail, source, key,
                                   refusals.run_of(emit))
-        where = logs.where(source["topic"], source["partition"], source["offset"]) \
-            if source else {}
+        where = logs.where(*source) if source else {}
         log.warning("an output record for %s (%d bytes) is refused (%s); an output_refused "
                     "DLQ record replaces it", name, size, error, extra=where)
         self.metrics.dlq[str(dlq.value["reason"])] += 1
@@ -553,7 +552,7 @@ class _Refusable:
 
     def __init__(self, worker: LatchWorker, sent: Awaitable[Any], emit: Emit, name: str,
                  out_key: bytes | None, value: bytes, headers: Any, key: bytes | None,
-                 source: dict[str, Any] | None) -> None:
+                 source: Source | None) -> None:
         self.worker, self.sent, self.emit, self.name = worker, sent, emit, name
         self.out_key, self.value, self.headers = out_key, value, headers
         self.key, self.source = key, source
@@ -625,14 +624,14 @@ def _withhold(message: Any) -> None:
 def _record(message: Any) -> Record:
     """A faust message as the core takes it (faust keeps record times in seconds)."""
     now_ms = None if message.timestamp is None else round(message.timestamp * 1000)
-    source = {"topic": message.topic, "partition": message.partition, "offset": message.offset}
-    return message.key, message.value or b"", now_ms, source
+    return step.record(message.key, message.value or b"", now_ms, message.topic,
+                       message.partition, message.offset)
 
 
 def _reader_record(rec: Any) -> Record:
     """An aiokafka record as the core takes it (aiokafka keeps record times in ms)."""
-    source = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}
-    return rec.key, rec.value or b"", rec.timestamp, source
+    return step.record(rec.key, rec.value or b"", rec.timestamp, rec.topic, rec.partition,
+                       rec.offset)
 
 
 def app_settings(config: Config, overrides: Mapping[str, Any]) -> dict[str, Any]:

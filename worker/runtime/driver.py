@@ -146,7 +146,7 @@ class Driver:
         not a tick), else what the engine must do (module doc, step 1). ``headers``: the
         record's Kafka headers, or a function returning them (called only when the record
         opens a run)."""
-        key = record[0]
+        key = record.key
         run_id = key.decode("utf-8", "replace") if key else ""
         assembler = state.assembler
         was_open = assembler.is_open(run_id)
@@ -162,12 +162,11 @@ class Driver:
             hooks.metrics.record(emits, assembler.sizes)
             if opened and callable(headers):
                 headers = headers()
-            tracing.on_record(record[3]["partition"], run_id, opened, headers, emits)
+            tracing.on_record(record.source.partition, run_id, opened, headers, emits)
         if opened or (not emits and assembler.early_cancels_waiting):
             # (Heads.applied writes a head only then: a run's start, a waiting cancel's)
-            source = record[3]
-            self.heads.applied(state, key, source["partition"], source["offset"], opened,
-                               emits)
+            source = record.source
+            self.heads.applied(state, key, source.partition, source.offset, opened, emits)
         if emits:
             return Applied(emits, finished_runs(emits), key == TICK)
         return _TICK if key == TICK else None

@@ -103,7 +103,7 @@ class PartitionState:
     def apply(self, record: Record) -> list[Emit]:
         """The emits of the partition's next record, in order (its time moves the clock):
         the core's step (:func:`step.step`) for both engines, live and in a rebuild."""
-        now = record[2]
+        now = record.time_ms
         if now is not None and now > self.clock_ms:
             self.clock_ms = now
         return step.step(self.assembler, record)
@@ -128,10 +128,10 @@ def replay(state: PartitionState, open_runs: Mapping[bytes, int], record: Record
     records are known to the heads; a record of a run before its head's start was read when
     the run had not started, and changed nothing it holds now); progress records are never
     kept."""
-    key = record[0]
+    key = record.key
     if key != TICK:
         start = open_runs.get(key) if key is not None else None
-        if start is None or record[3]["offset"] < start:
+        if start is None or record.source.offset < start:
             return []
     return [e for e in state.apply(record) if e.topic is not Topic.PROGRESS]
 

@@ -15,6 +15,7 @@ from faust.types import TP
 
 from worker.core import Assembler, Topic
 from worker.runtime import app as worker_app
+from worker.runtime import step
 from worker.runtime.config import load_config
 from worker.runtime.driver import Applied, Driver, TickRule, control_behind
 from worker.runtime.hooks import EngineHooks
@@ -33,8 +34,8 @@ def _driver(table: dict[bytes, Any] | None = None) -> Driver:
 
 def _records(envelopes: list[dict[str, Any]], first: int = 0) -> Iterator[Record]:
     for n, envelope in enumerate(envelopes):
-        source = {"topic": "ev", "partition": 0, "offset": first + n}
-        yield envelope["run_id"].encode(), orjson.dumps(envelope), 1_000 + n, source
+        yield step.record(envelope["run_id"].encode(), orjson.dumps(envelope), 1_000 + n,
+                          "ev", 0, first + n)
 
 
 def _run(run_id: str = "r1") -> list[dict[str, Any]]:
@@ -61,8 +62,7 @@ def test_a_record_needs_nothing_more_unless_it_emits_or_is_a_tick() -> None:
     assert "done" not in table[b"r1"]  # not before the outputs are delivered
     driver.recorded(state, 0, last)
     assert table[b"r1"]["done"] is True and table[b"r1"]["status"] == "completed"
-    tick = (TICK, orjson.dumps({"v": 1, "type": "tick", "ts": 0}), 5_000,
-            {"topic": "ev", "partition": 0, "offset": 99})
+    tick = step.record(TICK, orjson.dumps({"v": 1, "type": "tick", "ts": 0}), 5_000, "ev", 0, 99)
     applied = driver.apply(state, tick)
     assert applied is not None and applied.tick and not applied.emits and not applied.confirm
 

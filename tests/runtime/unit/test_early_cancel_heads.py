@@ -29,6 +29,7 @@ from builders import cancel, chat_calls, chat_run, chat_tool
 
 from worker.core import Assembler, AssembleSettings, Emit, Topic
 from worker.core.envelope import TICK_KEY
+from worker.runtime import step
 from worker.runtime.config import load_config
 from worker.runtime.driver import Driver
 from worker.runtime.hooks import EngineHooks
@@ -50,7 +51,7 @@ class Log:
         self.records: list[Record] = []
 
     def append(self, key: bytes | None, value: bytes, ts: int) -> Record:
-        record = (key, value, ts, {"topic": "ev", "partition": 0, "offset": len(self.records)})
+        record = step.record(key, value, ts, "ev", 0, len(self.records))
         self.records.append(record)
         return record
 
@@ -83,7 +84,7 @@ def process(state: PartitionState, heads: Heads, records: Sequence[Record]) -> l
         if applied is not None:
             driver.recorded(state, 0, applied)
             out += applied.emits
-        state.next_offset = record[3]["offset"] + 1
+        state.next_offset = record.source.offset + 1
     return out
 
 

@@ -14,12 +14,13 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from worker_harness import provider_run
 
 from worker.core import Assembler, Emit, Topic
+from worker.runtime import step
 from worker.runtime.config import Config, load_config
 from worker.runtime.driver import Driver
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import loop
 from worker.runtime.partition import TICK, Heads, PartitionState
-from worker.runtime.step import Record
+from worker.runtime.step import Record, Source
 
 TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 HEADERS = [("traceparent", TRACEPARENT)]
@@ -31,8 +32,8 @@ def config() -> Config:
 
 def records(envelopes: list[dict[str, Any]], partition: int = 0) -> Iterator[Record]:
     for offset, envelope in enumerate(envelopes):
-        source = {"topic": "events", "partition": partition, "offset": offset}
-        yield str(envelope["run_id"]).encode(), orjson.dumps(envelope), 1_000 + offset, source
+        yield step.record(str(envelope["run_id"]).encode(), orjson.dumps(envelope),
+                          1_000 + offset, "events", partition, offset)
 
 
 def apply(hooks: EngineHooks, state: PartitionState, record: Record, headers: Any = None
@@ -83,7 +84,7 @@ def test_apply_counts_each_record_and_puts_the_runs_trace_on_its_outputs() -> No
     for record in records(envelopes):
         emits, opened = apply(hooks, state, record, headers)
         if opened:
-            opened_at.append(record[3]["offset"])
+            opened_at.append(record.source.offset)
         for emit in emits:
             if emit.topic is not Topic.PROGRESS:
                 assert hooks.headers(emit, b"{}") == HEADERS
@@ -321,11 +322,12 @@ def test_apply_feeds_the_core_as_the_partitions_step_does() -> None:
     by_hooks = PartitionState(Assembler(config().assemble), next_offset=0)
     by_state = PartitionState(Assembler(config().assemble), next_offset=0)
     recs = list(records(one_run("r1")[:3]))
-    source = {"topic": "events", "partition": 0, "offset": 9}
-    recs[1] = (*recs[1][:2], None, recs[1][3])  # no record time
-    recs[2] = (*recs[2][:2], 5, recs[2][3])  # older than the clock
+    source = Source("events", 0, 9)
+    recs[1] = recs[1]._replace(time_ms=None)  # no record time
+    recs[2] = recs[2]._replace(time_ms=5)  # older than the clock
     tick = orjson.dumps({"v": 1, "type": "tick", "ts": 0})
-    recs += [(TICK, tick, 10_000_000, source), (None, b'{"v": 1}', 10_000_001, source)]
+    recs += [Record(TICK, tick, 10_000_000, source),
+             Record(None, b'{"v": 1}', 10_000_001, source)]
     for record in recs:
         got = apply(hooks, by_hooks, record)[0]
         want = by_state.apply(record)

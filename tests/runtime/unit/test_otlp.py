@@ -17,6 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from worker.core import Assembler
+from worker.runtime import step
 from worker.runtime.config import load_config
 from worker.runtime.driver import Driver
 from worker.runtime.hooks import EngineHooks
@@ -99,8 +100,8 @@ def test_otlp_exports_the_metrics_and_the_run_spans(collector: Collector) -> Non
     state.assembler.sizes = []
     envelopes = load_envelopes(example_file(), "otlp/")
     for offset, envelope in enumerate(envelopes):
-        record = (str(envelope["run_id"]).encode(), orjson.dumps(envelope), 1_000 + offset,
-                  {"topic": "events", "partition": 0, "offset": offset})
+        record = step.record(str(envelope["run_id"]).encode(), orjson.dumps(envelope),
+                             1_000 + offset, "events", 0, offset)
         driver.apply(state, record, HEADERS)
     hooks.stop(None)  # flushes both exporters
 

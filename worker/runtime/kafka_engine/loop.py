@@ -103,6 +103,7 @@ from worker.runtime.kafka_engine.transaction import (
 )
 from worker.runtime.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.step import Source
 
 _T = TypeVar("_T")
 
@@ -317,7 +318,8 @@ class KafkaEngine:
         # The hot path (every envelope), with what it reads bound once per call: the driver
         # says what a record needs (worker/runtime/driver.py; None for most records); the
         # outputs and heads are touched only when it needs them.
-        events, partitions, driver = self.events, self.partitions, self.driver
+        events, partitions, driver, record_at = (self.events, self.partitions, self.driver,
+                                                 reader.record_at)
         apply, table, txn = driver.apply, self.table, self.txn
         batch = txn.batch
         for msg in msgs:
@@ -333,13 +335,11 @@ class KafkaEngine:
                 continue
             if batch is None:
                 batch = txn.begin()
-            kind, ts = msg.timestamp()
-            record = (msg.key(), msg.value() or b"", None if kind == 0 else ts,
-                      {"topic": events, "partition": partition, "offset": offset})
+            record = record_at(msg, events, partition, offset)
             applied = apply(state, record, msg.headers)
             if applied is not None:  # a transaction holds outputs and heads together
                 if applied.emits:
-                    self._publish(record[0], applied.emits, record[2], record[3])
+                    self._publish(record.key, applied.emits, record.time_ms, record.source)
                 driver.recorded(state, partition, applied)
             if table.pending:
                 self._write_heads()
@@ -363,7 +363,7 @@ class KafkaEngine:
         record = reader.record_of(msg)
         routed = self.driver.route(record)
         if isinstance(routed, Emit):
-            self.txn.produce(self.outputs[Topic.DLQ], record[0], step.out_value(routed))
+            self.txn.produce(self.outputs[Topic.DLQ], record.key, step.out_value(routed))
         else:
             self.txn.produce(self.events, *routed)
         self.control_next[partition] = offset + 1
@@ -397,7 +397,7 @@ class KafkaEngine:
         return control_behind(self.control_next, ends)
 
     def _publish(self, key: bytes | None, emits: Sequence[Emit],
-                 record_ms: int | None = None, source: dict[str, Any] | None = None) -> None:
+                 record_ms: int | None = None, source: Source | None = None) -> None:
         """Send each emit, in order, with its run's trace headers; a DLQ record keeps the
         input record's key. ``record_ms``: the time of the record that produced them;
         ``source``: where it was read. An emit its topic would refuse (over the topic's
@@ -430,7 +430,7 @@ class KafkaEngine:
                 txn.batch.committed.append(record_ms)
 
     def _refuse(self, emit: Emit, name: str, out_key: bytes | None, size: int, error: str,
-                key: bytes | None, source: dict[str, Any] | None) -> None:
+                key: bytes | None, source: Source | None) -> None:
         """Send, instead of ``emit`` (for topic ``name``), its ``output_refused`` DLQ record,
         keyed by the input record's ``key``."""
         limit = self.limits.limit(name)
@@ -438,8 +438,7 @@ class KafkaEngine:
                   else refusals.refused_detail(name, size, error))
         dlq = refusals.dlq_record(name, out_key, size, error, detail, source, key,
                                   refusals.run_of(emit))
-        where = logs.where(source["topic"], source["partition"], source["offset"]) \
-            if source else {}
+        where = logs.where(*source) if source else {}
         log.warning("an output record for %s (%d bytes) is refused (%s); an output_refused "
                     "DLQ record replaces it", name, size, error, extra=where)
         self.hooks.metrics.dlq[str(dlq.value["reason"])] += 1
