@@ -22,6 +22,7 @@ from worker.core import Assembler, Emit
 from worker.runtime import app as worker_app
 from worker.runtime.config import load_config
 from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.step import Source
 from worker.runtime.telemetry import Telemetry
 
 TOPIC = "hot.events"
@@ -56,7 +57,7 @@ def _worker() -> tuple[worker_app.LatchWorker, InMemoryMetricReader, CountingHea
 
     async def publish(state: PartitionState, key: bytes | None,
                       emits: Sequence[Emit], record_ms: int | None = None,
-                      source: dict[str, Any] | None = None) -> None:
+                      source: Source | None = None) -> None:
         published.extend(emits)
 
     latch._publish = publish  # type: ignore[method-assign]
