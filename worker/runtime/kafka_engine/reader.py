@@ -19,8 +19,10 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from worker.runtime import logs, step
-from worker.runtime.step import Record
+from worker.runtime import logs
+from worker.runtime.step import Record, Source
+
+_new = tuple.__new__
 
 __all__ = ["passing", "read", "read_all", "record_at", "record_of", "where"]
 
@@ -41,8 +43,9 @@ def record_at(msg: Message, topic: str, partition: int, offset: int) -> Record:
     """:func:`record_of`, its topic, partition and offset read already (the engine's hot
     path reads them first, to skip a repeat)."""
     kind, ts = msg.timestamp()
-    return step.record(msg.key(), msg.value() or b"", None if kind == 0 else ts, topic,
-                       partition, offset)
+    # step.record inlined (the engine's every record): a NamedTuple at a tuple's cost
+    return _new(Record, (msg.key(), msg.value() or b"", None if kind == 0 else ts,
+                         _new(Source, (topic, partition, offset))))
 
 
 #: Errors the consumer reports and recovers from by itself (a broker or cluster node away).
