@@ -93,6 +93,7 @@ from worker.runtime.driver import Driver, control_behind
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import instance, reader
 from worker.runtime.kafka_engine.heads import HeadsTable
+from worker.runtime.kafka_engine.settings import consumer_settings, producer_settings
 from worker.runtime.kafka_engine.transaction import (
     CLIENT_TIMEOUT_S,
     Aborted,
@@ -133,45 +134,6 @@ _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TO
 #: The broker found this record invalid (KIP-467: the others of its batch are reported as
 #: ``_INVALID_DIFFERENT_RECORD`` and are sent again).
 _INVALID = frozenset({KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG})
-
-
-def consumer_settings(config: Config) -> dict[str, Any]:
-    """The group consumer: offsets only through transactions, committed records only."""
-    return {"session.timeout.ms": 15000, **config.kafka.confluent_config(),
-            "group.id": config.worker.app_id, "enable.auto.commit": False,
-            "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed", "partition.assignment.strategy": "range"}
-
-
-def producer_settings(config: Config, instance: str, batch_bytes: int | None = None
-                      ) -> dict[str, Any]:
-    """The transactional producer: Java's partitioner (a forwarded cancel lands in its run's
-    partition, as the gateway's records do), output records up to the output topics' size.
-
-    ``retry.backoff.ms`` 10 (librdkafka's default 100; overridable under ``kafka:``): right
-    after a commit the coordinator is still writing the markers and answers the next
-    transaction's AddOffsetsToTxn with CONCURRENT_TRANSACTIONS; each retry waited 100 ms, and
-    ``send_offsets_to_transaction`` took 84 to 108 ms a transaction against 3 to 15 ms
-    (measured on the local broker; Java's client lowered this backoff for the same reason,
-    KAFKA-5477). Now 2 ms: with transactions committed as soon as their input is drained,
-    the markers are usually written within a few ms, and a 10 ms backoff still made
-    ``send_offsets_to_transaction`` take 12.5 ms at the median (2.1 to 3.6 ms at 2 ms; paced
-    load of 1,000 envelopes/s, docs/benchmarks.md). librdkafka backs off exponentially from
-    there (2, 4, 8 ms ...) to ``retry.backoff.max.ms`` on repeated failures.
-
-    ``batch_bytes``: a ``batch.size`` below every written topic's ``max.message.bytes``
-    (:meth:`worker.runtime.refusals.Limits.batch_bytes`; the broker refuses a whole batch over
-    it)."""
-    worker = config.worker
-    batch = {} if batch_bytes is None else {"batch.size": batch_bytes}
-    return {"retry.backoff.ms": 2, **config.kafka.confluent_config(), **batch,
-            "transactional.id": f"{worker.app_id}-{instance}",
-            "transaction.timeout.ms": int(worker.transaction_timeout_s * 1000),
-            "partitioner": "murmur2_random", "linger.ms": 5,
-            "message.max.bytes": admin.OUTPUT_MAX_BYTES,
-            # delivery reports of failures only (all the engine counts): a report needs the
-            # GIL, which the commit's thread would otherwise wait for while the loop runs
-            "delivery.report.only.error": True}
 
 
 class KafkaEngine:
