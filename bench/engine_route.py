@@ -114,8 +114,8 @@ def quix_worker() -> None:  # pragma: no cover - runs in its own process
         assembler = assemblers.setdefault(partition, Assembler(config.assemble))
         run_id = key.decode("utf-8", "replace")
         was_open = assembler.is_open(run_id)
-        source = {"topic": names.events, "partition": partition, "offset": offset}
-        emits = step.step(assembler, (key, value, timestamp, source))
+        emits = step.step(assembler, step.record(key, value, timestamp, names.events,
+                                                 partition, offset))
         if not was_open and assembler.is_open(run_id):
             state.set("head", {"p": partition, "start": offset})  # type: ignore[attr-defined]
         for finished in partition_module.finished_runs(emits):

@@ -1,6 +1,7 @@
 """The package's layers, as import-linter checks them (``[tool.importlinter]`` in
 pyproject.toml): ``worker.cli`` -> ``worker.tools`` -> ``worker.runtime`` -> ``worker.core``,
-imports flowing downward only, and a core that imports no client, framework or I/O library.
+imports flowing downward only, a core that imports no client, framework or I/O library, and a
+partition driver that imports no Kafka client and no faust.
 
 The contracts are only worth something if they fail on a violation: each breaking test copies
 the package to a temporary directory, adds one forbidden import, and expects ``lint-imports``
@@ -74,6 +75,22 @@ def test_the_core_importing_io_breaks_purity(copy_of_the_package: Path, library:
     assert result.returncode != 0
     assert "The core imports no Kafka client, framework, telemetry or I/O library BROKEN" \
         in result.stdout
+
+
+@pytest.mark.parametrize(("module", "library"), [
+    ("runtime/driver.py", "confluent_kafka"), ("runtime/driver.py", "faust"),
+    # reached through a module the driver is built from: an indirect import breaks it too
+    ("runtime/partition.py", "aiokafka"),
+])
+def test_a_kafka_client_in_the_driver_breaks_its_neutrality(copy_of_the_package: Path,
+                                                            module: str, library: str) -> None:
+    """The partition driver (worker/runtime/driver.py, issue 24) is the one path of both
+    engines: a Kafka client or faust imported by it, or by a module it imports, breaks the
+    neutral-driver contract."""
+    add_import(copy_of_the_package / "worker" / module, f"import {library}  # noqa")
+    result = lint_imports(copy_of_the_package)
+    assert result.returncode != 0
+    assert "The partition driver imports no Kafka client and no faust BROKEN" in result.stdout
 
 
 def test_every_package_ships_in_the_wheel() -> None:

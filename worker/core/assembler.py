@@ -91,6 +91,7 @@ from worker.core.envelope import (
     Cancel,
     Envelope,
     ProviderEvent,
+    RecordSource,
     Rejected,
     RunStart,
     StreamEnd,
@@ -115,7 +116,8 @@ from worker.core.tools import (
 )
 
 #: ``worker.core._peek.peek`` (worker/core/csrc/peek.c), built with the compiled core; None in
-#: a pure-Python install, which then parses every record with orjson.
+#: a pure-Python install, which then parses every record with orjson. Its answer, a tuple
+#: built in C: (kind, run_id, seq, ts or None, index, text), unpacked by these names.
 Peeked = tuple[int, str, int, int | None, int, str]
 _PEEK: Callable[[bytes], Peeked | None] | None
 try:
@@ -182,7 +184,7 @@ class Assembler:
 
     def feed_record(
         self, key: bytes | None, value: bytes, now_ms: int | None = None,
-        source: dict[str, Any] | None = None,
+        source: RecordSource | None = None,
     ) -> list[Emit]:
         """Decode one input record and apply it; a bad record becomes one DLQ record.
 
@@ -201,13 +203,15 @@ class Assembler:
             # building the event, that the run's adapter applies at once (``Adapter.fast``).
             peeked = peek(value)
             if peeked is not None:
-                known = self._runs.get(peeked[1])
-                seq = peeked[2]
-                if (known is not None and seq > known.last_seq
+                # (named at a tuple's cost; names of their own: the compiled core types a
+                # local by its first assignment)
+                peek_kind, peek_run, peek_seq, peek_ts, peek_index, peek_text = peeked
+                known = self._runs.get(peek_run)
+                if (known is not None and peek_seq > known.last_seq
                         and (key is None or key == known.key)):
-                    fast = known.adapter.fast(peeked[0], peeked[4], peeked[5])
+                    fast = known.adapter.fast(peek_kind, peek_index, peek_text)
                     if fast is not None:
-                        self._enter(known, seq, self._now(now_ms, peeked[3]))
+                        self._enter(known, peek_seq, self._now(now_ms, peek_ts))
                         return known.applied(fast, len(value))
         try:
             parsed: Any = self._loads(value)
@@ -250,12 +254,12 @@ class Assembler:
         self._move_to_end(run.run_id)
 
     def _feed_general(self, key: bytes | None, value: bytes, now_ms: int | None,
-                      source: dict[str, Any] | None) -> list[Emit]:
+                      source: RecordSource | None) -> list[Emit]:
         """``feed_record`` without its fast paths: decode the envelope, then ``feed`` it."""
         return self._feed_envelope(decode(key, value), key, value, now_ms, source)
 
     def _feed_envelope(self, envelope: Envelope | Rejected, key: bytes | None, value: bytes,
-                       now_ms: int | None, source: dict[str, Any] | None) -> list[Emit]:
+                       now_ms: int | None, source: RecordSource | None) -> list[Emit]:
         if isinstance(envelope, Rejected):
             return [self._reject(envelope, key, value, source)]
         return self.feed(envelope, self._now(now_ms, envelope.ts), raw=(key, value, source))
@@ -264,7 +268,7 @@ class Assembler:
         self,
         envelope: Envelope,
         now_ms: int,
-        raw: tuple[bytes | None, bytes, dict[str, Any] | None] | None = None,
+        raw: tuple[bytes | None, bytes, RecordSource | None] | None = None,
     ) -> list[Emit]:
         """Apply one decoded envelope at record time ``now_ms``."""
         if isinstance(envelope, Tick):
@@ -521,11 +525,11 @@ class Assembler:
     # -- the dead-letter topic --------------------------------------------------------
 
     def _reject(self, rejected: Rejected, key: bytes | None, value: bytes,
-                source: dict[str, Any] | None) -> Emit:
+                source: RecordSource | None) -> Emit:
         return self._ledger.reject(rejected, key, value, source)
 
 
-def _raw(raw: tuple[bytes | None, bytes, dict[str, Any] | None] | None
-         ) -> tuple[bytes | None, bytes, dict[str, Any] | None]:
+def _raw(raw: tuple[bytes | None, bytes, RecordSource | None] | None
+         ) -> tuple[bytes | None, bytes, RecordSource | None]:
     """The input record an envelope came from; none (``feed`` of a decoded envelope): empty."""
     return raw if raw is not None else (None, b"", None)

@@ -102,6 +102,18 @@ class Tick(NamedTuple):
     ts: int
 
 
+class Source(NamedTuple):
+    """Where an input record was read: what a DLQ record's ``source`` says of it."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+#: Where a record came from, as the core takes it: a :class:`Source`, or the same members as
+#: a mapping (offline callers; a DLQ record copies it).
+RecordSource = Source | dict[str, Any]
+
 Envelope = RunStart | ProviderEvent | StreamEnd | StreamError | Cancel | Tick
 RunEnvelope = RunStart | ProviderEvent | StreamEnd | StreamError | Cancel
 

@@ -26,7 +26,7 @@ from typing import Any
 from orjson import dumps
 
 from worker.core.call import Call
-from worker.core.envelope import Rejected, RunStart
+from worker.core.envelope import RecordSource, Rejected, RunStart, Source
 from worker.core.model import CallState, Emit, Reason, RunStatus, Topic
 from worker.core.ops import CUSTOM, FUNCTION, Adapter, CallView
 from worker.core.settings import MAX_RECORD_BYTES
@@ -189,9 +189,13 @@ class Outputs:
 
 
 def dlq_record(rejected: Rejected, key: bytes | None, value: bytes,
-               source: dict[str, Any] | None) -> Emit:
+               source: RecordSource | None) -> Emit:
     """A dead-letter record that keeps the original bytes and says why."""
-    src: dict[str, Any] = dict(source or {})
+    if isinstance(source, Source):
+        src: dict[str, Any] = {"topic": source.topic, "partition": source.partition,
+                               "offset": source.offset}
+    else:
+        src = dict(source or {})
     src["key_b64"] = None if key is None else base64.b64encode(key).decode()
     record = {"v": 1, "reason": str(rejected.reason), "detail": rejected.detail, "source": src,
               "original_b64": base64.b64encode(value).decode(), "run_id": rejected.run_id}

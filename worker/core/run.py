@@ -32,7 +32,7 @@ from worker.core.call import (
     usable,
     utf8_len,
 )
-from worker.core.envelope import Rejected, RunStart
+from worker.core.envelope import RecordSource, Rejected, RunStart
 from worker.core.latch import NAME_CHECKED_REASONS, Latch
 from worker.core.model import CallEvent, CallState, DlqReason, Emit, Reason, RunStatus
 from worker.core.outputs import Outputs, dlq_record, id_counts
@@ -85,7 +85,7 @@ class Ledger:
         self.sizes: list[int] | None = None
 
     def reject(self, rejected: Rejected, key: bytes | None, value: bytes,
-               source: dict[str, Any] | None) -> Emit:
+               source: RecordSource | None) -> Emit:
         """The DLQ record of an input record, counted."""
         self.stats[f"dlq_{rejected.reason}"] += 1
         return dlq_record(rejected, key, value, source)
@@ -149,7 +149,7 @@ class Run:
     # -- provider events --------------------------------------------------------------
 
     def provider_event(self, event: dict[str, Any], key: bytes | None, value: bytes,
-                       source: dict[str, Any] | None) -> list[Emit]:
+                       source: RecordSource | None) -> list[Emit]:
         """Apply one provider event (``value``: its record); one its adapter cannot read or
         refuses becomes a DLQ record."""
         adapter = self.adapter

@@ -57,10 +57,9 @@ from faust.exceptions import ProducerSendError
 from faust.sensors import Monitor
 from faust.types import TP
 
-from worker.core import Assembler, Emit, Topic
+from worker.core import Emit, Topic
 from worker.runtime import (
     admin,
-    control,
     faust_recovery,
     kafka_io,
     logs,
@@ -68,18 +67,24 @@ from worker.runtime import (
     refusals,
     step,
 )
-from worker.runtime import partition as partition_module
+from worker.runtime import driver as driver_module
 from worker.runtime.config import Config, ConfigError, load_config
+from worker.runtime.driver import Applied, Driver
 from worker.runtime.gaps import StallWatch
 from worker.runtime.heads_store import FaustHeadsTable, PartitionTrackedTable
 from worker.runtime.health import loop_heartbeat
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
-from worker.runtime.step import Record
+from worker.runtime.step import Record, Source
 from worker.runtime.telemetry import TelemetryError
 
 log = logging.getLogger("latch.worker")
+
+#: How often a tick held back by the control backlog looks again (seconds).
+_TICK_RECHECK_S = 0.05
+#: Records of a takeover's rebuild between two turns of the event loop (heartbeats, fetchers).
+_REBUILD_PAUSE_EVERY = 1000
 
 _RAW: dict[str, Any] = {
     "key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
@@ -110,6 +115,8 @@ class LatchWorker:
         self.run_heads = Heads(self.heads_store,
                                config.worker.finished_run_retention_s)
         self.hooks = EngineHooks(config)
+        #: Everything around the core, engine-neutral (worker/runtime/driver.py).
+        self.driver = Driver(config, self.hooks, self.run_heads)
         self.metrics, self.health = self.hooks.metrics, self.hooks.health
         self.metrics.watch(self._partition_views)
         self.reader_options = kafka_io.aiokafka_options(config.kafka)
@@ -122,6 +129,8 @@ class LatchWorker:
         #: One forwarder at a time per control partition: faust's agent, or the tick's repair.
         self.control_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.control_watch = StallWatch()
+        #: The end offsets of the owned control partitions, as the repair last read them.
+        self.control_ends: dict[int, int] = {}
         self.revocations = 0
         #: Records processed without outputs and not yet counted (telemetry in batches).
         #: A record could not be processed: the worker is stopping, nothing more is handled.
@@ -204,11 +213,11 @@ class LatchWorker:
         if state is None or message.offset != state.next_offset:
             return self._apply_event(message)
         record = _record(message)
-        emits, opened = self.hooks.apply(state, record, message.headers)
-        if _quiet(state, record[0], emits, opened):
+        applied = self.driver.apply(state, record, message.headers)
+        if applied is None and not state.unconfirmed:
             state.next_offset = message.offset + 1
             return None
-        return self._finish(state, record, emits, opened)
+        return self._finish(state, record, applied)
 
     async def _apply_event(self, message: Any) -> None:
         state = self.partitions.get(message.partition)
@@ -218,7 +227,7 @@ class LatchWorker:
             await self._process(state, _record(message), message.headers)
             return
         async for record in self._in_order(message, state.next_offset):
-            live = record[3]["offset"] == message.offset  # not read back from the log
+            live = record.source.offset == message.offset  # not read back from the log
             await self._process(state, record, message.headers if live else None)
 
     async def _apply_control(self, message: Any) -> None:
@@ -227,7 +236,7 @@ class LatchWorker:
             await self._control_resume(message.topic, partition)
             async for record in self._in_order(message, self.control_next[partition]):
                 await self._forward_control(record)
-                self.control_next[partition] = record[3]["offset"] + 1
+                self.control_next[partition] = record.source.offset + 1
 
     async def _control_resume(self, topic: str, partition: int) -> None:
         if partition not in self.control_next:
@@ -244,6 +253,7 @@ class LatchWorker:
             async with self.control_locks[partition]:
                 await self._control_resume(topic, partition)
         ends = await kafka_io.end_offsets(self.reader_options, topic, owned)
+        self.control_ends = ends  # what the tick waits for (driver.TickRule)
         applied = {p: self.control_next[p] for p in owned if p in self.control_next}
         for partition, (start, end) in self.control_watch.stalled(applied, ends).items():
             log.warning("%s[%d]: records %d..%d were not delivered; reading them from the log",
@@ -251,7 +261,7 @@ class LatchWorker:
             async with (self.control_locks[partition],
                         contextlib.aclosing(self._read(topic, partition, start, end)) as records):
                 async for record in records:
-                    offset = record[3]["offset"]
+                    offset = record.source.offset
                     if partition not in self.control_next:  # revoked meanwhile
                         break
                     if offset >= self.control_next[partition]:
@@ -287,24 +297,24 @@ class LatchWorker:
     async def _process(self, state: PartitionState, record: Record,
                        headers: Any = None) -> None:
         """Feed one record to the partition's assembler; publish, then record heads."""
-        emits, opened = self.hooks.apply(state, record, headers)
-        if _quiet(state, record[0], emits, opened):
-            state.next_offset = record[3]["offset"] + 1
+        applied = self.driver.apply(state, record, headers)
+        if applied is None and not state.unconfirmed:
+            state.next_offset = record.source.offset + 1
             return
-        await self._finish(state, record, emits, opened)
+        await self._finish(state, record, applied)
 
-    async def _finish(self, state: PartitionState, record: Record, emits: list[Emit],
-                      opened: bool) -> None:
-        """The rest of a record that emitted, opened a run, is a tick or has outputs or an
-        early cancel's head pending: publish, record heads, confirm."""
-        key, source = record[0], record[3]
-        partition, offset = source["partition"], source["offset"]
-        await self._publish(state, key, emits, record[2], source)
-        self.run_heads.applied(state, key, partition, offset, opened, emits)
-        if emits:
-            await self._record_finished(state, partition, emits)
-        if key == TICK:  # at a tick, so in stream context, and by record time
-            self.run_heads.forget_finished(state)
+    async def _finish(self, state: PartitionState, record: Record,
+                      applied: Applied | None) -> None:
+        """The rest of a record that the driver says needs more (it emitted or is a tick),
+        or that finds outputs of the partition unconfirmed: publish, confirm, record heads
+        (at a tick, so in stream context), confirm."""
+        source = record.source
+        partition, offset = source.partition, source.offset
+        if applied is not None:
+            await self._publish(state, record.key, applied.emits, record.time_ms, source)
+            if applied.confirm:  # a run's done head only after its outputs are delivered
+                await state.confirm()
+            self.driver.recorded(state, partition, applied)
         # Every output of this record (a DLQ record, an early commit, an error result) is
         # delivered before the record is acked: faust's commit only flushes its producer,
         # and a failed batch would not stop it. A failure raises here, unacked.
@@ -313,10 +323,9 @@ class LatchWorker:
 
     async def _forward_control(self, record: Record) -> None:
         """Forward a cancel into its run's events partition; anything else goes to the DLQ."""
-        routed = control.route(record)
+        routed = self.driver.route(record)
         if isinstance(routed, Emit):
-            self.hooks.routed(routed)
-            sent = await self.outputs[Topic.DLQ].send(key=record[0],
+            sent = await self.outputs[Topic.DLQ].send(key=record.key,
                                                       value=step.out_value(routed))
         else:
             key, value = routed
@@ -324,12 +333,27 @@ class LatchWorker:
         await sent  # delivered before the control record is acked (a failure raises)
 
     async def _tick(self) -> None:
-        """Write a tick into each events partition this worker owns (the only clock read)."""
-        value = orjson.dumps({"v": 1, "type": "tick", "ts": int(time.time() * 1000)})
+        """Write a tick into each events partition this worker owns (the only clock read),
+        once the driver says it is due: not while a control record in the log (as the
+        repair last read the ends) is still to forward (driver.TickRule)."""
         events = self.events.get_topic_name()
+        if not any(tp.topic == events for tp in self.app.assignor.assigned_actives()):
+            return
+        while not self.driver.tick_due(time.monotonic(), self._control_behind()):
+            await asyncio.sleep(_TICK_RECHECK_S)
+        value = orjson.dumps({"v": 1, "type": "tick", "ts": int(time.time() * 1000)})
         for tp in sorted(self.app.assignor.assigned_actives()):
             if tp.topic == events:
                 await self.events.send(key=TICK, value=value, partition=tp.partition)
+
+    def _control_behind(self) -> bool:
+        """Whether an owned control partition has records in the log not yet forwarded (its
+        end as the repair last read it; unknown, as its next offset, until it has run)."""
+        topic = self.control.get_topic_name()
+        owned = [tp.partition for tp in self.app.assignor.assigned_actives()
+                 if tp.topic == topic]
+        forwarded = {p: self.control_next.get(p, -1) for p in owned}
+        return driver_module.control_behind(forwarded, self.control_ends)
 
     async def _repair_tick(self) -> None:
         """At each tick interval, read what faust left unread of the owned control
@@ -367,7 +391,7 @@ class LatchWorker:
 
     async def _publish(self, state: PartitionState, key: bytes | None,
                        emits: Sequence[Emit], record_ms: int | None = None,
-                       source: dict[str, Any] | None = None) -> None:
+                       source: Source | None = None) -> None:
         """Send each emit, in order, with its run's trace headers; a DLQ record keeps the
         input record's key. ``record_ms``: the time of the record that produced them;
         ``source``: where it was read. An emit over its topic's limit is not sent, and one
@@ -403,7 +427,7 @@ class LatchWorker:
                 message.add_done_callback(self._delivery(emit.topic, record_ms))
 
     async def _refuse(self, emit: Emit, name: str, out_key: bytes | None, size: int,
-                      error: str, key: bytes | None, source: dict[str, Any] | None
+                      error: str, key: bytes | None, source: Source | None
                       ) -> Awaitable[Any]:
         """Send, instead of ``emit`` (for topic ``name``), its ``output_refused`` DLQ record,
         keyed by the input record's ``key``; return the send's future."""
@@ -412,20 +436,11 @@ class LatchWorker:
                   else refusals.refused_detail(name, size, error))
         dlq = refusals.dlq_record(name, out_key, size, error, detail, source, key,
                                   refusals.run_of(emit))
-        where = logs.where(source["topic"], source["partition"], source["offset"]) \
-            if source else {}
+        where = logs.where(*source) if source else {}
         log.warning("an output record for %s (%d bytes) is refused (%s); an output_refused "
                     "DLQ record replaces it", name, size, error, extra=where)
         self.metrics.dlq[str(dlq.value["reason"])] += 1
         return await self.outputs[Topic.DLQ].send(key=key, value=step.out_value(dlq))
-
-    async def _record_finished(self, state: PartitionState, partition_id: int,
-                               emits: Sequence[Emit]) -> None:
-        """After a run's outputs are delivered, write its ``done`` head."""
-        finished = partition_module.finished_runs(emits)
-        if finished:
-            await state.confirm()
-            self.run_heads.finished(state, partition_id, finished)
 
     # -- recovery ---------------------------------------------------------------------
 
@@ -437,18 +452,21 @@ class LatchWorker:
         with self.hooks.rebuilding(partition) as rebuild:
             resume = await kafka_io.resume_offset(self.reader_options,
                                                   self.config.worker.app_id, topic, partition)
-            state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
-            open_runs = self._load_heads(state, partition)
-            starts = [start for start in open_runs.values() if start < resume]
-            count, replayed = 0, list[Emit]()
-            if starts:
-                records = self._read(topic, partition, min(starts), resume)
-                count, replayed = await partition_module.rebuild(state, open_runs, records)
-            rebuild.state, rebuild.records = state, count
-        log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
-                 partition, resume, count, state.assembler.open_runs,
-                 extra=logs.where(topic, partition, resume))
-        await self._refinish(state, partition, replayed)
+            takeover = self.driver.takeover(partition, resume)
+            if takeover.start is not None:
+                async for record in self._read(topic, partition, takeover.start, resume):
+                    takeover.feed(record)
+                    if takeover.count % _REBUILD_PAUSE_EVERY == 0:
+                        await asyncio.sleep(0)  # heartbeats, fetchers
+            rebuild.state, rebuild.records = takeover.state, takeover.count
+        state = takeover.state
+        # Runs that finished during a rebuild lost their ``done`` head: send their outputs
+        # again (the same bytes), then record them.
+        outputs = self.driver.rebuilt(takeover, topic)
+        if outputs:
+            await self._publish(state, None, [e for e in outputs if e.topic is not Topic.DLQ])
+            await state.confirm()
+            self.driver.refinished(state, partition, outputs)
         if revocations == self.revocations:
             self.partitions[partition] = state
         return state
@@ -458,19 +476,6 @@ class LatchWorker:
         """The records ``start`` to ``end`` (excluded) of a partition, read from the log."""
         async for rec in kafka_io.read_range(self.reader_options, topic, partition, start, end):
             yield _reader_record(rec)
-
-    def _load_heads(self, state: PartitionState, partition: int) -> dict[bytes, int]:
-        """Register the partition's finished runs; return its open runs and their starts."""
-        return self.run_heads.load(state, partition)
-
-    async def _refinish(self, state: PartitionState, partition: int,
-                        replayed: list[Emit]) -> None:
-        """Runs that finished during a rebuild lost their ``done`` head: send their outputs
-        again (the same bytes) and record them."""
-        outputs = partition_module.refinished(partition, replayed)
-        if outputs:
-            await self._publish(state, None, [e for e in outputs if e.topic is not Topic.DLQ])
-            await self._record_finished(state, partition, outputs)
 
     # -- operations: delivery metrics, lag, health -------------------------------------
 
@@ -547,7 +552,7 @@ class _Refusable:
 
     def __init__(self, worker: LatchWorker, sent: Awaitable[Any], emit: Emit, name: str,
                  out_key: bytes | None, value: bytes, headers: Any, key: bytes | None,
-                 source: dict[str, Any] | None) -> None:
+                 source: Source | None) -> None:
         self.worker, self.sent, self.emit, self.name = worker, sent, emit, name
         self.out_key, self.value, self.headers = out_key, value, headers
         self.key, self.source = key, source
@@ -616,24 +621,17 @@ def _withhold(message: Any) -> None:
     message.acked = True
 
 
-def _quiet(state: PartitionState, key: bytes | None, emits: list[Emit], opened: bool) -> bool:
-    """Whether an applied record needs nothing more: no emit, no run opened, not a tick,
-    no output of the partition awaiting its confirm, no early cancel's head to write."""
-    return not (emits or opened or key == TICK or state.unconfirmed
-                or state.assembler.early_cancels_waiting)
-
-
 def _record(message: Any) -> Record:
     """A faust message as the core takes it (faust keeps record times in seconds)."""
     now_ms = None if message.timestamp is None else round(message.timestamp * 1000)
-    source = {"topic": message.topic, "partition": message.partition, "offset": message.offset}
-    return message.key, message.value or b"", now_ms, source
+    return step.record(message.key, message.value or b"", now_ms, message.topic,
+                       message.partition, message.offset)
 
 
 def _reader_record(rec: Any) -> Record:
     """An aiokafka record as the core takes it (aiokafka keeps record times in ms)."""
-    source = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}
-    return rec.key, rec.value or b"", rec.timestamp, source
+    return step.record(rec.key, rec.value or b"", rec.timestamp, rec.topic, rec.partition,
+                       rec.offset)
 
 
 def app_settings(config: Config, overrides: Mapping[str, Any]) -> dict[str, Any]:

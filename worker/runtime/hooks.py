@@ -1,11 +1,12 @@
 """The operability hooks of a worker engine, in the one sequence both engines call them.
 
 Either engine (faust's :mod:`worker.runtime.app`, the confluent-kafka
-:mod:`worker.runtime.kafka_engine`) holds one :class:`EngineHooks` and calls
+:mod:`worker.runtime.kafka_engine`) holds one :class:`EngineHooks` (its driver too) and calls
 
-* :meth:`EngineHooks.apply` to feed a record to a partition's assembler: the core's step,
-  then the record's metrics (:mod:`worker.runtime.metrics`, a counter increment when nothing
-  ends) and its run's span (:mod:`worker.runtime.tracing`);
+* :attr:`EngineHooks.metrics` and :attr:`EngineHooks.tracing` for each record, through the
+  partition driver (:meth:`worker.runtime.driver.Driver.apply`): the record's metrics
+  (:mod:`worker.runtime.metrics`, a counter increment when nothing ends) and its run's span
+  (:mod:`worker.runtime.tracing`);
 * :meth:`EngineHooks.headers` for the headers of each output record: its run's trace and,
   on a committed call with ``signing.key_id`` set, the signature (:mod:`signing`);
 * :meth:`EngineHooks.delivered` when an output's delivery is known (faust: the send's future;
@@ -24,15 +25,13 @@ import contextlib
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from worker.core import Emit, Topic
-from worker.runtime import signing, step
+from worker.runtime import signing
 from worker.runtime.config import Config
 from worker.runtime.health import Health, HttpServer
 from worker.runtime.metrics import PartitionView
 from worker.runtime.partition import PartitionState
-from worker.runtime.step import Record
 from worker.runtime.telemetry import Telemetry
 from worker.runtime.tracing import Headers
 
@@ -65,41 +64,6 @@ class EngineHooks:
         self.signer = signing.signer(config)
 
     # -- per record ---------------------------------------------------------------------
-
-    def apply(self, state: PartitionState, record: Record, headers: Any = None
-              ) -> tuple[list[Emit], bool]:
-        """Feed ``record`` to ``state``; count it and carry its run's trace on. Return the
-        emits and whether the record opened a run. ``headers``: the record's Kafka headers,
-        or a function returning them (called only when the record opens a run)."""
-        key = record[0]
-        run_id = key.decode("utf-8", "replace") if key else ""
-        assembler = state.assembler
-        was_open = assembler.is_open(run_id)
-        if key is not None:
-            # PartitionState.apply, step.step and step.feed inlined for a keyed record (ticks
-            # too; not a record without a key): the partition's clock, then the core, a
-            # failure of the core one DLQ record (test_engine_hooks.py holds them equal)
-            now = record[2]
-            if now is not None and now > state.clock_ms:
-                state.clock_ms = now
-            try:
-                emits = assembler.feed_record(key, record[1], now, record[3])
-            except Exception as exc:  # a bug in Latch must not stop the partition
-                emits = step.failed(record, exc)
-        else:
-            emits = state.apply(record)
-        opened = not was_open and assembler.is_open(run_id)
-        tracing = self.tracing
-        if not emits and not opened and not assembler.sizes and not tracing.ended:
-            # most records (a text delta): only counted, nothing to trace (the same as the
-            # two calls below would do, without their cost; RunTracer.idle, read inline)
-            self.metrics.records += 1
-            return emits, opened
-        self.metrics.record(emits, assembler.sizes)
-        if opened and callable(headers):
-            headers = headers()
-        tracing.on_record(record[3]["partition"], run_id, opened, headers, emits)
-        return emits, opened
 
     def routed(self, emit: Emit) -> None:
         """Count a control record that went to the DLQ instead of its run's partition."""

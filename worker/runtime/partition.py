@@ -1,7 +1,7 @@
 """What a worker holds for one events partition, and the run heads behind it.
 
-Engine-independent: the faust worker (:mod:`worker.runtime.app`) drives these, and any other
-loop around the core can. Nothing here reads a socket or a clock; the heads go through a
+Engine-independent: the partition driver (:mod:`worker.runtime.driver`) drives these for
+both engines. Nothing here reads a socket or a clock; the heads go through a
 mapping that the engine persists (faust's changelog-backed table).
 
 * :class:`PartitionState`: the partition's :class:`~worker.core.Assembler`, the offset of the
@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterable, Awaitable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,7 @@ from worker.runtime import step
 from worker.runtime.step import Record
 
 __all__ = ["TICK", "Heads", "PartitionState", "StoredHead", "decode_head", "encode_head",
-           "finished_runs", "head_partition", "pack_head", "rebuild", "refinished", "replay",
+           "finished_runs", "head_partition", "pack_head", "refinished", "replay",
            "unpack_head"]
 
 log = logging.getLogger("latch.worker")
@@ -101,8 +101,11 @@ class PartitionState:
     waiting: set[bytes] = field(default_factory=set)
 
     def apply(self, record: Record) -> list[Emit]:
-        """The emits of the partition's next record, in order (its time moves the clock)."""
-        self.clock_ms = max(self.clock_ms, record[2] or 0)
+        """The emits of the partition's next record, in order (its time moves the clock):
+        the core's step (:func:`step.step`) for both engines, live and in a rebuild."""
+        now = record.time_ms
+        if now is not None and now > self.clock_ms:
+            self.clock_ms = now
         return step.step(self.assembler, record)
 
     async def confirm(self) -> None:
@@ -125,10 +128,10 @@ def replay(state: PartitionState, open_runs: Mapping[bytes, int], record: Record
     records are known to the heads; a record of a run before its head's start was read when
     the run had not started, and changed nothing it holds now); progress records are never
     kept."""
-    key = record[0]
+    key = record.key
     if key != TICK:
         start = open_runs.get(key) if key is not None else None
-        if start is None or record[3]["offset"] < start:
+        if start is None or record.source.offset < start:
             return []
     return [e for e in state.apply(record) if e.topic is not Topic.PROGRESS]
 
@@ -142,22 +145,6 @@ def refinished(partition: int, replayed: Sequence[Emit]) -> list[Emit]:
         log.warning("partition %d: %d runs finished during the rebuild without a done head; "
                     "publishing their outcomes again", partition, len(runs))
     return [e for e in replayed if e.key in runs]
-
-
-async def rebuild(state: PartitionState, open_runs: Mapping[bytes, int],
-                  records: AsyncIterable[Record],
-                  pause_every: int = 1000) -> tuple[int, list[Emit]]:
-    """Feed the records of a rebuild; return how many were read and what the core emitted
-    (which the caller discards, except the outputs of runs that finished during it). Every
-    ``pause_every`` records the event loop gets a turn (heartbeats, fetchers)."""
-    count = 0
-    replayed: list[Emit] = []
-    async for record in records:
-        count += 1
-        replayed += replay(state, open_runs, record)
-        if count % pause_every == 0:
-            await asyncio.sleep(0)
-    return count, replayed
 
 
 class Heads:

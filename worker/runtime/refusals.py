@@ -41,6 +41,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource  # not re-exported for mypy
 
 from worker.core import DlqReason, Emit, Topic
+from worker.core.envelope import Source
 from worker.runtime import admin, logs
 
 __all__ = ["Limits", "batch_size", "dlq_record", "run_of"]
@@ -149,7 +150,7 @@ def run_of(emit: Emit) -> str | None:
 
 
 def dlq_record(topic: str, key: bytes | None, size: int, error: str, detail: str,
-               source: Mapping[str, Any] | None, input_key: bytes | None,
+               source: Source | None, input_key: bytes | None,
                run_id: str | None) -> Emit:
     """The ``output_refused`` DLQ record of an output record refused for its own sake:
     where it was going (``topic``), its ``key`` and ``size``, the Kafka ``error`` and a
@@ -158,8 +159,7 @@ def dlq_record(topic: str, key: bytes | None, size: int, error: str, detail: str
     def b64(data: bytes | None) -> str | None:
         return None if data is None else base64.b64encode(data).decode()
 
-    src: dict[str, Any] = {k: source[k] for k in ("topic", "partition", "offset")
-                           if source is not None and source.get(k) is not None}
+    src: dict[str, Any] = {} if source is None else source._asdict()
     src["key_b64"] = b64(input_key)
     record = {"v": 1, "reason": str(DlqReason.OUTPUT_REFUSED), "detail": detail,
               "source": src, "original_b64": "", "run_id": run_id,

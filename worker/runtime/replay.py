@@ -72,7 +72,7 @@ from tqdm import tqdm
 from worker.core import Assembler, Emit, Topic
 from worker.runtime import admin
 from worker.runtime.config import Config, ConfigError, load_config
-from worker.runtime.step import out_key, out_value, step
+from worker.runtime.step import out_key, out_value, record, step
 
 __all__ = ["Bound", "ReplayError", "Span", "build_parser", "main", "parse_time", "resolve"]
 
@@ -345,9 +345,8 @@ def run_spans(consumer: Consumer, topic: str, spans: Sequence[Span], config: Con
                                                                         offset):
                 continue
             key = message.key()
-            source = {"topic": topic, "partition": partition, "offset": offset}
-            record = (key, message.value() or b"", _ms(message.timestamp()), source)
-            emits = step(assemblers[partition], record)
+            emits = step(assemblers[partition], record(
+                key, message.value() or b"", _ms(message.timestamp()), topic, partition, offset))
             sink.write(emits, key)
             tally.add(emits)
             state.advance(partition, offset + 1)

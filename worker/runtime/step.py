@@ -2,7 +2,7 @@
 
 One events record in, the records to publish out::
 
-    emits = step(assembler, (key, value, record_time_ms, source))
+    emits = step(assembler, Record(key, value, record_time_ms, Source(topic, partition, offset)))
     for emit in emits:
         producer.send(topic_of(emit.topic), key=out_key(emit, key), value=out_value(emit))
 
@@ -21,29 +21,53 @@ from __future__ import annotations
 
 import logging
 import traceback
-from typing import Any
+from typing import NamedTuple
 
 import orjson
 
 from worker.core import Assembler, DlqReason, Emit, Topic, decode
-from worker.core.envelope import Rejected, Tick
+from worker.core.envelope import Rejected, Source, Tick
 from worker.core.outputs import dlq_record
 
-__all__ = ["Record", "failed", "feed", "keyless", "out_key", "out_value", "step"]
+__all__ = ["Record", "Source", "failed", "keyless", "out_key", "out_value", "record",
+           "step"]
 
 log = logging.getLogger("latch.worker")
 
-#: An input record as the core sees it: key, value, record time (ms), and where it came from
-#: (``{"topic", "partition", "offset"}``).
-Record = tuple[bytes | None, bytes, int | None, dict[str, Any]]
+class Record(NamedTuple):
+    """An input record as the core sees it."""
+
+    key: bytes | None
+    value: bytes
+    #: The record time (ms), None if the record has none.
+    time_ms: int | None
+    #: Where it was read.
+    source: Source
+
+
+_new = tuple.__new__
+
+
+def record(key: bytes | None, value: bytes, time_ms: int | None, topic: str, partition: int,
+           offset: int) -> Record:
+    """A :class:`Record` read at ``topic[partition]@offset``, built as cheaply as a plain tuple
+    (``tuple.__new__``: a NamedTuple's own ``__new__`` is a Python function, twice the cost
+    per record)."""
+    return _new(Record, (key, value, time_ms, _new(Source, (topic, partition, offset))))
 
 
 def step(assembler: Assembler, record: Record) -> list[Emit]:
-    """What the worker publishes for one events record, in order."""
-    if record[0] is not None:  # keyed: every envelope but a tick (or a bad record)
-        return feed(assembler, record)
-    emits = keyless(record)
-    return feed(assembler, record) if emits is None else emits
+    """What the worker publishes for one events record, in order: the one step of both
+    engines (through :meth:`worker.runtime.partition.PartitionState.apply`) and of replay."""
+    key = record.key
+    if key is None:  # a tick or a bad record (every envelope but a tick has a key)
+        emits = keyless(record)
+        if emits is not None:
+            return emits
+    try:
+        return assembler.feed_record(key, record.value, record.time_ms, record.source)
+    except Exception as exc:  # a bug in Latch must not stop the partition
+        return failed(record, exc)
 
 
 def keyless(record: Record) -> list[Emit] | None:
@@ -63,19 +87,10 @@ def keyless(record: Record) -> list[Emit] | None:
     return [dlq_record(envelope, key, value, source)]
 
 
-def feed(assembler: Assembler, record: Record) -> list[Emit]:
-    """The core's emits for one record; a failure of the core sends it to the DLQ."""
-    key, value, now_ms, source = record
-    try:
-        return assembler.feed_record(key, value, now_ms, source)
-    except Exception as exc:  # a bug in Latch must not stop the partition
-        return failed(record, exc)
-
-
 def failed(record: Record, exc: Exception) -> list[Emit]:
     """The DLQ record of a record the core failed on (``exc``), logged without its text."""
     key, value, _, source = record
-    where = f"{source['topic']}[{source['partition']}]@{source['offset']}"
+    where = f"{source.topic}[{source.partition}]@{source.offset}"
     # The exception's message may quote the record: log its type and frames only.
     log.error("internal error on %s (%s); the record goes to the DLQ\n%s", where,
               type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))

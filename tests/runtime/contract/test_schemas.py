@@ -407,11 +407,11 @@ def test_dlq_record() -> None:
 def test_output_refused_dlq_record() -> None:
     """The DLQ record of an output Kafka refused (``worker.runtime.refusals``) validates: the
     refused record's topic, key, size and error, no value; ``refused`` takes nothing else."""
+    from worker.core.envelope import Source
     from worker.runtime import refusals
 
     emit = refusals.dlq_record("tool.calls.committed", b"r1", 2_000_000, "MSG_SIZE_TOO_LARGE",
-                               "too large", {"topic": "llm.stream.events", "partition": 0,
-                                             "offset": 7}, b"r1", "r1")
+                               "too large", Source("llm.stream.events", 0, 7), b"r1", "r1")
     assert valid("dlq-record", emit.value)
     assert emit.value["original_b64"] == "" and emit.value["refused"]["bytes"] == 2_000_000
     assert not valid("dlq-record", emit.value | {"refused": emit.value["refused"] | {"x": 1}})

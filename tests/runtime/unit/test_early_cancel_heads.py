@@ -20,8 +20,8 @@ engines do, record by record, without Kafka:
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterable, Sequence
+import dataclasses
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -29,7 +29,10 @@ from builders import cancel, chat_calls, chat_run, chat_tool
 
 from worker.core import Assembler, AssembleSettings, Emit, Topic
 from worker.core.envelope import TICK_KEY
-from worker.runtime import partition
+from worker.runtime import step
+from worker.runtime.config import load_config
+from worker.runtime.driver import Driver
+from worker.runtime.hooks import EngineHooks
 from worker.runtime.partition import Heads, PartitionState
 from worker.runtime.step import Record
 
@@ -48,7 +51,7 @@ class Log:
         self.records: list[Record] = []
 
     def append(self, key: bytes | None, value: bytes, ts: int) -> Record:
-        record = (key, value, ts, {"topic": "ev", "partition": 0, "offset": len(self.records)})
+        record = step.record(key, value, ts, "ev", 0, len(self.records))
         self.records.append(record)
         return record
 
@@ -62,40 +65,39 @@ class Log:
         return self.append(TICK_KEY.encode(), orjson.dumps({"v": 1, "type": "tick", "ts": ts}), ts)
 
 
+def _driver(heads: Heads, settings: AssembleSettings | None = None) -> Driver:
+    config = load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0"})
+    if settings is not None:
+        config = dataclasses.replace(config, assemble=settings)
+    return Driver(config, EngineHooks(config), heads)
+
+
 def process(state: PartitionState, heads: Heads, records: Sequence[Record]) -> list[Emit]:
-    """What each engine does with a record of the partition: apply it (``EngineHooks.apply``
-    tells whether it opened a run), then its heads (``Heads.applied``, the done heads of the
-    runs it finished, and at a tick ``Heads.forget_finished``)."""
+    """What each engine does with a record of the partition, through the driver: apply it
+    (``Driver.apply`` writes a run's start head and a waiting cancel's), then, its outputs
+    delivered, ``Driver.recorded`` (the done heads of the runs it finished, and at a tick
+    ``Heads.forget_finished``)."""
+    driver = _driver(heads)
     out: list[Emit] = []
     for record in records:
-        key = record[0]
-        run_id = key.decode() if key else ""
-        was_open = state.assembler.is_open(run_id)
-        emits = state.apply(record)
-        opened = not was_open and state.assembler.is_open(run_id)
-        heads.applied(state, key, 0, record[3]["offset"], opened, emits)
-        heads.finished(state, 0, partition.finished_runs(emits))
-        if key == partition.TICK:
-            heads.forget_finished(state)
-        state.next_offset = record[3]["offset"] + 1
-        out += emits
+        applied = driver.apply(state, record)
+        if applied is not None:
+            driver.recorded(state, 0, applied)
+            out += applied.emits
+        state.next_offset = record.source.offset + 1
     return out
 
 
 def take_over(table: dict[bytes, Any], log: Log, resume: int,
               settings: AssembleSettings) -> PartitionState:
     """A new owner: heads loaded, the log rebuilt from the earliest head's start up to the
-    committed offset ``resume`` (``partition.rebuild``, as the faust engine runs it)."""
-    state = PartitionState(Assembler(settings), next_offset=resume)
-    open_runs = Heads(table, 3600).load(state, 0)
-    starts = [s for s in open_runs.values() if s < resume]
-
-    async def read() -> AsyncIterator[Record]:
-        for record in log.records[min(starts):resume] if starts else []:
-            yield record
-
-    asyncio.run(partition.rebuild(state, open_runs, read()))
-    return state
+    committed offset ``resume`` (``Driver.takeover``, as both engines run it)."""
+    driver = _driver(Heads(table, 3600), settings)
+    takeover = driver.takeover(0, resume)
+    if takeover.start is not None:
+        for record in log.records[takeover.start:resume]:
+            takeover.feed(record)
+    return takeover.state
 
 
 def _run(run_id: str) -> list[dict[str, Any]]:

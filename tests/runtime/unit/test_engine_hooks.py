@@ -14,11 +14,13 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from worker_harness import provider_run
 
 from worker.core import Assembler, Emit, Topic
+from worker.runtime import step
 from worker.runtime.config import Config, load_config
+from worker.runtime.driver import Driver
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import loop
-from worker.runtime.partition import TICK, PartitionState
-from worker.runtime.step import Record
+from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.step import Record, Source
 
 TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 HEADERS = [("traceparent", TRACEPARENT)]
@@ -30,8 +32,19 @@ def config() -> Config:
 
 def records(envelopes: list[dict[str, Any]], partition: int = 0) -> Iterator[Record]:
     for offset, envelope in enumerate(envelopes):
-        source = {"topic": "events", "partition": partition, "offset": offset}
-        yield str(envelope["run_id"]).encode(), orjson.dumps(envelope), 1_000 + offset, source
+        yield step.record(str(envelope["run_id"]).encode(), orjson.dumps(envelope),
+                          1_000 + offset, "events", partition, offset)
+
+
+def apply(hooks: EngineHooks, state: PartitionState, record: Record, headers: Any = None
+          ) -> tuple[list[Emit], bool]:
+    """``Driver.apply`` (which calls the hooks for each record), read as these tests read
+    it: the record's emits, and whether it opened its run."""
+    run_id = record[0].decode() if record[0] else ""
+    was_open = state.assembler.is_open(run_id)
+    applied = Driver(hooks.config, hooks, Heads({}, 3600)).apply(state, record, headers)
+    return ([] if applied is None else applied.emits,
+            not was_open and state.assembler.is_open(run_id))
 
 
 def one_run(run_id: str = "r1") -> list[dict[str, Any]]:
@@ -69,9 +82,9 @@ def test_apply_counts_each_record_and_puts_the_runs_trace_on_its_outputs() -> No
     traced: list[Topic] = []
     opened_at = []
     for record in records(envelopes):
-        emits, opened = hooks.apply(state, record, headers)
+        emits, opened = apply(hooks, state, record, headers)
         if opened:
-            opened_at.append(record[3]["offset"])
+            opened_at.append(record.source.offset)
         for emit in emits:
             if emit.topic is not Topic.PROGRESS:
                 assert hooks.headers(emit, b"{}") == HEADERS
@@ -90,7 +103,7 @@ def test_a_record_that_emits_nothing_is_counted_and_still_lets_an_ended_run_go()
     hooks = EngineHooks(config())
     state = PartitionState(Assembler(config().assemble), next_offset=0)
     first, second = one_run("r1"), one_run("r2")
-    applied = [hooks.apply(state, record, HEADERS)[0]
+    applied = [apply(hooks, state, record, HEADERS)[0]
                for record in records([second[0], *first, second[1], second[2]])]
     assert applied[-2:] == [[], []]  # r2's first events: nothing emitted
     assert hooks.tracing.headers("r1") is None and hooks.tracing.open_spans == 1
@@ -114,7 +127,7 @@ def test_readiness_and_rebuild_metrics_around_a_rebuild() -> None:
     assert sample(hooks, "latch_rebuild_records_total") == 7
     assert sample(hooks, "latch_rebuild_seconds_count") == 1
     start = next(records(one_run()))
-    hooks.apply(state, start, HEADERS)
+    apply(hooks, state, start, HEADERS)
     assert hooks.tracing.headers("r1") == HEADERS
     hooks.revoked([0])
     assert hooks.tracing.headers("r1") is None
@@ -191,7 +204,8 @@ def committed_run(engine: loop.KafkaEngine) -> list[Emit]:
     state = engine.partitions[0] = PartitionState(Assembler(config().assemble), 0)
     emits: list[Emit] = []
     for record in records(one_run()):
-        emits += engine.hooks.apply(state, record, HEADERS)[0]
+        applied = engine.driver.apply(state, record, HEADERS)
+        emits += [] if applied is None else applied.emits
     return emits
 
 
@@ -300,7 +314,7 @@ def test_the_kafka_engine_exits_2_when_its_http_port_is_taken(
 
 
 def test_apply_feeds_the_core_as_the_partitions_step_does() -> None:
-    """``EngineHooks.apply`` (which calls the core itself for a keyed record) emits what
+    """``Driver.apply`` (the hooks' per-record work around the core's one step) emits what
     ``PartitionState.apply`` emits, record for record, and moves the partition's clock the
     same way: a keyed record, one without a time, one older than the clock, a tick (the core
     expires the idle run) and a record without a key (DLQ)."""
@@ -308,18 +322,19 @@ def test_apply_feeds_the_core_as_the_partitions_step_does() -> None:
     by_hooks = PartitionState(Assembler(config().assemble), next_offset=0)
     by_state = PartitionState(Assembler(config().assemble), next_offset=0)
     recs = list(records(one_run("r1")[:3]))
-    source = {"topic": "events", "partition": 0, "offset": 9}
-    recs[1] = (*recs[1][:2], None, recs[1][3])  # no record time
-    recs[2] = (*recs[2][:2], 5, recs[2][3])  # older than the clock
+    source = Source("events", 0, 9)
+    recs[1] = recs[1]._replace(time_ms=None)  # no record time
+    recs[2] = recs[2]._replace(time_ms=5)  # older than the clock
     tick = orjson.dumps({"v": 1, "type": "tick", "ts": 0})
-    recs += [(TICK, tick, 10_000_000, source), (None, b'{"v": 1}', 10_000_001, source)]
+    recs += [Record(TICK, tick, 10_000_000, source),
+             Record(None, b'{"v": 1}', 10_000_001, source)]
     for record in recs:
-        got = hooks.apply(by_hooks, record)[0]
+        got = apply(hooks, by_hooks, record)[0]
         want = by_state.apply(record)
         assert [(e.topic, e.key, e.value) for e in got] == [
             (e.topic, e.key, e.value) for e in want]
         assert by_hooks.clock_ms == by_state.clock_ms
-    assert {e.topic for e in hooks.apply(by_hooks, recs[-1])[0]} == {Topic.DLQ}
+    assert {e.topic for e in apply(hooks, by_hooks, recs[-1])[0]} == {Topic.DLQ}
     assert by_hooks.clock_ms == 10_000_001
 
 
@@ -337,13 +352,13 @@ class _Failing:
 
 
 def test_a_failure_of_the_core_is_one_internal_error_dlq_record() -> None:
-    """When the core raises on a keyed record, ``EngineHooks.apply`` returns one DLQ record
+    """When the core raises on a keyed record, ``Driver.apply`` returns one DLQ record
     (reason ``internal_error``, the input record's key and bytes) instead of raising: a bug
     in Latch never stops the partition."""
     hooks = EngineHooks(config())
     state = PartitionState(_Failing(), next_offset=0)  # type: ignore[arg-type]
     record = next(records(one_run("r1")))
-    emits, opened = hooks.apply(state, record)
+    emits, opened = apply(hooks, state, record)
     assert not opened and [e.topic for e in emits] == [Topic.DLQ]
     assert emits[0].value["reason"] == "internal_error"
     assert state.clock_ms == record[2]

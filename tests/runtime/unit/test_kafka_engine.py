@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from worker.core import Assembler
+from worker.runtime import driver
 from worker.runtime.config import load_config
 from worker.runtime.kafka_engine import loop, reader, transaction
 from worker.runtime.partition import TICK, PartitionState
@@ -45,7 +46,7 @@ class _Producer:
 
 def test_a_tick_waits_for_the_control_backlog_for_a_bounded_time() -> None:
     """No tick while an owned control partition's end is unknown or past the next offset to
-    forward; a tick once it is forwarded; and a tick anyway after ``_TICK_DEFER_MAX_S``
+    forward; a tick once it is forwarded; and a tick anyway after ``driver.TICK_DEFER_MAX_S``
     of waiting."""
     config = load_config(None, env={"LATCH_WORKER__TICK_INTERVAL_S": "1"})
     engine = loop.KafkaEngine(config)
@@ -63,8 +64,8 @@ def test_a_tick_waits_for_the_control_backlog_for_a_bounded_time() -> None:
 
     consumer.high[0] = 8
     assert engine._tick(200.0) is False
-    assert engine._tick(200.0 + loop._TICK_DEFER_MAX_S - 0.5) is False
-    assert engine._tick(200.0 + loop._TICK_DEFER_MAX_S) is True
+    assert engine._tick(200.0 + driver.TICK_DEFER_MAX_S - 0.5) is False
+    assert engine._tick(200.0 + driver.TICK_DEFER_MAX_S) is True
     assert len(producer.sent) == 2
 
 

@@ -17,9 +17,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from worker.core import Assembler
+from worker.runtime import step
 from worker.runtime.config import load_config
+from worker.runtime.driver import Driver
 from worker.runtime.hooks import EngineHooks
-from worker.runtime.partition import PartitionState
+from worker.runtime.partition import Heads, PartitionState
 from worker.tools.demo import example_file, load_envelopes
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -86,20 +88,21 @@ def sums(posts: list[bytes]) -> dict[str, float]:
 
 
 def test_otlp_exports_the_metrics_and_the_run_spans(collector: Collector) -> None:
-    """The demo's runs through EngineHooks with otel_exporter otlp: at shutdown the collector
-    holds the metrics by their names (one invalid_json, six committed calls, seven argument
-    sizes, every record) and one latch.run span per run, in the trace the run.start records'
-    traceparent carried; no span holds argument text."""
+    """The demo's runs through the driver and EngineHooks with otel_exporter otlp: at
+    shutdown the collector holds the metrics by their names (one invalid_json, six committed
+    calls, seven argument sizes, every record) and one latch.run span per run, in the trace
+    the run.start records' traceparent carried; no span holds argument text."""
     config = load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0",
                                     "LATCH_WORKER__OTEL_EXPORTER": "otlp"})
     hooks = EngineHooks(config)
+    driver = Driver(config, hooks, Heads({}, 3600))
     state = PartitionState(Assembler(config.assemble), next_offset=0)
     state.assembler.sizes = []
     envelopes = load_envelopes(example_file(), "otlp/")
     for offset, envelope in enumerate(envelopes):
-        record = (str(envelope["run_id"]).encode(), orjson.dumps(envelope), 1_000 + offset,
-                  {"topic": "events", "partition": 0, "offset": offset})
-        hooks.apply(state, record, HEADERS)
+        record = step.record(str(envelope["run_id"]).encode(), orjson.dumps(envelope),
+                             1_000 + offset, "events", 0, offset)
+        driver.apply(state, record, HEADERS)
     hooks.stop(None)  # flushes both exporters
 
     metrics = sums(collector.posts["/v1/metrics"])

@@ -330,7 +330,7 @@ def test_the_loop_replays_each_span_through_the_workers_step() -> None:
     # partition 2, from its beginning: exactly what the worker's step emits
     assembler = Assembler(config.assemble)
     wanted = [e for off, (k, v, ts) in enumerate(logs[2]) for e in step.step(
-        assembler, (k, v, ts, {"topic": "events", "partition": 2, "offset": off}))]
+        assembler, step.record(k, v, ts, "events", 2, off))]
     assert [e for e, _ in sink.emits if e.key == "r1"] == wanted
     assert tally.emitted[Topic.FINAL] == 1 and tally.emitted[Topic.ERRORS] == 1
     assert "1 runs finished" in replay.summary(tally, spans_, "events", open_runs, 0.5, "g")

@@ -16,7 +16,7 @@ from worker.runtime.partition import TICK
 
 
 def _record(key: bytes, doc: dict[str, Any], time_ms: int, offset: int) -> step.Record:
-    return key, orjson.dumps(doc), time_ms, {"topic": "ev", "partition": 0, "offset": offset}
+    return step.record(key, orjson.dumps(doc), time_ms, "ev", 0, offset)
 
 
 def test_a_tick_expires_by_its_record_time_not_its_ts() -> None:

@@ -54,7 +54,7 @@ def test_commits_advance_past_records_faust_skipped(monkeypatch: pytest.MonkeyPa
     consumer._committed_offset[tp] = 100  # what the group had committed at assignment
 
     async def apply() -> list[int]:
-        return [r[3]["offset"] async for r in latch._in_order(_record(110), 100)]
+        return [r.source.offset async for r in latch._in_order(_record(110), 100)]
 
     assert asyncio.run(apply()) == list(range(100, 111))  # the worker applies all of them
     consumer._acked[tp].append(110)  # faust's own ack of the one message it delivered

@@ -22,6 +22,7 @@ from worker.core import Assembler, Emit
 from worker.runtime import app as worker_app
 from worker.runtime.config import load_config
 from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.step import Source
 from worker.runtime.telemetry import Telemetry
 
 TOPIC = "hot.events"
@@ -51,12 +52,12 @@ def _worker() -> tuple[worker_app.LatchWorker, InMemoryMetricReader, CountingHea
     latch.hooks.telemetry = Telemetry("none", readers=[reader], prometheus=False)
     latch.metrics = latch.hooks.metrics = latch.hooks.telemetry.metrics
     table = CountingHeads()
-    latch.run_heads = Heads(table, 3600)
+    latch.run_heads = latch.driver.heads = Heads(table, 3600)
     published: list[Emit] = []
 
     async def publish(state: PartitionState, key: bytes | None,
                       emits: Sequence[Emit], record_ms: int | None = None,
-                      source: dict[str, Any] | None = None) -> None:
+                      source: Source | None = None) -> None:
         published.extend(emits)
 
     latch._publish = publish  # type: ignore[method-assign]

@@ -54,10 +54,11 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   transaction timeout (librdkafka caps the call's own timeout to it) and a grace, the worker
   creates a new producer with the same ``transactional.id``: its ``init_transactions`` fences
   the wedged one and aborts its transaction, and the worker rewinds as after an abort.
-* **Ticks wait for the control backlog.** A tick is written only once every control record
-  this worker has seen in the log is forwarded (at most ``_TICK_DEFER_MAX_S`` late):
-  after a takeover the first tick would otherwise reach the events log before the cancels
-  that arrived while the partition stood still, and expire the runs they stop.
+* **Ticks wait for the control backlog** (the driver's rule, worker/runtime/driver.py, the
+  same for both engines): a tick is written only once every control record this worker has
+  seen in the log is forwarded (at most ``driver.TICK_DEFER_MAX_S`` late): after a takeover
+  the first tick would otherwise reach the events log before the cancels that arrived while
+  the partition stood still, and expire the runs they stop.
 * **A record refused for its own sake does not stop a partition** (worker/runtime/refusals.py):
   each output is checked against its topic's ``max.message.bytes`` (read at start) before it
   is sent, and ``batch.size`` is kept below the smallest; a refusal in a delivery report
@@ -85,13 +86,14 @@ from typing import Any, TypeVar
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from worker.core import Assembler, Emit, Topic
-from worker.runtime import admin, control, logs, memory, refusals, step
-from worker.runtime import partition as partition_module
+from worker.core import Emit, Topic
+from worker.runtime import admin, logs, memory, refusals, step
 from worker.runtime.config import Config
+from worker.runtime.driver import Driver, control_behind
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import instance, reader
 from worker.runtime.kafka_engine.heads import HeadsTable
+from worker.runtime.kafka_engine.settings import consumer_settings, producer_settings
 from worker.runtime.kafka_engine.transaction import (
     CLIENT_TIMEOUT_S,
     Aborted,
@@ -102,6 +104,7 @@ from worker.runtime.kafka_engine.transaction import (
 )
 from worker.runtime.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.step import Source
 
 _T = TypeVar("_T")
 
@@ -119,9 +122,6 @@ LIVE_S = 2 * _CLIENT_TIMEOUT_S
 _CONSUME_MAX = 1000
 #: How often the loop reads the consumer's positions and cached end offsets (lag gauges).
 _LAGS_EVERY_S = 1.0
-#: Seconds a tick may wait for the control backlog (a control partition whose end is never
-#: reached, e.g. held by someone's open transaction, must not stop the clock).
-_TICK_DEFER_MAX_S = 10.0
 
 #: How long the loop waits for a first record while a commit is in flight.
 _COMMIT_POLL_S = 0.005
@@ -134,45 +134,6 @@ _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TO
 #: The broker found this record invalid (KIP-467: the others of its batch are reported as
 #: ``_INVALID_DIFFERENT_RECORD`` and are sent again).
 _INVALID = frozenset({KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG})
-
-
-def consumer_settings(config: Config) -> dict[str, Any]:
-    """The group consumer: offsets only through transactions, committed records only."""
-    return {"session.timeout.ms": 15000, **config.kafka.confluent_config(),
-            "group.id": config.worker.app_id, "enable.auto.commit": False,
-            "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed", "partition.assignment.strategy": "range"}
-
-
-def producer_settings(config: Config, instance: str, batch_bytes: int | None = None
-                      ) -> dict[str, Any]:
-    """The transactional producer: Java's partitioner (a forwarded cancel lands in its run's
-    partition, as the gateway's records do), output records up to the output topics' size.
-
-    ``retry.backoff.ms`` 10 (librdkafka's default 100; overridable under ``kafka:``): right
-    after a commit the coordinator is still writing the markers and answers the next
-    transaction's AddOffsetsToTxn with CONCURRENT_TRANSACTIONS; each retry waited 100 ms, and
-    ``send_offsets_to_transaction`` took 84 to 108 ms a transaction against 3 to 15 ms
-    (measured on the local broker; Java's client lowered this backoff for the same reason,
-    KAFKA-5477). Now 2 ms: with transactions committed as soon as their input is drained,
-    the markers are usually written within a few ms, and a 10 ms backoff still made
-    ``send_offsets_to_transaction`` take 12.5 ms at the median (2.1 to 3.6 ms at 2 ms; paced
-    load of 1,000 envelopes/s, docs/benchmarks.md). librdkafka backs off exponentially from
-    there (2, 4, 8 ms ...) to ``retry.backoff.max.ms`` on repeated failures.
-
-    ``batch_bytes``: a ``batch.size`` below every written topic's ``max.message.bytes``
-    (:meth:`worker.runtime.refusals.Limits.batch_bytes`; the broker refuses a whole batch over
-    it)."""
-    worker = config.worker
-    batch = {} if batch_bytes is None else {"batch.size": batch_bytes}
-    return {"retry.backoff.ms": 2, **config.kafka.confluent_config(), **batch,
-            "transactional.id": f"{worker.app_id}-{instance}",
-            "transaction.timeout.ms": int(worker.transaction_timeout_s * 1000),
-            "partitioner": "murmur2_random", "linger.ms": 5,
-            "message.max.bytes": admin.OUTPUT_MAX_BYTES,
-            # delivery reports of failures only (all the engine counts): a report needs the
-            # GIL, which the commit's thread would otherwise wait for while the loop runs
-            "delivery.report.only.error": True}
 
 
 class KafkaEngine:
@@ -190,6 +151,8 @@ class KafkaEngine:
         #: The next offset to forward of each control partition this worker owns.
         self.control_next: dict[int, int] = {}
         self.hooks = EngineHooks(config)
+        #: Everything around the core, engine-neutral (worker/runtime/driver.py).
+        self.driver = Driver(config, self.hooks, self.heads)
         self.hooks.metrics.watch(self._partition_views)
         self.hooks.health.heartbeat = self._alive
         self.topic_of = {name: topic for topic, name in self.outputs.items()}
@@ -220,8 +183,6 @@ class KafkaEngine:
             name=f"{worker.app_id}-{self.instance}", timeout_s=worker.transaction_timeout_s,
             events_topic=self.events,
             learn=lambda kind: kind == "invalid" or self._read_limits(replace=False))
-        #: When the tick waiting for the control backlog first fell due (None: none waits).
-        self.tick_deferred: float | None = None
         self.server: Any = None
         self.stopping = False
         self.ready = False
@@ -316,12 +277,12 @@ class KafkaEngine:
     def _apply_events(self, msgs: Sequence[Message]) -> None:
         """Apply one ``consume`` call's records, in order: events records here, the others
         (errors, control records) through :meth:`_handle`."""
-        # The hot path (every envelope), with what it reads bound once per call:
-        # reader.record_of inlined; the outputs and the finished heads touched only when the
-        # record emitted something; Heads.applied called only when a run opened or a cancel
-        # may wait for its run (it writes a head only then).
-        events, partitions, apply = self.events, self.partitions, self.hooks.apply
-        heads, table, txn = self.heads, self.table, self.txn
+        # The hot path (every envelope), with what it reads bound once per call: the driver
+        # says what a record needs (worker/runtime/driver.py; None for most records); the
+        # outputs and heads are touched only when it needs them.
+        events, partitions, driver, record_at = (self.events, self.partitions, self.driver,
+                                                 reader.record_at)
+        apply, table, txn = driver.apply, self.table, self.txn
         batch = txn.batch
         for msg in msgs:
             if msg.error() is not None or msg.topic() != events:
@@ -336,21 +297,12 @@ class KafkaEngine:
                 continue
             if batch is None:
                 batch = txn.begin()
-            key = msg.key()
-            kind, ts = msg.timestamp()
-            record_ms = None if kind == 0 else ts
-            record = (key, msg.value() or b"", record_ms,
-                      {"topic": events, "partition": partition, "offset": offset})
-            emits, opened = apply(state, record, msg.headers)
-            if opened or (not emits and state.assembler.early_cancels_waiting):
-                heads.applied(state, key, partition, offset, opened, emits)
-            if emits:
-                self._publish(key, emits, record_ms, record[3])
-                finished = partition_module.finished_runs(emits)
-                if finished:
-                    heads.finished(state, partition, finished)
-            if key == TICK:
-                heads.forget_finished(state)
+            record = record_at(msg, events, partition, offset)
+            applied = apply(state, record, msg.headers)
+            if applied is not None:  # a transaction holds outputs and heads together
+                if applied.emits:
+                    self._publish(record.key, applied.emits, record.time_ms, record.source)
+                driver.recorded(state, partition, applied)
             if table.pending:
                 self._write_heads()
             state.next_offset = batch.events[partition] = offset + 1
@@ -371,10 +323,9 @@ class KafkaEngine:
             return
         batch = self.txn.begin()
         record = reader.record_of(msg)
-        routed = control.route(record)
+        routed = self.driver.route(record)
         if isinstance(routed, Emit):
-            self.hooks.routed(routed)
-            self.txn.produce(self.outputs[Topic.DLQ], record[0], step.out_value(routed))
+            self.txn.produce(self.outputs[Topic.DLQ], record.key, step.out_value(routed))
         else:
             self.txn.produce(self.events, *routed)
         self.control_next[partition] = offset + 1
@@ -382,19 +333,13 @@ class KafkaEngine:
         batch.records += 1
 
     def _tick(self, now: float) -> bool:
-        """Write a tick into each events partition this worker owns (the only clock read),
-        unless a control record already in the log is still to forward (then try again at
-        the next turn, for at most ``_TICK_DEFER_MAX_S``); return whether it is done."""
+        """Write a tick into each events partition this worker owns (the only clock read)
+        when the driver says it is due (not while the control backlog is unread: then try
+        again at the next turn; driver.TickRule); return whether it is done."""
         if not self.partitions:
             return True
-        if self._control_behind():
-            if self.tick_deferred is None:
-                self.tick_deferred = now
-            if now - self.tick_deferred < _TICK_DEFER_MAX_S:
-                return False
-            log.warning("ticking with control records not yet forwarded (waited %.1fs)",
-                        now - self.tick_deferred)
-        self.tick_deferred = None
+        if not self.driver.tick_due(now, self._control_behind()):
+            return False
         self.txn.begin()
         value = orjson.dumps({"v": 1, "type": "tick", "ts": int(time.time() * 1000)})
         for partition in sorted(self.partitions):
@@ -404,18 +349,17 @@ class KafkaEngine:
     def _control_behind(self) -> bool:
         """Whether an owned control partition has records in the log (its end as the last
         fetch reported it; unknown right after an assignment) not yet forwarded."""
-        for partition, next_offset in self.control_next.items():
+        ends: dict[int, int | None] = {}
+        for partition in self.control_next:
             try:
-                _, high = self.consumer.get_watermark_offsets(
+                _, ends[partition] = self.consumer.get_watermark_offsets(
                     TopicPartition(self.control, partition), cached=True)
             except KafkaException:
                 return True
-            if high < 0 or next_offset < high:
-                return True
-        return False
+        return control_behind(self.control_next, ends)
 
     def _publish(self, key: bytes | None, emits: Sequence[Emit],
-                 record_ms: int | None = None, source: dict[str, Any] | None = None) -> None:
+                 record_ms: int | None = None, source: Source | None = None) -> None:
         """Send each emit, in order, with its run's trace headers; a DLQ record keeps the
         input record's key. ``record_ms``: the time of the record that produced them;
         ``source``: where it was read. An emit its topic would refuse (over the topic's
@@ -448,7 +392,7 @@ class KafkaEngine:
                 txn.batch.committed.append(record_ms)
 
     def _refuse(self, emit: Emit, name: str, out_key: bytes | None, size: int, error: str,
-                key: bytes | None, source: dict[str, Any] | None) -> None:
+                key: bytes | None, source: Source | None) -> None:
         """Send, instead of ``emit`` (for topic ``name``), its ``output_refused`` DLQ record,
         keyed by the input record's ``key``."""
         limit = self.limits.limit(name)
@@ -456,8 +400,7 @@ class KafkaEngine:
                   else refusals.refused_detail(name, size, error))
         dlq = refusals.dlq_record(name, out_key, size, error, detail, source, key,
                                   refusals.run_of(emit))
-        where = logs.where(source["topic"], source["partition"], source["offset"]) \
-            if source else {}
+        where = logs.where(*source) if source else {}
         log.warning("an output record for %s (%d bytes) is refused (%s); an output_refused "
                     "DLQ record replaces it", name, size, error, extra=where)
         self.hooks.metrics.dlq[str(dlq.value["reason"])] += 1
@@ -600,32 +543,21 @@ class KafkaEngine:
         """A fresh assembler for ``partition`` in its state at offset ``resume`` (its heads
         restored already)."""
         with self.hooks.rebuilding(partition) as rebuild:
-            state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
-            open_runs = self.heads.load(state, partition)
-            starts = [start for start in open_runs.values() if start < resume]
-            count, replayed = 0, list[Emit]()
-            if starts:
+            takeover = self.driver.takeover(partition, resume)
+            if takeover.start is not None:
                 for msg in reader.read(self.reader_settings, self.events, partition,
-                                       min(starts), resume):
-                    count += 1
-                    replayed += partition_module.replay(state, open_runs,
-                                                        reader.record_of(msg))
-            rebuild.state, rebuild.records = state, count
-        log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
-                 partition, resume, count, state.assembler.open_runs,
-                 extra=logs.where(self.events, partition, resume))
-        self._refinish(state, partition, replayed)
-        return state
-
-    def _refinish(self, state: PartitionState, partition: int, replayed: list[Emit]) -> None:
-        """Runs that finished during a rebuild have no ``done`` head (never expected with
-        transactions: a head commits with its outputs): publish them again and record them."""
-        outputs = partition_module.refinished(partition, replayed)
+                                       takeover.start, resume):
+                    takeover.feed(reader.record_of(msg))
+            rebuild.state, rebuild.records = takeover.state, takeover.count
+        # Runs that finished during a rebuild have no ``done`` head (never expected with
+        # transactions: a head commits with its outputs): publish them again, record them.
+        outputs = self.driver.rebuilt(takeover, self.events)
         if outputs:
             self.txn.begin()
             self._publish(None, [e for e in outputs if e.topic is not Topic.DLQ])
-            self.heads.finished(state, partition, partition_module.finished_runs(outputs))
+            self.driver.refinished(takeover.state, partition, outputs)
             self._write_heads()
+        return takeover.state
 
     # -- operations: delivery, lag, liveness -------------------------------------------
 

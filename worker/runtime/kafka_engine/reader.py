@@ -20,9 +20,11 @@ from confluent_kafka import (
 )
 
 from worker.runtime import logs
-from worker.runtime.step import Record
+from worker.runtime.step import Record, Source
 
-__all__ = ["passing", "read", "read_all", "record_of", "where"]
+_new = tuple.__new__
+
+__all__ = ["passing", "read", "read_all", "record_at", "record_of", "where"]
 
 
 def where(msg: Message) -> tuple[str, int, int]:
@@ -34,10 +36,16 @@ def where(msg: Message) -> tuple[str, int, int]:
 
 def record_of(msg: Message) -> Record:
     """A confluent-kafka message as the core takes it (record time in ms, or None)."""
+    return record_at(msg, *where(msg))
+
+
+def record_at(msg: Message, topic: str, partition: int, offset: int) -> Record:
+    """:func:`record_of`, its topic, partition and offset read already (the engine's hot
+    path reads them first, to skip a repeat)."""
     kind, ts = msg.timestamp()
-    topic, partition, offset = where(msg)
-    source = {"topic": topic, "partition": partition, "offset": offset}
-    return msg.key(), msg.value() or b"", None if kind == 0 else ts, source
+    # step.record inlined (the engine's every record): a NamedTuple at a tuple's cost
+    return _new(Record, (msg.key(), msg.value() or b"", None if kind == 0 else ts,
+                         _new(Source, (topic, partition, offset))))
 
 
 #: Errors the consumer reports and recovers from by itself (a broker or cluster node away).

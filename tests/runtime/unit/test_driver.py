@@ -1,0 +1,135 @@
+"""The partition driver (worker/runtime/driver.py, issue 24): what a record needs after the
+core, said once for both engines; the heads it writes and when; the control-backlog rule for
+ticks, obeyed by the faust engine as by the kafka engine; a takeover's rebuild."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+from builders import chat_calls, chat_run, chat_tool
+from faust.types import TP
+
+from worker.core import Assembler, Topic
+from worker.runtime import app as worker_app
+from worker.runtime import step
+from worker.runtime.config import load_config
+from worker.runtime.driver import Applied, Driver, TickRule, control_behind
+from worker.runtime.hooks import EngineHooks
+from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.step import Record
+
+
+def _config() -> Any:
+    return load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0"})
+
+
+def _driver(table: dict[bytes, Any] | None = None) -> Driver:
+    config = _config()
+    return Driver(config, EngineHooks(config), Heads({} if table is None else table, 3600))
+
+
+def _records(envelopes: list[dict[str, Any]], first: int = 0) -> Iterator[Record]:
+    for n, envelope in enumerate(envelopes):
+        yield step.record(envelope["run_id"].encode(), orjson.dumps(envelope), 1_000 + n,
+                          "ev", 0, first + n)
+
+
+def _run(run_id: str = "r1") -> list[dict[str, Any]]:
+    """A run with one committed call."""
+    tools = [chat_tool("get_weather", {"type": "object"})]
+    return chat_run(run_id, tools, chat_calls([("c1", "get_weather", '{"city": "Oslo"}')]))
+
+
+def test_a_record_needs_nothing_more_unless_it_emits_or_is_a_tick() -> None:
+    """Most records (a run's start, its deltas) need nothing from the engine: ``apply``
+    returns None (the start head is written by the driver itself). The record that ends the
+    run returns its outputs, in order, and the run it finishes; the run's ``done`` head waits
+    for ``recorded`` (after the engine delivered the outputs). A tick that emits nothing
+    still returns, so that the heads whose time is over go."""
+    table: dict[bytes, Any] = {}
+    driver = _driver(table)
+    state = PartitionState(Assembler(_config().assemble), next_offset=0)
+    results = [driver.apply(state, record) for record in _records(_run())]
+    assert results[0] is None and table[b"r1"] == {"p": 0, "start": 0}
+    last = results[-1]
+    assert isinstance(last, Applied) and last.finished == ["r1"] and last.confirm
+    assert {e.topic for e in last.emits} >= {Topic.COMMITTED, Topic.FINAL}
+    assert all(r is None or r.emits for r in results)
+    assert "done" not in table[b"r1"]  # not before the outputs are delivered
+    driver.recorded(state, 0, last)
+    assert table[b"r1"]["done"] is True and table[b"r1"]["status"] == "completed"
+    tick = step.record(TICK, orjson.dumps({"v": 1, "type": "tick", "ts": 0}), 5_000, "ev", 0, 99)
+    applied = driver.apply(state, tick)
+    assert applied is not None and applied.tick and not applied.emits and not applied.confirm
+
+
+def test_a_tick_waits_for_the_control_backlog_for_a_bounded_time() -> None:
+    """``TickRule``: due at once with nothing to forward; held while a control record in the
+    log is unread; due once it is read, or ``defer_max_s`` after it first fell due; an
+    unknown end counts as unread."""
+    rule = TickRule(defer_max_s=10.0)
+    assert rule.due(0.0, behind=False)
+    assert not rule.due(1.0, behind=True) and not rule.due(5.0, behind=True)
+    assert rule.due(6.0, behind=False)
+    assert not rule.due(20.0, behind=True)
+    assert not rule.due(29.9, behind=True) and rule.due(30.0, behind=True)
+    assert control_behind({0: 5, 1: 2}, {0: 5}) and control_behind({0: 4}, {0: 5})
+    assert not control_behind({0: 5, 1: 2}, {0: 5, 1: 2})
+    assert control_behind({0: 0}, {0: -1})
+
+
+def test_the_faust_engine_holds_its_tick_until_the_control_backlog_is_forwarded() -> None:
+    """The faust engine obeys the driver's tick rule (before issue 24 it wrote its tick at
+    once): with a control record in the log not yet forwarded, no tick is sent; once the
+    control agent has forwarded it, the tick goes into each owned events partition."""
+    config = load_config(None, env={"LATCH_TOPICS__EVENTS": "d.events",
+                                    "LATCH_TOPICS__CONTROL": "d.control",
+                                    "LATCH_WORKER__WEB_PORT": "0"})
+    latch = worker_app.LatchWorker(config)
+    owned = [TP("d.events", 0), TP("d.control", 0)]
+    latch.app.assignor = SimpleNamespace(assigned_actives=lambda: owned)  # type: ignore[assignment]
+    sent: list[tuple[bytes, int]] = []
+
+    async def send(key: bytes, value: bytes, partition: int) -> None:
+        sent.append((key, partition))
+
+    latch.events = SimpleNamespace(  # type: ignore[assignment]
+        get_topic_name=lambda: "d.events", send=send)
+    latch.control_next[0], latch.control_ends = 3, {0: 5}
+
+    async def scenario() -> None:
+        tick = asyncio.create_task(latch._tick())
+        await asyncio.sleep(0.3)
+        assert sent == []  # two control records to forward first
+        latch.control_next[0] = 5
+        await asyncio.wait_for(tick, 2)
+
+    asyncio.run(scenario())
+    assert sent == [(TICK, 0)]
+
+
+def test_a_takeover_rebuilds_the_open_runs_from_their_heads() -> None:
+    """``takeover`` loads the heads (a finished run registered, an open one to read from its
+    start), ``feed`` replays the records of the rebuild, and the rebuilt partition emits for
+    the rest of the open run what a partition that never stopped emits."""
+    envelopes = _run("r2")
+    records = list(_records(envelopes))
+    whole = PartitionState(Assembler(_config().assemble), next_offset=0)
+    expected = [whole.apply(record) for record in records][-1]
+    table: dict[bytes, Any] = {b"r2": {"p": 0, "start": 0},
+                               b"r0": {"p": 0, "done": True, "seq": 3, "status": "completed"}}
+    driver = _driver(table)
+    takeover = driver.takeover(0, resume=len(records) - 1)
+    assert takeover.start == 0
+    for record in records[:-1]:
+        takeover.feed(record)
+    assert driver.rebuilt(takeover, "ev") == [] and takeover.count == len(records) - 1
+    state = takeover.state
+    assert state.assembler.finished("r0") == (3, "completed")
+    applied = driver.apply(state, records[-1])
+    assert applied is not None
+    assert [(e.topic, e.value) for e in applied.emits] == [(e.topic, e.value) for e in expected]
