@@ -90,6 +90,19 @@ class Limits:
     def limit(self, topic: str) -> int:
         return min(self.limits.get(topic, admin.OUTPUT_MAX_BYTES), admin.OUTPUT_MAX_BYTES)
 
+    def replacement(self, emit: Emit, name: str, out_key: bytes | None, size: int, error: str,
+                    key: bytes | None, source: Source | None) -> Emit:
+        """The ``output_refused`` DLQ record that replaces ``emit`` (for topic ``name``, of
+        ``size`` bytes, refused with ``error``), keyed by the input record's ``key``; logged
+        (where, how large, why: never the value). Either engine sends it."""
+        limit = self.limit(name)
+        detail = (too_large_detail(name, size, limit) if size > limit
+                  else refused_detail(name, size, error))
+        where = logs.where(*source) if source else {}
+        log.warning("an output record for %s (%d bytes) is refused (%s); an output_refused "
+                    "DLQ record replaces it", name, size, error, extra=where)
+        return dlq_record(name, out_key, size, error, detail, source, key, run_of(emit))
+
     def over(self, topic: str, key: bytes | None, value: bytes,
              headers: Sequence[tuple[str, bytes]] | None = None) -> int | None:
         """The record's size (:func:`batch_size`) if it is over its topic's limit, else None."""

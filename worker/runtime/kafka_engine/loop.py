@@ -395,14 +395,7 @@ class KafkaEngine:
                 key: bytes | None, source: Source | None) -> None:
         """Send, instead of ``emit`` (for topic ``name``), its ``output_refused`` DLQ record,
         keyed by the input record's ``key``."""
-        limit = self.limits.limit(name)
-        detail = (refusals.too_large_detail(name, size, limit) if size > limit
-                  else refusals.refused_detail(name, size, error))
-        dlq = refusals.dlq_record(name, out_key, size, error, detail, source, key,
-                                  refusals.run_of(emit))
-        where = logs.where(*source) if source else {}
-        log.warning("an output record for %s (%d bytes) is refused (%s); an output_refused "
-                    "DLQ record replaces it", name, size, error, extra=where)
+        dlq = self.limits.replacement(emit, name, out_key, size, error, key, source)
         self.hooks.metrics.dlq[str(dlq.value["reason"])] += 1
         self.txn.produce(self.outputs[Topic.DLQ], key, step.out_value(dlq))
 
