@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from builders import chat_chunk, chat_run, chat_tool
 
 from worker.core import Assembler
-from worker.runtime import app as worker_app
 from worker.runtime.config import load_config
+from worker.runtime.faust_engine import engine as worker_app
 from worker.runtime.partition import Heads, PartitionState
 
 N = 20_000
-LATCH = worker_app.LatchWorker(load_config(None, env={"LATCH_TOPICS__EVENTS": "t"}))
+LATCH = worker_app.FaustEngine(load_config(None, env={"LATCH_TOPICS__EVENTS": "t"}))
 LATCH.app.sensors.add(LATCH.app.monitor)  # what faust's boot does
 LATCH.run_heads = Heads({}, 3600)  # type: ignore[arg-type]  # no table outside faust's stream
 

@@ -63,7 +63,7 @@ def test_an_upward_import_breaks_the_layers(copy_of_the_package: Path, module: s
     add_import(copy_of_the_package / "worker" / module, f"{statement}  # noqa")
     result = lint_imports(copy_of_the_package)
     assert result.returncode != 0
-    assert "Layers: cli -> tools -> runtime -> core BROKEN" in result.stdout
+    assert "Layers: cli -> tools -> client -> runtime -> core BROKEN" in result.stdout
     assert edge in result.stdout
 
 

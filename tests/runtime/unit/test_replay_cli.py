@@ -23,9 +23,9 @@ from fixtures_lib import fixture, load_events
 from worker import cli
 from worker.core import Assembler, Emit, Topic
 from worker.core.envelope import TICK_KEY
-from worker.runtime import replay, step
+from worker.runtime import step
 from worker.runtime.config import load_config
-from worker.tools import capture
+from worker.tools import capture, replay
 
 T0 = 1_736_933_400_000  # 2025-01-15T09:30:00Z
 

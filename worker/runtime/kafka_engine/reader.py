@@ -19,7 +19,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from worker.runtime import logs
+from worker.runtime.observability import logs
 from worker.runtime.step import Record, Source
 
 _new = tuple.__new__
