@@ -62,7 +62,7 @@ def build(config: Config, faust_settings: Sequence[str] = ()) -> Engine:
     return latch
 
 
-def _kafka_engine(config: Config, faust_settings: Sequence[str]) -> Any:
+def _kafka_engine(config: Config, faust_settings: Sequence[str]) -> Engine:
     """``worker.engine: kafka`` (decision 0011): every topic must exist, the changelog too
     (this engine does not create it); faust settings do not apply."""
     from worker.runtime import kafka_engine

@@ -37,7 +37,7 @@ faust never delivers                       tick, without waiting for a later rec
 control partition while a cancel is in flight; the cancel ends the run's calls ``cancelled``).
 [3] ``tests/runtime/integration/test_heads_return.py`` (the partition moves away and back
 after compaction removed the tombstone of a run finished elsewhere).
-[4] ``tests/runtime/unit/test_publisher.py``.
+[4] ``tests/client/unit/test_publisher.py``.
 [5] ``tests/runtime/unit/test_step.py`` and ``tests/runtime/unit/test_admin.py``.
 [6] ``tests/runtime/unit/test_config.py``.
 """

@@ -1,7 +1,7 @@
 """``latch replay`` without a broker: the command line, range resolution, the shadow topics'
 names, the replay loop over a fake consumer, and the per-record step it shares with the
 worker. The end-to-end proof (replay equals live) is
-``tests/runtime/integration/test_replay.py``."""
+``tests/tools/integration/test_replay.py``."""
 
 from __future__ import annotations
 
