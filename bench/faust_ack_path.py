@@ -4,7 +4,7 @@ record): the hand-written ack (``await Stream.ack(event)``: ``Event.ack``, ``Mes
 (``StreamIterator.after``, the automatic ack the worker now leaves to faust), and the events
 agent's common record through ``await _apply_event`` (two coroutines) against
 ``_step_event`` (none). faust's consumer is a stand-in with its bookkeeping fields; the
-sensors are the worker's (``_LeanMonitor``). No broker.
+sensors are the worker's (``LeanMonitor``, faust_engine/settings.py). No broker.
 
     python -P bench/faust_ack_path.py     # with the compiled core: the build's interpreter
 """

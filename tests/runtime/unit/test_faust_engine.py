@@ -57,9 +57,10 @@ from faust_fakes import FaustStream
 from worker.core import Assembler, Topic
 from worker.runtime.config import load_config
 from worker.runtime.faust_engine import kafka_io
-from worker.runtime.faust_engine.engine import FaustEngine, app_settings
+from worker.runtime.faust_engine.engine import FaustEngine
 from worker.runtime.faust_engine.gaps import StallWatch
 from worker.runtime.faust_engine.heads import FaustHeadsMap
+from worker.runtime.faust_engine.settings import app_settings
 from worker.runtime.partition import Heads, PartitionState
 
 # -- faust's web server -------------------------------------------------------------------

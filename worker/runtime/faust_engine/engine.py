@@ -50,17 +50,17 @@ from aiokafka.errors import (  # type: ignore[import-untyped]
     RecordListTooLargeError,
 )
 from faust.exceptions import ProducerSendError
-from faust.sensors import Monitor
 from faust.types import TP
 
 from worker.core import Emit, Topic
-from worker.runtime import admin, memory, refusals, step
 from worker.runtime import driver as driver_module
+from worker.runtime import memory, refusals, step
 from worker.runtime.config import Config
 from worker.runtime.driver import Applied, Driver
 from worker.runtime.faust_engine import kafka_io, recovery
 from worker.runtime.faust_engine.gaps import StallWatch
 from worker.runtime.faust_engine.heads import FaustHeadsMap, FaustHeadsTable
+from worker.runtime.faust_engine.settings import LeanMonitor, app_settings
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
 from worker.runtime.observability.health import loop_heartbeat
@@ -87,8 +87,8 @@ class FaustEngine:
         names = config.topics
         settings = app_settings(config, faust_settings or {})
         # faust's web is the only reader of its Monitor's per-message statistics: without it,
-        # a monitor that keeps only what faust's consumer reads (``_LeanMonitor``).
-        monitor = None if settings["web_enabled"] else _LeanMonitor()
+        # a monitor that keeps only what faust's consumer reads (``LeanMonitor``).
+        monitor = None if settings["web_enabled"] else LeanMonitor()
         # Table: the class app.Table makes (the heads table, the app's only one). The app
         # reads at read_committed and recovers the heads through the kafka engine's
         # transaction markers (faust_engine/recovery.py; decision 0009).
@@ -574,26 +574,6 @@ def _refusal(exc: BaseException | None) -> str | None:
     return None
 
 
-class _LeanMonitor(Monitor):
-    """faust's Monitor without its per-message statistics (message and event counts, times
-    in and out), which only faust's web shows: four calls per record less. It keeps each
-    partition's last inbound time, which faust's consumer reads for its "slow processing"
-    warnings; everything else of the Monitor (commits, sends, assignments) is unchanged."""
-
-    def on_message_in(self, tp: TP, offset: int, message: Any) -> None:
-        pass
-
-    def on_stream_event_in(self, tp: TP, offset: int, stream: Any, event: Any) -> None:
-        self.stream_inbound_time[tp] = time.monotonic()
-
-    def on_stream_event_out(self, tp: TP, offset: int, stream: Any, event: Any,
-                            state: Any = None) -> None:
-        pass
-
-    def on_message_out(self, tp: TP, offset: int, message: Any) -> None:
-        pass
-
-
 def _withhold(message: Any) -> None:
     """Keep faust from acking ``message`` when its stream moves on or closes: faust's
     ``Message.ack`` and its Cython stream iterator both skip a message already marked
@@ -614,33 +594,3 @@ def _reader_record(rec: Any) -> Record:
     """An aiokafka record as the core takes it (aiokafka keeps record times in ms)."""
     return step.record(rec.key, rec.value or b"", rec.timestamp, rec.topic, rec.partition,
                        rec.offset)
-
-
-def app_settings(config: Config, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """faust settings from the configuration, then ``overrides`` (``--faust-setting``)."""
-    worker, kafka = config.worker, config.kafka
-    settings: dict[str, Any] = {
-        "broker": [f"kafka://{server}" for server in kafka_io.servers(kafka)],
-        "broker_credentials": kafka_io.faust_credentials(kafka),
-        "store": worker.store,
-        "topic_partitions": config.topics.partitions,
-        "topic_replication_factor": config.topics.replication_factor,
-        "processing_guarantee": "at_least_once",
-        "consumer_auto_offset_reset": "earliest",
-        # faust's web server shows run ids and heads to anyone who connects: off unless
-        # asked for, and then on this host only unless configured otherwise.
-        "web_enabled": worker.web_enabled and worker.web_port > 0,
-        "web_bind": worker.web_host,
-        "web_port": worker.web_port or 6066,
-        "autodiscover": False,
-        # A takeover rebuilds from the events log, so the heads table needs no standby; and
-        # faust's standby recovery can crash a worker after a broker restart (docs/chaos.md).
-        "table_standby_replicas": 0,
-        # faust's default is 60 s: that long before a killed worker's partitions move
-        # (docs/recovery.md). --faust-setting overrides it.
-        "broker_session_timeout": 15,
-        "producer_max_request_size": admin.OUTPUT_MAX_BYTES,
-    }
-    if kafka.client_id:
-        settings["broker_client_id"] = kafka.client_id
-    return settings | dict(overrides)

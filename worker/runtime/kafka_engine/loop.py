@@ -575,20 +575,8 @@ class KafkaEngine:
             self.txn.refusal = self.txn.refusal or "invalid"
 
     def _read_lags(self) -> None:
-        """Note each owned events partition's lag: its end offset in the consumer's cache (at
-        ``read_committed``, the last stable offset; no request to the broker) less the
-        consumer's position, which passes the transaction markers that no record follows."""
-        lags = {}
-        try:
-            positions = self.consumer.position(
-                [TopicPartition(self.events, p) for p in self.partitions])
-            for tp in positions:
-                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
-                if high >= 0 and tp.offset >= 0:
-                    lags[tp.partition] = max(0, high - tp.offset)
-        except KafkaException:  # unknown until the next turn
-            pass
-        self.lags = lags
+        """Note each owned events partition's lag (:func:`.reader.lags`)."""
+        self.lags = reader.lags(self.consumer, self.events, self.partitions)
 
     def _partition_views(self) -> list[PartitionView]:
         """The owned partitions for the metrics (called on the HTTP thread: reads only)."""
