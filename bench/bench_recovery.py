@@ -80,14 +80,15 @@ from worker.tools.chaos import run as chaos  # noqa: E402  (Broker.own: a broker
 # --------------------------------------------------------------------------- the prelude
 
 #: Run first in worker B (``WorkerProcess(prelude=...)``): wraps, without changing them,
-#: ``LatchWorker._take_over`` / ``_load_heads`` / ``_on_assigned``, ``kafka_io.read_range`` /
+#: ``FaustEngine._take_over`` / ``_load_heads`` / ``_on_assigned``, ``kafka_io.read_range`` /
 #: ``resume_offset`` and ``step.step``, and writes one JSON line per event to
 #: ``$LATCH_BENCH_STATS``. With ``$LATCH_BENCH_PROFILE`` set, cProfile runs while a take-over
 #: does (every task on the loop during that time) and its stats are dumped there.
 PRELUDE = r'''
 import json as _json, os as _os, time as _time
 _T0 = _time.time()
-import worker.runtime.app as _app, worker.runtime.kafka_io as _kio, worker.runtime.step as _step
+import worker.runtime.faust_engine.engine as _app, worker.runtime.step as _step
+import worker.runtime.faust_engine.kafka_io as _kio
 _OUT = open(_os.environ["LATCH_BENCH_STATS"], "a", buffering=1)
 def _emit(**kw):
     _OUT.write(_json.dumps(kw) + "\n")
@@ -99,7 +100,7 @@ if _PROFILE_PATH:
     _PROF = _cProfile.Profile()
 _cur = None
 
-_orig_take = _app.LatchWorker._take_over
+_orig_take = _app.FaustEngine._take_over
 async def _take_over(self, topic, partition):
     global _cur
     t0, p0, c0 = _time.time(), _time.perf_counter(), _time.process_time()
@@ -119,9 +120,9 @@ async def _take_over(self, topic, partition):
           open_runs=state.assembler.open_runs, next_offset=state.next_offset,
           buffered_bytes=state.assembler.buffered_bytes, **cur)
     return state
-_app.LatchWorker._take_over = _take_over
+_app.FaustEngine._take_over = _take_over
 
-_orig_heads = _app.LatchWorker._load_heads
+_orig_heads = _app.FaustEngine._load_heads
 def _load_heads(self, state, partition):
     p0 = _time.perf_counter()
     found = _orig_heads(self, state, partition)
@@ -129,7 +130,7 @@ def _load_heads(self, state, partition):
         _cur["heads_s"] += _time.perf_counter() - p0
         _cur["heads"] = len(self.heads)
     return found
-_app.LatchWorker._load_heads = _load_heads
+_app.FaustEngine._load_heads = _load_heads
 
 _orig_resume = _kio.resume_offset
 async def _resume_offset(*args, **kwargs):
@@ -173,13 +174,13 @@ def _timed_step(assembler, record):
         _cur["steps"] += 1
 _step.step = _timed_step
 
-_orig_assigned = _app.LatchWorker._on_assigned
+_orig_assigned = _app.FaustEngine._on_assigned
 async def _on_assigned(self, sender, *args, **kwargs):
     events = self.events.get_topic_name()
     _emit(event="assigned", t=_time.time(),
           partitions=sorted(tp.partition for tp in args[0] if tp.topic == events))
     return await _orig_assigned(self, sender, *args, **kwargs)
-_app.LatchWorker._on_assigned = _on_assigned
+_app.FaustEngine._on_assigned = _on_assigned
 
 # The live path, outside take-overs: time in _process, in _publish (handing the sends to the
 # producer) and in PartitionState.confirm (waiting until they are delivered, once per
@@ -206,8 +207,8 @@ def _live_timer(name, count=None):
                     _LIVE[count] += 1
         return timed
     return wrap
-_app.LatchWorker._process = _live_timer("process_s", "records")(_app.LatchWorker._process)
-_app.LatchWorker._publish = _live_timer("publish_s")(_app.LatchWorker._publish)
+_app.FaustEngine._process = _live_timer("process_s", "records")(_app.FaustEngine._process)
+_app.FaustEngine._publish = _live_timer("publish_s")(_app.FaustEngine._publish)
 _app.PartitionState.confirm = _live_timer("confirm_s", "confirms")(_app.PartitionState.confirm)
 _FPROF = None
 def _on_live_start(signum, frame):

@@ -4,7 +4,7 @@ record): the hand-written ack (``await Stream.ack(event)``: ``Event.ack``, ``Mes
 (``StreamIterator.after``, the automatic ack the worker now leaves to faust), and the events
 agent's common record through ``await _apply_event`` (two coroutines) against
 ``_step_event`` (none). faust's consumer is a stand-in with its bookkeeping fields; the
-sensors are the worker's (``_LeanMonitor``). No broker.
+sensors are the worker's (``LeanMonitor``, faust_engine/settings.py). No broker.
 
     python -P bench/faust_ack_path.py     # with the compiled core: the build's interpreter
 """
@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from builders import chat_chunk, chat_run, chat_tool
 
 from worker.core import Assembler
-from worker.runtime import app as worker_app
 from worker.runtime.config import load_config
+from worker.runtime.faust_engine import engine as worker_app
 from worker.runtime.partition import Heads, PartitionState
 
 N = 20_000
-LATCH = worker_app.LatchWorker(load_config(None, env={"LATCH_TOPICS__EVENTS": "t"}))
+LATCH = worker_app.FaustEngine(load_config(None, env={"LATCH_TOPICS__EVENTS": "t"}))
 LATCH.app.sensors.add(LATCH.app.monitor)  # what faust's boot does
 LATCH.run_heads = Heads({}, 3600)  # type: ignore[arg-type]  # no table outside faust's stream
 

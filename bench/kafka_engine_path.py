@@ -41,7 +41,7 @@ import orjson  # noqa: E402
 from confluent_kafka import Message, Producer  # noqa: E402
 
 # what `latch worker` imports (faust too): the heap the cyclic GC walks
-import worker.runtime.app  # noqa: E402,F401
+import worker.runtime.faust_engine.engine  # noqa: E402,F401
 from worker.core import Assembler, Topic  # noqa: E402
 from worker.runtime.config import load_config  # noqa: E402
 from worker.runtime.kafka_engine.loop import KafkaEngine  # noqa: E402

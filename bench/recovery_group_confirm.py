@@ -1,15 +1,16 @@
-"""The proposed "group confirm" change to ``worker/runtime/app.py`` as a prelude, to measure it
-without editing the worker (docs/recovery.md, "Proposed changes"):
+"""The proposed "group confirm" change to ``worker/runtime/faust_engine/engine.py`` as a
+prelude, to measure it without editing the worker (docs/recovery.md, "Proposed changes"):
 
     python bench/bench_recovery.py --prelude bench/recovery_group_confirm.py
 
 A finished run's ``done`` head waits until the partition's sends are known delivered
 (checked without waiting at each record), or ``_GMAX`` runs wait, or the partition's next
 tick; then one confirm serves all of them. Today the worker waits for a broker round trip
-after every finished run. Stale once the change is in ``worker/runtime/app.py``. Not a module: it is
-pasted into worker B's ``-c`` code after the benchmark's instrumentation.
+after every finished run. Stale once the change is in
+``worker/runtime/faust_engine/engine.py``. Not a module: it is pasted into worker B's ``-c``
+code after the benchmark's instrumentation.
 """
-import worker.runtime.app as _gapp
+import worker.runtime.faust_engine.engine as _gapp
 from worker.core import Topic as _GTopic
 
 _GPENDING = {}
@@ -38,7 +39,7 @@ async def _g_record_finished(self, state, partition, emits):
         await _g_flush(self, state, partition)
 
 
-_g_orig_process = _gapp.LatchWorker._process
+_g_orig_process = _gapp.FaustEngine._process
 
 
 async def _g_process(self, state, record):
@@ -47,5 +48,5 @@ async def _g_process(self, state, record):
         await _g_flush(self, state, record[3]["partition"])
 
 
-_gapp.LatchWorker._record_finished = _g_record_finished
-_gapp.LatchWorker._process = _g_process
+_gapp.FaustEngine._record_finished = _g_record_finished
+_gapp.FaustEngine._process = _g_process

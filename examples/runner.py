@@ -17,8 +17,8 @@ import signal
 import threading
 from typing import Any
 
+from worker.client.runner import Runner
 from worker.runtime.config import load_config
-from worker.runtime.runner import Runner
 
 CAPITALS = {"france": "Paris", "japan": "Tokyo", "kenya": "Nairobi"}
 

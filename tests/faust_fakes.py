@@ -1,4 +1,4 @@
-"""A stand-in for faust's stream as the worker's agents (``LatchWorker._consume``) use it,
+"""A stand-in for faust's stream as the worker's agents (``FaustEngine._consume``) use it,
 for tests that drive an agent without a broker."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The package's layers, as import-linter checks them (``[tool.importlinter]`` in
 pyproject.toml): ``worker.cli`` -> ``worker.tools`` -> ``worker.runtime`` -> ``worker.core``,
-imports flowing downward only, a core that imports no client, framework or I/O library, and a
-partition driver that imports no Kafka client and no faust.
+imports flowing downward only (``worker.client`` between tools and runtime), a core that
+imports no client, framework or I/O library, a partition driver and engine-neutral modules that
+import no Kafka client and no faust, two independent engines, and a kafka engine without faust.
 
 The contracts are only worth something if they fail on a violation: each breaking test copies
 the package to a temporary directory, adds one forbidden import, and expects ``lint-imports``
@@ -55,6 +56,9 @@ def test_the_layers_hold() -> None:
     # The core imports nothing of ours outside itself.
     ("core/run.py", "from worker.runtime import config",
      "worker.core.run -> worker.runtime.config"),
+    # The runtime may not depend on the libraries that run in other people's processes.
+    ("runtime/hooks.py", "import worker.client.runner",
+     "worker.runtime.hooks -> worker.client.runner"),
 ])
 def test_an_upward_import_breaks_the_layers(copy_of_the_package: Path, module: str,
                                             statement: str, edge: str) -> None:
@@ -63,7 +67,7 @@ def test_an_upward_import_breaks_the_layers(copy_of_the_package: Path, module: s
     add_import(copy_of_the_package / "worker" / module, f"{statement}  # noqa")
     result = lint_imports(copy_of_the_package)
     assert result.returncode != 0
-    assert "Layers: cli -> tools -> runtime -> core BROKEN" in result.stdout
+    assert "Layers: cli -> tools -> client -> runtime -> core BROKEN" in result.stdout
     assert edge in result.stdout
 
 
@@ -104,3 +108,59 @@ def test_every_package_ships_in_the_wheel() -> None:
     found = {".".join(init.parent.relative_to(REPO).parts)
              for init in (REPO / "worker").rglob("__init__.py")}
     assert found - listed == set()
+
+
+@pytest.mark.parametrize(("module", "library"), [
+    ("runtime/hooks.py", "faust"), ("runtime/config.py", "aiokafka"),
+    ("runtime/observability/metrics.py", "confluent_kafka"), ("runtime/signing.py", "mode"),
+])
+def test_a_kafka_client_in_a_neutral_module_breaks_its_neutrality(copy_of_the_package: Path,
+                                                                 module: str,
+                                                                 library: str) -> None:
+    """The modules both engines share (issue 24, item 4: the driver's parts, configuration,
+    signing, observability) import no Kafka client and no faust: one such import breaks the
+    neutral-runtime contract."""
+    add_import(copy_of_the_package / "worker" / module, f"import {library}  # noqa")
+    result = lint_imports(copy_of_the_package)
+    assert result.returncode != 0
+    assert "The engine-neutral modules import no Kafka client and no faust BROKEN" \
+        in result.stdout
+
+
+def test_faust_in_the_shared_admin_breaks_it(copy_of_the_package: Path) -> None:
+    """The topic admin that both engines use (admin, refusals) may use Kafka's admin client
+    but not faust: importing it breaks the shared-admin contract."""
+    add_import(copy_of_the_package / "worker" / "runtime" / "refusals.py", "import faust  # noqa")
+    result = lint_imports(copy_of_the_package)
+    assert result.returncode != 0
+    assert "The topic admin shared by both engines imports no faust BROKEN" in result.stdout
+
+
+@pytest.mark.parametrize(("module", "statement"), [
+    ("runtime/faust_engine/gaps.py", "import worker.runtime.kafka_engine.heads"),
+    ("runtime/kafka_engine/reader.py", "import worker.runtime.faust_engine.kafka_io"),
+])
+def test_one_engine_importing_the_other_breaks_their_independence(copy_of_the_package: Path,
+                                                                  module: str,
+                                                                  statement: str) -> None:
+    """The faust engine and the kafka engine share only the engine-neutral modules: either
+    importing the other breaks the engines-independent contract."""
+    add_import(copy_of_the_package / "worker" / module, f"{statement}  # noqa")
+    result = lint_imports(copy_of_the_package)
+    assert result.returncode != 0
+    assert "The two engines are independent BROKEN" in result.stdout
+
+
+@pytest.mark.parametrize(("module", "library"), [
+    ("runtime/kafka_engine/reader.py", "faust"),
+    # reached through a shared module the kafka engine imports: an indirect import breaks it
+    ("runtime/memory.py", "mode"),
+])
+def test_faust_in_the_kafka_engine_breaks_it(copy_of_the_package: Path, module: str,
+                                             library: str) -> None:
+    """``worker.engine: kafka`` loads no faust (issue 24): faust or its ``mode`` imported by the
+    kafka engine, or by a module it imports, breaks the kafka-engine-no-faust contract."""
+    add_import(copy_of_the_package / "worker" / module, f"import {library}  # noqa")
+    result = lint_imports(copy_of_the_package)
+    assert result.returncode != 0
+    assert "The kafka engine imports no faust BROKEN" in result.stdout

@@ -152,7 +152,7 @@ class WorkerProcess:
 
     def __init__(self, stack: Stack, log_path: Path, prelude: str = "", **faust: Any) -> None:
         """Start the worker; ``prelude`` is Python run first in the process (to inject a
-        fault), then ``worker.runtime.app.main`` runs as ``latch worker`` would."""
+        fault), then ``worker.runtime.engine.main`` runs as ``latch worker`` would."""
         self.log_path = log_path
         settings = FAST_FAUST | faust
         args = [f"--faust-setting={k}={v}" for k, v in settings.items()]
@@ -164,8 +164,8 @@ class WorkerProcess:
             args, env = [], FAST_KAFKA | env
         command = [sys.executable, "-m", "worker", "worker", *args]
         if prelude:
-            code = (f"{prelude}\nimport sys, worker.runtime.app\n"
-                    "sys.exit(worker.runtime.app.main(sys.argv[1:]))")
+            code = (f"{prelude}\nimport sys, worker.runtime.engine\n"
+                    "sys.exit(worker.runtime.engine.main(sys.argv[1:]))")
             command = [sys.executable, "-c", code, *args]
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(command, env=env, cwd=log_path.parent, stdout=log,

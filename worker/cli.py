@@ -78,13 +78,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 _LAZY = [
-    ("worker", "worker.runtime.app:main", "run the Kafka worker"),
+    ("worker", "worker.runtime.engine:main", "run the Kafka worker"),
     ("topics", "worker.runtime.admin:main", "provision the topics (topics create)"),
     ("broker", "worker.tools.broker:main", "a local Kafka broker: start, stop, status"),
-    ("publish", "worker.runtime.publisher:main", "publish JSON-Lines envelopes"),
+    ("publish", "worker.client.publisher:main", "publish JSON-Lines envelopes"),
     ("tail", "worker.tools.tail:main", "print the output topics"),
     ("demo", "worker.tools.demo:main", "run the end-to-end demo"),
-    ("replay", "worker.runtime.replay:main", "replay a range of the events topic"),
+    ("replay", "worker.tools.replay:main", "replay a range of the events topic"),
     ("chaos", "worker.tools.chaos.run:main",
      "kill workers, restart the broker, verify the promises"),
 ]

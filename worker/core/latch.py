@@ -46,7 +46,7 @@ from worker.core.tools import ToolSchema
 #: registered. Any other outcome may bear a name the model made up (``unknown_tool``, a call
 #: cut short before its check; ``budget_exceeded`` is also the worker's byte budget, which
 #: fails calls unchecked). The worker's metrics take ``tool`` label values from such names
-#: only (``worker/runtime/metrics.py``).
+#: only (``worker/runtime/observability/metrics.py``).
 NAME_CHECKED_REASONS: frozenset[str] = frozenset({
     Reason.INVALID_JSON.value, Reason.ARGUMENTS_NOT_OBJECT.value, Reason.SCHEMA_INVALID.value})
 

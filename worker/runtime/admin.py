@@ -27,8 +27,8 @@ from confluent_kafka.admin._config import ConfigResource  # not re-exported for 
 from confluent_kafka.cimpl import NewTopic
 
 from worker.core.settings import OUTPUT_RECORD_BYTES
-from worker.runtime import logs
 from worker.runtime.config import Config, ConfigError, load_config
+from worker.runtime.observability import logs
 
 EXIT_OK, EXIT_USAGE, EXIT_KAFKA = 0, 2, 1
 _TIMEOUT_S = 30.0

@@ -1,7 +1,7 @@
 """The partition driver: what happens around the core for each record, for both engines.
 
 Engine-neutral (no I/O, no faust, no Kafka client: an import-linter contract in
-pyproject.toml). An engine (faust's :mod:`worker.runtime.app`, the confluent-kafka
+pyproject.toml). An engine (faust's :mod:`worker.runtime.faust_engine.engine`, the confluent-kafka
 :mod:`worker.runtime.kafka_engine.loop`) reads records and writes what the driver says; the
 driver decides everything between:
 
@@ -32,10 +32,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from worker.core import Assembler, Emit
-from worker.runtime import control, logs
+from worker.runtime import control
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config
 from worker.runtime.hooks import EngineHooks
+from worker.runtime.observability import logs
 from worker.runtime.partition import TICK, Heads, PartitionState, finished_runs
 from worker.runtime.step import Record, step
 

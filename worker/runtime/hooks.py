@@ -1,19 +1,19 @@
 """The operability hooks of a worker engine, in the one sequence both engines call them.
 
-Either engine (faust's :mod:`worker.runtime.app`, the confluent-kafka
+Either engine (faust's :mod:`worker.runtime.faust_engine.engine`, the confluent-kafka
 :mod:`worker.runtime.kafka_engine`) holds one :class:`EngineHooks` (its driver too) and calls
 
 * :attr:`EngineHooks.metrics` and :attr:`EngineHooks.tracing` for each record, through the
   partition driver (:meth:`worker.runtime.driver.Driver.apply`): the record's metrics
-  (:mod:`worker.runtime.metrics`, a counter increment when nothing ends) and its run's span
-  (:mod:`worker.runtime.tracing`);
+  (:mod:`worker.runtime.observability.metrics`, a counter increment when nothing ends) and its
+  run's span (:mod:`worker.runtime.observability.tracing`);
 * :meth:`EngineHooks.headers` for the headers of each output record: its run's trace and,
   on a committed call with ``signing.key_id`` set, the signature (:mod:`signing`);
 * :meth:`EngineHooks.delivered` when an output's delivery is known (faust: the send's future;
   the kafka engine: its transaction committed or aborted);
 * :meth:`EngineHooks.assigned` / :meth:`EngineHooks.revoked` with the events partitions of a
   rebalance, and :meth:`EngineHooks.rebuilding` around each takeover's rebuild (readiness,
-  rebuild metrics; :mod:`worker.runtime.health`);
+  rebuild metrics; :mod:`worker.runtime.observability.health`);
 * :meth:`EngineHooks.views` for the partition gauges (runs open, bytes, lag), given a function
   that reads a partition's end offset from the engine's consumer;
 * :meth:`EngineHooks.serve_http` and :meth:`EngineHooks.stop` around the run.
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from worker.core import Emit, Topic
 from worker.runtime import signing
 from worker.runtime.config import Config
-from worker.runtime.health import Health, HttpServer
-from worker.runtime.metrics import PartitionView
+from worker.runtime.observability.health import Health, HttpServer
+from worker.runtime.observability.metrics import PartitionView
+from worker.runtime.observability.telemetry import Telemetry
+from worker.runtime.observability.tracing import Headers
 from worker.runtime.partition import PartitionState
-from worker.runtime.telemetry import Telemetry
-from worker.runtime.tracing import Headers
 
 __all__ = ["EngineHooks", "Rebuild"]
 

@@ -42,7 +42,8 @@ from confluent_kafka.admin._config import ConfigResource  # not re-exported for 
 
 from worker.core import DlqReason, Emit, Topic
 from worker.core.envelope import Source
-from worker.runtime import admin, logs
+from worker.runtime import admin
+from worker.runtime.observability import logs
 
 __all__ = ["Limits", "batch_size", "dlq_record", "run_of"]
 

@@ -2,7 +2,7 @@
 
 Any principal that may write ``tool.calls.committed`` could otherwise make a runner execute a
 tool. With ``signing.key_id`` set, the worker signs each committed record; a
-:class:`~worker.runtime.runner.Runner` given keys refuses a record that is unsigned or not
+:class:`~worker.client.runner.Runner` given keys refuses a record that is unsigned or not
 signed by one of them (``tool_execute_rejected_not_committed_total{reason}``). ACLs keep
 other writers off the topic (docs/operations.md); the signature holds even when they fail.
 

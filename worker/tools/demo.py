@@ -49,9 +49,9 @@ import orjson
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from worker.runtime import logs
+from worker.client.publisher import Publisher, PublishError
 from worker.runtime.config import Config, ConfigError, load_config
-from worker.runtime.publisher import Publisher, PublishError
+from worker.runtime.observability import logs
 from worker.tools import broker, tail
 
 EXIT_OK = 0

@@ -46,8 +46,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from worker.runtime import logs
 from worker.runtime.config import Config, ConfigError, load_config
+from worker.runtime.observability import logs
 
 __all__ = [
     "DEFAULT_TOPICS",

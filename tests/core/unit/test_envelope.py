@@ -168,9 +168,9 @@ def test_dlq_record(reason: DlqReason, setup: Setup, key: bytes | None, value: b
     assert asm.open_run_ids() == open_before
 
 
-#: Written by the worker (``worker.runtime.app``) when the core itself raises, or when Kafka
-#: refuses an output record (``worker.runtime.refusals``): the core must never produce them, so
-#: no input may reach them through ``feed_record``.
+#: Written by the worker (``worker.runtime.faust_engine.engine``) when the core itself raises,
+#: or when Kafka refuses an output record (``worker.runtime.refusals``): the core must never
+#: produce them, so no input may reach them through ``feed_record``.
 WORKER_ONLY = {DlqReason.INTERNAL_ERROR, DlqReason.OUTPUT_REFUSED}
 
 

@@ -6,7 +6,8 @@ The chaos run on a 3-broker cluster lost such a cancel in 2 of 5 runs: faust sta
 control partition past it on the surviving worker, and the worker repaired a skipped range
 only when a later record of the same partition arrived, which never came. Now each tick
 compares every owned control partition's next offset with its log end and reads a range that
-stood still (``worker.runtime.gaps``). faust's skip cannot be forced from outside, so this
+stood still
+(``worker.runtime.faust_engine.gaps``). faust's skip cannot be forced from outside, so this
 test fails on the old code only when faust skips; the deterministic proof of the repair is
 ``tests/runtime/unit/test_faust_engine.py::test_a_cancel_faust_never_delivers_is_forwarded_at_the_next_ticks``.
 """

@@ -36,7 +36,8 @@ from worker_harness import (
     two_call_runs,
 )
 
-from worker.runtime import admin, faust_recovery
+from worker.runtime import admin
+from worker.runtime.faust_engine import recovery as faust_recovery
 from worker.runtime.partition import encode_head
 
 PARTITIONS = 2

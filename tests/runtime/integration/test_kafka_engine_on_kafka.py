@@ -24,7 +24,7 @@ from worker_harness import (
 
 from worker.runtime import admin
 from worker.runtime.kafka_engine import reader
-from worker.runtime.kafka_engine.heads import HeadsTable
+from worker.runtime.kafka_engine.heads import KafkaHeadsTable
 
 PARTITIONS = 4
 KEYED = ("committed", "errors", "final")
@@ -129,8 +129,8 @@ def _rebuilt(worker: WorkerProcess) -> str:
     return "\n".join(line for line in worker.log().splitlines() if "rebuilt" in line)
 
 
-def _changelog(stack: Stack) -> HeadsTable:
-    table = HeadsTable()
+def _changelog(stack: Stack) -> KafkaHeadsTable:
+    table = KafkaHeadsTable()
     found = reader.read_all({"bootstrap.servers": stack.bootstrap},
                             admin.heads_changelog(stack.config()), range(stack.partitions))
     for p, records in found.items():

@@ -19,8 +19,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.parser import text_string_to_metric_families
 from worker_harness import ENGINES, Reader, Stack, WorkerProcess, finished, make_stack
 
+from worker.client.publisher import Publisher
 from worker.core import Assembler
-from worker.runtime.publisher import Publisher
 from worker.tools import broker
 from worker.tools.demo import example_file, load_envelopes
 
@@ -57,7 +57,7 @@ def total(samples: Samples, name: str, **labels: str) -> float:
 #: inside Health.rebuilding), so that /readyz is seen answering during one.
 SLOW_REBUILD = """
 import contextlib, time
-from worker.runtime import health
+from worker.runtime.observability import health
 _rebuilding = health.Health.rebuilding
 @contextlib.contextmanager
 def _slow(self, partition):

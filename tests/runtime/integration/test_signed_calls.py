@@ -25,7 +25,7 @@ from worker_harness import (
     publish_envelopes,
 )
 
-from worker.runtime.runner import Runner
+from worker.client.runner import Runner
 from worker.runtime.signing import KEY_ID_HEADER, SIGNATURE_HEADER, Signer
 
 KEY = "integration-signing-key-0123456789abcdef"

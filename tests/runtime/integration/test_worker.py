@@ -193,11 +193,11 @@ def test_a_large_poison_record_reaches_the_dlq(stack: Stack, worker: WorkerProce
 
 
 FAILING_SENDS = """
-import worker.runtime.app
+import worker.runtime.faust_engine.engine
 async def _publish(self, state, key, emits):
     if emits:
         raise ConnectionError("injected: the broker refused the send")
-worker.runtime.app.LatchWorker._publish = _publish
+worker.runtime.faust_engine.engine.FaustEngine._publish = _publish
 """
 
 

@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from worker_harness import OUTPUTS, Stack
 
 from worker.runtime import admin
-from worker.runtime.app import _check_topics
+from worker.runtime.engine import _check_topics
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from worker.runtime.config import load_config
-from worker.runtime.metrics import METRIC_NAMES
+from worker.runtime.observability.metrics import METRIC_NAMES
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
@@ -230,7 +230,7 @@ def test_the_healthcheck_command_passes_on_a_live_worker_and_fails_on_a_stuck_on
     """The Dockerfile's HEALTHCHECK command itself (its exec form, run here with this
     Python, pointed at a free port instead of 9464): exit 0 while /healthz answers 200, non-zero
     when the event loop does not answer (503) and when nothing listens."""
-    from worker.runtime.health import Health, HttpServer
+    from worker.runtime.observability.health import Health, HttpServer
 
     text = (DEPLOY / "Dockerfile").read_text()
     found = re.search(r"^HEALTHCHECK [^\n]*\\\n\s*CMD (\[.*\])$", text, re.M)

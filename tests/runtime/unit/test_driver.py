@@ -14,10 +14,10 @@ from builders import chat_calls, chat_run, chat_tool
 from faust.types import TP
 
 from worker.core import Assembler, Topic
-from worker.runtime import app as worker_app
 from worker.runtime import step
 from worker.runtime.config import load_config
 from worker.runtime.driver import Applied, Driver, TickRule, control_behind
+from worker.runtime.faust_engine import engine as worker_app
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.step import Record
@@ -89,7 +89,7 @@ def test_the_faust_engine_holds_its_tick_until_the_control_backlog_is_forwarded(
     config = load_config(None, env={"LATCH_TOPICS__EVENTS": "d.events",
                                     "LATCH_TOPICS__CONTROL": "d.control",
                                     "LATCH_WORKER__WEB_PORT": "0"})
-    latch = worker_app.LatchWorker(config)
+    latch = worker_app.FaustEngine(config)
     owned = [TP("d.events", 0), TP("d.control", 0)]
     latch.app.assignor = SimpleNamespace(assigned_actives=lambda: owned)  # type: ignore[assignment]
     sent: list[tuple[bytes, int]] = []

@@ -270,7 +270,7 @@ def test_the_kafka_engine_logs_one_json_object_per_line_when_asked(
     import logging
 
     from worker.runtime import kafka_engine
-    from worker.runtime.logs import JsonFormatter
+    from worker.runtime.observability.logs import JsonFormatter
 
     monkeypatch.setattr(loop, "Producer", FakeProducer)
     monkeypatch.setattr(loop, "Consumer", FakeConsumer)

@@ -1,6 +1,6 @@
-"""The faust engine (``worker.runtime.app.LatchWorker``) against hostile inputs to the runtime
-(issue 9): every kind has a defined result, and this file, the unit file it names or the
-integration test it names proves each one. The core's own table is
+"""The faust engine (``worker.runtime.faust_engine.engine.FaustEngine``) against hostile
+inputs to the runtime (issue 9): every kind has a defined result, and this file, the unit file
+it names or the integration test it names proves each one. The core's own table is
 ``tests/core/unit/test_assembler.py``; this is its successor for what the core never sees.
 The faust engine's per-record path is ``test_worker_hot_path.py``, its commits past skipped
 records ``test_worker_commit_gap.py``.
@@ -37,7 +37,7 @@ faust never delivers                       tick, without waiting for a later rec
 control partition while a cancel is in flight; the cancel ends the run's calls ``cancelled``).
 [3] ``tests/runtime/integration/test_heads_return.py`` (the partition moves away and back
 after compaction removed the tombstone of a run finished elsewhere).
-[4] ``tests/runtime/unit/test_publisher.py``.
+[4] ``tests/client/unit/test_publisher.py``.
 [5] ``tests/runtime/unit/test_step.py`` and ``tests/runtime/unit/test_admin.py``.
 [6] ``tests/runtime/unit/test_config.py``.
 """
@@ -55,11 +55,12 @@ from faust.types import TP
 from faust_fakes import FaustStream
 
 from worker.core import Assembler, Topic
-from worker.runtime import kafka_io
-from worker.runtime.app import LatchWorker, app_settings
 from worker.runtime.config import load_config
-from worker.runtime.gaps import StallWatch
-from worker.runtime.heads_store import PartitionTrackedTable
+from worker.runtime.faust_engine import kafka_io
+from worker.runtime.faust_engine.engine import FaustEngine
+from worker.runtime.faust_engine.gaps import StallWatch
+from worker.runtime.faust_engine.heads import FaustHeadsMap
+from worker.runtime.faust_engine.settings import app_settings
 from worker.runtime.partition import Heads, PartitionState
 
 # -- faust's web server -------------------------------------------------------------------
@@ -131,8 +132,8 @@ class _Topic:
         return sent
 
 
-def _worker(log: list[str], fail: bool = False) -> LatchWorker:
-    latch = LatchWorker(load_config(None, env={"LATCH_TOPICS__EVENTS": "ev",
+def _worker(log: list[str], fail: bool = False) -> FaustEngine:
+    latch = FaustEngine(load_config(None, env={"LATCH_TOPICS__EVENTS": "ev",
                                                "LATCH_TOPICS__CONTROL": "ctl"}))
     latch.outputs = {t: _Topic(log, t.value, fail) for t in Topic}
     latch.events = _Topic(log, "ev", fail)  # type: ignore[assignment]
@@ -219,10 +220,10 @@ def test_heads_written_live_leave_memory_with_their_partition() -> None:
     the head, the worker does not see a finished run as open (it would re-read the run from
     its start and publish its outcomes again). A head of a partition still owned stays.
     (The store state is simulated: faust's ``on_recovery_completed`` on the real store.)"""
-    latch = LatchWorker(load_config(None, env={"LATCH_TOPICS__PARTITIONS": "2"}))
+    latch = FaustEngine(load_config(None, env={"LATCH_TOPICS__PARTITIONS": "2"}))
     store = latch.heads.data
-    assert isinstance(latch.run_heads.table, PartitionTrackedTable)  # the worker's wiring
-    heads = Heads(PartitionTrackedTable(_LiveTable(store)), retention_s=3600)
+    assert isinstance(latch.run_heads.table, FaustHeadsMap)  # the worker's wiring
+    heads = Heads(FaustHeadsMap(_LiveTable(store)), retention_s=3600)
     heads.opened(b"gone", partition=1, offset=40)
     heads.opened(b"kept", partition=0, offset=7)
     changelog = f"{latch.config.worker.app_id}-heads-changelog"
@@ -238,13 +239,13 @@ def test_an_assignment_drops_the_heads_of_partitions_owned_elsewhere() -> None:
     within one stalled recovery, and the finished run's stale head made the worker publish
     its outcomes again). The worker's assignment handler drops, on the real faust store, the
     heads of every partition it no longer owns, by itself; the owned ones stay."""
-    latch = LatchWorker(load_config(None, env={"LATCH_TOPICS__PARTITIONS": "3"}))
+    latch = FaustEngine(load_config(None, env={"LATCH_TOPICS__PARTITIONS": "3"}))
     store = latch.heads.data
-    heads = Heads(PartitionTrackedTable(_LiveTable(store)), retention_s=3600)
+    heads = Heads(FaustHeadsMap(_LiveTable(store)), retention_s=3600)
     heads.opened(b"stale", partition=0, offset=0)
     heads.opened(b"kept", partition=1, offset=7)
     heads.opened(b"also-gone", partition=2, offset=3)
-    latch.heads_store = PartitionTrackedTable(_LiveTable(store))
+    latch.heads_store = FaustHeadsMap(_LiveTable(store))
     events = latch.events.get_topic_name()
     asyncio.run(latch._on_assigned(latch.app, {TP(events, 1), TP("other", 0)}))
     assert dict(store.items()) == {b"kept": (1, 7)}

@@ -8,7 +8,7 @@ import threading
 import urllib.error
 import urllib.request
 
-from worker.runtime.health import Health, HttpServer, loop_heartbeat
+from worker.runtime.observability.health import Health, HttpServer, loop_heartbeat
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:

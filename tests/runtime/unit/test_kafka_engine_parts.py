@@ -13,7 +13,7 @@ from faust.serializers import codecs
 
 from worker.core import Assembler, RunStatus, Topic
 from worker.runtime.config import load_config
-from worker.runtime.kafka_engine.heads import HeadsTable
+from worker.runtime.kafka_engine.heads import KafkaHeadsTable
 from worker.runtime.kafka_engine.loop import KafkaEngine, consumer_settings, producer_settings
 from worker.runtime.kafka_engine.transaction import Batch
 from worker.runtime.partition import Heads, PartitionState, decode_head, encode_head
@@ -22,7 +22,7 @@ from worker.runtime.partition import Heads, PartitionState, decode_head, encode_
 def test_heads_written_become_pending_changelog_records_in_their_partition() -> None:
     """Each head written or deleted through ``Heads`` is one pending changelog record in the
     head's partition (a tombstone for a delete), taken once."""
-    table = HeadsTable()
+    table = KafkaHeadsTable()
     heads = Heads(table, retention_s=1)
     state = PartitionState(Assembler(load_config(None, env={}).assemble), next_offset=0)
     heads.opened(b"run-1", 2, 40)
@@ -44,7 +44,7 @@ def test_restore_replays_a_partitions_changelog_and_writes_nothing() -> None:
     """Restoring a partition keeps the last value of each key, drops tombstoned keys and
     values that are not JSON objects, leaves other partitions' heads alone, and queues no
     changelog record."""
-    table = HeadsTable()
+    table = KafkaHeadsTable()
     table.data[b"other"] = {"p": 1, "start": 3}
     table.data[b"stale"] = {"p": 0, "start": 1}
     table.restore(0, [(b"a", encode_head({"p": 0, "start": 5})),
@@ -70,7 +70,7 @@ def test_changelog_values_are_read_by_faust_and_faust_values_by_us() -> None:
 def test_restored_heads_give_the_assembler_its_finished_runs_and_the_open_starts() -> None:
     """After a restore, ``Heads.load`` registers the partition's finished runs with the new
     assembler and returns the open runs' start offsets (the rebuild's starting points)."""
-    table = HeadsTable()
+    table = KafkaHeadsTable()
     table.restore(1, [(b"open", encode_head({"p": 1, "start": 17})),
                       (b"done", encode_head({"p": 1, "done": True, "seq": 4,
                                              "status": "cancelled"}))])

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from worker.runtime import logs
+from worker.runtime.observability import logs
 
 SECRET = "hunter2-SECRET-token"
 

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from worker.core import Assembler, Topic
 from worker.runtime.config import load_config
 from worker.runtime.hooks import EngineHooks
-from worker.runtime.metrics import (
+from worker.runtime.observability.metrics import (
     LABEL_MAX_CHARS,
     METRIC_NAMES,
     OTHER,

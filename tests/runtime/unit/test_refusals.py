@@ -14,8 +14,8 @@ from aiokafka.errors import (  # type: ignore[import-untyped]
 from confluent_kafka import KafkaError, KafkaException
 
 from worker.runtime import admin, refusals
-from worker.runtime.app import _refusal
 from worker.runtime.config import load_config
+from worker.runtime.faust_engine.engine import _refusal
 from worker.runtime.kafka_engine import instance
 
 

@@ -11,11 +11,11 @@ import orjson
 import pytest
 from worker_harness import provider_run
 
+from worker.client.runner import Runner
 from worker.core import Assembler, Topic
 from worker.runtime import signing
 from worker.runtime.config import Config, ConfigError, SigningSettings, load_config
 from worker.runtime.hooks import EngineHooks
-from worker.runtime.runner import Runner
 from worker.runtime.signing import KEY_ID_HEADER, SIGNATURE_HEADER, Signer, Verifier
 
 OLD = b"old-key-0123456789abcdef0123456789abcdef"

@@ -6,7 +6,7 @@ import orjson
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from worker.core import Assembler
-from worker.runtime.telemetry import Telemetry
+from worker.runtime.observability.telemetry import Telemetry
 
 SECRET = "hunter2-SECRET-token"
 

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from worker.core import Assembler, Topic
-from worker.runtime.tracing import RunTracer, extract, inject
+from worker.runtime.observability.tracing import RunTracer, extract, inject
 
 SECRET = "hunter2-SECRET-token"
 

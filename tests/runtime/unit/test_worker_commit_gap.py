@@ -4,7 +4,7 @@ from the log itself.
 Found by the chaos run (issue 4, ``docs/chaos.md``): around a rebalance faust sometimes
 starts a newly assigned partition past the group's committed offset (faust-streaming/faust
 #596: records fetched during recovery are dropped, and faust registers no gap for a
-partition it has not read yet). ``LatchWorker._in_order`` notices and reads the skipped range
+partition it has not read yet). ``FaustEngine._in_order`` notices and reads the skipped range
 from the log, so no outcome is lost; but faust never saw those offsets acked, and its
 ``Consumer._new_offset`` withholds every commit while the first acked offset is more than one
 past the committed one. The partition's committed offset then stays where it was until the
@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from faust.types import TP
 
-from worker.runtime import app as worker_app
-from worker.runtime import kafka_io
 from worker.runtime.config import load_config
+from worker.runtime.faust_engine import engine as worker_app
+from worker.runtime.faust_engine import kafka_io
 
 TOPIC = "chaos.events"
 
@@ -47,7 +47,7 @@ def test_commits_advance_past_records_faust_skipped(monkeypatch: pytest.MonkeyPa
             yield _record(offset)
 
     monkeypatch.setattr(kafka_io, "read_range", read_range)
-    latch = worker_app.LatchWorker(load_config(None, env={
+    latch = worker_app.FaustEngine(load_config(None, env={
         "LATCH_TOPICS__EVENTS": TOPIC, "LATCH_WORKER__WEB_PORT": "0"}))
     consumer = latch.app.consumer
     tp = TP(TOPIC, 0)

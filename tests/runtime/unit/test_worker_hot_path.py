@@ -1,4 +1,4 @@
-"""The worker's per-record path (``LatchWorker._step_event`` / ``_apply_event`` /
+"""The worker's per-record path (``FaustEngine._step_event`` / ``_apply_event`` /
 ``_process``) and its acks, driven without a broker: the common case (the record is the
 partition's next offset) skips the in-order generator and awaits nothing, records that emit
 nothing are counted in batches, the run heads are written only when a run opens or
@@ -19,11 +19,11 @@ from faust_fakes import FaustStream
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from worker.core import Assembler, Emit
-from worker.runtime import app as worker_app
 from worker.runtime.config import load_config
+from worker.runtime.faust_engine import engine as worker_app
+from worker.runtime.observability.telemetry import Telemetry
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.step import Source
-from worker.runtime.telemetry import Telemetry
 
 TOPIC = "hot.events"
 
@@ -44,9 +44,9 @@ def _messages(envelopes: Sequence[dict[str, Any]], first: int) -> list[SimpleNam
             for n, e in enumerate(envelopes)]
 
 
-def _worker() -> tuple[worker_app.LatchWorker, InMemoryMetricReader, CountingHeads,
+def _worker() -> tuple[worker_app.FaustEngine, InMemoryMetricReader, CountingHeads,
                        list[Emit]]:
-    latch = worker_app.LatchWorker(load_config(None, env={
+    latch = worker_app.FaustEngine(load_config(None, env={
         "LATCH_TOPICS__EVENTS": TOPIC, "LATCH_WORKER__WEB_PORT": "0"}))
     reader = InMemoryMetricReader()
     latch.hooks.telemetry = Telemetry("none", readers=[reader], prometheus=False)
@@ -117,7 +117,7 @@ def test_without_faust_web_the_monitor_skips_per_message_statistics() -> None:
     assert lean.messages_received_total == 0 and lean.events_total == 0
     assert tp in lean.stream_inbound_time
 
-    full = worker_app.LatchWorker(load_config(None, env={
+    full = worker_app.FaustEngine(load_config(None, env={
         "LATCH_TOPICS__EVENTS": TOPIC, "LATCH_WORKER__WEB_ENABLED": "true",
         "LATCH_WORKER__WEB_PORT": "6099"})).app.monitor
     assert type(full) is Monitor

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging.config
 
-from worker.runtime import logs
 from worker.runtime.config import Config
 from worker.runtime.kafka_engine.loop import KafkaEngine
+from worker.runtime.observability import logs
 
 __all__ = ["KafkaEngine", "engine"]
 

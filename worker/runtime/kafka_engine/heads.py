@@ -1,10 +1,10 @@
 """The heads table of the kafka engine: a dict, and the changelog records its writes become.
 
 The faust engine keeps heads in a faust ``Table`` (``key_type=bytes``, JSON object values:
-``heads_store.HeadCodec``) whose changelog is ``<app_id>-heads-changelog``; a head of events
+``faust_engine.heads.HeadsCodec``) whose changelog is ``<app_id>-heads-changelog``; a head of events
 partition P lives in changelog partition P. This table writes the same records to the same
 topic (raw ``run_id`` keys, JSON object values, ``None`` values as tombstones), so either
-engine restores the other's heads. Writes are collected in :attr:`HeadsTable.pending` and the
+engine restores the other's heads. Writes are collected in :attr:`KafkaHeadsTable.pending` and the
 engine sends them in the transaction of the record that made them. Both engines keep an open
 run's head packed (``partition.pack_head``).
 """
@@ -23,13 +23,13 @@ from worker.runtime.partition import (
     unpack_head,
 )
 
-__all__ = ["ChangelogWrite", "HeadsTable"]
+__all__ = ["ChangelogWrite", "KafkaHeadsTable"]
 
 #: One changelog record to send: (partition, key, value or None for a tombstone).
 ChangelogWrite = tuple[int, bytes, bytes | None]
 
 
-class HeadsTable(MutableMapping[bytes, dict[str, Any]]):
+class KafkaHeadsTable(MutableMapping[bytes, dict[str, Any]]):
     """Heads of the partitions one worker owns; every write is also a pending changelog
     record (a head's partition is its ``"p"``). Read, a head is always its dict."""
 

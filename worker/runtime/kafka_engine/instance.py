@@ -40,8 +40,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from worker.runtime import logs
 from worker.runtime.config import Config
+from worker.runtime.observability import logs
 
 __all__ = ["InstanceTaken", "check", "client_id", "fenced_hint"]
 

@@ -1,6 +1,6 @@
 """The kafka engine: consume, step, produce, one Kafka transaction per batch.
 
-The same rules as the faust engine (``worker/runtime/app.py``; decision 0001), on
+The same rules as the faust engine (``worker/runtime/faust_engine/engine.py``; decision 0001), on
 confluent-kafka, with exactly once to readers at ``read_committed`` (decision 0011):
 
 * **One ordered history per run.** Cancels on the control topic are forwarded into the
@@ -87,12 +87,12 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from worker.core import Emit, Topic
-from worker.runtime import admin, logs, memory, refusals, step
+from worker.runtime import admin, memory, refusals, step
 from worker.runtime.config import Config
 from worker.runtime.driver import Driver, control_behind
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import instance, reader
-from worker.runtime.kafka_engine.heads import HeadsTable
+from worker.runtime.kafka_engine.heads import KafkaHeadsTable
 from worker.runtime.kafka_engine.settings import consumer_settings, producer_settings
 from worker.runtime.kafka_engine.transaction import (
     CLIENT_TIMEOUT_S,
@@ -102,7 +102,8 @@ from worker.runtime.kafka_engine.transaction import (
     Settled,
     Transaction,
 )
-from worker.runtime.metrics import PartitionView
+from worker.runtime.observability import logs
+from worker.runtime.observability.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.step import Source
 
@@ -145,7 +146,7 @@ class KafkaEngine:
         self.events, self.control = topics.events, topics.control
         self.changelog = admin.heads_changelog(config)
         self.outputs = {t: str(getattr(topics, t.value)) for t in Topic}
-        self.table = HeadsTable()
+        self.table = KafkaHeadsTable()
         self.heads = Heads(self.table, worker.finished_run_retention_s)
         self.partitions: dict[int, PartitionState] = {}
         #: The next offset to forward of each control partition this worker owns.
@@ -207,7 +208,7 @@ class KafkaEngine:
             self.txn.start()
             self.consumer.subscribe([self.events, self.control], on_assign=self._on_assign,
                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
-            # What start-up made (modules, faust's among them: the CLI imports app.py) never
+            # What start-up made (the modules, the configuration, the clients) never
             # becomes garbage: out of the cyclic GC's way, which otherwise walked it on each
             # full collection (docs/benchmarks.md: gc was about a tenth of the loop's CPU).
             gc.collect()
@@ -574,20 +575,8 @@ class KafkaEngine:
             self.txn.refusal = self.txn.refusal or "invalid"
 
     def _read_lags(self) -> None:
-        """Note each owned events partition's lag: its end offset in the consumer's cache (at
-        ``read_committed``, the last stable offset; no request to the broker) less the
-        consumer's position, which passes the transaction markers that no record follows."""
-        lags = {}
-        try:
-            positions = self.consumer.position(
-                [TopicPartition(self.events, p) for p in self.partitions])
-            for tp in positions:
-                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
-                if high >= 0 and tp.offset >= 0:
-                    lags[tp.partition] = max(0, high - tp.offset)
-        except KafkaException:  # unknown until the next turn
-            pass
-        self.lags = lags
+        """Note each owned events partition's lag (:func:`.reader.lags`)."""
+        self.lags = reader.lags(self.consumer, self.events, self.partitions)
 
     def _partition_views(self) -> list[PartitionView]:
         """The owned partitions for the metrics (called on the HTTP thread: reads only)."""

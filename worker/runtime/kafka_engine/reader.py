@@ -19,12 +19,12 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from worker.runtime import logs
+from worker.runtime.observability import logs
 from worker.runtime.step import Record, Source
 
 _new = tuple.__new__
 
-__all__ = ["passing", "read", "read_all", "record_at", "record_of", "where"]
+__all__ = ["lags", "passing", "read", "read_all", "record_at", "record_of", "where"]
 
 
 def where(msg: Message) -> tuple[str, int, int]:
@@ -114,3 +114,20 @@ def read_all(settings: Mapping[str, str], topic: str, partitions: Iterable[int]
         return found
     finally:
         consumer.close()
+
+
+def lags(consumer: Consumer, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+    """Each of ``partitions``' lag: its end offset in the consumer's cache (at
+    ``read_committed``, the last stable offset; no request to the broker) less the
+    consumer's position, which passes the transaction markers that no record follows. A
+    partition the consumer cannot say yet is left out (unknown until the next turn)."""
+    found: dict[int, int] = {}
+    try:
+        positions = consumer.position([TopicPartition(topic, p) for p in partitions])
+        for tp in positions:
+            _, high = consumer.get_watermark_offsets(tp, cached=True)
+            if high >= 0 and tp.offset >= 0:
+                found[tp.partition] = max(0, high - tp.offset)
+    except KafkaException:  # unknown until the next turn
+        pass
+    return found

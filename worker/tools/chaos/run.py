@@ -11,7 +11,7 @@ and a verifier that reads only what was written), with Latch's own promises
   violations, broken streams, cancelled runs (events without an end, then a cancel on the
   control topic), idle runs (no end, no cancel: the ticks expire them) and a few bad input
   records whose bytes must reach the DLQ. :class:`Driver` publishes the runs interleaved,
-  keyed by ``run_id``, at a steady rate, with :class:`~worker.runtime.publisher.Publisher`; a run's
+  keyed by ``run_id``, at a steady rate, with :class:`~worker.client.publisher.Publisher`; a run's
   cancel goes out once its envelopes are acknowledged, or at once for a cancel raced against
   its ``run.start`` (so cancels are also in flight while kills move partitions). The workers
   run with block-level early commit for the ``lookup`` tool (``plan.EARLY_SETTINGS``).
@@ -656,7 +656,7 @@ class Driver:
                  log_path: Path) -> None:
         from confluent_kafka import Producer
 
-        from worker.runtime.publisher import FORCED_SETTINGS, PRODUCER_DEFAULTS, Delivery, Publisher
+        from worker.client.publisher import FORCED_SETTINGS, PRODUCER_DEFAULTS, Delivery, Publisher
 
         self.plan, self.rng, self.options = plan, rng, options
         self.delivered: Counter[str] = Counter()
@@ -729,7 +729,7 @@ class Driver:
         return len(ready)
 
     def flush(self, timeout: float) -> None:
-        from worker.runtime.publisher import PublishError
+        from worker.client.publisher import PublishError
 
         deadline = time.monotonic() + timeout
         while True:

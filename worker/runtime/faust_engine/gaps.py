@@ -3,7 +3,7 @@ later record (issue 9, item 15).
 
 faust can start a newly assigned partition past the group's committed offset (records
 fetched during recovery are dropped; faust-streaming/faust#596). The worker repairs such a
-range when a later record of the partition arrives (``LatchWorker._in_order``), and every
+range when a later record of the partition arrives (``FaustEngine._in_order``), and every
 events partition gets one within ``tick_interval_s``: the worker's own tick. A control
 partition gets nothing of the kind: a cancel that was the last record of its partition when
 faust skipped it stayed unread, its run ended ``assemble_idle_timeout`` instead of

@@ -13,10 +13,10 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from fixtures_lib import fixture, load_events
 
+from worker.client import publisher as publisher_module
+from worker.client.publisher import FORCED_SETTINGS, Delivery, Publisher, PublishError
 from worker.core import Assembler
-from worker.runtime import publisher as publisher_module
 from worker.runtime.config import Config, KafkaSettings, TopicNames
-from worker.runtime.publisher import FORCED_SETTINGS, Delivery, Publisher, PublishError
 from worker.tools import tail
 
 REPO = Path(__file__).resolve().parents[3]

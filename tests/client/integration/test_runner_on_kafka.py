@@ -9,8 +9,8 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from conftest import MakeTopic
 
+from worker.client.runner import Runner
 from worker.runtime.config import Config, KafkaSettings, TopicNames
-from worker.runtime.runner import Runner
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01".encode()

@@ -13,7 +13,7 @@ A runner consumes the committed topic (``tool.calls.committed``), and for each r
    ``arguments``; its return value (a string as is, anything else as JSON) or the exception
    it raised becomes one ``tool.calls.results`` record (``schemas/tool-result.schema.json``),
    keyed by ``run_id``, paired by ``tool_call_id``, with the call's trace context in its
-   headers (the run's trace continues: :mod:`worker.runtime.tracing`);
+   headers (the run's trace continues: :mod:`worker.runtime.observability.tracing`);
 4. waits until the result is delivered, then remembers the key, then commits the offset (a
    result the broker refuses as too large is answered by an error result instead; any other
    failed delivery stops the runner before the offset is committed).
@@ -43,9 +43,10 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from opentelemetry import trace
 
-from worker.runtime import logs, signing, tracing
+from worker.runtime import signing
 from worker.runtime.config import Config
-from worker.runtime.metrics import Metrics
+from worker.runtime.observability import logs, tracing
+from worker.runtime.observability.metrics import Metrics
 from worker.runtime.schemas import validator
 
 __all__ = ["DedupStore", "MemoryStore", "Outcome", "Runner", "answer", "result_record"]

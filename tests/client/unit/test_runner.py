@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
+from worker.client.runner import MemoryStore, Runner
 from worker.runtime.config import Config
-from worker.runtime.runner import MemoryStore, Runner
 from worker.runtime.schemas import validator
 
 SECRET = "hunter2-SECRET-token"

@@ -23,8 +23,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 from confluent_kafka import Producer
 
+from worker.client.publisher import Delivery, Publisher
 from worker.runtime.config import Config, KafkaSettings, TopicNames
-from worker.runtime.publisher import Delivery, Publisher
 
 #: make_topic(suffix, partitions=1) -> topic name (tests/conftest.py)
 MakeTopic = Callable[..., str]

@@ -1,6 +1,6 @@
 """Traces that follow a run from the gateway through the worker to the runner (W3C context).
 
-* The gateway's :class:`~worker.runtime.publisher.Publisher` puts the ``traceparent`` (and
+* The gateway's :class:`~worker.client.publisher.Publisher` puts the ``traceparent`` (and
   ``tracestate``) of the caller's current context into each envelope's Kafka headers
   (:func:`inject`).
 * The worker continues that trace with one span per run (:class:`RunTracer`): it starts when

@@ -1,7 +1,7 @@
 """The worker's metrics, through the OpenTelemetry SDK, exported to Prometheus (and OTLP).
 
-Engine-independent: an engine (faust's :mod:`worker.runtime.app`, or any other loop around
-the core) calls
+Engine-independent: an engine (faust's :mod:`worker.runtime.faust_engine.engine`, or any other
+loop around the core) calls
 
 * :meth:`Metrics.record` with the emits of each input record (and the argument sizes of the
   calls the record ended, :meth:`Metrics.sizes_of`),

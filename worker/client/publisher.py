@@ -42,8 +42,8 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from worker.core.envelope import PROVIDERS
-from worker.runtime import logs, tracing
 from worker.runtime.config import Config, ConfigError, load_config
+from worker.runtime.observability import logs, tracing
 
 __all__ = [
     "FORCED_SETTINGS",
@@ -191,7 +191,7 @@ class Publisher:
         """Send envelope bytes unchanged, keyed by ``run_id``; return the topic. A reserved
         ``run_id`` (the worker's own keys) is refused with :class:`ValueError`. The record's
         headers carry the W3C ``traceparent`` of the caller's current span, if there is one
-        (the worker continues that trace: :mod:`worker.runtime.tracing`)."""
+        (the worker continues that trace: :mod:`worker.runtime.observability.tracing`)."""
         _check_run_id(run_id)
         topic = self.control_topic if control else self.events_topic
         self._sender.produce(topic, run_id.encode("utf-8"), value, list(tracing.inject()) or None)

@@ -25,10 +25,10 @@ Stores without that registry (``rocksdb://`` keeps one database per partition an
 revoked ones itself) are written as they are.
 
 **Packed heads.** :class:`FaustHeadsTable` is faust's table with its values written and read by
-:class:`HeadCodec`: the changelog holds each head as the JSON object faust's ``json`` codec
+:class:`HeadsCodec`: the changelog holds each head as the JSON object faust's ``json`` codec
 and the kafka engine write, and the table keeps an open run's head as the tuple
 ``partition.pack_head`` makes (128 bytes less per open run than its dict,
-bench/bench_memory.py). :class:`PartitionTrackedTable` packs what it writes and unpacks what
+bench/bench_memory.py). :class:`FaustHeadsMap` packs what it writes and unpacks what
 it reads, so :class:`~worker.runtime.partition.Heads` sees dicts only.
 """
 
@@ -48,10 +48,10 @@ from worker.runtime.partition import (
     unpack_head,
 )
 
-__all__ = ["FaustHeadsTable", "HeadCodec", "PartitionTrackedTable"]
+__all__ = ["FaustHeadsMap", "FaustHeadsTable", "HeadsCodec"]
 
 
-class HeadCodec(codecs.Codec):
+class HeadsCodec(codecs.Codec):
     """A head's changelog value: a JSON object, read back packed (``pack_head``); a value
     that is not a JSON object (never written by Latch) reads as None, which the table skips.
     """
@@ -65,16 +65,16 @@ class HeadCodec(codecs.Codec):
 
 
 class FaustHeadsTable(faust.Table[bytes, Any]):
-    """faust's table, its values through :class:`HeadCodec` both ways: the table manager
+    """faust's table, its values through :class:`HeadsCodec` both ways: the table manager
     builds the changelog topic (which decodes what recovery reads) from the table's
     ``value_serializer`` once the table is made, and each write is sent with it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.value_serializer = HeadCodec()
+        self.value_serializer = HeadsCodec()
 
 
-class PartitionTrackedTable(MutableMapping[bytes, Any]):
+class FaustHeadsMap(MutableMapping[bytes, Any]):
     """A mapping over a faust table whose writes register the head's partition (``"p"``)
     with the table's local store, as changelog recovery does."""
 

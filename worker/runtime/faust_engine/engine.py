@@ -32,7 +32,6 @@ after a restart. Unconfirmed sends never outlive the record that made them.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -45,39 +44,29 @@ from typing import Any
 
 import faust
 import orjson
-import yaml
 from aiokafka.errors import (  # type: ignore[import-untyped]
     CorruptRecordException,
     MessageSizeTooLargeError,
     RecordListTooLargeError,
 )
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
 from faust.exceptions import ProducerSendError
-from faust.sensors import Monitor
 from faust.types import TP
 
 from worker.core import Emit, Topic
-from worker.runtime import (
-    admin,
-    faust_recovery,
-    kafka_io,
-    logs,
-    memory,
-    refusals,
-    step,
-)
 from worker.runtime import driver as driver_module
-from worker.runtime.config import Config, ConfigError, load_config
+from worker.runtime import memory, refusals, step
+from worker.runtime.config import Config
 from worker.runtime.driver import Applied, Driver
-from worker.runtime.gaps import StallWatch
-from worker.runtime.heads_store import FaustHeadsTable, PartitionTrackedTable
-from worker.runtime.health import loop_heartbeat
+from worker.runtime.faust_engine import kafka_io, recovery
+from worker.runtime.faust_engine.gaps import StallWatch
+from worker.runtime.faust_engine.heads import FaustHeadsMap, FaustHeadsTable
+from worker.runtime.faust_engine.settings import LeanMonitor, app_settings
 from worker.runtime.hooks import EngineHooks
-from worker.runtime.metrics import PartitionView
+from worker.runtime.observability import logs
+from worker.runtime.observability.health import loop_heartbeat
+from worker.runtime.observability.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.step import Record, Source
-from worker.runtime.telemetry import TelemetryError
 
 log = logging.getLogger("latch.worker")
 
@@ -90,7 +79,7 @@ _RAW: dict[str, Any] = {
     "key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
 
 
-class LatchWorker:
+class FaustEngine:
     """The faust app, its topics and table, and the state of the partitions it owns."""
 
     def __init__(self, config: Config, faust_settings: Mapping[str, Any] | None = None) -> None:
@@ -98,20 +87,20 @@ class LatchWorker:
         names = config.topics
         settings = app_settings(config, faust_settings or {})
         # faust's web is the only reader of its Monitor's per-message statistics: without it,
-        # a monitor that keeps only what faust's consumer reads (``_LeanMonitor``).
-        monitor = None if settings["web_enabled"] else _LeanMonitor()
+        # a monitor that keeps only what faust's consumer reads (``LeanMonitor``).
+        monitor = None if settings["web_enabled"] else LeanMonitor()
         # Table: the class app.Table makes (the heads table, the app's only one). The app
         # reads at read_committed and recovers the heads through the kafka engine's
-        # transaction markers (faust_recovery; decision 0009).
-        self.app = faust_recovery.App(
+        # transaction markers (faust_engine/recovery.py; decision 0009).
+        self.app = recovery.App(
             config.worker.app_id, reader_options=kafka_io.aiokafka_options(config.kafka),
             monitor=monitor, Table=FaustHeadsTable, **settings)
         self.events = self.app.topic(names.events, partitions=names.partitions, **_RAW)
         self.control = self.app.topic(names.control, partitions=names.partitions, **_RAW)
         self.outputs = {t: self.app.topic(getattr(names, t.value), **_RAW) for t in Topic}
-        # key_type bytes: raw run_id keys; values: JSON objects, kept packed (heads_store).
+        # key_type bytes: raw run_id keys; values: JSON objects, kept packed (.heads).
         self.heads = self.app.Table("heads", partitions=names.partitions, key_type=bytes)
-        self.heads_store = PartitionTrackedTable(self.heads)
+        self.heads_store = FaustHeadsMap(self.heads)
         self.run_heads = Heads(self.heads_store,
                                config.worker.finished_run_retention_s)
         self.hooks = EngineHooks(config)
@@ -245,7 +234,7 @@ class LatchWorker:
 
     async def _repair_control(self) -> None:
         """Read and forward what faust left unread of the control partitions this worker
-        owns (:mod:`worker.runtime.gaps`), then commit it."""
+        owns (:mod:`worker.runtime.faust_engine.gaps`), then commit it."""
         topic = self.control.get_topic_name()
         owned = sorted(tp.partition for tp in self.app.assignor.assigned_actives()
                        if tp.topic == topic)
@@ -379,7 +368,7 @@ class LatchWorker:
 
     async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         """faust's ``on_partitions_assigned`` signal: drop the local heads of partitions we
-        no longer own (``PartitionTrackedTable.keep_only``) and log the ones we own."""
+        no longer own (``FaustHeadsMap.keep_only``) and log the ones we own."""
         events = self.events.get_topic_name()
         owned = sorted(tp.partition for tp in args[0] if tp.topic == events)
         dropped = self.heads_store.keep_only(owned)
@@ -543,7 +532,7 @@ class _Refusable:
     __slots__ = ("emit", "headers", "key", "name", "out_key", "sent", "source", "value",
                  "worker")
 
-    def __init__(self, worker: LatchWorker, sent: Awaitable[Any], emit: Emit, name: str,
+    def __init__(self, worker: FaustEngine, sent: Awaitable[Any], emit: Emit, name: str,
                  out_key: bytes | None, value: bytes, headers: Any, key: bytes | None,
                  source: Source | None) -> None:
         self.worker, self.sent, self.emit, self.name = worker, sent, emit, name
@@ -585,26 +574,6 @@ def _refusal(exc: BaseException | None) -> str | None:
     return None
 
 
-class _LeanMonitor(Monitor):
-    """faust's Monitor without its per-message statistics (message and event counts, times
-    in and out), which only faust's web shows: four calls per record less. It keeps each
-    partition's last inbound time, which faust's consumer reads for its "slow processing"
-    warnings; everything else of the Monitor (commits, sends, assignments) is unchanged."""
-
-    def on_message_in(self, tp: TP, offset: int, message: Any) -> None:
-        pass
-
-    def on_stream_event_in(self, tp: TP, offset: int, stream: Any, event: Any) -> None:
-        self.stream_inbound_time[tp] = time.monotonic()
-
-    def on_stream_event_out(self, tp: TP, offset: int, stream: Any, event: Any,
-                            state: Any = None) -> None:
-        pass
-
-    def on_message_out(self, tp: TP, offset: int, message: Any) -> None:
-        pass
-
-
 def _withhold(message: Any) -> None:
     """Keep faust from acking ``message`` when its stream moves on or closes: faust's
     ``Message.ack`` and its Cython stream iterator both skip a message already marked
@@ -625,90 +594,3 @@ def _reader_record(rec: Any) -> Record:
     """An aiokafka record as the core takes it (aiokafka keeps record times in ms)."""
     return step.record(rec.key, rec.value or b"", rec.timestamp, rec.topic, rec.partition,
                        rec.offset)
-
-
-def app_settings(config: Config, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """faust settings from the configuration, then ``overrides`` (``--faust-setting``)."""
-    worker, kafka = config.worker, config.kafka
-    settings: dict[str, Any] = {
-        "broker": [f"kafka://{server}" for server in kafka_io.servers(kafka)],
-        "broker_credentials": kafka_io.faust_credentials(kafka),
-        "store": worker.store,
-        "topic_partitions": config.topics.partitions,
-        "topic_replication_factor": config.topics.replication_factor,
-        "processing_guarantee": "at_least_once",
-        "consumer_auto_offset_reset": "earliest",
-        # faust's web server shows run ids and heads to anyone who connects: off unless
-        # asked for, and then on this host only unless configured otherwise.
-        "web_enabled": worker.web_enabled and worker.web_port > 0,
-        "web_bind": worker.web_host,
-        "web_port": worker.web_port or 6066,
-        "autodiscover": False,
-        # A takeover rebuilds from the events log, so the heads table needs no standby; and
-        # faust's standby recovery can crash a worker after a broker restart (docs/chaos.md).
-        "table_standby_replicas": 0,
-        # faust's default is 60 s: that long before a killed worker's partitions move
-        # (docs/recovery.md). --faust-setting overrides it.
-        "broker_session_timeout": 15,
-        "producer_max_request_size": admin.OUTPUT_MAX_BYTES,
-    }
-    if kafka.client_id:
-        settings["broker_client_id"] = kafka.client_id
-    return settings | dict(overrides)
-
-
-def _parse_settings(pairs: Sequence[str]) -> dict[str, Any]:
-    settings = {}
-    for pair in pairs:
-        name, sep, text = pair.partition("=")
-        if not sep or not name.isidentifier():
-            raise ValueError(f"--faust-setting {pair!r}: expected NAME=VALUE")
-        settings[name] = yaml.safe_load(text)
-    return settings
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``latch worker [--config FILE] [--faust-setting NAME=VALUE ...]``."""
-    parser = argparse.ArgumentParser(prog="latch worker", description="Run the Kafka worker.")
-    parser.add_argument("--config", help="latch.yaml (default: ./latch.yaml if present)")
-    parser.add_argument("--faust-setting", action="append", default=[], metavar="NAME=VALUE",
-                        help="set a faust setting directly (advanced; value parsed as YAML), "
-                             "e.g. broker_session_timeout=10")
-    args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config)
-        if config.worker.engine == "kafka":
-            latch: LatchWorker | Any = _kafka_engine(config, args.faust_setting)
-        else:
-            latch = LatchWorker(config, _parse_settings(args.faust_setting))
-            _check_topics(config)
-    except (ConfigError, kafka_io.KafkaSetupError, TelemetryError, admin.TopicsError,
-            ValueError) as exc:
-        print(f"latch worker: {exc}", file=sys.stderr)
-        return 2
-    except KafkaException as exc:
-        print(f"latch worker: Kafka error: {exc.args[0].str()}", file=sys.stderr)
-        return 1
-    return latch.run()
-
-
-def _kafka_engine(config: Config, faust_settings: Sequence[str]) -> Any:
-    """``worker.engine: kafka`` (decision 0011): every topic must exist, the changelog too
-    (this engine does not create it); faust settings do not apply."""
-    from worker.runtime import kafka_engine
-
-    if faust_settings:
-        print("latch worker: the kafka engine ignores --faust-setting (set librdkafka "
-              "settings under kafka:)", file=sys.stderr)
-    _check_topics(config, changelog=True)
-    return kafka_engine.engine(config)
-
-
-def _check_topics(config: Config, changelog: bool = False) -> None:
-    """Fail fast on a missing topic (a send to it would wait) or on events, control or heads
-    changelog partitions that differ (runs would not be co-partitioned). The changelog may
-    be missing: faust creates it."""
-    settings: dict[str, str | int | float | bool] = {**config.kafka.confluent_config()}
-    unused = {config.topics.results} | (set() if changelog else {admin.heads_changelog(config)})
-    required = [s.name for s in admin.specs(config) if s.name not in unused]
-    admin.verify(AdminClient(logs.kafka_config(settings)), required, admin.copartitioned(config))

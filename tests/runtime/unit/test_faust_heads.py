@@ -1,6 +1,6 @@
 """The faust engine's heads table keeps an open run's head packed, writes every head to its
 changelog as the JSON object both engines read, and reads a recovered changelog back packed
-(worker/runtime/heads_store.py)."""
+(worker/runtime/faust_engine/heads.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 from faust.serializers import codecs
 
 from worker.core import Assembler
-from worker.runtime.app import LatchWorker
 from worker.runtime.config import load_config
-from worker.runtime.heads_store import FaustHeadsTable, HeadCodec, PartitionTrackedTable
-from worker.runtime.kafka_engine.heads import HeadsTable as KafkaHeadsTable
+from worker.runtime.faust_engine.engine import FaustEngine
+from worker.runtime.faust_engine.heads import FaustHeadsMap, FaustHeadsTable, HeadsCodec
+from worker.runtime.kafka_engine.heads import KafkaHeadsTable as KafkaHeadsTable
 from worker.runtime.partition import Heads, PartitionState
 
 HEADS = [
@@ -26,24 +26,24 @@ HEADS = [
 
 
 class _Table(dict[bytes, Any]):
-    """A table as PartitionTrackedTable reads it, its store without a partition registry."""
+    """A table as FaustHeadsMap reads it, its store without a partition registry."""
 
     data: Any = None
 
 
 @pytest.fixture(scope="module")
-def latch() -> LatchWorker:
-    return LatchWorker(load_config(None, env={"LATCH_TOPICS__PARTITIONS": "3"}))
+def latch() -> FaustEngine:
+    return FaustEngine(load_config(None, env={"LATCH_TOPICS__PARTITIONS": "3"}))
 
 
-def test_the_worker_table_and_its_changelog_topic_use_the_head_codec(latch: LatchWorker
+def test_the_worker_table_and_its_changelog_topic_use_the_head_codec(latch: FaustEngine
                                                                       ) -> None:
     """Both directions: the writes (the table's serializer) and recovery (the changelog
     topic's schema, built by faust's table manager when the table was made)."""
     assert isinstance(latch.heads, FaustHeadsTable)
-    assert isinstance(latch.heads.value_serializer, HeadCodec)
+    assert isinstance(latch.heads.value_serializer, HeadsCodec)
     topic = latch.heads.changelog_topic
-    assert isinstance(topic.value_serializer, HeadCodec)
+    assert isinstance(topic.value_serializer, HeadsCodec)
     message = SimpleNamespace(value=b'{"p": 2, "start": 40}', headers={})
     assert topic.schema.loads_value(latch.app, message) == (2, 40)
 
@@ -51,9 +51,9 @@ def test_the_worker_table_and_its_changelog_topic_use_the_head_codec(latch: Latc
 @pytest.mark.parametrize("head", HEADS)
 def test_each_head_is_written_as_the_json_object_both_engines_read(head: dict[str, Any]
                                                                    ) -> None:
-    """Every head round-trips through ``HeadCodec`` (an open run's packed), is written as the JSON
+    """Every head round-trips through ``HeadsCodec`` (an open run's packed), is written as the JSON
     object orjson and faust's json codec read, and the kafka engine's heads table restores it."""
-    codec = HeadCodec()
+    codec = HeadsCodec()
     packed = codec.loads(codec.dumps(head))
     assert packed == ((2, 40) if head == HEADS[0] else head)  # only an open run's is packed
     for written in (codec.dumps(head), codec.dumps(packed)):
@@ -68,8 +68,8 @@ def test_each_head_is_written_as_the_json_object_both_engines_read(head: dict[st
 def test_a_changelog_value_that_is_no_head_reads_as_none_and_is_skipped(value: bytes) -> None:
     """A changelog value that is no head decodes to None, and the tracked table skips it:
     not listed, ``get`` gives None, indexing raises ``KeyError``."""
-    assert HeadCodec().loads(value) is None
-    table = PartitionTrackedTable(_Table({b"bad": None, b"open": (1, 9)}))
+    assert HeadsCodec().loads(value) is None
+    table = FaustHeadsMap(_Table({b"bad": None, b"open": (1, 9)}))
     assert dict(table.items()) == {b"open": {"p": 1, "start": 9}}
     assert table.get(b"bad") is None
     with pytest.raises(KeyError):
@@ -80,7 +80,7 @@ def test_heads_read_as_dicts_while_an_open_head_is_kept_packed() -> None:
     """An opened run's head is stored packed as ``(partition, offset)`` yet reads as its dict, and
     ``Heads.load`` gives the partition's open runs with their start offsets."""
     store = _Table()
-    heads = Heads(PartitionTrackedTable(store), retention_s=60)
+    heads = Heads(FaustHeadsMap(store), retention_s=60)
     heads.opened(b"open", partition=1, offset=17)
     assert store == {b"open": (1, 17)}
     assert heads.table[b"open"] == {"p": 1, "start": 17}

@@ -1,7 +1,7 @@
 """``latch replay`` without a broker: the command line, range resolution, the shadow topics'
 names, the replay loop over a fake consumer, and the per-record step it shares with the
 worker. The end-to-end proof (replay equals live) is
-``tests/runtime/integration/test_replay.py``."""
+``tests/tools/integration/test_replay.py``."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from fixtures_lib import fixture, load_events
 from worker import cli
 from worker.core import Assembler, Emit, Topic
 from worker.core.envelope import TICK_KEY
-from worker.runtime import replay, step
+from worker.runtime import step
 from worker.runtime.config import load_config
-from worker.tools import capture
+from worker.tools import capture, replay
 
 T0 = 1_736_933_400_000  # 2025-01-15T09:30:00Z
 

@@ -9,8 +9,8 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from worker.client.runner import Runner
 from worker.runtime.config import Config
-from worker.runtime.runner import Runner
 from worker.runtime.schemas import validator
 
 #: Text as a tool may hold it: any code point, lone surrogates (os.fsdecode) included.

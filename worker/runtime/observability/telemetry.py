@@ -1,7 +1,7 @@
-"""The worker's telemetry in one object: metrics (:mod:`worker.runtime.metrics`), run spans
-(:mod:`worker.runtime.tracing`), and the exporters ``worker.otel_exporter`` names.
+"""The worker's telemetry in one object: metrics (:mod:`.metrics`), run spans
+(:mod:`.tracing`), and the exporters ``worker.otel_exporter`` names.
 
-The Prometheus endpoint (``/metrics`` on ``worker.http_port``, :mod:`worker.runtime.health`)
+The Prometheus endpoint (``/metrics`` on ``worker.http_port``, :mod:`.health`)
 is always fed; ``otel_exporter`` adds a push exporter for metrics and spans: ``none``,
 ``console`` (periodic dump on stdout, for development) or ``otlp`` (OTLP over HTTP with
 protobuf, a dependency; configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables).
@@ -19,8 +19,8 @@ from opentelemetry.sdk.metrics.export import (
 )
 
 from worker.core.model import Emit
-from worker.runtime.metrics import Metrics, MetricsError, otlp_reader
-from worker.runtime.tracing import RunTracer
+from worker.runtime.observability.metrics import Metrics, MetricsError, otlp_reader
+from worker.runtime.observability.tracing import RunTracer
 
 __all__ = ["Telemetry", "TelemetryError"]
 

@@ -1,0 +1,17 @@
+"""The faust engine (``worker.engine: faust``, the default): faust around the partition driver.
+
+* :mod:`.engine`: :class:`FaustEngine`, the faust app, its topics, its heads table and the
+  partitions it owns.
+* :mod:`.heads`: the heads table as faust keeps it (:class:`~.heads.FaustHeadsTable`, its
+  :class:`~.heads.HeadsCodec`, and :class:`~.heads.FaustHeadsMap` that the driver writes).
+* :mod:`.recovery`: faust's app, its table recovery reading through transaction markers
+  (decision 0009).
+* :mod:`.gaps`: the watch on a partition whose next record faust does not deliver.
+* :mod:`.kafka_io`: aiokafka's connection options and the plain reads of the log.
+
+Imported by :mod:`worker.runtime.engine` only when ``worker.engine`` is ``faust``.
+"""
+
+from worker.runtime.faust_engine.engine import FaustEngine
+
+__all__ = ["FaustEngine"]
