@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from worker.core import Assembler, Emit, Topic
+from worker.core import Assembler, AssembleSettings, Emit, Topic
 
 CHAT = "openai.chat"
 ANTHROPIC = "anthropic.messages"
@@ -656,3 +656,25 @@ def check_schemas(emits: Iterable[Emit]) -> None:
         line = orjson.loads(orjson.dumps(e.as_line()))
         problem = next(iter(output_line.iter_errors(line)), None)
         assert problem is None, f"{problem.message} at {list(problem.absolute_path)}"
+
+
+def checked_run(envelopes: Iterable[dict[str, Any]], **settings: Any) -> list[Emit]:
+    """Feed one run through a fresh assembler (``settings``: ``AssembleSettings`` fields);
+    every record must fit its schema and the outputs' rules (:func:`check_outputs`)."""
+    emits = feed(Assembler(AssembleSettings(**settings)), envelopes)
+    check_schemas(emits)
+    check_outputs(emits)
+    return emits
+
+
+def call_results(emits: Iterable[Emit]) -> list[tuple[str, str]]:
+    """Each call's id with ``committed`` or its error reason, committed calls first."""
+    emits = list(emits)
+    return ([(c["call_id"], "committed") for c in committed(emits)]
+            + [(e["tool_call_id"], e["reason"]) for e in errors(emits)])
+
+
+def wrapper_text(*uses: tuple[str, Any]) -> str:
+    """The text of OpenAI's ``multi_tool_use.parallel`` wrapper calling ``(recipient, params)``."""
+    return orjson.dumps({"tool_uses": [{"recipient_name": r, "parameters": p}
+                                       for r, p in uses]}).decode()

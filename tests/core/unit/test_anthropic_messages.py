@@ -21,11 +21,9 @@ from builders import (
     anthropic_text_block,
     anthropic_tool,
     anthropic_tool_block,
-    check_outputs,
-    check_schemas,
-    committed,
+    call_results,
+    checked_run,
     dlq,
-    errors,
     feed,
     finals,
     outcome_ids,
@@ -41,15 +39,11 @@ DUP_START = f"{VERCEL}/anthropic/src/__fixtures__/duplicate-message-start.chunks
 
 def run(provider: str, tools: list[Any], events: list[dict[str, Any]],
         end: bool = True) -> list[Emit]:
-    emits = feed(Assembler(), run_envelopes("r1", provider, tools, events, end=end))
-    check_schemas(emits)
-    check_outputs(emits)
-    return emits
+    """Run ``events`` as run ``r1`` of ``provider`` through a checked fresh assembler."""
+    return checked_run(run_envelopes("r1", provider, tools, events, end=end))
 
 
-def results(emits: list[Emit]) -> list[tuple[str, str]]:
-    return ([(c["call_id"], "committed") for c in committed(emits)]
-            + [(e["tool_call_id"], e["reason"]) for e in errors(emits)])
+results = call_results
 
 
 # -- Anthropic: a spliced message ------------------------------------------------------------

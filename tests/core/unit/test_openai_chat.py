@@ -19,33 +19,23 @@ from builders import (
     chat_run,
     chat_tool,
     chat_tool_delta,
-    check_outputs,
-    check_schemas,
+    checked_run,
     committed,
     errors,
     feed,
     finals,
     run_envelopes,
+    wrapper_text,
 )
 from test_assembler import checked
 
-from worker.core import Assembler, AssembleSettings, Emit
+from worker.core import Assembler, AssembleSettings
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
         "additionalProperties": False}
 
 
-def run(envelopes: list[dict[str, Any]], **settings: Any) -> list[Emit]:
-    """Feed one run through a fresh assembler; every line must fit the output schema."""
-    emits = feed(Assembler(AssembleSettings(**settings)), envelopes)
-    check_schemas(emits)
-    check_outputs(emits)
-    return emits
-
-
-def wrapper_text(*uses: tuple[str, Any]) -> str:
-    return orjson.dumps({"tool_uses": [{"recipient_name": r, "parameters": p}
-                                       for r, p in uses]}).decode()
+run = checked_run
 
 
 # -- the parallel wrapper, chat ------------------------------------------------------------

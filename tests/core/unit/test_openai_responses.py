@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from builders import (
     RESPONSES,
-    check_outputs,
-    check_schemas,
+    checked_run,
     committed,
     errors,
     feed,
@@ -28,27 +26,18 @@ from builders import (
     responses_run,
     responses_tail,
     responses_tool,
+    wrapper_text,
 )
 from fixtures_lib import VERCEL, check_run, fixture, only_final, run_capture, topic
 
-from worker.core import Assembler, AssembleSettings, Emit
+from worker.core import Assembler, AssembleSettings
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
         "additionalProperties": False}
 RESPONSES_FIXTURES = f"{VERCEL}/openai/src/responses/__fixtures__"
 
 
-def run(envelopes: list[dict[str, Any]], **settings: Any) -> list[Emit]:
-    """Feed one run through a fresh assembler; every line must fit the output schema."""
-    emits = feed(Assembler(AssembleSettings(**settings)), envelopes)
-    check_schemas(emits)
-    check_outputs(emits)
-    return emits
-
-
-def wrapper_text(*uses: tuple[str, Any]) -> str:
-    return orjson.dumps({"tool_uses": [{"recipient_name": r, "parameters": p}
-                                       for r, p in uses]}).decode()
+run = checked_run
 
 
 def test_responses_wrapper_pipelined_entries_commit_at_item_done() -> None:

@@ -15,11 +15,10 @@ from typing import Any
 import pytest
 from builders import (
     RESPONSES,
+    call_results,
     check_outputs,
-    check_schemas,
-    committed,
+    checked_run,
     dlq,
-    errors,
     feed,
     finals,
     responses_call,
@@ -38,15 +37,11 @@ TOOLS_R = [responses_tool("f", {"type": "object"})]
 
 def run(provider: str, tools: list[Any], events: list[dict[str, Any]],
         end: bool = True) -> list[Emit]:
-    emits = feed(Assembler(), run_envelopes("r1", provider, tools, events, end=end))
-    check_schemas(emits)
-    check_outputs(emits)
-    return emits
+    """Run ``events`` as run ``r1`` of ``provider`` through a checked fresh assembler."""
+    return checked_run(run_envelopes("r1", provider, tools, events, end=end))
 
 
-def results(emits: list[Emit]) -> list[tuple[str, str]]:
-    return ([(c["call_id"], "committed") for c in committed(emits)]
-            + [(e["tool_call_id"], e["reason"]) for e in errors(emits)])
+results = call_results
 
 
 # -- Responses ----------------------------------------------------------------------------------
