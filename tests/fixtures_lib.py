@@ -15,8 +15,11 @@ envelope's JSON bytes, and returns the output lines (``{"topic", "key", "value"}
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import orjson
@@ -179,3 +182,18 @@ def check_run(provider: str, lines: Sequence[dict[str, Any]], run_id: str = "cap
 
 def tools_json(tools: list[Any]) -> bytes:
     return orjson.dumps(tools)
+
+
+def load_bench(name: str) -> ModuleType:
+    """The benchmark script ``bench/<name>.py`` of this checkout, imported as a module (under
+    ``<name>_under_test``) so that unit tests can reach its functions."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the module by name
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module

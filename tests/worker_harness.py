@@ -245,6 +245,21 @@ def worker_pair(stack: Stack, log_dir: Path,
                 proc.kill()
 
 
+@contextlib.contextmanager
+def running_worker(stack: Stack, log_path: Path, **faust: Any) -> Iterator[WorkerProcess]:
+    """A worker of ``stack``, ready; afterwards stopped with SIGTERM, which must end it with
+    exit status 0 and no problem in its log (killed if it is still running)."""
+    proc = WorkerProcess(stack, log_path, **faust)
+    try:
+        proc.wait_ready()
+        yield proc
+        assert proc.stop() == 0, f"unclean exit on SIGTERM:\n{proc.tail()}"
+        assert proc.problems() == []
+    finally:
+        if proc.proc.poll() is None:
+            proc.kill()
+
+
 # -- in and out ----------------------------------------------------------------------------
 
 

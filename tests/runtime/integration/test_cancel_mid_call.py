@@ -43,6 +43,7 @@ from worker_harness import (
     partition_of,
     publish,
     publish_envelopes,
+    running_worker,
 )
 
 from worker.core import Topic
@@ -66,15 +67,8 @@ def stack(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stac
 
 @pytest.fixture(scope="module")
 def worker(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
-    proc = WorkerProcess(stack, tmp_path_factory.mktemp(stack.engine) / "worker.log")
-    try:
-        proc.wait_ready()
+    with running_worker(stack, tmp_path_factory.mktemp(stack.engine) / "worker.log") as proc:
         yield proc
-        assert proc.stop() == 0, f"unclean exit on SIGTERM:\n{proc.tail()}"
-        assert proc.problems() == []
-    finally:
-        if proc.proc.poll() is None:
-            proc.kill()
 
 
 def _split_run(provider: str, run_id: str) -> tuple[list[dict[str, Any]],

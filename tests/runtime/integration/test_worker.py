@@ -24,6 +24,7 @@ from worker_harness import (
     publish,
     publish_envelopes,
     run_ids,
+    running_worker,
 )
 
 
@@ -43,15 +44,8 @@ def stack(kafka_bootstrap: str, engine: str, request: pytest.FixtureRequest
 
 @pytest.fixture
 def worker(stack: Stack, tmp_path: Path) -> Iterator[WorkerProcess]:
-    proc = WorkerProcess(stack, tmp_path / "worker.log")
-    try:
-        proc.wait_ready()
+    with running_worker(stack, tmp_path / "worker.log") as proc:
         yield proc
-        assert proc.stop() == 0, f"unclean exit on SIGTERM:\n{proc.tail()}"
-        assert proc.problems() == []
-    finally:
-        if proc.proc.poll() is None:
-            proc.kill()
 
 
 def test_end_to_end_each_provider(stack: Stack, worker: WorkerProcess) -> None:

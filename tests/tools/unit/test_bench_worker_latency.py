@@ -4,30 +4,20 @@ one round's), the warm-up load, and the per-run dump."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import orjson
 import pytest
+from fixtures_lib import load_bench
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_worker_under_test",
-                                                  ROOT / "bench" / "bench_worker.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module by name
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    return module
+    return load_bench("bench_worker")
 
 
 def _round(bench: ModuleType, name: str, visible: list[float], rate: float) -> object:

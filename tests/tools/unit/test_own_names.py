@@ -5,15 +5,14 @@ name that ``latch demo`` or a worker may hold on the same broker with other sett
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import worker_harness
+from fixtures_lib import load_bench
 
 from worker.runtime import admin
 from worker.runtime.config import Config, TopicNames, load_config
@@ -21,17 +20,7 @@ from worker.runtime.config import Config, TopicNames, load_config
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test",
-                                                  ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module by name
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    return module
+_load = load_bench
 
 
 @pytest.fixture(scope="module")
