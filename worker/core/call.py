@@ -12,6 +12,7 @@ from typing import Any
 
 from worker.core.model import TRANSITIONS, CallEvent, CallState, Reason
 from worker.core.ops import FUNCTION, Op, OpenCall
+from worker.core.policy import PolicyDecision
 from worker.core.settings import MAX_ID_CHARACTERS, MAX_NAME_CHARACTERS
 
 #: Loose argument fragments a call holds before :meth:`Call.fold` joins them: a fragment held
@@ -32,9 +33,9 @@ class Call:
     state, rather than a dataclass: compiled, a dataclass is still built by the interpreter.)
     """
 
-    __slots__ = ("arguments", "call_id", "choice", "detail", "emitted", "folded", "index", "key",
-                 "kind", "name", "nbytes", "order", "parent", "parsed", "parts", "reason",
-                 "refused", "state", "text", "tool")
+    __slots__ = ("arguments", "call_id", "choice", "decision", "detail", "emitted", "folded",
+                 "index", "key", "kind", "name", "nbytes", "order", "parent", "parsed", "parts",
+                 "reason", "refused", "state", "text", "tool")
 
     def __init__(self, key: str, index: int, choice: int | None, order: int,
                  call_id: str | None = None, name: str | None = None,
@@ -68,6 +69,9 @@ class Call:
         #: Why its arguments, sent as a parsed value, have no one meaning (``ops.RefuseArgs``):
         #: the latch's JSON step fails it ``invalid_json`` with this. None: nothing refused.
         self.refused: str | None = None
+        #: What the policy said of it (:mod:`worker.core.policy`), once the latch asked; None:
+        #: no policy in force (``policy.mode: off``) or the call failed an earlier check.
+        self.decision: PolicyDecision | None = None
 
     def __repr__(self) -> str:  # never the text: it may hold a secret
         return f"Call({self.key!r}, {self.call_id!r}, {self.name!r}, {self.state})"
