@@ -88,10 +88,11 @@ def test_a_runner_killed_at_every_step_runs_each_call_once_but_a_crash_mid_tool(
         child = start(step, key)
         try:
             output, _ = child.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             child.kill()
             output, _ = child.communicate()
-            raise AssertionError(f"the runner was not killed at {step}: {output.decode()}")
+            raise AssertionError(f"the runner was not killed at {step}: {output.decode()}"
+                                 ) from exc
         assert child.returncode == -signal.SIGKILL, (step, output.decode())
 
     publish(kafka_bootstrap, committed, [*keys, "k-fresh"])
