@@ -9,6 +9,7 @@ Subcommands::
     latch broker start|stop|status                       a local Kafka for development
     latch publish [--config FILE] FILE                   send JSON-Lines envelopes
     latch tail [--config FILE]                           print the output topics
+    latch results [--config FILE] RUN                    one run's calls and their answers
     latch replay [--config FILE] --from-... --to-...     re-run a range of the events topic
     latch demo                                           everything above, end to end
 
@@ -83,6 +84,7 @@ _LAZY = [
     ("broker", "worker.tools.broker:main", "a local Kafka broker: start, stop, status"),
     ("publish", "worker.client.publisher:main", "publish JSON-Lines envelopes"),
     ("tail", "worker.tools.tail:main", "print the output topics"),
+    ("results", "worker.tools.results:main", "one run's calls, error results and results"),
     ("demo", "worker.tools.demo:main", "run the end-to-end demo"),
     ("replay", "worker.tools.replay:main", "replay a range of the events topic"),
     ("chaos", "worker.tools.chaos.run:main",

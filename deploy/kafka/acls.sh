@@ -33,6 +33,7 @@ set -eu
 : "${PROGRESS:=llm.stream.progress}"
 : "${DLQ:=llm.stream.dlq}"
 : "${RESULTS:=tool.calls.results}"
+: "${JOURNAL:=tool.calls.journal}"
 
 # allow PRINCIPAL RESOURCE NAME PATTERN OPERATION...   (RESOURCE: topic, group,
 # transactional-id; PATTERN: literal or prefixed)
@@ -72,6 +73,10 @@ allow "$WORKER" transactional-id "$APP_ID-" prefixed Write Describe
 allow "$RUNNER" topic "$COMMITTED" literal Read Describe
 allow "$RUNNER" topic "$RESULTS" literal Write Describe
 allow "$RUNNER" group "$RUNNER_GROUP" prefixed Read Describe
+# A transactional runner (Runner(transactional_id=...), decision 0012) also reads and writes
+# its journal and uses transactional ids <RUNNER_GROUP>-<instance>.
+allow "$RUNNER" topic "$JOURNAL" literal Read Write Describe
+allow "$RUNNER" transactional-id "$RUNNER_GROUP-" prefixed Write Describe
 
 # The agent loops: read the outcomes and results of their runs.
 allow "$AGENT" topic "$FINAL" literal Read Describe

@@ -14,16 +14,35 @@ A runner consumes the committed topic (``tool.calls.committed``), and for each r
    it raised becomes one ``tool.calls.results`` record (``schemas/tool-result.schema.json``),
    keyed by ``run_id``, paired by ``tool_call_id``, with the call's trace context in its
    headers (the run's trace continues: :mod:`worker.runtime.observability.tracing`);
-4. waits until the result is delivered, then remembers the key, then commits the offset (a
-   result the broker refuses as too large is answered by an error result instead; any other
-   failed delivery stops the runner before the offset is committed).
+4. records the outcome: see the two modes below.
 
-A crash between the function's return and step 4 runs the function again after a restart:
-the store makes a redelivered call run once, not a crashed execution. A tool with side
-effects that must happen at most once keeps its own record under the idempotency key (or
-uses a store that shares the tool's transaction). The default store keeps keys in memory
-(bounded, least recently seen dropped first): a restart forgets them, which is what
-:class:`DedupStore` implementations with a database behind them are for.
+**Transactional mode** (``Runner(..., transactional_id="latch-runner-<instance>")``, decision
+0012): the store is the :class:`JournalStore`, a compacted topic (``topics.journal``) with one
+record per executed call keyed by its ``idempotency_key``, read to its end at start and at
+each partition assignment, before any call is consumed. Per record, one Kafka transaction
+holds the result, the journal record and the consumed offset
+(``send_offsets_to_transaction`` with the consumer's group metadata): they commit together
+or not at all. A call whose result is recorded is never run again, by this runner or its
+successor, whichever copy of it arrives. **The executions that can repeat are exactly those
+a crash interrupted between the tool's start and the transaction's commit** (inside the tool,
+or after it returned but before the commit): after the restart the call is consumed again and
+runs again. A transaction that fails (aborted, fenced, or a producer that does not answer) is
+aborted where it can be and the runner stops with :class:`JournalError`, which names the
+call: it never runs the call again by itself. ``transactional_id`` must be stable per runner
+instance (a StatefulSet's pod name): the restarted instance's ``init_transactions`` aborts
+its predecessor's open transaction at once instead of after the transaction timeout. Readers
+of the results topic read at ``read_committed`` (an aborted result is never seen).
+
+**Plain mode** (no ``transactional_id``, the default): the result is delivered, then the key
+remembered, then the offset committed (a result the broker refuses as too large is answered
+by an error result instead; any other failed delivery stops the runner before the offset is
+committed). A crash between the function's return and the offset commit runs the function
+again after a restart. The default store keeps keys in memory (bounded, least recently seen
+dropped first): a restart forgets them, so a copy of a call delivered after a restart runs
+again; a :class:`DedupStore` with a database behind it closes that.
+
+Either way, a tool with side effects that must happen at most once even across a crash
+inside it keeps its own record under the idempotency key (in the tool's own transaction).
 
 ``docs/runner.md`` shows how an agent loop feeds results and error results back to the model
 for each provider. ``examples/runner.py`` is a runnable runner.
@@ -33,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -40,7 +60,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from opentelemetry import trace
 
 from worker.runtime import signing
@@ -49,7 +76,8 @@ from worker.runtime.observability import logs, tracing
 from worker.runtime.observability.metrics import Metrics
 from worker.runtime.schemas import validator
 
-__all__ = ["DedupStore", "MemoryStore", "Outcome", "Runner", "answer", "result_record"]
+__all__ = ["DedupStore", "JournalError", "JournalStore", "MemoryStore", "Outcome", "Runner",
+           "answer", "journal_record", "result_record"]
 
 log = logging.getLogger("latch.runner")
 
@@ -58,6 +86,13 @@ Tool = Callable[[Any], Any]
 #: The most bytes a result's content may hold, JSON-escaped as the record carries it (the
 #: results topic takes ~1 MB records).
 MAX_RESULT_BYTES = 900_000
+#: The time-out of each transactional call, and how long a journal read may wait for a
+#: partition's end.
+CLIENT_TIMEOUT_S = 30.0
+#: How long past :data:`CLIENT_TIMEOUT_S` a transaction's commit may take before its producer
+#: counts as wedged (librdkafka's ``send_offsets_to_transaction`` can wait without bound,
+#: confluentinc/librdkafka#5456) and the runner stops.
+WEDGED_GRACE_S = 5.0
 
 
 class DedupStore(Protocol):
@@ -88,6 +123,106 @@ class MemoryStore:
             self._keys.popitem(last=False)
 
 
+class JournalError(RuntimeError):
+    """The transactional runner cannot record a call's outcome (its transaction was aborted,
+    fenced, or its producer does not answer): it stops. The call named in the message ran
+    and its result is not recorded: it runs again once a runner restarts (the documented
+    repeat), never silently within this process."""
+
+
+def journal_record(call: Mapping[str, Any], is_error: bool) -> dict[str, Any]:
+    """The journal's value for an executed ``call`` (``schemas/journal-entry.schema.json``):
+    which call ran and how it ended; never its arguments nor its result's content."""
+    return {"v": 1, "idempotency_key": call["idempotency_key"], "run_id": call["run_id"],
+            "tool_call_id": call["call_id"], "name": call["name"], "is_error": is_error}
+
+
+class JournalStore:
+    """A :class:`DedupStore` on the runner journal (``topics.journal``): the keys of the
+    journal's records, read at ``read_committed`` to each partition's end by :meth:`load`
+    (the runner calls it at start and at each assignment, before it consumes a call), and
+    the keys this process recorded (:meth:`remember`, after their transaction committed).
+    Every key within the journal's retention is held in memory (some 100 bytes each)."""
+
+    def __init__(self, settings: Mapping[str, Any], topic: str,
+                 timeout_s: float = CLIENT_TIMEOUT_S) -> None:
+        self.topic, self.timeout_s = topic, timeout_s
+        self._keys: set[str] = set()
+        self._settings = dict(settings)
+        self._reader: Consumer | None = None
+        #: Records read from the journal so far.
+        self.read = 0
+
+    def seen(self, key: str) -> bool:
+        return key in self._keys
+
+    def remember(self, key: str) -> None:
+        self._keys.add(key)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def load(self) -> int:
+        """Read what the journal gained since the last load, to every partition's end as it
+        is now (a transaction still open on it is waited for, up to ``timeout_s``); return
+        how many records were read. Raises :class:`JournalError` when the journal is
+        missing or its end is not reached in time."""
+        consumer = self._open()
+        deadline = time.monotonic() + self.timeout_s
+        ends: dict[int, int] = {}
+        for tp in consumer.assignment():
+            low, high = consumer.get_watermark_offsets(tp, timeout=self.timeout_s,
+                                                       cached=False)
+            if high > low:  # an empty partition (or one retention emptied) is read already
+                ends[tp.partition] = high
+        read = 0
+        while ends:
+            positions = consumer.position([TopicPartition(self.topic, p) for p in ends])
+            # the position passes the transaction markers no record follows
+            ends = {tp.partition: ends[tp.partition] for tp in positions
+                    if tp.offset < ends[tp.partition]}
+            if not ends:
+                break
+            if time.monotonic() > deadline:
+                raise JournalError(f"the journal {self.topic!r} was not read to its end within "
+                                   f"{self.timeout_s:.0f} s (partitions {sorted(ends)} behind: "
+                                   "a transaction left open?)")
+            for msg in consumer.consume(1000, timeout=0.1):
+                error = msg.error()
+                if error is not None:
+                    if error.fatal():
+                        raise JournalError(f"reading the journal: {error.str()}")
+                    continue
+                key = msg.key()
+                if key is not None:
+                    self._keys.add(key.decode("utf-8", "replace"))
+                read += 1
+        self.read += read
+        return read
+
+    def _open(self) -> Consumer:
+        if self._reader is not None:
+            return self._reader
+        reader = Consumer(logs.kafka_config({
+            **self._settings, "group.id": "latch-runner-journal", "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 10}))
+        metadata = reader.list_topics(self.topic, timeout=self.timeout_s).topics.get(self.topic)
+        if metadata is None or metadata.error is not None or not metadata.partitions:
+            reader.close()
+            raise JournalError(f"the journal topic {self.topic!r} does not exist (create it "
+                               "with `latch topics create`)")
+        reader.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING)
+                       for p in sorted(metadata.partitions)])
+        self._reader = reader
+        return reader
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What :meth:`Runner.handle` decided for one record: ``status`` is ``executed``,
@@ -98,6 +233,8 @@ class Outcome:
     value: bytes | None = None
     idempotency_key: str | None = None
     reason: str | None = None
+    #: The journal record (executed calls only).
+    journal: bytes | None = None
 
 
 def result_record(call: Mapping[str, Any], is_error: bool, content: str) -> dict[str, Any]:
@@ -156,22 +293,36 @@ class Runner:
                  group_id: str = "latch-runner", max_result_bytes: int = MAX_RESULT_BYTES,
                  consumer: Any = None, producer: Any = None,
                  tracer: trace.Tracer | None = None,
-                 verifier: signing.Verifier | None = None) -> None:
+                 verifier: signing.Verifier | None = None,
+                 transactional_id: str | None = None,
+                 transaction_timeout_s: float = 60.0) -> None:
         self.config = config
         self.tools = dict(tools)
-        self.store: DedupStore = store if store is not None else MemoryStore()
+        #: The transactional id (None: plain mode); see the module docstring.
+        self.transactional_id = transactional_id
+        settings = config.kafka.confluent_config()
+        if store is None:
+            store = (MemoryStore() if transactional_id is None
+                     else JournalStore(settings, config.topics.journal))
+        self.store: DedupStore = store
         self.metrics = metrics if metrics is not None else Metrics(prometheus=False)
         self.max_result_bytes = max_result_bytes
         self._check = validator("committed-call")
         #: The keys a committed record must be signed by (config's ``signing.keys``; none:
         #: signatures are not checked).
         self.verifier = verifier if verifier is not None else signing.verifier(config)
-        settings = config.kafka.confluent_config()
         self.consumer = consumer if consumer is not None else Consumer(logs.kafka_config({
             **settings, "group.id": group_id, "enable.auto.commit": False,
-            "auto.offset.reset": "earliest"}))
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed"}))
+        transactional = {} if transactional_id is None else {
+            "transactional.id": transactional_id,
+            "transaction.timeout.ms": int(transaction_timeout_s * 1000)}
         self.producer = producer if producer is not None else Producer(logs.kafka_config({
-            **settings, "enable.idempotence": True, "partitioner": "murmur2_random"}))
+            **settings, "enable.idempotence": True, "partitioner": "murmur2_random",
+            **transactional}))
+        #: Test-only (the restart test's kill points): called with a step's name
+        #: (``before_tool``, ``after_tool``, ``after_commit``) and the call's idempotency key.
+        self._on_step: Callable[[str, str], None] | None = None
         self.executed = 0
         #: The process's tracer (the OpenTelemetry API's global one unless ``tracer`` is
         #: given): each execution is a span whose parent is the committed record's context.
@@ -198,9 +349,16 @@ class Runner:
         key = call["idempotency_key"]
         if self.store.seen(key):
             return Outcome("duplicate", idempotency_key=key)
+        self._step("before_tool", key)
         is_error, content = self._execute(call)
+        self._step("after_tool", key)
         value = answer(call, is_error, content, self.max_result_bytes)
-        return Outcome("executed", call["run_id"].encode(), value, key)
+        journal = orjson.dumps(journal_record(call, orjson.loads(value)["is_error"]))
+        return Outcome("executed", call["run_id"].encode(), value, key, journal=journal)
+
+    def _step(self, name: str, key: str) -> None:
+        if self._on_step is not None:
+            self._on_step(name, key)
 
     def _reject(self, reason: str) -> Outcome:
         self.metrics.rejected_not_committed(reason)
@@ -231,7 +389,10 @@ class Runner:
         """Consume until ``stop`` is set (or ``max_records`` were handled); return how many
         records were handled."""
         stop = stop or threading.Event()
-        self.consumer.subscribe([self.config.topics.committed])
+        if self.transactional_id is None:
+            self.consumer.subscribe([self.config.topics.committed])
+        else:
+            self._start_transactions()
         handled = 0
         try:
             while not stop.is_set() and (max_records is None or handled < max_records):
@@ -256,10 +417,114 @@ class Runner:
                                                kind=trace.SpanKind.CONSUMER):
             outcome = self.handle(message.value(), message.topic(), received)
             headers = tracing.inject()  # this span's context: the trace goes on
+        if self.transactional_id is not None:
+            self._transact(outcome, message, list(headers) or None)
+            return
         if outcome.status == "executed":
             self._deliver(outcome, list(headers) or None)
             self.store.remember(outcome.idempotency_key or "")
         self.consumer.commit(message=message, asynchronous=False)
+
+    # -- transactional mode -------------------------------------------------------------
+
+    def _start_transactions(self) -> None:
+        """Fence this transactional id's predecessor (aborting its open transaction), read
+        the journal, and subscribe: each assignment reads the journal again before a call
+        of the new partitions is consumed (another runner may have recorded calls of them)."""
+        try:
+            self.producer.init_transactions(CLIENT_TIMEOUT_S)
+        except KafkaException as exc:
+            raise JournalError(f"init_transactions as {self.transactional_id!r} failed: "
+                               f"{exc.args[0].str()}") from exc
+        load = getattr(self.store, "load", None)
+        if load is not None:
+            log.info("runner journal: read %d records", load())
+
+        def assigned(_consumer: Any, _partitions: Any) -> None:
+            if load is not None:
+                load()
+
+        self.consumer.subscribe([self.config.topics.committed], on_assign=assigned)
+
+    def _transact(self, outcome: Outcome, message: Any, headers: Any) -> None:
+        """One transaction: the result and the journal record (executed calls) and the
+        consumed offset. A result the broker refuses as too large is answered, in a second
+        transaction, by an error result; any other failure aborts where it can and raises
+        :class:`JournalError` (the call is not run again by this process)."""
+        key = outcome.idempotency_key or ""
+        value = outcome.value
+        for attempt in (1, 2):
+            refused: list[KafkaError] = []
+            error = self._commit_once(outcome, value, message, headers, refused)
+            if error is None:
+                if outcome.status == "executed":
+                    self.store.remember(key)
+                    self._step("after_commit", key)
+                return
+            too_large = any(e.code() == KafkaError.MSG_SIZE_TOO_LARGE for e in refused)
+            if attempt == 1 and too_large and error.txn_requires_abort():
+                record = orjson.loads(value or b"")
+                record.update(is_error=True, content="the tool's result is larger than the "
+                              "results topic takes")
+                value = orjson.dumps(record)
+                continue
+            what = (f"the call {key!r} ran and its result is not recorded: it runs again "
+                    "after a restart" if outcome.status == "executed"
+                    else "no call ran")
+            raise JournalError(f"the transaction failed ({error.name()}: {error.str()}); "
+                               f"stopping: {what}")
+
+    def _commit_once(self, outcome: Outcome, value: bytes | None, message: Any,
+                     headers: Any, refused: list[KafkaError]) -> KafkaError | None:
+        """Begin, produce, send the offset, commit: None once committed, else the error
+        (the transaction aborted when it could be)."""
+
+        def delivered(error: KafkaError | None, _: Any) -> None:
+            if error is not None:
+                refused.append(error)
+
+        failed: list[KafkaError] = []
+
+        def transaction() -> None:
+            try:
+                self.producer.begin_transaction()
+                if outcome.status == "executed":
+                    self.producer.produce(self.config.topics.results, key=outcome.key,
+                                          value=value, headers=headers, on_delivery=delivered)
+                    self.producer.produce(self.config.topics.journal,
+                                          key=(outcome.idempotency_key or "").encode(),
+                                          value=outcome.journal, on_delivery=delivered)
+                offset = TopicPartition(message.topic(), message.partition(),
+                                        message.offset() + 1)
+                _retrying(lambda: self.producer.send_offsets_to_transaction(
+                    [offset], self.consumer.consumer_group_metadata(), CLIENT_TIMEOUT_S))
+                _retrying(lambda: self.producer.commit_transaction(CLIENT_TIMEOUT_S))
+            except KafkaException as exc:
+                failed.append(exc.args[0])
+            except BufferError as exc:  # a produce the local queue refused
+                failed.append(KafkaError(KafkaError._QUEUE_FULL, str(exc)))
+
+        # librdkafka's send_offsets_to_transaction can wait without bound
+        # (confluentinc/librdkafka#5456): a commit that does not return is given up
+        worker = threading.Thread(target=transaction, name="latch-runner-commit", daemon=True)
+        worker.start()
+        worker.join(3 * CLIENT_TIMEOUT_S + WEDGED_GRACE_S)
+        if worker.is_alive():
+            key = outcome.idempotency_key
+            raise JournalError(
+                f"the transaction of {key!r} did not settle within "
+                f"{3 * CLIENT_TIMEOUT_S + WEDGED_GRACE_S:.0f} s (a wedged producer); stopping: "
+                "a restart's init_transactions fences it and aborts its transaction"
+                + (" (the call runs again)" if outcome.status == "executed" else ""))
+        if not failed:
+            return None
+        error = failed[0]
+        if error.txn_requires_abort():
+            try:
+                self.producer.abort_transaction(CLIENT_TIMEOUT_S)
+            except KafkaException as exc:
+                log.error("abort_transaction failed: %s", exc.args[0].str())
+        return error
 
     def _deliver(self, outcome: Outcome, headers: Any) -> None:
         """Publish the result and wait for its delivery. A result the broker refuses as too
@@ -295,4 +560,23 @@ class Runner:
 
     def close(self) -> None:
         self.consumer.close()
+        close = getattr(self.store, "close", None)
+        if close is not None:
+            close()
+
+
+def _retrying(call: Callable[[], None]) -> None:
+    """``call``, again while it fails with a retriable error (librdkafka's advice for
+    ``send_offsets_to_transaction`` and ``commit_transaction``); any other is raised."""
+    for _ in range(10):
+        try:
+            call()
+            return
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.fatal() or not error.retriable():
+                raise
+            log.warning("transaction: %s; retrying", error.str())
+            time.sleep(0.5)
+    call()
 

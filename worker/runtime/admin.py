@@ -77,7 +77,8 @@ def copartitioned(config: Config) -> list[TopicSpec]:
 
 def specs(config: Config) -> list[TopicSpec]:
     """Every topic the worker needs, as the configuration describes it, and the runner's
-    results topic (the worker never touches it; ``latch topics create`` makes it)."""
+    results and journal topics (the worker never touches them; ``latch topics create`` makes
+    them)."""
     t = config.topics
     inputs = [TopicSpec(t.events, t.partitions, t.replication_factor, (LOG_APPEND_TIME,)),
               TopicSpec(t.control, t.partitions, t.replication_factor)]
@@ -90,8 +91,13 @@ def specs(config: Config) -> list[TopicSpec]:
     hour_ms = "3600000"
     compacted = (("cleanup.policy", "compact"), ("segment.ms", hour_ms),
                  ("min.cleanable.dirty.ratio", "0.1"), ("delete.retention.ms", hour_ms))
+    # The runner's journal (decision 0012): one record per executed call, each its own
+    # idempotency key, so compaction only drops a key's repeats; retention (the broker's
+    # default, 7 days, as the committed topic's) drops what no redelivery can ask about.
+    journal = TopicSpec(t.journal, t.partitions, t.replication_factor,
+                        (("cleanup.policy", "compact,delete"), *compacted[1:]))
     return [*inputs, *outputs, TopicSpec(heads_changelog(config), t.partitions,
-                                         t.replication_factor, compacted)]
+                                         t.replication_factor, compacted), journal]
 
 
 def create(admin: AdminClient, wanted: Sequence[TopicSpec]) -> list[str]:

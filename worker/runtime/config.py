@@ -173,6 +173,7 @@ class TopicNames:
     progress: str = "llm.stream.progress"
     dlq: str = "llm.stream.dlq"
     results: str = "tool.calls.results"
+    journal: str = "tool.calls.journal"
     partitions: int = 12
     replication_factor: int = 1
 

@@ -89,6 +89,7 @@ def _check_topics(config: Config, changelog: bool = False) -> None:
     changelog partitions that differ (runs would not be co-partitioned). The changelog may
     be missing: faust creates it."""
     settings: dict[str, str | int | float | bool] = {**config.kafka.confluent_config()}
-    unused = {config.topics.results} | (set() if changelog else {admin.heads_changelog(config)})
+    unused = {config.topics.results, config.topics.journal} | (
+        set() if changelog else {admin.heads_changelog(config)})
     required = [s.name for s in admin.specs(config) if s.name not in unused]
     admin.verify(AdminClient(logs.kafka_config(settings)), required, admin.copartitioned(config))

@@ -33,12 +33,14 @@ def stack(kafka_bootstrap: str, kafka_admin: AdminClient,
 
 def test_creates_every_topic_once(stack: Stack, kafka_admin: AdminClient,
                                   capsys: pytest.CaptureFixture[str]) -> None:
-    """The first run creates events, control, the five output topics and the compacted heads
-    changelog, all with the configured partition count; the second run changes nothing."""
+    """The first run creates events, control, the five output topics, the results topic, the
+    compacted heads changelog and the runner journal (compact,delete), all with the configured
+    partition count; the second run changes nothing."""
     assert admin.main(["create"]) == 0
     first = capsys.readouterr().out.splitlines()
     changelog = f"{stack.app_id}-heads-changelog"
-    names = [stack.topic(r) for r in ("events", "control", *OUTPUTS, "results")] + [changelog]
+    names = [stack.topic(r) for r in ("events", "control", *OUTPUTS, "results")] + [
+        changelog, stack.topic("journal")]
     assert [line.split()[:2] for line in first] == [["created", n] for n in names], first
 
     assert {n: admin._partition_count(kafka_admin, n) for n in names} == dict.fromkeys(names, 3)
@@ -46,6 +48,9 @@ def test_creates_every_topic_once(stack: Stack, kafka_admin: AdminClient,
     configs = kafka_admin.describe_configs([resource])[resource].result(timeout=30)
     assert configs["cleanup.policy"].value == "compact"
     assert configs["segment.ms"].value == "3600000"  # so compaction can reach old heads
+    resource = ConfigResource(ConfigResource.Type.TOPIC, stack.topic("journal"))
+    configs = kafka_admin.describe_configs([resource])[resource].result(timeout=30)
+    assert configs["cleanup.policy"].value == "compact,delete"  # the runner journal
 
     assert admin.main(["create"]) == 0
     second = capsys.readouterr().out.splitlines()

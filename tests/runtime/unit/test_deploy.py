@@ -339,7 +339,8 @@ def test_only_the_worker_may_write_the_committed_topic() -> None:
     ACLs, for the default topic names and app id; each topic has exactly its writers: the
     committed calls (which runners execute) and the other outputs the worker alone, results
     the runners alone, control the gateway, events the gateway and the worker (its ticks);
-    the runner writes nothing but results; every topic of `latch topics create` is covered."""
+    the runner writes nothing but results and its journal (and its transactional ids); every
+    topic of `latch topics create` is covered."""
     acls = script_acls()
     assert acls == strimzi_acls()
     config = load_config(None, env={})
@@ -351,8 +352,9 @@ def test_only_the_worker_may_write_the_committed_topic() -> None:
     assert writers(acls, topics.control) == {gateway}
     assert writers(acls, topics.events) == {gateway, worker}
     assert writers(acls, f"{app_id}-heads-changelog") == {worker}
+    assert writers(acls, topics.journal) == {runner}
     assert {name for p, kind, name, _, ops in acls if p == runner and "Write" in ops} == {
-        topics.results}
+        topics.results, topics.journal, "latch-runner-"}
     from worker.runtime import admin
 
     assert all(writers(acls, spec.name) for spec in admin.specs(config))
