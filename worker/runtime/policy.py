@@ -343,15 +343,16 @@ def _locate(source: str, path: str, tokens: list[tuple[int, int, str]], ends: li
             low = middle + 1
         else:
             high = middle
-    if low <= last:
+    named = re.search(r"`([^`]+)`", problem)
+    found = source.find(named.group(1), tokens[first][0], tokens[last][1]) if named else -1
+    if low < last or (low == last and found < 0):
         offset = tokens[low][0]
-    else:  # every prefix is a beginning: the policy as a whole is wrong (a name, a function)
-        named = re.search(r"`([^`]+)`", problem)
-        start = tokens[first][0]
-        found = source.find(named.group(1), start) if named else -1
-        offset = found if found >= 0 else start
-        if low > last and problem == "unexpected end of input":
-            offset = tokens[last][1]
+    elif found >= 0:  # wrong as a whole (a name, a function): where the message's name is
+        offset = found
+    elif problem == "unexpected end of input":
+        offset = tokens[last][1]
+    else:
+        offset = tokens[first][0]
     return PolicyFileError(path, *_position(source, offset), problem)
 
 
