@@ -71,9 +71,10 @@ def test_an_upward_import_breaks_the_layers(copy_of_the_package: Path, module: s
     assert edge in result.stdout
 
 
-@pytest.mark.parametrize("library", ["confluent_kafka", "time", "socket"])
+@pytest.mark.parametrize("library", ["confluent_kafka", "time", "socket", "cedarpy"])
 def test_the_core_importing_io_breaks_purity(copy_of_the_package: Path, library: str) -> None:
-    """A Kafka client, a clock or a socket in the core breaks the pure-core contract."""
+    """A Kafka client, a clock, a socket or the policy engine (cedarpy: the core asks a
+    ``Policy`` it is given) in the core breaks the pure-core contract."""
     add_import(copy_of_the_package / "worker" / "core" / "ops.py", f"import {library}  # noqa")
     result = lint_imports(copy_of_the_package)
     assert result.returncode != 0

@@ -11,6 +11,7 @@ Subcommands::
     latch tail [--config FILE]                           print the output topics
     latch results [--config FILE] RUN                    one run's calls and their answers
     latch replay [--config FILE] --from-... --to-...     re-run a range of the events topic
+    latch policy check|test|schema ...                   write and try Cedar policies
     latch demo                                           everything above, end to end
 
 Each subcommand's module is imported only when it runs, so ``latch assemble`` needs no
@@ -87,6 +88,8 @@ _LAZY = [
     ("results", "worker.tools.results:main", "one run's calls, error results and results"),
     ("demo", "worker.tools.demo:main", "run the end-to-end demo"),
     ("replay", "worker.tools.replay:main", "replay a range of the events topic"),
+    ("policy", "worker.tools.policy:main",
+     "Cedar policies: check a file, test a call, print the generated schema"),
     ("chaos", "worker.tools.chaos.run:main",
      "kill workers, restart the broker, verify the promises"),
 ]
@@ -105,13 +108,14 @@ def _lazy(target: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _assemble(args: argparse.Namespace) -> int:
-    from worker.runtime.config import ConfigError, load_config
+    from worker.runtime.config import ConfigError, assembler_policy, load_config
 
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         raise CliError(str(exc)) from exc
     assembler = Assembler(config.assemble)
+    assembler.policy = assembler_policy(config)
     out = sys.stdout.buffer
     if args.from_sse:
         lines: Iterable[bytes] = _capture_lines(args)

@@ -103,6 +103,7 @@ from worker.core.envelope import (
 )
 from worker.core.latch import Latch
 from worker.core.model import DlqReason, Emit, Reason, RunStatus
+from worker.core.policy import Policy
 from worker.core.providers import adapter_for
 from worker.core.run import Ledger, Rules, Run
 from worker.core.schemacheck import SchemaLimits
@@ -113,6 +114,7 @@ from worker.core.tools import (
     ValidatorCache,
     client_tools,
     shared_validators,
+    tool_attributes,
 )
 
 #: ``worker.core._peek.peek`` (worker/core/csrc/peek.c), built with the compiled core; None in
@@ -169,6 +171,18 @@ class Assembler:
         self._validators = validators or shared_validators(SchemaLimits(
             self.settings.max_schema_nodes, self.settings.max_schema_validation_steps))
         self._clock = 0
+
+    @property
+    def policy(self) -> Policy | None:
+        """The policy in force for this partition's calls (``worker.core.policy``; issue 25),
+        read when a call is decided, not per record: set it before the records it must decide
+        (the registry sets the version the events log names). None (the default): no policy,
+        today's behaviour (``policy.mode: off``)."""
+        return self._ledger.policy
+
+    @policy.setter
+    def policy(self, policy: Policy | None) -> None:
+        self._ledger.policy = policy
 
     @property
     def sizes(self) -> list[int] | None:
@@ -358,7 +372,8 @@ class Assembler:
         adapter = adapter_for(start.provider, start.run_id)
         adapter.max_choices = self.settings.max_choices_per_run
         latch = Latch(self.settings, tools, budget, adapter.parse_arguments
-                      if adapter.parses_own_arguments else strictjson.parse)
+                      if adapter.parses_own_arguments else strictjson.parse,
+                      (start.tenant, start.provider, start.run_id), tool_attributes(start.tools))
         run = self._new_run(start, adapter, latch, now_ms, raw[0] if raw is not None else None)
         if not adapter.peeked:
             self._unpeeked.add(run.key)

@@ -11,14 +11,18 @@ only when all of these hold, checked in this order, the first failure naming the
 5. its text is strict JSON (``invalid_json``, rule 1), empty text meaning ``{}`` (rule 3);
 6. the value is an object (``arguments_not_object``) when ``arguments_must_be_object``;
 7. the value is valid against the tool's JSON Schema (``schema_invalid``);
-8. its committed call record fits the output topics' record size (``record_too_large``);
-9. the run's call budget has room (``budget_exceeded``, rule 7, counted at enqueue).
+8. the run's policy allows it (``policy_denied``; only with a policy in force, ``enforce``
+   mode: :mod:`worker.core.policy`, issue 25); in ``log_only`` the decision is recorded on the
+   call (``Call.decision``) and the call goes on;
+9. its committed call record fits the output topics' record size (``record_too_large``);
+10. the run's call budget has room (``budget_exceeded``, rule 7, counted at enqueue).
 
 A call's ``kind`` (``ops.CALL_KINDS``) says what its text is. ``function`` calls take every
 step. A ``custom`` call (Responses ``custom_tool_call``) takes 1 to 4 against the custom tools
-the run registered, then 8 and 9: its text is free-form input, committed as text, never parsed (a
-``grammar`` format is not enforced). The Responses items a client answers take every step
-against the tool of their type (``tools.client_tools``), whose schema is empty.
+the run registered, then 8 (its ``arguments`` the input text), 9 and 10: its text is
+free-form input, committed as text, never parsed (a ``grammar`` format is not enforced). The
+Responses items a client answers take every step against the tool of their type
+(``tools.client_tools``), whose schema is empty.
 
 Limits that can be known earlier fail the call earlier, while its text streams in:
 ``arguments_exceed_max_bytes`` (the buffer is dropped at once) and ``too_many_tool_calls``
@@ -38,6 +42,7 @@ from worker.core import strictjson
 from worker.core.call import Call, utf8_len
 from worker.core.model import CallEvent, Reason
 from worker.core.ops import CUSTOM, FUNCTION
+from worker.core.policy import ENFORCE, OFF, Policy, PolicyDecision, PolicyRequest
 from worker.core.settings import MAX_RECORD_BYTES, RECORD_OVERHEAD, AssembleSettings
 from worker.core.tools import ToolSchema
 
@@ -54,25 +59,36 @@ NAME_CHECKED_REASONS: frozenset[str] = frozenset({
 class Latch:
     """The checks of the completion latch for one run (see the module docstring)."""
 
-    __slots__ = ("budget", "committed", "parse", "settings", "tools")
+    __slots__ = ("attributes", "budget", "committed", "parse", "provider", "run_id", "settings",
+                 "tenant", "tools")
 
     def __init__(self, settings: AssembleSettings, tools: dict[str, ToolSchema],
                  budget: int,
-                 parse: Callable[[str], Any | strictjson.ParseError] = strictjson.parse) -> None:
+                 parse: Callable[[str], Any | strictjson.ParseError] = strictjson.parse,
+                 run: tuple[str | None, str, str] = (None, "", ""),
+                 attributes: dict[str, dict[str, Any]] | None = None) -> None:
         self.settings = settings
         self.tools = tools
         self.budget = budget
         self.committed = 0
         #: Argument text to value: strict JSON, or the adapter's own (``Adapter.parse_arguments``).
         self.parse = parse
+        #: What a policy is told of the run: its tenant (None: it named none), provider, id.
+        self.tenant, self.provider, self.run_id = run
+        #: Each tool's attributes a policy sees (its MCP annotations, its toolset), by the key
+        #: it is registered under; a tool not here has none.
+        self.attributes: dict[str, dict[str, Any]] = attributes or {}
 
     def decide(self, call: Call, truncated: bool, duplicate: bool,
-               measure: Callable[[Call], int] | None = None) -> None:
+               measure: Callable[[Call], int] | None = None,
+               policy: Policy | None = None) -> None:
         """Move an ``ARGS_COMPLETE`` call to ``COMMITTED`` or ``FAILED``; ``measure`` gives
-        the bytes of the call's committed record (``Outputs.committed_size``)."""
+        the bytes of the call's committed record (``Outputs.committed_size``); ``policy`` is
+        the partition's policy in force when the call is decided (``Assembler.policy``; None:
+        none)."""
         text = "".join(call.parts)
         call.text, call.parts = text, []
-        failure = self._check(call, text, truncated, duplicate, measure)
+        failure = self._check(call, text, truncated, duplicate, measure, policy)
         if failure is not None:
             call.fail(*failure)
             return
@@ -81,7 +97,7 @@ class Latch:
 
     def _check(
         self, call: Call, text: str, truncated: bool, duplicate: bool,
-        measure: Callable[[Call], int] | None = None,
+        measure: Callable[[Call], int] | None = None, policy: Policy | None = None,
     ) -> tuple[Reason, str] | None:
         if truncated:
             return Reason.TRUNCATED, "the provider truncated the message before the call ended"
@@ -90,7 +106,8 @@ class Latch:
             return Reason.MISSING_ID_OR_NAME, f"the provider sent no {missing} for this call"
         if duplicate:
             return Reason.DUPLICATE_CALL_ID, "another call of this run has the same id"
-        tool = self.tools.get(call.name if call.tool is None else call.tool)
+        key = call.name if call.tool is None else call.tool
+        tool = self.tools.get(key)
         if tool is None:
             if call.kind == FUNCTION:
                 return Reason.UNKNOWN_TOOL, "the tool name is not among the run's tools"
@@ -99,7 +116,25 @@ class Latch:
             failure = self._check_value(call, text, tool)
             if failure is not None:
                 return failure
+        if policy is not None and policy.mode != OFF:
+            failure = self._check_policy(call, key, text, policy)
+            if failure is not None:
+                return failure
         return self._check_record(call, text, measure) or self._check_budget()
+
+    def _check_policy(self, call: Call, key: str, text: str, policy: Policy
+                      ) -> tuple[Reason, str] | None:
+        """Ask ``policy`` about the call and record its answer on it (``Call.decision``); in
+        ``enforce`` mode a call it does not allow fails ``policy_denied``, naming the
+        determining policies (never argument text)."""
+        arguments = call.arguments if call.parsed else text  # a custom call: its input text
+        decision = policy.decide(PolicyRequest(
+            self.tenant, key, self.attributes.get(key, _NO_ATTRIBUTES), arguments,
+            self.provider, self.run_id))
+        call.decision = decision
+        if decision.allow or policy.mode != ENFORCE:
+            return None
+        return Reason.POLICY_DENIED, denial(decision)
 
     @staticmethod
     def _check_record(call: Call, text: str, measure: Callable[[Call], int] | None
@@ -135,6 +170,20 @@ class Latch:
         if problem is not None:
             return Reason.SCHEMA_INVALID, problem
         return None
+
+
+_NO_ATTRIBUTES: dict[str, Any] = {}
+
+
+def denial(decision: PolicyDecision) -> str:
+    """Why a call was denied, by policy id and error kind only (the detail of its
+    ``policy_denied`` error)."""
+    if decision.errors:
+        return ("a policy could not be evaluated, which denies the call: "
+                + ", ".join(decision.errors))
+    if decision.policies:
+        return "forbidden by policy " + ", ".join(decision.policies)
+    return "no policy permits this call"
 
 
 def _json_type(value: Any) -> str:

@@ -132,6 +132,9 @@ class Reason(StrEnum):
     #: A record Latch would emit for the call (its committed call) or for its run (the final
     #: message) is larger than the output topics' record size (``settings.MAX_RECORD_BYTES``).
     RECORD_TOO_LARGE = "record_too_large"
+    #: The run's policy (``policy.mode: enforce``) did not permit the call: no policy permits
+    #: it, a policy forbids it, or a policy could not be evaluated (issue 25).
+    POLICY_DENIED = "policy_denied"
 
 
 class DlqReason(StrEnum):

@@ -36,6 +36,7 @@ from worker.core.envelope import RecordSource, Rejected, RunStart
 from worker.core.latch import NAME_CHECKED_REASONS, Latch
 from worker.core.model import CallEvent, CallState, DlqReason, Emit, Reason, RunStatus
 from worker.core.outputs import Outputs, dlq_record, id_counts
+from worker.core.policy import Policy
 from worker.core.settings import (
     CALLS_PER_RUN_FACTOR,
     CHOICE_BYTES,
@@ -73,7 +74,7 @@ class Ledger:
     ``make_room(run, growth)`` ends the least recently active runs other than ``run`` until
     ``growth`` more bytes fit, and ``forget(run)`` is told when a run has ended."""
 
-    __slots__ = ("forget", "held", "limit", "make_room", "sizes", "stats")
+    __slots__ = ("forget", "held", "limit", "make_room", "policy", "sizes", "stats")
 
     def __init__(self, limit: int, make_room: Callable[[Run, int], list[Emit]],
                  forget: Callable[[Run], None]) -> None:
@@ -83,6 +84,9 @@ class Ledger:
         self.forget = forget
         self.stats: Counter[str] = Counter()
         self.sizes: list[int] | None = None
+        #: The policy in force for the partition's calls (``Assembler.policy``), read when a
+        #: call is decided; None: no policy (``policy.mode: off``).
+        self.policy: Policy | None = None
 
     def reject(self, rejected: Rejected, key: bytes | None, value: bytes,
                source: RecordSource | None) -> Emit:
@@ -454,7 +458,7 @@ class Run:
         truncated = None in self.truncated or call.choice in self.truncated
         tool_call_id = call.tool_call_id
         shared = sum(1 for c in self.calls.values() if c.tool_call_id == tool_call_id) > 1
-        self.latch.decide(call, truncated, shared, self.out.committed_size)
+        self.latch.decide(call, truncated, shared, self.out.committed_size, self.ledger.policy)
         sizes = self.ledger.sizes
         if sizes is not None:
             sizes.append(call.nbytes)

@@ -30,6 +30,14 @@ A gateway sends the model a tool list; the same list arrives on ``run.start``. O
   Both JSON spellings are read: camelCase, and the snake_case that the proto JSON mapping also
   accepts (``function_declarations``, ``parameters_json_schema``).
 
+* Any provider: MCP ``tools/list`` entries (issue 25), ``{"name", "inputSchema",
+  "outputSchema"?, "annotations"?}``, told apart by their ``inputSchema`` member (no provider
+  format has one at the top of an entry). ``inputSchema`` is the tool's parameter schema, under
+  the same bounds as any other; ``outputSchema`` describes the tool's result, which Latch never
+  sees, and is not used. The annotations' four hints (``readOnlyHint``, ``destructiveHint``,
+  ``idempotentHint``, ``openWorldHint``), when they are booleans, are attributes a policy sees
+  (:func:`tool_attributes`); any other annotation (``title``) is not.
+
 A missing ``parameters`` / ``input_schema`` registers the tool with the empty schema.
 A run keeps each tool's schema as its canonical JSON text (:class:`ToolSchema`, counted in the
 partition's memory budget); it is compiled only when a call of the tool is decided, once per
@@ -299,7 +307,7 @@ def client_tools(provider: str, tools: Any) -> dict[str, Any]:
     for tool in tools:
         if not isinstance(tool, Mapping):
             continue
-        entry = _client_tool(provider, tool)
+        entry = _mcp_tool(tool) if MCP_INPUT_SCHEMA in tool else _client_tool(provider, tool)
         if entry is not None and entry[0] not in found:
             # interned: a call of the tool keeps its name as this one string (Assembler._open)
             found[sys.intern(entry[0])] = entry[1]
@@ -341,6 +349,42 @@ def _client_tool(provider: str, tool: Mapping[str, Any]) -> tuple[str, Any] | No
     return name, ({} if schema is None else schema)
 
 
+# -- MCP ---------------------------------------------------------------------------------------
+
+#: The member that makes a ``tools`` entry an MCP ``tools/list`` entry.
+MCP_INPUT_SCHEMA = "inputSchema"
+#: The MCP tool annotations a policy sees, as attributes of the tool (``ToolAnnotations``).
+MCP_HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+
+
+def _mcp_tool(tool: Mapping[str, Any]) -> tuple[str, Any] | None:
+    name, schema = tool.get("name"), tool.get(MCP_INPUT_SCHEMA)
+    if not isinstance(name, str) or not name:
+        return None
+    return name, ({} if schema is None else schema)
+
+
+def tool_attributes(tools: Any) -> dict[str, dict[str, Any]]:
+    """The attributes a policy sees of each MCP tool of ``tools`` (``run.start``'s, in any
+    provider's format): ``{"annotations": {hint: bool}}`` with the hints of :data:`MCP_HINTS`
+    that the entry states as booleans. Tools in a provider's own format have none (a policy sees
+    an empty ``annotations``)."""
+    found: dict[str, dict[str, Any]] = {}
+    if not isinstance(tools, list):
+        return found
+    for tool in tools:
+        if not isinstance(tool, Mapping) or MCP_INPUT_SCHEMA not in tool:
+            continue
+        name, annotations = tool.get("name"), tool.get("annotations")
+        if not isinstance(name, str) or not name or name in found:
+            continue
+        hints = ({hint: annotations[hint] for hint in MCP_HINTS
+                  if type(annotations.get(hint)) is bool}
+                 if isinstance(annotations, Mapping) else {})
+        found[sys.intern(name)] = {"annotations": hints}
+    return found
+
+
 # -- Gemini ------------------------------------------------------------------------------------
 
 
@@ -356,7 +400,9 @@ def _gemini_declarations(tools: list[Any]) -> list[Any]:
     """The function declarations of a Gemini ``tools`` array, in order."""
     found: list[Any] = []
     for tool in tools:
-        if isinstance(tool, Mapping):
+        if isinstance(tool, Mapping) and MCP_INPUT_SCHEMA in tool:  # an MCP entry, as it is
+            found.append(tool)
+        elif isinstance(tool, Mapping):
             declarations = _first(tool, "functionDeclarations", "function_declarations")
             if isinstance(declarations, list):
                 found += declarations

@@ -43,6 +43,7 @@ from typing import Any, NoReturn
 
 import yaml
 
+from worker.core.policy import Policy
 from worker.core.settings import (
     MAX_RECORD_BYTES,
     OUTPUT_RECORD_BYTES,
@@ -218,6 +219,16 @@ class SigningSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class PolicySettings:
+    """The ``policy`` section: whether and how calls are decided by Cedar policies
+    (:mod:`worker.runtime.policy`; README, *Policies*)."""
+
+    mode: str = "off"
+    file: str | None = None
+    schema: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration; ``source`` is the file it was read from (None: no file)."""
 
@@ -226,6 +237,7 @@ class Config:
     topics: TopicNames = field(default_factory=TopicNames)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     signing: SigningSettings = field(default_factory=SigningSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
     source: Path | None = None
 
 
@@ -237,6 +249,7 @@ _SECTIONS: Mapping[str, tuple[type[Any], str]] = MappingProxyType(
         "topics": (TopicNames, "topics"),
         "worker": (WorkerSettings, "worker"),
         "signing": (SigningSettings, "signing"),
+        "policy": (PolicySettings, "policy"),
     }
 )
 
@@ -250,6 +263,9 @@ def load_config(
     """
     source = _resolve(path)
     data = _read(source) if source is not None else {}
+    policy = data.get("policy")
+    if isinstance(policy, dict) and policy.get("mode") is False:
+        policy["mode"] = "off"  # YAML 1.1 reads an unquoted `off` as false
     problems = _check_shape(data)
     origins, env_problems = _apply_env(data, os.environ if env is None else env)
     problems += env_problems
@@ -258,7 +274,7 @@ def load_config(
     if problems:
         raise ConfigError(source, problems)
     config = _build(data, source)
-    problems = _record_problems(config.assemble)
+    problems = _record_problems(config.assemble) or _policy_problems(config.policy)
     if problems:
         raise ConfigError(source, problems)
     return config
@@ -275,6 +291,29 @@ def _record_problems(settings: AssembleSettings) -> list[str]:
         f"{'it' if len(keys) == 1 else 'one of them'}"
         for what, size, keys in largest_records(settings) if size > MAX_RECORD_BYTES
     ]
+
+
+def assembler_policy(config: Config) -> Policy | None:
+    """The policy the configuration puts in force (``Assembler.policy``), None when
+    ``policy.mode`` is off; loaded once per process (``worker.runtime.policy.policy_for``)."""
+    if config.policy.mode == "off":
+        return None
+    from worker.runtime.policy import policy_for
+
+    return policy_for(config.policy)
+
+
+def _policy_problems(settings: PolicySettings) -> list[str]:
+    """Why the ``policy`` section's file cannot be used (file, line, column), if it cannot."""
+    if settings.mode == "off":
+        return []
+    from worker.runtime.policy import policy_for  # (cedarpy: only when policies are on)
+
+    try:
+        policy_for(settings)
+    except ValueError as exc:
+        return [f"policy: {exc}"]
+    return []
 
 
 def _resolve(path: str | os.PathLike[str] | None) -> Path | None:

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 from worker.core import Assembler, Emit
 from worker.runtime import control
 from worker.runtime import partition as partition_module
-from worker.runtime.config import Config
+from worker.runtime.config import Config, assembler_policy
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
 from worker.runtime.partition import TICK, Heads, PartitionState, finished_runs
@@ -201,7 +201,9 @@ class Driver:
     def takeover(self, partition: int, resume: int) -> Takeover:
         """A fresh state for ``partition`` at offset ``resume``: its finished runs registered
         from the heads, its open runs' records to read from :attr:`Takeover.start`."""
-        state = PartitionState(Assembler(self.config.assemble), next_offset=resume)
+        assembler = Assembler(self.config.assemble)
+        assembler.policy = assembler_policy(self.config)
+        state = PartitionState(assembler, next_offset=resume)
         return Takeover(state, partition, resume, self.heads.load(state, partition))
 
     def rebuilt(self, takeover: Takeover, topic: str) -> list[Emit]:

@@ -71,7 +71,7 @@ from tqdm import tqdm
 
 from worker.core import Assembler, Emit, Topic
 from worker.runtime import admin
-from worker.runtime.config import Config, ConfigError, load_config
+from worker.runtime.config import Config, ConfigError, assembler_policy, load_config
 from worker.runtime.step import out_key, out_value, record, step
 
 __all__ = ["Bound", "ReplayError", "Span", "build_parser", "main", "parse_time", "resolve"]
@@ -336,6 +336,8 @@ def run_spans(consumer: Consumer, topic: str, spans: Sequence[Span], config: Con
     Return the tally and the number of runs still open at the end."""
     state = _Progress(consumer, topic, spans, bar)
     assemblers = {p: Assembler(config.assemble) for p in state.active}
+    for assembler in assemblers.values():  # decided as the live worker decides
+        assembler.policy = assembler_policy(config)
     tally = Tally()
     consumer.assign([TopicPartition(topic, s.partition, s.start) for s in state.active.values()])
     while state.active:

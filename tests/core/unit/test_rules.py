@@ -66,6 +66,7 @@ from builders import (
 )
 
 from worker.core import Assembler, AssembleSettings, Emit, Reason, Topic
+from worker.core.policy import ENFORCE, PolicyDecision, PolicyRequest
 from worker.core.settings import MAX_RECORD_BYTES
 
 SECRET = "hunter2-SECRET"
@@ -79,8 +80,22 @@ TOOLS = {"read_file": PATH_SCHEMA, "noop": EMPTY_SCHEMA}
 each_provider = pytest.mark.parametrize("provider", PROVIDERS)
 
 
+class Forbidding:
+    """A policy in ``enforce`` mode that forbids every call (policy id ``no-reads``)."""
+
+    mode = ENFORCE
+    version = None
+
+    def decide(self, request: PolicyRequest) -> PolicyDecision:
+        return PolicyDecision(ENFORCE, False, ("no-reads",))
+
+
 def assembler(**overrides: Any) -> Assembler:
-    return Assembler(AssembleSettings(**overrides))
+    """An assembler with these settings; ``policy=`` sets its policy (``Assembler.policy``)."""
+    policy = overrides.pop("policy", None)
+    asm = Assembler(AssembleSettings(**overrides))
+    asm.policy = policy
+    return asm
 
 
 def run_calls(provider: str, calls: list[tuple[str | None, str | None, str]],
@@ -1473,6 +1488,22 @@ class TestReasonRecordTooLarge:
         assert max(len(orjson.dumps(e.value)) for e in emits) <= MAX_RECORD_BYTES
 
 
+class TestReasonPolicyDenied:
+    """``policy_denied``: the run's policy, in ``enforce`` mode, does not allow the call
+    (issue 25; the policy step itself: ``test_policy_step.py``)."""
+
+    def test_a_forbidden_call_fails_naming_the_policy(self) -> None:
+        """A schema-valid call that the policy forbids fails ``policy_denied``; its error names
+        the determining policy and never the arguments; the run completes."""
+        settings, envs = SCENARIOS[Reason.POLICY_DENIED]
+        emits = feed(assembler(**settings), envs)
+        check_outputs(emits)
+        assert committed(emits) == [] and reasons(emits) == ["policy_denied"]
+        (error,) = errors(emits)
+        assert "no-reads" in error["content"] and SECRET not in error["content"]
+        assert finals(emits)[0]["status"] == "completed"
+
+
 # ===========================================================================================
 # Across all reasons: shape, secrecy, redelivery, order and determinism.
 # ===========================================================================================
@@ -1527,6 +1558,7 @@ def scenarios() -> dict[Reason, tuple[dict[str, Any], list[dict[str, Any]]]]:
             {"max_tool_argument_bytes": 20 * 1024 * 1024, "max_buffered_bytes": 40 * 1024 * 1024},
             chat_run("r1", tools_for(CHAT, {"any": {"type": "object"}}), chat_calls([(
                 "c1", "any", fill('{"p": "@", "n": [0' + ",1e15" * 3_500_000 + "]}"))]))),
+        Reason.POLICY_DENIED: ({"policy": Forbidding()}, chat([("c1", "read_file", good)])),
     }
 
 

@@ -43,6 +43,8 @@ CONTRACT_REASONS = [
     "protocol_error",
     # issue 23: a record that would outgrow the output topics' record size
     "record_too_large",
+    # issue 25: the run's Cedar policies, in enforce, did not permit the call
+    "policy_denied",
 ]  # fmt: skip
 
 PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages", "bedrock.converse",

@@ -16,6 +16,7 @@ from worker.runtime.config import (
     Config,
     ConfigError,
     KafkaSettings,
+    PolicySettings,
     SigningSettings,
     TopicNames,
     WorkerSettings,
@@ -31,6 +32,7 @@ SECTIONS: dict[str, Any] = {
     "topics": TopicNames,
     "worker": WorkerSettings,
     "signing": SigningSettings,
+    "policy": PolicySettings,
 }
 
 
@@ -475,3 +477,16 @@ def test_a_secret_of_the_wrong_type_is_named_not_shown(tmp_path: Path, text: str
     message = _config_error(tmp_path, text)
     assert "kafka." in message and "invalid value" in message
     assert SECRET not in message
+
+
+def test_a_policy_file_that_does_not_parse_stops_with_file_line_and_column(
+        tmp_path: Path) -> None:
+    """policy.mode enforce with a .cedar file Cedar cannot parse: load_config refuses it,
+    naming the file, line and column; an unquoted YAML `off` is the mode off."""
+    bad = tmp_path / "p.cedar"
+    bad.write_text("permit(principal, action, resource);\nforbid(principal,\n action resource);")
+    with pytest.raises(ConfigError, match=rf"{bad}:3:9: unexpected token"):
+        load_config(env={"LATCH_POLICY__MODE": "enforce", "LATCH_POLICY__FILE": str(bad)})
+    path = tmp_path / "latch.yaml"
+    path.write_text("policy:\n  mode: off\n")
+    assert load_config(path, env={}).policy.mode == "off"

@@ -45,6 +45,12 @@ Prometheus names (the exporter appends ``_total`` to counters)::
     latch_consumer_lag_seconds                 gauge      {partition}
     latch_rebuild_seconds                      histogram  one per takeover
     latch_rebuild_records_total                counter    records re-read by takeovers
+    latch_policy_decisions_total               counter    {mode, result}  policy decisions
+
+``latch_policy_decisions_total`` counts the decisions of the policy in force (issue 25):
+``mode`` log_only or enforce, ``result`` allow, deny or error (an evaluation error, which
+denies); in log_only, ``deny`` and ``error`` are the would-deny counts to watch before enforcing
+(docs/operations.md). Decisions a takeover's rebuild makes again are counted again.
 """
 
 from __future__ import annotations
@@ -231,6 +237,8 @@ class Metrics:
                 description="Output records whose delivery failed")
         counter("latch_rebuild_records", [self._rebuild_records],
                 description="Records re-read from the log by takeovers")
+        counter("latch_policy_decisions", [self._policy_decisions],
+                description="Policy decisions by mode and result (allow, deny, error)")
         gauge("latch_runs_open", [self._gauge("runs_open")], description="Open runs")
         gauge("latch_buffered_bytes", [self._gauge("buffered_bytes")],
               description="Argument bytes held by open runs")
@@ -348,6 +356,13 @@ class Metrics:
 
     def _overflow(self, options: CallbackOptions) -> list[Observation]:
         return self._reason_total(Reason.ARGUMENTS_EXCEED_MAX_BYTES.value)
+
+    @staticmethod
+    def _policy_decisions(options: CallbackOptions) -> list[Observation]:
+        from worker.runtime.policy import DECISIONS  # (cedarpy: read at collection only)
+
+        return [Observation(n, {"mode": mode, "result": result})
+                for (mode, result), n in list(DECISIONS.items())]
 
     def _rejected(self, options: CallbackOptions) -> list[Observation]:
         return self._by(self.rejected, "reason")

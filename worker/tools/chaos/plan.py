@@ -37,7 +37,7 @@ import orjson
 
 from worker.core import Assembler, Emit, Topic, decode
 from worker.core.envelope import TICK_KEY, Rejected
-from worker.runtime.config import Config
+from worker.runtime.config import Config, assembler_policy
 
 PROVIDERS = ("openai.chat", "anthropic.messages", "openai.responses")
 
@@ -424,6 +424,7 @@ def expected_emits(run: RunPlan, config: Config) -> list[Emit]:
     """What the offline core emits for the run's bytes (progress aside): its envelopes, then
     its cancel; an idle run gets one tick past the idle timeout."""
     assembler = Assembler(config.assemble)
+    assembler.policy = assembler_policy(config)
     emits = [e for value in run.envelopes for e in assembler.feed_record(None, value)]
     if run.cancel is not None:
         emits += assembler.feed_record(None, run.cancel)

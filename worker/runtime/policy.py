@@ -1,0 +1,512 @@
+"""Cedar policies at the latch: the :class:`~worker.core.policy.Policy` the worker gives its
+assemblers (issue 25; docs/decisions/0013-cedar-policies.md; README, *Policies*).
+
+A policy set is a ``.cedar`` file, parsed once (:class:`CedarPolicy`); each call the latch
+decides is one Cedar request, evaluated by the Cedar engine through ``cedarpy``:
+
+* principal ``Latch::Tenant::"<tenant>"``, or ``Latch::Anonymous::"anonymous"`` for a run that
+  names no tenant (never a tenant, not even ``""``: ``principal is Latch::Tenant`` excludes it);
+* action ``Latch::Action::"call"``;
+* resource ``Latch::Tool::"<the key the tool is registered under>"``, an entity whose attributes
+  are ``annotations`` (the MCP hints the run gave, :func:`worker.core.tools.tool_attributes`;
+  empty otherwise) and ``toolset`` when the tool came from one;
+* context ``{arguments, provider, run_id}``: the committed arguments mapped by
+  :func:`cedar_value`.
+
+Cedar decides: ``Allow`` when a ``permit`` is satisfied and no ``forbid`` is; anything else
+denies (deny by default). An evaluation error (a missing attribute, a type error, an overflow)
+makes Cedar skip that policy; here it denies the call whatever the others say, and the
+decision names the policy and the kind of error, never Cedar's message (it may quote a value).
+
+The JSON -> Cedar mapping (:func:`cedar_value`): a string is a String; ``true``/``false`` a Bool;
+an integer within Cedar's 64-bit range a Long; a number with a fraction or exponent (a float)
+``decimal("...")`` when Cedar's decimal holds it exactly (at most 4 digits after the point,
+within +-922337203685477.5807; ``1.5`` is ``decimal("1.5")``, ``2.0`` is ``decimal("2.0")``); an
+object a Record; an array a Set (order and duplicates lost). What Cedar cannot hold is left
+out: ``null``, an integer beyond 64 bits, a float with more than 4 decimals or out of range, a
+string with a lone surrogate, and an object member named ``__entity``, ``__extn`` or ``__expr``
+(Cedar's JSON escapes: left in, they would let arguments forge an entity or an extension value).
+A member left out is absent from its record (``context.arguments has x`` is false; reading it
+is an error, which denies); an element left out is absent from its set. Arguments Cedar cannot
+hold at all (``null``) are an empty record.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import cedarpy
+import orjson
+
+from worker.core.policy import ENFORCE, LOG_ONLY, MODES, OFF, PolicyDecision, PolicyRequest
+from worker.core.tools import MCP_HINTS, client_tools
+
+if TYPE_CHECKING:
+    from worker.runtime.config import PolicySettings
+
+__all__ = ["DECISIONS", "CedarPolicy", "PolicyFileError", "cedar_schema", "cedar_value",
+           "load_policy", "read_tools"]
+
+NAMESPACE = "Latch"
+TENANT, ANONYMOUS, TOOL = f"{NAMESPACE}::Tenant", f"{NAMESPACE}::Anonymous", f"{NAMESPACE}::Tool"
+ACTION = {"type": f"{NAMESPACE}::Action", "id": "call"}
+#: The principal of a run that names no tenant.
+ANONYMOUS_PRINCIPAL = {"type": ANONYMOUS, "id": "anonymous"}
+
+#: Decisions made in this process, by (mode, result): result ``allow``, ``deny`` or ``error``
+#: (an evaluation error, which denies). Closed label values, all present from the start
+#: (``latch_policy_decisions_total``, worker/runtime/observability/metrics.py).
+RESULTS = ("allow", "deny", "error")
+DECISIONS: Counter[tuple[str, str]] = Counter(
+    {(mode, result): 0 for mode in (LOG_ONLY, ENFORCE) for result in RESULTS})
+
+_OMIT: Any = object()
+_RESERVED = frozenset({"__entity", "__extn", "__expr"})
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+_DECIMAL_MAX = Decimal("922337203685477.5807")
+_DECIMAL_MIN = Decimal("-922337203685477.5808")
+
+
+# -- JSON -> Cedar ------------------------------------------------------------------------------
+
+
+def cedar_value(value: Any) -> Any:
+    """``value`` (parsed JSON) as Cedar's JSON value form, or :data:`_OMIT` when Cedar cannot
+    hold it (see the module docstring)."""
+    kind = type(value)
+    if kind is str:
+        return value if _encodable(value) else _OMIT
+    if kind is bool:
+        return value
+    if kind is int:
+        return value if _LONG_MIN <= value <= _LONG_MAX else _OMIT
+    if kind is float:
+        text = _decimal(value)
+        return _OMIT if text is None else {"__extn": {"fn": "decimal", "arg": text}}
+    if kind is dict:
+        record = {}
+        for key, item in value.items():
+            if key in _RESERVED or not _encodable(key):
+                continue
+            mapped = cedar_value(item)
+            if mapped is not _OMIT:
+                record[key] = mapped
+        return record
+    if kind is list:
+        return [m for m in map(cedar_value, value) if m is not _OMIT]
+    return _OMIT  # None, and anything not JSON
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _decimal(value: float) -> str | None:
+    """Cedar's decimal literal for ``value`` (its shortest repr), or None when it has more
+    than 4 decimals, is out of range or is not finite."""
+    try:
+        exact = Decimal(repr(value))
+    except InvalidOperation:
+        return None
+    if not exact.is_finite() or not _DECIMAL_MIN <= exact <= _DECIMAL_MAX:
+        return None
+    exponent = exact.as_tuple().exponent
+    if not isinstance(exponent, int) or exponent < -4:
+        return None
+    text = f"{exact:f}"
+    return text if "." in text else text + ".0"
+
+
+# -- the policy --------------------------------------------------------------------------------
+
+
+class PolicyFileError(ValueError):
+    """A policy file that cannot be used: where (file, line, column) and what."""
+
+    def __init__(self, path: str, line: int, column: int, message: str) -> None:
+        super().__init__(f"{path}:{line}:{column}: {message}")
+        self.path, self.line, self.column, self.message = path, line, column, message
+
+
+@dataclass(frozen=True, slots=True)
+class _Statement:
+    """One policy of a file: its positional Cedar id, its ``@id``, where it starts."""
+
+    cedar_id: str
+    name: str
+    line: int
+    column: int
+
+
+class CedarPolicy:
+    """A Cedar policy set in force (the :class:`~worker.core.policy.Policy` protocol): parsed
+    once; :meth:`decide` is one Cedar request per call, never raising."""
+
+    def __init__(self, source: str, mode: str = ENFORCE, path: str = "<policy>",
+                 schema: Mapping[str, Any] | None = None, version: int | None = None) -> None:
+        if mode not in (LOG_ONLY, ENFORCE):
+            raise ValueError(f"a policy decides in log_only or enforce mode, not {mode!r}")
+        self._mode, self._version, self.path = mode, version, path
+        self.statements = parse(source, path)
+        self._names = {s.cedar_id: s.name for s in self.statements}
+        self._set = cedarpy.PolicySet.from_str(source)
+        if schema is not None:
+            problems = validate(source, path, self.statements, schema)
+            if problems:
+                raise problems[0]
+        #: Tool entities by (tool, attributes' JSON), parsed once (most runs share tools).
+        self._entities: OrderedDict[tuple[str, bytes], cedarpy.Entities] = OrderedDict()
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @property
+    def version(self) -> int | None:
+        return self._version
+
+    def name(self, cedar_id: str) -> str:
+        """A policy's id as decisions give it: its ``@id`` annotation, else Cedar's own
+        positional id (``policy0``, ``policy1``... in file order)."""
+        return self._names.get(cedar_id, cedar_id)
+
+    def decide(self, request: PolicyRequest) -> PolicyDecision:
+        decision = self._decide(request)
+        DECISIONS[(self._mode, "error" if decision.errors else
+                   "allow" if decision.allow else "deny")] += 1
+        return decision
+
+    def _decide(self, request: PolicyRequest) -> PolicyDecision:
+        try:
+            context: dict[str, Any] = {"provider": request.provider, "run_id": request.run_id}
+            arguments = cedar_value(request.arguments)
+            context["arguments"] = {} if arguments is _OMIT else arguments
+            principal = (ANONYMOUS_PRINCIPAL if request.tenant is None
+                         else {"type": TENANT, "id": request.tenant})
+            result = cedarpy.is_authorized(
+                {"principal": principal, "action": ACTION,
+                 "resource": {"type": TOOL, "id": request.tool},
+                 "context": orjson.dumps(context).decode()},
+                self._set, self._tool(request.tool, request.attributes))
+        except Exception as exc:  # never raised into the core: a request Cedar refuses denies
+            return PolicyDecision(self._mode, False, (), (f"request: {type(exc).__name__}",),
+                                  self._version)
+        ids = tuple(self.name(p) for p in result.diagnostics.reasons)
+        errors = tuple(self._error(e) for e in result.diagnostics.errors)
+        return PolicyDecision(self._mode, result.allowed and not errors, ids, errors,
+                              self._version)
+
+    def _tool(self, tool: str, attributes: Mapping[str, Any]) -> cedarpy.Entities:
+        mapped = cedar_value(dict(attributes))
+        mapped.setdefault("annotations", {})
+        key = (tool, orjson.dumps(mapped, option=orjson.OPT_SORT_KEYS))
+        entities = self._entities.get(key)
+        if entities is None:
+            entity = {"uid": {"type": TOOL, "id": tool}, "attrs": mapped, "parents": []}
+            entities = self._entities[key] = cedarpy.Entities.from_json_str(
+                orjson.dumps([entity]).decode())
+            if len(self._entities) > 4096:
+                self._entities.popitem(last=False)
+        return entities
+
+    def _error(self, message: str) -> str:
+        """An evaluation error as ``<policy id>: <kind>``: never Cedar's message, which may
+        quote a value of the arguments."""
+        found = re.search(r"policy `([^`]+)`", message)
+        where = self.name(found.group(1)) if found else "request"
+        return f"{where}: {_error_kind(message)}"
+
+
+def _error_kind(message: str) -> str:
+    text = message.lower()
+    if "failed to build request" in text:
+        return "invalid_request"
+    for needle, kind in (("does not have the attribute", "missing_attribute"),
+                         ("attribute", "missing_attribute"), ("overflow", "overflow"),
+                         ("type error", "type_error"), ("expected", "type_error"),
+                         ("does not exist", "missing_entity"), ("extension", "extension_error")):
+        if needle in text:
+            return kind
+    return "evaluation_error"
+
+
+# -- reading a policy file: where each policy is, and where an error is ------------------------
+
+_TOKEN = re.compile(r"""
+    (?P<space>\s+|//[^\n]*)
+  | (?P<string>"(?:[^"\\]|\\.)*")
+  | (?P<open_string>"(?:[^"\\]|\\.)*)
+  | (?P<word>[A-Za-z_][A-Za-z0-9_]*|\d+)
+  | (?P<op>==|!=|<=|>=|&&|\|\||::|.)
+""", re.VERBOSE | re.DOTALL)
+
+
+def _tokens(source: str) -> list[tuple[int, int, str]]:
+    """The tokens of ``source`` as (start, end, kind), comments and spaces left out."""
+    found = []
+    for match in _TOKEN.finditer(source):
+        kind = match.lastgroup or "op"
+        if kind != "space":
+            found.append((match.start(), match.end(), kind))
+    return found
+
+
+def _position(source: str, offset: int) -> tuple[int, int]:
+    """1-based line and column of ``offset``."""
+    line = source.count("\n", 0, offset) + 1
+    return line, offset - (source.rfind("\n", 0, offset) + 1) + 1
+
+
+def _parses(text: str) -> str | None:
+    """None when ``text`` is a policy set, else Cedar's message."""
+    try:
+        cedarpy.PolicySet.from_str(text)
+    except ValueError as exc:
+        return str(exc) or "cannot be parsed"
+    return None
+
+
+def _viable(text: str) -> bool:
+    """Whether ``text`` is a policy set or the beginning of one."""
+    problem = _parses(text)
+    return problem is None or problem == "unexpected end of input"
+
+
+def parse(source: str, path: str) -> list[_Statement]:
+    """The policies of ``source`` in order, with their ids and places; a source Cedar cannot
+    parse raises :class:`PolicyFileError` at the token where it stops being a policy set (the
+    Cedar parser says what, not where: the place is found by parsing prefixes, a bisection)."""
+    tokens = _tokens(source)
+    ends = [i for i, (start, _end, kind) in enumerate(tokens)
+            if kind == "op" and source[start] == ";"]
+    problem = _parses(source)
+    if problem is not None:
+        raise _locate(source, path, tokens, ends, problem)
+    try:
+        document = orjson.loads(cedarpy.policies_to_json_str(source))
+    except (ValueError, orjson.JSONDecodeError) as exc:  # not expected: it parsed
+        raise PolicyFileError(path, 1, 1, str(exc)) from exc
+    statements: list[_Statement] = []
+    begin, seen = 0, dict[str, int]()
+    policies = document.get("staticPolicies", {})
+    for n, end in enumerate(ends):
+        cedar_id = f"policy{n}"
+        line, column = _position(source, tokens[begin][0])
+        begin = end + 1
+        if cedar_id not in policies:
+            continue
+        name = policies[cedar_id].get("annotations", {}).get("id") or cedar_id
+        if name in seen:
+            raise PolicyFileError(path, line, column, f"a second policy with the id {name!r} "
+                                  f"(the first is at line {seen[name]}): decisions name "
+                                  "policies by id, so each must be unique")
+        seen[name] = line
+        statements.append(_Statement(cedar_id, name, line, column))
+    if document.get("templates"):
+        raise PolicyFileError(path, 1, 1, "templates (?principal, ?resource) are not supported")
+    return statements
+
+
+def _locate(source: str, path: str, tokens: list[tuple[int, int, str]], ends: list[int],
+            problem: str) -> PolicyFileError:
+    for start, _end, kind in tokens:
+        if kind == "open_string":
+            return PolicyFileError(path, *_position(source, start), "an unterminated string")
+    # The first policy (ended by ";") that does not parse with those before it.
+    low, high = 0, len(ends)  # the first `low` policies parse; find the first that does not
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _parses(source[:tokens[ends[middle - 1]][1]]) is None:
+            low = middle
+        else:
+            high = middle - 1
+    first = ends[low - 1] + 1 if low else 0
+    last = ends[low] if low < len(ends) else len(tokens) - 1
+    if first > last:
+        return PolicyFileError(path, *_position(source, len(source)), problem)
+    # Within it, the first token after which the text is no longer the start of a policy set.
+    low, high = first, last + 1
+    while low < high:
+        middle = (low + high) // 2
+        if _viable(source[:tokens[middle][1]]):
+            low = middle + 1
+        else:
+            high = middle
+    named = re.search(r"`([^`]+)`", problem)
+    found = source.find(named.group(1), tokens[first][0], tokens[last][1]) if named else -1
+    if low < last or (low == last and found < 0):
+        offset = tokens[low][0]
+    elif found >= 0:  # wrong as a whole (a name, a function): where the message's name is
+        offset = found
+    elif problem == "unexpected end of input":
+        offset = tokens[last][1]
+    else:
+        offset = tokens[first][0]
+    return PolicyFileError(path, *_position(source, offset), problem)
+
+
+def validate(source: str, path: str, statements: list[_Statement],
+             schema: Mapping[str, Any]) -> list[PolicyFileError]:
+    """What is wrong with the policies of ``source`` against ``schema`` (a Cedar JSON schema),
+    each at the line and column of the policy it is in."""
+    try:
+        result = cedarpy.validate_policies(source, dict(schema))
+    except ValueError as exc:
+        return [PolicyFileError(path, 1, 1, f"the schema is not usable: {exc}")]
+    where = {s.cedar_id: s for s in statements}
+    problems = []
+    for error in result.errors:
+        at = where.get(error.policy_id)
+        message = error.error
+        if at is None:
+            problems.append(PolicyFileError(path, 1, 1, message))
+            continue
+        message = message.replace(f"for policy `{at.cedar_id}`, ", "")
+        problems.append(PolicyFileError(path, at.line, at.column,
+                                        f"policy {at.name!r}: {message}"))
+    return problems
+
+
+def check(source: str, path: str, schema: Mapping[str, Any] | None = None
+          ) -> list[PolicyFileError]:
+    """Every problem of a policy file: the first parse error, else each validation error."""
+    try:
+        statements = parse(source, path)
+    except PolicyFileError as exc:
+        return [exc]
+    return [] if schema is None else validate(source, path, statements, schema)
+
+
+# -- the schema generated from a toolset -------------------------------------------------------
+
+_SCALARS = {"string": "String", "integer": "Long", "boolean": "Boolean"}
+_MAX_DEPTH = 16
+
+
+def cedar_schema(tools: Any, provider: str = "openai.chat") -> dict[str, Any]:
+    """The Cedar schema (JSON form) of a run whose ``tools`` (``run.start``'s, in
+    ``provider``'s format or MCP ``tools/list`` entries) are those given: the three entity
+    types and the one action, whose context's ``arguments`` is the union of the tools'
+    parameters (every one optional: a call passes one tool's arguments). Best effort, from
+    each parameter schema: ``string``/``integer``/``boolean`` are String/Long/Bool (a string
+    ``enum`` a String), ``object`` with ``properties`` a Record, ``array`` with typed
+    ``items`` a Set; a parameter of any other kind (``number``, which may be a Long or a
+    decimal; ``anyOf``, ``$ref``, a list of types...) or typed differently by two tools is left
+    out, so a policy that reads it does not validate."""
+    merged: dict[str, Any] = {}
+    conflicts: set[str] = set()
+    for schema in client_tools(provider, tools).values():
+        record = _cedar_type(schema, 0)
+        if record is None or record.get("type") != "Record":
+            continue
+        for name, attribute in record["attributes"].items():
+            attribute = {**attribute, "required": False}
+            if name in merged and merged[name] != attribute:
+                conflicts.add(name)
+            merged.setdefault(name, attribute)
+    arguments = {k: v for k, v in merged.items() if k not in conflicts}
+    hints = {hint: {"type": "Boolean", "required": False} for hint in MCP_HINTS}
+    return {NAMESPACE: {
+        "entityTypes": {
+            "Tenant": {}, "Anonymous": {},
+            "Tool": {"shape": {"type": "Record", "attributes": {
+                "annotations": {"type": "Record", "attributes": hints},
+                "toolset": {"type": "String", "required": False}}}},
+        },
+        "actions": {"call": {"appliesTo": {
+            "principalTypes": ["Tenant", "Anonymous"], "resourceTypes": ["Tool"],
+            "context": {"type": "Record", "attributes": {
+                "arguments": {"type": "Record", "attributes": arguments},
+                "provider": {"type": "String"}, "run_id": {"type": "String"}}}}}},
+    }}
+
+
+def _cedar_type(schema: Any, depth: int) -> dict[str, Any] | None:
+    if not isinstance(schema, Mapping) or depth > _MAX_DEPTH:
+        return None
+    kind = schema.get("type")
+    if kind is None and isinstance(schema.get("enum"), list) and schema["enum"] and all(
+            isinstance(v, str) for v in schema["enum"]):
+        kind = "string"
+    if kind is None and isinstance(schema.get("properties"), Mapping):
+        kind = "object"
+    if not isinstance(kind, str):
+        return None
+    if kind in _SCALARS:
+        return {"type": _SCALARS[kind]}
+    if kind == "array":
+        element = _cedar_type(schema.get("items"), depth + 1)
+        return None if element is None else {"type": "Set", "element": element}
+    if kind != "object":
+        return None
+    properties = schema.get("properties")
+    required: list[Any] = (schema["required"] if isinstance(schema.get("required"), list)
+                           else [])
+    attributes = {}
+    if isinstance(properties, Mapping):
+        for name, sub in properties.items():
+            if not isinstance(name, str) or name in _RESERVED:
+                continue
+            mapped = _cedar_type(sub, depth + 1)
+            if mapped is not None:
+                attributes[name] = {**mapped, "required": name in required}
+    return {"type": "Record", "attributes": attributes}
+
+
+def read_tools(path: str) -> Any:
+    """A tools file: a JSON array of tool definitions, or an MCP ``tools/list`` result
+    (``{"tools": [...]}``). Raises ValueError saying what is wrong."""
+    try:
+        tools = orjson.loads(Path(path).read_bytes())
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from exc
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from exc
+    if isinstance(tools, dict) and isinstance(tools.get("tools"), list):
+        tools = tools["tools"]
+    if not isinstance(tools, list):
+        raise ValueError(f"{path} must hold a JSON array of tool definitions (or an MCP "
+                         "tools/list result)")
+    return tools
+
+
+def load_policy(mode: str, file: str | None, tools_file: str | None = None,
+                provider: str = "openai.chat") -> CedarPolicy | None:
+    """The policy in force for ``policy:`` settings (None for mode ``off``); raises
+    :class:`PolicyFileError` (file, line, column) for a file that does not parse or does not
+    validate against the schema generated from ``tools_file``, ValueError for the rest."""
+    if mode not in MODES:
+        raise ValueError(f"policy.mode must be one of {', '.join(MODES)}")
+    if mode == OFF:
+        return None
+    if not file:
+        raise ValueError(f"policy.mode {mode} needs policy.file (a .cedar file)")
+    try:
+        source = Path(file).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read policy.file {file}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise PolicyFileError(file, 1, 1, "not UTF-8 text") from exc
+    schema = None if not tools_file else cedar_schema(read_tools(tools_file), provider)
+    return CedarPolicy(source, mode, file, schema)
+
+
+
+@cache
+def policy_for(settings: PolicySettings) -> CedarPolicy | None:
+    """The policy of a ``policy:`` section, loaded once per process (``load_config`` loads it
+    first, so that a bad policy file stops every command that reads the configuration, with
+    the file, line and column; the worker, ``latch assemble`` and ``latch replay`` then give
+    it to each assembler: ``Assembler.policy``)."""
+    return load_policy(settings.mode, settings.file, settings.schema)
