@@ -103,6 +103,7 @@ from worker.core.envelope import (
 )
 from worker.core.latch import Latch
 from worker.core.model import DlqReason, Emit, Reason, RunStatus
+from worker.core.policy import Policy
 from worker.core.providers import adapter_for
 from worker.core.run import Ledger, Rules, Run
 from worker.core.schemacheck import SchemaLimits
@@ -131,6 +132,11 @@ SHARED_TOOL_MAPS = 1024
 SHARED_TOOL_MAP_BYTES = 16 * 1024 * 1024
 #: The tool map of a run that registers no client tool (never changed).
 _NO_TOOLS: dict[str, ToolSchema] = {}
+#: The registry's tools of a toolset version for a run.start at a record time:
+#: ``toolsets(name, version, now_ms)``, None when that version does not count for the run
+#: (never registered, or registered later than ``registry.wait_s`` after ``now_ms``:
+#: worker/runtime/registry.py). Pure for the core: the worker's lookup has read far enough.
+ToolsetLookup = Callable[[str, int, int], Any]
 #: What ``feed_record`` reads a record that is not a JSON object as (never changed).
 _NOT_AN_OBJECT: dict[str, Any] = {}
 
@@ -169,6 +175,11 @@ class Assembler:
         self._validators = validators or shared_validators(SchemaLimits(
             self.settings.max_schema_nodes, self.settings.max_schema_validation_steps))
         self._clock = 0
+        #: Where a run that names a registry toolset gets its tools (None: no registry, such
+        #: a run fails every call ``unknown_toolset``).
+        self.toolsets: ToolsetLookup | None = None
+        #: The policy set in force (None: no policy decides; set by the worker's driver).
+        self.policy: Policy | None = None
 
     @property
     def sizes(self) -> list[int] | None:
@@ -350,7 +361,7 @@ class Assembler:
             detail = (f"the worker's open-run budget ({limit} runs) was exhausted; the least "
                       "recently active run was ended")
             emits += self._evict(next(iter(self._runs.values())), detail, "evicted_open_runs")
-        tools, cost, emits_ = self._tools(start)
+        tools, cost, emits_ = self._tools(start, now_ms)
         emits += emits_
         budget = self.settings.max_tool_calls_per_run
         if start.max_tool_calls is not None:
@@ -359,6 +370,8 @@ class Assembler:
         adapter.max_choices = self.settings.max_choices_per_run
         latch = Latch(self.settings, tools, budget, adapter.parse_arguments
                       if adapter.parses_own_arguments else strictjson.parse)
+        if start.toolset is not None and not tools:
+            latch.unknown = _unknown_toolset(start.toolset, tools is _UNKNOWN_TOOLSET)
         run = self._new_run(start, adapter, latch, now_ms, raw[0] if raw is not None else None)
         if not adapter.peeked:
             self._unpeeked.add(run.key)
@@ -377,13 +390,21 @@ class Assembler:
         """The run ``start`` opens (tests make a spy of it: tests/mutation_fuzz.py)."""
         return Run(start, adapter, latch, now_ms, key, self._ledger, self._rules)
 
-    def _tools(self, start: RunStart) -> tuple[dict[str, ToolSchema], int, list[Emit]]:
+    def _tools(self, start: RunStart, now_ms: int
+               ) -> tuple[dict[str, ToolSchema], int, list[Emit]]:
         """The run's client tools, not compiled; the bytes of schema text they hold (counted in
         ``max_buffered_bytes`` like argument text, making room the same way); and the runs
-        ended to make that room. Tools that alone would exceed the budget are all unusable."""
+        ended to make that room. Tools that alone would exceed the budget are all unusable.
+        A run naming a registry toolset takes that version's tools, read at ``now_ms``, its
+        run.start's record time (:data:`ToolsetLookup`); an unknown one is none."""
         limit, budget = self.settings.max_tool_schema_bytes, self._ledger.limit
+        given = start.tools
+        if start.toolset is not None:
+            given = None if self.toolsets is None else self.toolsets(*start.toolset, now_ms)
+            if given is None:
+                return _UNKNOWN_TOOLSET, 0, []
         tools = {name: self._validators.prepare(schema, limit)
-                 for name, schema in client_tools(start.provider, start.tools).items()}
+                 for name, schema in client_tools(start.provider, given).items()}
         cost = sum(len(t.text) for t in tools.values() if t.text is not None)
         if cost > budget:
             self.stats["runs_over_buffered_bytes_tools"] += 1
@@ -527,6 +548,21 @@ class Assembler:
     def _reject(self, rejected: Rejected, key: bytes | None, value: bytes,
                 source: RecordSource | None) -> Emit:
         return self._ledger.reject(rejected, key, value, source)
+
+
+#: The tool map of a run whose registry toolset is unknown (never changed).
+_UNKNOWN_TOOLSET: dict[str, ToolSchema] = {}
+
+
+def _unknown_toolset(toolset: tuple[str, int], unknown: bool) -> tuple[Reason, str]:
+    """Why every call of a run that names ``toolset`` fails: the version is unknown, or it
+    holds no client tool of the run's provider (``unknown_tool``, as an empty ``tools``)."""
+    name, version = toolset
+    if unknown:
+        return Reason.UNKNOWN_TOOLSET, (f"the registry holds no toolset {name!r} version "
+                                        f"{version} for this run")
+    return Reason.UNKNOWN_TOOL, (f"toolset {name!r} version {version} has no client tool of "
+                                 "the run's provider")
 
 
 def _raw(raw: tuple[bytes | None, bytes, RecordSource | None] | None

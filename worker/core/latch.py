@@ -54,7 +54,7 @@ NAME_CHECKED_REASONS: frozenset[str] = frozenset({
 class Latch:
     """The checks of the completion latch for one run (see the module docstring)."""
 
-    __slots__ = ("budget", "committed", "parse", "settings", "tools")
+    __slots__ = ("budget", "committed", "parse", "settings", "tools", "unknown")
 
     def __init__(self, settings: AssembleSettings, tools: dict[str, ToolSchema],
                  budget: int,
@@ -65,6 +65,9 @@ class Latch:
         self.committed = 0
         #: Argument text to value: strict JSON, or the adapter's own (``Adapter.parse_arguments``).
         self.parse = parse
+        #: Why the run has no tools at all when that is not the model's fault (the registry
+        #: toolset it names is unknown): every call fails with it instead of ``unknown_tool``.
+        self.unknown: tuple[Reason, str] | None = None
 
     def decide(self, call: Call, truncated: bool, duplicate: bool,
                measure: Callable[[Call], int] | None = None) -> None:
@@ -92,6 +95,8 @@ class Latch:
             return Reason.DUPLICATE_CALL_ID, "another call of this run has the same id"
         tool = self.tools.get(call.name if call.tool is None else call.tool)
         if tool is None:
+            if self.unknown is not None:
+                return self.unknown
             if call.kind == FUNCTION:
                 return Reason.UNKNOWN_TOOL, "the tool name is not among the run's tools"
             return Reason.UNKNOWN_TOOL, f"the run registered no tool for this {call.kind} call"

@@ -132,6 +132,10 @@ class Reason(StrEnum):
     #: A record Latch would emit for the call (its committed call) or for its run (the final
     #: message) is larger than the output topics' record size (``settings.MAX_RECORD_BYTES``).
     RECORD_TOO_LARGE = "record_too_large"
+    #: The run named a toolset version (``{"toolset", "version"}``) that the registry did not
+    #: hold within ``registry.wait_s`` of the run.start's record time
+    #: (docs/decisions/0012-registry.md).
+    UNKNOWN_TOOLSET = "unknown_toolset"
 
 
 class DlqReason(StrEnum):

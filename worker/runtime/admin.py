@@ -90,8 +90,12 @@ def specs(config: Config) -> list[TopicSpec]:
     hour_ms = "3600000"
     compacted = (("cleanup.policy", "compact"), ("segment.ms", hour_ms),
                  ("min.cleanable.dirty.ratio", "0.1"), ("delete.retention.ms", hour_ms))
+    # The registry (worker/runtime/registry.py): one partition, every version kept (its keys
+    # carry a content digest), broker append times for the toolset wait rule.
+    registry = TopicSpec(t.registry, 1, t.replication_factor,
+                         (("cleanup.policy", "compact"), LOG_APPEND_TIME))
     return [*inputs, *outputs, TopicSpec(heads_changelog(config), t.partitions,
-                                         t.replication_factor, compacted)]
+                                         t.replication_factor, compacted), registry]
 
 
 def create(admin: AdminClient, wanted: Sequence[TopicSpec]) -> list[str]:

@@ -56,6 +56,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "KafkaSettings",
+    "RegistrySettings",
     "SigningSettings",
     "TopicNames",
     "WorkerSettings",
@@ -173,6 +174,7 @@ class TopicNames:
     progress: str = "llm.stream.progress"
     dlq: str = "llm.stream.dlq"
     results: str = "tool.calls.results"
+    registry: str = "latch.registry"
     partitions: int = 12
     replication_factor: int = 1
 
@@ -217,6 +219,13 @@ class SigningSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RegistrySettings:
+    """The ``registry`` section: toolsets and policy sets by version (runtime/registry.py)."""
+
+    wait_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration; ``source`` is the file it was read from (None: no file)."""
 
@@ -225,6 +234,7 @@ class Config:
     topics: TopicNames = field(default_factory=TopicNames)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     signing: SigningSettings = field(default_factory=SigningSettings)
+    registry: RegistrySettings = field(default_factory=RegistrySettings)
     source: Path | None = None
 
 
@@ -236,6 +246,7 @@ _SECTIONS: Mapping[str, tuple[type[Any], str]] = MappingProxyType(
         "topics": (TopicNames, "topics"),
         "worker": (WorkerSettings, "worker"),
         "signing": (SigningSettings, "signing"),
+        "registry": (RegistrySettings, "registry"),
     }
 )
 
