@@ -126,13 +126,14 @@ class RegistryReader:
         self.changed = threading.Condition()
         self._fence_wanted = False
         self._stopping = False
-        self._consumer = _consumer(config)
+        self._consumer: Any = None  # made by start(): no client before the worker runs
         self._producer: Producer | None = None
         self._thread = threading.Thread(target=self._follow, name="latch-registry",
                                         daemon=True)
 
     def start(self) -> None:
         """Read the registry whole (raises :class:`RegistryError`), then follow it."""
+        self._consumer = _consumer(self.config)
         end = _end(self._consumer, self.topic)
         self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
         _read_into(self._consumer, self.state, self.topic, end,
@@ -145,7 +146,8 @@ class RegistryReader:
         self._stopping = True
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-        self._consumer.close()
+        if self._consumer is not None:
+            self._consumer.close()
         if self._producer is not None:
             self._producer.flush(5)
 

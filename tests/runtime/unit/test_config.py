@@ -16,6 +16,7 @@ from worker.runtime.config import (
     Config,
     ConfigError,
     KafkaSettings,
+    RegistrySettings,
     SigningSettings,
     TopicNames,
     WorkerSettings,
@@ -31,6 +32,7 @@ SECTIONS: dict[str, Any] = {
     "topics": TopicNames,
     "worker": WorkerSettings,
     "signing": SigningSettings,
+    "registry": RegistrySettings,
 }
 
 
