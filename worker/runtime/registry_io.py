@@ -74,12 +74,20 @@ def _time(msg: Message) -> int:
 
 
 def _end(consumer: Consumer, topic: str) -> int:
-    try:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=_TIMEOUT_S)
-    except KafkaException as exc:
-        raise RegistryError(f"cannot read topic {topic}: {exc.args[0].str()} (create it with "
-                            "`latch topics create`)") from exc
-    return int(high)
+    """The registry's end offset (asked again while its leader is not known yet, as just
+    after ``latch topics create``)."""
+    deadline = time.monotonic() + _TIMEOUT_S
+    while True:
+        try:
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0),
+                                                     timeout=_TIMEOUT_S)
+            return int(high)
+        except KafkaException as exc:
+            if time.monotonic() > deadline or (not exc.args[0].retriable() and \
+                    exc.args[0].code() != KafkaError.NOT_LEADER_FOR_PARTITION):
+                raise RegistryError(f"cannot read topic {topic}: {exc.args[0].str()} (create "
+                                    "it with `latch topics create`)") from exc
+            time.sleep(0.5)
 
 
 def _read_into(consumer: Consumer, state: RegistryState, topic: str, until: int,

@@ -42,7 +42,7 @@ CONTRACT_REASONS = [
     # issue 11: a stream that breaks its own provider's protocol
     "protocol_error",
     # issue 23: a record that would outgrow the output topics' record size
-    "record_too_large",
+    "record_too_large", "unknown_toolset",
 ]  # fmt: skip
 
 PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages", "bedrock.converse",
@@ -98,12 +98,12 @@ def walk_properties(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str
 
 
 def test_the_expected_files_exist() -> None:
-    """schemas/ holds exactly the eleven record kinds the contract, the worker and the runner
+    """schemas/ holds exactly the twelve record kinds the contract, the worker and the runner
     need."""
     assert set(ALL) == {
         "stream-envelope", "control-envelope", "tick-envelope", "committed-call",
         "error-result", "final-message", "progress", "dlq-record", "output-line", "config",
-        "tool-result",
+        "tool-result", "registry",
     }  # fmt: skip
 
 
@@ -176,6 +176,7 @@ def test_config_topic_defaults_are_the_contracts() -> None:
         "committed": "tool.calls.committed", "errors": "tool.calls.errors",
         "final": "llm.messages.final", "progress": "llm.stream.progress",
         "dlq": "llm.stream.dlq", "results": "tool.calls.results",
+        "registry": "latch.registry",
     }  # fmt: skip
     assert topics["partitions"]["default"] == 12
 

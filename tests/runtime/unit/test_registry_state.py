@@ -19,7 +19,6 @@ from worker.runtime.driver import Driver
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.partition import Heads, PartitionState
 from worker.runtime.registry import (
-    POLICY,
     POLICY_MARKER,
     TOOLSET,
     Invalid,
