@@ -51,7 +51,8 @@ def _latch(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _outcomes(values: list[dict[str, Any]]) -> list[tuple[str, str, str | None]]:
-    return sorted((v["run_id"], v["tool_call_id"], v.get("reason")) for v in values)
+    return sorted((v["run_id"], v.get("call_id") or v["tool_call_id"], v.get("reason"))
+                  for v in values)
 
 
 def test_toolsets_by_reference_decide_the_same_live_and_in_replay(
