@@ -6,6 +6,7 @@ Subcommands::
     latch assemble --from-sse PROVIDER --tools FILE CAPTURE
     latch worker [--config FILE]                         run the Kafka worker
     latch topics create [--config FILE]                  provision every topic
+    latch registry put|list|show [--config FILE]         toolsets and policy sets by version
     latch broker start|stop|status                       a local Kafka for development
     latch publish [--config FILE] FILE                   send JSON-Lines envelopes
     latch tail [--config FILE]                           print the output topics
@@ -82,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
 _LAZY = [
     ("worker", "worker.runtime.engine:main", "run the Kafka worker"),
     ("topics", "worker.runtime.admin:main", "provision the topics (topics create)"),
+    ("registry", "worker.runtime.registry_io:main",
+     "toolsets and policy sets by version: put, list, show"),
     ("broker", "worker.tools.broker:main", "a local Kafka broker: start, stop, status"),
     ("publish", "worker.client.publisher:main", "publish JSON-Lines envelopes"),
     ("tail", "worker.tools.tail:main", "print the output topics"),

@@ -133,6 +133,11 @@ SHARED_TOOL_MAPS = 1024
 SHARED_TOOL_MAP_BYTES = 16 * 1024 * 1024
 #: The tool map of a run that registers no client tool (never changed).
 _NO_TOOLS: dict[str, ToolSchema] = {}
+#: The registry's tools of a toolset version for a run.start at a record time:
+#: ``toolsets(name, version, now_ms)``, None when that version does not count for the run
+#: (never registered, or registered later than ``registry.wait_s`` after ``now_ms``:
+#: worker/runtime/registry.py). Pure for the core: the worker's lookup has read far enough.
+ToolsetLookup = Callable[[str, int, int], Any]
 #: What ``feed_record`` reads a record that is not a JSON object as (never changed).
 _NOT_AN_OBJECT: dict[str, Any] = {}
 
@@ -171,6 +176,11 @@ class Assembler:
         self._validators = validators or shared_validators(SchemaLimits(
             self.settings.max_schema_nodes, self.settings.max_schema_validation_steps))
         self._clock = 0
+        #: Where a run that names a registry toolset gets its tools (None: no registry, such
+        #: a run fails every call ``unknown_toolset``).
+        self.toolsets: ToolsetLookup | None = None
+        #: The policy set in force (None: no policy decides; set by the worker's driver).
+        self.policy: Policy | None = None
 
     @property
     def policy(self) -> Policy | None:
@@ -364,7 +374,8 @@ class Assembler:
             detail = (f"the worker's open-run budget ({limit} runs) was exhausted; the least "
                       "recently active run was ended")
             emits += self._evict(next(iter(self._runs.values())), detail, "evicted_open_runs")
-        tools, cost, emits_ = self._tools(start)
+        given = self._given_tools(start, now_ms)
+        tools, cost, emits_ = self._tools(start, given)
         emits += emits_
         budget = self.settings.max_tool_calls_per_run
         if start.max_tool_calls is not None:
@@ -373,7 +384,9 @@ class Assembler:
         adapter.max_choices = self.settings.max_choices_per_run
         latch = Latch(self.settings, tools, budget, adapter.parse_arguments
                       if adapter.parses_own_arguments else strictjson.parse,
-                      (start.tenant, start.provider, start.run_id), tool_attributes(start.tools))
+                      (start.tenant, start.provider, start.run_id), tool_attributes(given))
+        if start.toolset is not None and not tools:
+            latch.unknown = _unknown_toolset(start.toolset, tools is _UNKNOWN_TOOLSET)
         run = self._new_run(start, adapter, latch, now_ms, raw[0] if raw is not None else None)
         if not adapter.peeked:
             self._unpeeked.add(run.key)
@@ -392,13 +405,25 @@ class Assembler:
         """The run ``start`` opens (tests make a spy of it: tests/mutation_fuzz.py)."""
         return Run(start, adapter, latch, now_ms, key, self._ledger, self._rules)
 
-    def _tools(self, start: RunStart) -> tuple[dict[str, ToolSchema], int, list[Emit]]:
+    def _given_tools(self, start: RunStart, now_ms: int) -> Any:
+        """The tool definitions of the run: its ``tools``, or, for a run naming a registry
+        toolset, that version's, read at ``now_ms``, its run.start's record time
+        (:data:`ToolsetLookup`); None for an unknown version."""
+        if start.toolset is None:
+            return start.tools
+        return None if self.toolsets is None else self.toolsets(*start.toolset, now_ms)
+
+    def _tools(self, start: RunStart, given: Any
+               ) -> tuple[dict[str, ToolSchema], int, list[Emit]]:
         """The run's client tools, not compiled; the bytes of schema text they hold (counted in
         ``max_buffered_bytes`` like argument text, making room the same way); and the runs
-        ended to make that room. Tools that alone would exceed the budget are all unusable."""
+        ended to make that room. Tools that alone would exceed the budget are all unusable.
+        ``given``: :meth:`_given_tools` (None for a registry toolset not known: no tools)."""
         limit, budget = self.settings.max_tool_schema_bytes, self._ledger.limit
+        if start.toolset is not None and given is None:
+            return _UNKNOWN_TOOLSET, 0, []
         tools = {name: self._validators.prepare(schema, limit)
-                 for name, schema in client_tools(start.provider, start.tools).items()}
+                 for name, schema in client_tools(start.provider, given).items()}
         cost = sum(len(t.text) for t in tools.values() if t.text is not None)
         if cost > budget:
             self.stats["runs_over_buffered_bytes_tools"] += 1
@@ -542,6 +567,21 @@ class Assembler:
     def _reject(self, rejected: Rejected, key: bytes | None, value: bytes,
                 source: RecordSource | None) -> Emit:
         return self._ledger.reject(rejected, key, value, source)
+
+
+#: The tool map of a run whose registry toolset is unknown (never changed).
+_UNKNOWN_TOOLSET: dict[str, ToolSchema] = {}
+
+
+def _unknown_toolset(toolset: tuple[str, int], unknown: bool) -> tuple[Reason, str]:
+    """Why every call of a run that names ``toolset`` fails: the version is unknown, or it
+    holds no client tool of the run's provider (``unknown_tool``, as an empty ``tools``)."""
+    name, version = toolset
+    if unknown:
+        return Reason.UNKNOWN_TOOLSET, (f"the registry holds no toolset {name!r} version "
+                                        f"{version} for this run")
+    return Reason.UNKNOWN_TOOL, (f"toolset {name!r} version {version} has no client tool of "
+                                 "the run's provider")
 
 
 def _raw(raw: tuple[bytes | None, bytes, RecordSource | None] | None

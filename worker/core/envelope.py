@@ -70,6 +70,8 @@ class RunStart(NamedTuple):
     tenant: str | None
     tools: Any
     max_tool_calls: int | None
+    #: The registry toolset the run names instead of ``tools`` (name, version), else None.
+    toolset: tuple[str, int] | None = None
 
 
 class ProviderEvent(NamedTuple):
@@ -223,6 +225,13 @@ def _run_start(doc: dict[str, Any], run_id: str, seq: int, ts: int | None) -> En
         return Rejected(DlqReason.INVALID_ENVELOPE, f"tenant has {len(tenant)} characters, more "
                         f"than {MAX_TENANT_LENGTH}", run_id)
     tools = doc.get("tools", [])
+    toolset = None
+    if isinstance(tools, dict):  # a registry toolset by reference: {"toolset", "version"}
+        toolset = toolset_ref(tools)
+        if toolset is None:
+            return Rejected(DlqReason.INVALID_ENVELOPE, "tools names no toolset: an object "
+                            "must be {\"toolset\": NAME, \"version\": N}", run_id)
+        tools = []
     if not isinstance(tools, list):
         return Rejected(DlqReason.INVALID_ENVELOPE, "tools is not an array", run_id)
     limits = doc.get("limits")
@@ -232,7 +241,22 @@ def _run_start(doc: dict[str, Any], run_id: str, seq: int, ts: int | None) -> En
         return Rejected(DlqReason.INVALID_ENVELOPE, "limits.max_tool_calls is invalid", run_id)
     # Kept by each open run: the provider's own constant, and one string per distinct tenant.
     return RunStart(run_id, seq, ts, _PROVIDER_NAMES[provider],
-                    None if tenant is None else sys.intern(tenant), tools, cap)
+                    None if tenant is None else sys.intern(tenant), tools, cap, toolset)
+
+
+#: The longest toolset name accepted, in characters (``maxLength`` in the schemas).
+MAX_TOOLSET_NAME_LENGTH = 128
+
+
+def toolset_ref(value: dict[str, Any]) -> tuple[str, int] | None:
+    """A ``run.start``'s ``tools`` object read as a registry reference ``(name, version)``:
+    exactly the members ``toolset`` (1 to 128 characters) and ``version`` (a positive
+    integer); None if it is not one."""
+    name, version = value.get("toolset"), value.get("version")
+    if (len(value) != 2 or not isinstance(name, str) or not name
+            or len(name) > MAX_TOOLSET_NAME_LENGTH or type(version) is not int or version < 1):
+        return None
+    return name, version
 
 
 def _is_count(value: Any) -> bool:

@@ -60,7 +60,7 @@ class Latch:
     """The checks of the completion latch for one run (see the module docstring)."""
 
     __slots__ = ("attributes", "budget", "committed", "parse", "provider", "run_id", "settings",
-                 "tenant", "tools")
+                 "tenant", "tools", "unknown")
 
     def __init__(self, settings: AssembleSettings, tools: dict[str, ToolSchema],
                  budget: int,
@@ -78,6 +78,9 @@ class Latch:
         #: Each tool's attributes a policy sees (its MCP annotations, its toolset), by the key
         #: it is registered under; a tool not here has none.
         self.attributes: dict[str, dict[str, Any]] = attributes or {}
+        #: Why the run has no tools at all when that is not the model's fault (the registry
+        #: toolset it names is unknown): every call fails with it instead of ``unknown_tool``.
+        self.unknown: tuple[Reason, str] | None = None
 
     def decide(self, call: Call, truncated: bool, duplicate: bool,
                measure: Callable[[Call], int] | None = None,
@@ -109,6 +112,8 @@ class Latch:
         key = call.name if call.tool is None else call.tool
         tool = self.tools.get(key)
         if tool is None:
+            if self.unknown is not None:
+                return self.unknown
             if call.kind == FUNCTION:
                 return Reason.UNKNOWN_TOOL, "the tool name is not among the run's tools"
             return Reason.UNKNOWN_TOOL, f"the run registered no tool for this {call.kind} call"

@@ -135,6 +135,10 @@ class Reason(StrEnum):
     #: The run's policy (``policy.mode: enforce``) did not permit the call: no policy permits
     #: it, a policy forbids it, or a policy could not be evaluated (issue 25).
     POLICY_DENIED = "policy_denied"
+    #: The run named a toolset version (``{"toolset", "version"}``) that the registry did not
+    #: hold within ``registry.wait_s`` of the run.start's record time
+    #: (docs/decisions/0014-registry.md).
+    UNKNOWN_TOOLSET = "unknown_toolset"
 
 
 class DlqReason(StrEnum):

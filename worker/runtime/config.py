@@ -57,6 +57,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "KafkaSettings",
+    "RegistrySettings",
     "SigningSettings",
     "TopicNames",
     "WorkerSettings",
@@ -175,6 +176,7 @@ class TopicNames:
     dlq: str = "llm.stream.dlq"
     results: str = "tool.calls.results"
     journal: str = "tool.calls.journal"
+    registry: str = "latch.registry"
     partitions: int = 12
     replication_factor: int = 1
 
@@ -229,6 +231,13 @@ class PolicySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RegistrySettings:
+    """The ``registry`` section: toolsets and policy sets by version (runtime/registry.py)."""
+
+    wait_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration; ``source`` is the file it was read from (None: no file)."""
 
@@ -238,6 +247,7 @@ class Config:
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     signing: SigningSettings = field(default_factory=SigningSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
+    registry: RegistrySettings = field(default_factory=RegistrySettings)
     source: Path | None = None
 
 
@@ -250,6 +260,7 @@ _SECTIONS: Mapping[str, tuple[type[Any], str]] = MappingProxyType(
         "worker": (WorkerSettings, "worker"),
         "signing": (SigningSettings, "signing"),
         "policy": (PolicySettings, "policy"),
+        "registry": (RegistrySettings, "registry"),
     }
 )
 

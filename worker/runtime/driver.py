@@ -23,24 +23,38 @@ driver decides everything between:
    (:class:`TickRule`); the engine says how far its control partitions are read.
 5. :meth:`Driver.takeover` and :meth:`Driver.rebuilt` rebuild a partition taken over from its
    heads and the records of its open runs, which the engine reads from the log.
+6. The registry (:mod:`worker.runtime.registry`): a run naming a toolset gets it from
+   :attr:`Driver.registry`; a policy marker sets the policy set in force
+   (:meth:`Driver.policy_marker`), and :meth:`Driver.markers` says which markers the engine
+   writes beside its ticks.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from worker.core import Assembler, Emit
+from worker.core.policy import Policy
 from worker.runtime import control
 from worker.runtime import partition as partition_module
 from worker.runtime.config import Config, assembler_policy
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
 from worker.runtime.partition import TICK, Heads, PartitionState, finished_runs
+from worker.runtime.registry import (
+    POLICY_HISTORY,
+    POLICY_MARKER,
+    in_force,
+    marker_value,
+    marker_version,
+    policy_head_key,
+)
 from worker.runtime.step import Record, step
 
-__all__ = ["TICK_DEFER_MAX_S", "Applied", "Driver", "Takeover", "TickRule", "control_behind"]
+__all__ = ["TICK_DEFER_MAX_S", "Applied", "Driver", "PolicyFactory", "RegistryView", "Takeover",
+           "TickRule", "control_behind"]
 
 log = logging.getLogger("latch.worker")
 
@@ -108,26 +122,47 @@ def control_behind(forwarded: Mapping[int, int], ends: Mapping[int, int | None])
     return False
 
 
+class RegistryView(Protocol):
+    """The registry as a worker follows it (``registry_io.RegistryReader``)."""
+
+    def toolsets(self, name: str, version: int, at_ms: int) -> Any: ...
+
+    def policy_text(self, version: int) -> str | None: ...
+
+    def latest_policy(self) -> int | None: ...
+
+
+#: The policy set of a registry version: ``factory(version, cedar_text)``.
+PolicyFactory = Callable[[int, str], Policy]
+
+
 class Takeover:
     """One partition being rebuilt: a fresh state at offset ``resume``, its heads loaded; the
     engine reads the log from :attr:`start` (None: nothing to read) up to ``resume`` and feeds
     each record to :meth:`feed`."""
 
-    __slots__ = ("count", "open_runs", "partition", "replayed", "resume", "start", "state")
+    __slots__ = ("count", "marker", "open_runs", "partition", "replayed", "resume", "start",
+                 "state")
 
     def __init__(self, state: PartitionState, partition: int, resume: int,
-                 open_runs: dict[bytes, int]) -> None:
+                 open_runs: dict[bytes, int],
+                 marker: Callable[[PartitionState, Record], object] | None = None) -> None:
         self.state, self.partition, self.resume, self.open_runs = \
             state, partition, resume, open_runs
         starts = [start for start in open_runs.values() if start < resume]
         self.start: int | None = min(starts) if starts else None
         self.count = 0
         self.replayed: list[Emit] = []
+        self.marker = marker
 
     def feed(self, record: Record) -> None:
         """One record of the rebuild (:func:`partition.replay`: its outputs are kept only to
-        find the runs that finished during it)."""
+        find the runs that finished during it; a policy marker changes the policy in force)."""
         self.count += 1
+        if record.key == POLICY_MARKER:
+            if self.marker is not None:
+                self.marker(self.state, record)
+            return
         self.replayed += partition_module.replay(self.state, self.open_runs, record)
 
 
@@ -138,6 +173,11 @@ class Driver:
     def __init__(self, config: Config, hooks: EngineHooks, heads: Heads) -> None:
         self.config, self.hooks, self.heads = config, hooks, heads
         self.ticks = TickRule()
+        #: The registry the worker follows (None: none, e.g. in unit tests).
+        self.registry: RegistryView | None = None
+        #: How a registry policy version becomes the Policy in force (None: versions are
+        #: recorded, no policy decides: the policy step wires its CedarPolicy here).
+        self.policy_factory: PolicyFactory | None = None
 
     # -- per record ---------------------------------------------------------------------
 
@@ -148,6 +188,9 @@ class Driver:
         record's Kafka headers, or a function returning them (called only when the record
         opens a run)."""
         key = record.key
+        if key == POLICY_MARKER:
+            self.policy_marker(state, record)
+            return None
         run_id = key.decode("utf-8", "replace") if key else ""
         assembler = state.assembler
         was_open = assembler.is_open(run_id)
@@ -204,7 +247,18 @@ class Driver:
         assembler = Assembler(self.config.assemble)
         assembler.policy = assembler_policy(self.config)
         state = PartitionState(assembler, next_offset=resume)
-        return Takeover(state, partition, resume, self.heads.load(state, partition))
+        takeover = Takeover(state, partition, resume, self.heads.load(state, partition),
+                            self._set_policy)
+        if self.registry is not None:
+            state.assembler.toolsets = self.registry.toolsets
+        head = self.heads.table.get(policy_head_key(partition))
+        history = head.get("policy") if isinstance(head, dict) else None
+        state.policy_history = list(history) if isinstance(history, list) else []
+        version = in_force(state.policy_history,
+                           resume if takeover.start is None else takeover.start)
+        if version is not None:
+            self._policy(state, version)
+        return takeover
 
     def rebuilt(self, takeover: Takeover, topic: str) -> list[Emit]:
         """The rebuild is read: log it; return the outputs of runs that finished during it
@@ -219,3 +273,53 @@ class Driver:
                    ) -> None:
         """The outputs of :meth:`rebuilt` are delivered: record their runs as finished."""
         self.heads.finished(state, partition, finished_runs(outputs))
+
+    # -- the registry's policy set in force (module doc, step 6) --------------------------
+
+    def policy_marker(self, state: PartitionState, record: Record) -> None:
+        """A policy marker, live: the version in force from here on, recorded in the
+        partition's policy head so that a rebuild starts with the version in force at its
+        first record."""
+        source = record.source
+        if not self._set_policy(state, record) or state.policy_version is None:
+            return
+        state.policy_history = [*state.policy_history,
+                                [source.offset, state.policy_version]][-POLICY_HISTORY:]
+        self.heads.table[policy_head_key(source.partition)] = {
+            "p": source.partition, "policy": state.policy_history}
+
+    def _set_policy(self, state: PartitionState, record: Record) -> bool:
+        """Apply a policy marker (live or in a rebuild); False if it changes nothing (a
+        repeat of the version in force) or is not one."""
+        version = marker_version(record.value)
+        if version is None:
+            log.warning("ignoring a policy marker that names no version",
+                        extra=logs.where(record.source.topic, record.source.partition,
+                                         record.source.offset))
+            return False
+        if version == state.policy_version:
+            return False
+        self._policy(state, version)
+        return True
+
+    def _policy(self, state: PartitionState, version: int) -> None:
+        """Put policy set ``version`` in force in ``state``."""
+        state.policy_version = version
+        policy: Policy | None = None
+        if self.registry is not None and self.policy_factory is not None:
+            text = self.registry.policy_text(version)
+            if text is None:
+                log.error("policy set version %d is not in the registry; no policy decides",
+                          version)
+            else:
+                policy = self.policy_factory(version, text)
+        state.assembler.policy = policy
+
+    def markers(self, state: PartitionState, ts_ms: int) -> bytes | None:
+        """The policy marker to write into ``state``'s partition beside its tick (None: the
+        registry's latest policy version is in force, or already marked since the takeover)."""
+        latest = None if self.registry is None else self.registry.latest_policy()
+        if latest is None or latest == state.policy_version or latest == state.policy_marked:
+            return None
+        state.policy_marked = latest
+        return marker_value(latest, ts_ms)

@@ -1074,6 +1074,26 @@ class TestReasonMissingIdOrName:
         assert error["tool_call_id"] == self.BUFFER_KEY[provider]
 
 
+class TestReasonUnknownToolset:
+    """``unknown_toolset``: the run names a registry toolset version its lookup does not give
+    (worker/runtime/registry.py: not registered within ``registry.wait_s``)."""
+
+    def test_every_call_fails_and_a_known_version_commits(self) -> None:
+        """Without the version every call fails ``unknown_toolset`` (one error result per call
+        id); the lookup is asked with the run.start's record time, and a version it gives
+        supplies the run's tools."""
+        asked: list[tuple[str, int, int]] = []
+        tools = tools_for(CHAT, {"read_file": {"type": "object"}})
+        latch = assembler()
+        latch.toolsets = lambda n, v, at: asked.append((n, v, at)) or (tools if v == 1 else None)
+        for version, reason in ((2, "unknown_toolset"), (1, None)):
+            envs = chat_run(f"r{version}", {"toolset": "files", "version": version},  # type: ignore[arg-type]
+                            chat_calls([("c1", "read_file", "{}"), ("c2", "read_file", "{}")]))
+            emits = feed(latch, envs)
+            assert reasons(emits) == ([reason, reason] if reason else [])
+        assert [(n, v) for n, v, _ in asked] == [("files", 2), ("files", 1)]
+
+
 class TestReasonUnknownTool:
     """``unknown_tool``: the name is not a client tool of the run."""
 
@@ -1559,6 +1579,9 @@ def scenarios() -> dict[Reason, tuple[dict[str, Any], list[dict[str, Any]]]]:
             chat_run("r1", tools_for(CHAT, {"any": {"type": "object"}}), chat_calls([(
                 "c1", "any", fill('{"p": "@", "n": [0' + ",1e15" * 3_500_000 + "]}"))]))),
         Reason.POLICY_DENIED: ({"policy": Forbidding()}, chat([("c1", "read_file", good)])),
+        # a registry toolset the assembler has no lookup for (worker/runtime/registry.py)
+        Reason.UNKNOWN_TOOLSET: ({}, chat_run("r1", {"toolset": "files", "version": 1},  # type: ignore[arg-type]
+                                              chat_calls([("c1", "read_file", good)]))),
     }
 
 

@@ -43,8 +43,9 @@ CONTRACT_REASONS = [
     "protocol_error",
     # issue 23: a record that would outgrow the output topics' record size
     "record_too_large",
-    # issue 25: the run's Cedar policies, in enforce, did not permit the call
-    "policy_denied",
+    # issue 25: the run's Cedar policies, in enforce, did not permit the call; the run named a
+    # registry toolset version the registry did not hold in time
+    "policy_denied", "unknown_toolset",
 ]  # fmt: skip
 
 PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages", "bedrock.converse",
@@ -105,7 +106,7 @@ def test_the_expected_files_exist() -> None:
     assert set(ALL) == {
         "stream-envelope", "control-envelope", "tick-envelope", "committed-call",
         "error-result", "final-message", "progress", "dlq-record", "output-line", "config",
-        "tool-result", "journal-entry",
+        "tool-result", "journal-entry", "registry",
     }  # fmt: skip
 
 
@@ -179,6 +180,7 @@ def test_config_topic_defaults_are_the_contracts() -> None:
         "final": "llm.messages.final", "progress": "llm.stream.progress",
         "dlq": "llm.stream.dlq", "results": "tool.calls.results",
         "journal": "tool.calls.journal",
+        "registry": "latch.registry",
     }  # fmt: skip
     assert topics["partitions"]["default"] == 12
 

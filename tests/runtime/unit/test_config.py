@@ -17,6 +17,7 @@ from worker.runtime.config import (
     ConfigError,
     KafkaSettings,
     PolicySettings,
+    RegistrySettings,
     SigningSettings,
     TopicNames,
     WorkerSettings,
@@ -33,6 +34,7 @@ SECTIONS: dict[str, Any] = {
     "worker": WorkerSettings,
     "signing": SigningSettings,
     "policy": PolicySettings,
+    "registry": RegistrySettings,
 }
 
 

@@ -66,6 +66,8 @@ from worker.runtime.observability import logs
 from worker.runtime.observability.health import loop_heartbeat
 from worker.runtime.observability.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.registry import POLICY_MARKER
+from worker.runtime.registry_io import RegistryError, RegistryReader
 from worker.runtime.step import Record, Source
 
 log = logging.getLogger("latch.worker")
@@ -106,6 +108,8 @@ class FaustEngine:
         self.hooks = EngineHooks(config)
         #: Everything around the core, engine-neutral (worker/runtime/driver.py).
         self.driver = Driver(config, self.hooks, self.run_heads)
+        #: The registry, read whole before the faust worker starts (registry_io.py).
+        self.registry = self.driver.registry = RegistryReader(config)
         self.metrics, self.health = self.hooks.metrics, self.hooks.health
         self.metrics.watch(self._partition_views)
         self.reader_options = kafka_io.aiokafka_options(config.kafka)
@@ -330,10 +334,16 @@ class FaustEngine:
             return
         while not self.driver.tick_due(time.monotonic(), self._control_behind()):
             await asyncio.sleep(_TICK_RECHECK_S)
-        value = orjson.dumps({"v": 1, "type": "tick", "ts": int(time.time() * 1000)})
+        ts = int(time.time() * 1000)
+        value = orjson.dumps({"v": 1, "type": "tick", "ts": ts})
         for tp in sorted(self.app.assignor.assigned_actives()):
             if tp.topic == events:
                 await self.events.send(key=TICK, value=value, partition=tp.partition)
+                state = self.partitions.get(tp.partition)
+                marker = None if state is None else self.driver.markers(state, ts)
+                if marker is not None:  # a new policy set version (driver.py, step 6)
+                    await self.events.send(key=POLICY_MARKER, value=marker,
+                                           partition=tp.partition)
 
     def _control_behind(self) -> bool:
         """Whether an owned control partition has records in the log not yet forwarded (its
@@ -497,6 +507,12 @@ class FaustEngine:
             print(self.hooks.http_error(exc), file=sys.stderr)
             return 2
         self._read_limits()
+        try:
+            self.registry.start()
+        except RegistryError as exc:
+            log.error("not starting: %s", exc)
+            self.hooks.stop(server)
+            return 2
         worker = faust.Worker(self.app, loglevel=self.config.worker.log_level, quiet=True,
                               logging_config=logs.faust_logging_config(self.config.worker))
         try:
@@ -505,6 +521,7 @@ class FaustEngine:
             return exc.code if isinstance(exc.code, int) else 1
         finally:
             self.hooks.stop(server)
+            self.registry.stop()
         return 0  # pragma: no cover  (execute_from_commandline always raises SystemExit)
 
 

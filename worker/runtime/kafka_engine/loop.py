@@ -105,6 +105,8 @@ from worker.runtime.kafka_engine.transaction import (
 from worker.runtime.observability import logs
 from worker.runtime.observability.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.registry import POLICY_MARKER
+from worker.runtime.registry_io import RegistryError, RegistryReader
 from worker.runtime.step import Source
 
 _T = TypeVar("_T")
@@ -154,6 +156,8 @@ class KafkaEngine:
         self.hooks = EngineHooks(config)
         #: Everything around the core, engine-neutral (worker/runtime/driver.py).
         self.driver = Driver(config, self.hooks, self.heads)
+        #: The registry, read whole before the consumer subscribes (registry_io.py).
+        self.registry = self.driver.registry = RegistryReader(config)
         self.hooks.metrics.watch(self._partition_views)
         self.hooks.health.heartbeat = self._alive
         self.topic_of = {name: topic for topic, name in self.outputs.items()}
@@ -205,6 +209,7 @@ class KafkaEngine:
             instance.check(self.config, self.reader_settings,
                            int(consumer_settings(self.config)["session.timeout.ms"]) / 1000)
             self._read_limits()
+            self.registry.start()
             self.txn.start()
             self.consumer.subscribe([self.events, self.control], on_assign=self._on_assign,
                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -216,7 +221,7 @@ class KafkaEngine:
             self._loop()
             self._commit()
             return 0
-        except instance.InstanceTaken as exc:
+        except (instance.InstanceTaken, RegistryError) as exc:
             log.error("not starting: %s", exc)
             return 2
         except (Fatal, KafkaException) as exc:
@@ -234,6 +239,7 @@ class KafkaEngine:
         except (Fatal, KafkaException, RuntimeError) as exc:
             log.warning("closing the consumer: %s", _describe(exc))
         self.hooks.stop(self.server)
+        self.registry.stop()
 
     def _loop(self) -> None:
         worker = self.config.worker
@@ -342,9 +348,13 @@ class KafkaEngine:
         if not self.driver.tick_due(now, self._control_behind()):
             return False
         self.txn.begin()
-        value = orjson.dumps({"v": 1, "type": "tick", "ts": int(time.time() * 1000)})
+        ts = int(time.time() * 1000)
+        value = orjson.dumps({"v": 1, "type": "tick", "ts": ts})
         for partition in sorted(self.partitions):
             self.txn.produce(self.events, TICK, value, partition)
+            marker = self.driver.markers(self.partitions[partition], ts)
+            if marker is not None:  # a new policy set version (driver.py, step 6)
+                self.txn.produce(self.events, POLICY_MARKER, marker, partition)
         return True
 
     def _control_behind(self) -> bool:
