@@ -34,6 +34,7 @@ set -eu
 : "${DLQ:=llm.stream.dlq}"
 : "${RESULTS:=tool.calls.results}"
 : "${JOURNAL:=tool.calls.journal}"
+: "${REGISTRY:=latch.registry}"
 
 # allow PRINCIPAL RESOURCE NAME PATTERN OPERATION...   (RESOURCE: topic, group,
 # transactional-id; PATTERN: literal or prefixed)
@@ -64,6 +65,9 @@ allow "$WORKER" topic "$ERRORS" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$FINAL" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$PROGRESS" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$DLQ" literal Write Describe DescribeConfigs
+# The registry (decision 0014): read whole at start and followed; the worker writes only its
+# clock probes (null values under the key "fence"). `latch registry put` runs as an admin.
+allow "$WORKER" topic "$REGISTRY" literal Read Write Describe DescribeConfigs
 allow "$WORKER" topic "$APP_ID-" prefixed Create Read Write Describe DescribeConfigs
 allow "$WORKER" group "$APP_ID" literal Read Describe
 allow "$WORKER" transactional-id "$APP_ID-" prefixed Write Describe
