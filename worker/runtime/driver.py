@@ -36,13 +36,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from worker.core import Assembler, Emit
-from worker.core.policy import Policy
 from worker.runtime import control
 from worker.runtime import partition as partition_module
-from worker.runtime.config import Config, assembler_policy
+from worker.runtime.config import Config
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
 from worker.runtime.partition import TICK, Heads, PartitionState, finished_runs
+from worker.runtime.policy_source import PolicySource
 from worker.runtime.registry import (
     POLICY_HISTORY,
     POLICY_MARKER,
@@ -53,7 +53,7 @@ from worker.runtime.registry import (
 )
 from worker.runtime.step import Record, step
 
-__all__ = ["TICK_DEFER_MAX_S", "Applied", "Driver", "PolicyFactory", "RegistryView", "Takeover",
+__all__ = ["TICK_DEFER_MAX_S", "Applied", "Driver", "RegistryView", "Takeover",
            "TickRule", "control_behind"]
 
 log = logging.getLogger("latch.worker")
@@ -132,10 +132,6 @@ class RegistryView(Protocol):
     def latest_policy(self) -> int | None: ...
 
 
-#: The policy set of a registry version: ``factory(version, cedar_text)``.
-PolicyFactory = Callable[[int, str], Policy]
-
-
 class Takeover:
     """One partition being rebuilt: a fresh state at offset ``resume``, its heads loaded; the
     engine reads the log from :attr:`start` (None: nothing to read) up to ``resume`` and feeds
@@ -175,9 +171,8 @@ class Driver:
         self.ticks = TickRule()
         #: The registry the worker follows (None: none, e.g. in unit tests).
         self.registry: RegistryView | None = None
-        #: How a registry policy version becomes the Policy in force (None: versions are
-        #: recorded, no policy decides: the policy step wires its CedarPolicy here).
-        self.policy_factory: PolicyFactory | None = None
+        #: The policy in force for a version a marker names (:mod:`policy_source`).
+        self.policies = PolicySource(config)
 
     # -- per record ---------------------------------------------------------------------
 
@@ -245,7 +240,7 @@ class Driver:
         """A fresh state for ``partition`` at offset ``resume``: its finished runs registered
         from the heads, its open runs' records to read from :attr:`Takeover.start`."""
         assembler = Assembler(self.config.assemble)
-        assembler.policy = assembler_policy(self.config)
+        assembler.policy = self.policies.initial()
         state = PartitionState(assembler, next_offset=resume)
         takeover = Takeover(state, partition, resume, self.heads.load(state, partition),
                             self._set_policy)
@@ -305,15 +300,9 @@ class Driver:
     def _policy(self, state: PartitionState, version: int) -> None:
         """Put policy set ``version`` in force in ``state``."""
         state.policy_version = version
-        policy: Policy | None = None
-        if self.registry is not None and self.policy_factory is not None:
-            text = self.registry.policy_text(version)
-            if text is None:
-                log.error("policy set version %d is not in the registry; no policy decides",
-                          version)
-            else:
-                policy = self.policy_factory(version, text)
-        state.assembler.policy = policy
+        registry = self.registry
+        state.assembler.policy = self.policies.at(
+            version, None if registry is None else registry.policy_text)
 
     def markers(self, state: PartitionState, ts_ms: int) -> bytes | None:
         """The policy marker to write into ``state``'s partition beside its tick (None: the

@@ -483,7 +483,8 @@ def read_tools(path: str) -> Any:
 
 def load_policy(mode: str, file: str | None, tools_file: str | None = None,
                 provider: str = "openai.chat") -> CedarPolicy | None:
-    """The policy in force for ``policy:`` settings (None for mode ``off``); raises
+    """The policy in force for ``policy:`` settings (None for mode ``off``, and without a
+    file: then the registry's policy sets decide, :mod:`worker.runtime.policy_source`); raises
     :class:`PolicyFileError` (file, line, column) for a file that does not parse or does not
     validate against the schema generated from ``tools_file``, ValueError for the rest."""
     if mode not in MODES:
@@ -491,7 +492,7 @@ def load_policy(mode: str, file: str | None, tools_file: str | None = None,
     if mode == OFF:
         return None
     if not file:
-        raise ValueError(f"policy.mode {mode} needs policy.file (a .cedar file)")
+        return None
     try:
         source = Path(file).read_text(encoding="utf-8")
     except OSError as exc:

@@ -223,6 +223,11 @@ class RegistryState:
     def policy(self, version: int) -> Entry | None:
         return self.entries.get((POLICY, "", version))
 
+    def policy_text(self, version: int) -> str | None:
+        """The Cedar text of policy set ``version`` (None: not read)."""
+        entry = self.policy(version)
+        return None if entry is None else str(entry.content)
+
     def latest_policy(self) -> int | None:
         """The highest policy set version read (None: none)."""
         versions = [v for (kind, _, v) in self.entries if kind == POLICY]

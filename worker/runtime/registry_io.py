@@ -216,8 +216,7 @@ class RegistryReader:
         state = self.state
         if state.policy(version) is None:
             self._hold(lambda: state.policy(version) is not None)
-        entry = state.policy(version)
-        return None if entry is None else str(entry.content)
+        return state.policy_text(version)
 
     def latest_policy(self) -> int | None:
         return self.state.latest_policy()

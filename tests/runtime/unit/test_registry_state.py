@@ -12,7 +12,7 @@ from builders import chat_calls, chat_run, chat_tool
 
 from worker.core import Assembler, Topic
 from worker.core.envelope import RunStart, decode
-from worker.core.policy import Policy, PolicyDecision, PolicyRequest
+from worker.core.policy import Policy
 from worker.runtime import registry, step
 from worker.runtime.config import load_config
 from worker.runtime.driver import Driver
@@ -137,18 +137,6 @@ def test_the_core_takes_a_referenced_toolsets_tools_from_its_lookup() -> None:
         assert [(e["tool_call_id"], e["reason"]) for e in errors] == [("c1", "unknown_toolset")]
 
 
-class _Standin:
-    """A Policy stand-in: its version, allowing everything."""
-
-    mode = "log_only"
-
-    def __init__(self, version: int, text: str) -> None:
-        self.version, self.text = version, text
-
-    def decide(self, request: PolicyRequest) -> PolicyDecision:
-        return PolicyDecision(self.mode, True, version=self.version)
-
-
 class _Registry:
     def __init__(self, latest: int | None) -> None:
         self.latest = latest
@@ -157,18 +145,18 @@ class _Registry:
         return None
 
     def policy_text(self, version: int) -> str | None:
-        return f"// version {version}"
+        return f'@id("v{version}")\npermit(principal, action, resource);'
+
 
     def latest_policy(self) -> int | None:
         return self.latest
 
 
 def _driver(table: dict[bytes, Any]) -> Driver:
-    config = load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0"})
+    config = load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0",
+                                    "LATCH_POLICY__MODE": "log_only"})  # no file: the registry
     driver = Driver(config, EngineHooks(config), Heads(table, 3600))
     driver.registry = _Registry(2)
-    factory: Any = _Standin
-    driver.policy_factory = factory
     return driver
 
 
