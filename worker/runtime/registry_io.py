@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +134,9 @@ class RegistryReader:
         self.changed = threading.Condition()
         self._fence_wanted = False
         self._stopping = False
+        #: Called once before a hold waits (the kafka engine commits its open transaction
+        #: there, so that no transaction stays open through the hold; decision 0014).
+        self.before_hold: Callable[[], None] | None = None
         self._consumer: Any = None  # made by start(): no client before the worker runs
         self._producer: Producer | None = None
         self._thread = threading.Thread(target=self._follow, name="latch-registry",
@@ -190,6 +193,11 @@ class RegistryReader:
     def _hold(self, settled: Any) -> bool:
         """Wait until ``settled()`` (called under the lock) is true; False if it never
         became so within the bound."""
+        if self.before_hold is not None:
+            with self.changed:
+                if settled():
+                    return True
+            self.before_hold()
         give_up = time.monotonic() + self.wait_ms / 1000 + HOLD_MAX_S
         with self.changed:
             while not settled():

@@ -295,3 +295,40 @@ def _delete(stack: Stack, topics: list[str]) -> None:
     for future in client.delete_topics(topics, operation_timeout=30).values():
         with contextlib.suppress(KafkaException):  # not made by the replay
             future.result(timeout=60)
+
+
+@pytest.fixture
+def slow_registry(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """A kafka-engine stack whose hold (``registry.wait_s`` 25) far outlasts its transaction
+    timeout (1 s; the broker aborts a timed-out transaction within its 10 s sweep)."""
+    with make_stack(kafka_bootstrap, request.node.name, partitions=1,
+                    worker__engine="kafka", registry__wait_s="25",
+                    worker__transaction_timeout_s="1") as made:
+        yield made
+
+
+def test_a_hold_commits_the_kafka_engines_open_transaction_first(
+        slow_registry: Stack, tmp_path: Path) -> None:
+    """The kafka engine consumes, in one batch, a run whose call it commits and then a
+    run.start naming toolset version 1 before anyone registered it; the version is put 14 s
+    later (past the transaction timeout and the broker's sweep). The engine commits its open
+    transaction before the hold, so nothing is aborted: both calls are committed, the log has
+    no aborted transaction and the worker stops cleanly (on main the transaction stayed open
+    through the hold and was aborted by the broker)."""
+    stack = slow_registry
+    first = provider_run("openai.chat", "first", [("call_first", "read_file",
+                                                   '{"path": "/srv/a"}')])
+    with running_worker(stack, tmp_path / "worker.log") as worker:
+        reader = Reader(stack)
+        try:
+            publish_envelopes(stack.bootstrap, stack.topic("events"),
+                              first + _by_reference("late", 1))
+            time.sleep(14)
+            registry_io.put(stack.config(), TOOLSET, "files", 1,
+                            tools("openai.chat", ["read_file"]))
+            reader.collect(finished(["first", "late"]), timeout=90)
+        finally:
+            reader.close()
+        assert "transaction aborted" not in worker.log()
+    assert _outcomes([o.value for o in reader.of("committed") + reader.of("errors")]) == [
+        ("first", "call_first", None), ("late", "call_late", None)]
