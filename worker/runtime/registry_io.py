@@ -12,6 +12,8 @@ the run's deadline. While it waits, the reader writes a ``fence`` tombstone into
 every :data:`FENCE_EVERY_S` and reads it back: its append time is the broker's clock. The wait
 lasts about ``registry.wait_s``; a registry that cannot be read for :data:`HOLD_MAX_S` more
 than that ends it with the answer as read (logged as an error: replay could then differ).
+Before it waits, :attr:`RegistryReader.before_hold` runs (the kafka engine commits its open
+transaction there); faust's event loop is blocked for the hold (decision 0014).
 
 ``latch registry put|list|show`` (:func:`main`): ``put`` reads the registry whole first and
 refuses a version that exists already, or whose content does not validate.

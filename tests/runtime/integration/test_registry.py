@@ -313,8 +313,9 @@ def test_a_hold_commits_the_kafka_engines_open_transaction_first(
     run.start naming toolset version 1 before anyone registered it; the version is put 14 s
     later (past the transaction timeout and the broker's sweep). The engine commits its open
     transaction before the hold, so nothing is aborted: both calls are committed, the log has
-    no aborted transaction and the worker stops cleanly (on main the transaction stayed open
-    through the hold and was aborted by the broker)."""
+    no aborted transaction and the worker stops cleanly (before, the transaction stayed open
+    through the hold, the broker timed it out and fenced the producer: the worker stopped with
+    "This instance has been fenced" and nothing was committed)."""
     stack = slow_registry
     first = provider_run("openai.chat", "first", [("call_first", "read_file",
                                                    '{"path": "/srv/a"}')])
