@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    latch assemble [--config FILE] [FILE|-]            offline: envelopes in, records out
+    latch assemble [--config FILE] [--registry] [FILE|-] offline: envelopes in, records out
     latch assemble --from-sse PROVIDER --tools FILE CAPTURE
     latch worker [--config FILE]                         run the Kafka worker
     latch topics create [--config FILE]                  provision every topic
@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     asm.add_argument("--run-id", default="capture", help=(
         "with --from-sse: the run id to use (a cassette of several interactions: one run each, "
         "ID-1, ID-2, ...)"))
+    asm.add_argument("--registry", action="store_true", help=(
+        "read the registry topic (topics.registry) whole first, for runs that name a toolset "
+        "by reference (every version read counts: offline there is no wait rule); without it "
+        "such runs fail unknown_toolset"))
     asm.add_argument("input", nargs="?", default="-", help="input file, - for stdin")
     asm.set_defaults(handler=_assemble)
 
@@ -119,6 +123,8 @@ def _assemble(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from exc
     assembler = Assembler(config.assemble)
     assembler.policy = assembler_policy(config)
+    if args.registry:
+        assembler.toolsets = _registry_toolsets(config)
     out = sys.stdout.buffer
     if args.from_sse:
         lines: Iterable[bytes] = _capture_lines(args)
@@ -132,6 +138,24 @@ def _assemble(args: argparse.Namespace) -> int:
         print(f"latch: {assembler.open_runs} run(s) still open at end of input: {ids}",
               file=sys.stderr)
     return 0
+
+
+def _registry_toolsets(config: Any) -> Callable[[str, int, int], Any]:
+    """``latch assemble --registry``: the registry topic read whole now; a run naming a
+    toolset gets any version read (offline there is no record time to wait from)."""
+    from worker.runtime.registry import TOOLSET
+    from worker.runtime.registry_io import RegistryError, read_whole
+
+    try:
+        state = read_whole(config)
+    except RegistryError as exc:
+        raise CliError(f"--registry: {exc}") from exc
+
+    def lookup(name: str, version: int, at_ms: int) -> Any:
+        entry = state.get(TOOLSET, name, version)
+        return None if entry is None else entry.content
+
+    return lookup
 
 
 def _write(out: IO[bytes], lines: Iterable[dict[str, Any]]) -> None:

@@ -386,7 +386,8 @@ class Assembler:
                       if adapter.parses_own_arguments else strictjson.parse,
                       (start.tenant, start.provider, start.run_id), tool_attributes(given))
         if start.toolset is not None and not tools:
-            latch.unknown = _unknown_toolset(start.toolset, tools is _UNKNOWN_TOOLSET)
+            latch.unknown = _unknown_toolset(start.toolset, tools is _UNKNOWN_TOOLSET,
+                                             self.toolsets is not None)
         run = self._new_run(start, adapter, latch, now_ms, raw[0] if raw is not None else None)
         if not adapter.peeked:
             self._unpeeked.add(run.key)
@@ -573,10 +574,17 @@ class Assembler:
 _UNKNOWN_TOOLSET: dict[str, ToolSchema] = {}
 
 
-def _unknown_toolset(toolset: tuple[str, int], unknown: bool) -> tuple[Reason, str]:
-    """Why every call of a run that names ``toolset`` fails: the version is unknown, or it
-    holds no client tool of the run's provider (``unknown_tool``, as an empty ``tools``)."""
+def _unknown_toolset(toolset: tuple[str, int], unknown: bool, registry: bool = True
+                     ) -> tuple[Reason, str]:
+    """Why every call of a run that names ``toolset`` fails: the version is unknown (or no
+    registry is read at all: ``registry`` False, e.g. ``latch assemble`` without
+    ``--registry``), or it holds no client tool of the run's provider (``unknown_tool``, as
+    an empty ``tools``)."""
     name, version = toolset
+    if unknown and not registry:
+        return Reason.UNKNOWN_TOOLSET, (f"the run names toolset {name!r} version {version} "
+                                        "and no registry is read here (offline: latch "
+                                        "assemble --registry reads the registry topic)")
     if unknown:
         return Reason.UNKNOWN_TOOLSET, (f"the registry holds no toolset {name!r} version "
                                         f"{version} for this run")

@@ -12,6 +12,8 @@ the run's deadline. While it waits, the reader writes a ``fence`` tombstone into
 every :data:`FENCE_EVERY_S` and reads it back: its append time is the broker's clock. The wait
 lasts about ``registry.wait_s``; a registry that cannot be read for :data:`HOLD_MAX_S` more
 than that ends it with the answer as read (logged as an error: replay could then differ).
+Before it waits, :attr:`RegistryReader.before_hold` runs (the kafka engine commits its open
+transaction there); faust's event loop is blocked for the hold (decision 0014).
 
 ``latch registry put|list|show`` (:func:`main`): ``put`` reads the registry whole first and
 refuses a version that exists already, or whose content does not validate.
@@ -25,7 +27,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +136,9 @@ class RegistryReader:
         self.changed = threading.Condition()
         self._fence_wanted = False
         self._stopping = False
+        #: Called once before a hold waits (the kafka engine commits its open transaction
+        #: there, so that no transaction stays open through the hold; decision 0014).
+        self.before_hold: Callable[[], None] | None = None
         self._consumer: Any = None  # made by start(): no client before the worker runs
         self._producer: Producer | None = None
         self._thread = threading.Thread(target=self._follow, name="latch-registry",
@@ -190,6 +195,11 @@ class RegistryReader:
     def _hold(self, settled: Any) -> bool:
         """Wait until ``settled()`` (called under the lock) is true; False if it never
         became so within the bound."""
+        if self.before_hold is not None:
+            with self.changed:
+                if settled():
+                    return True
+            self.before_hold()
         give_up = time.monotonic() + self.wait_ms / 1000 + HOLD_MAX_S
         with self.changed:
             while not settled():

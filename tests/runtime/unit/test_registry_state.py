@@ -215,3 +215,22 @@ def test_the_replay_of_a_partition_decides_the_same_across_a_policy_change() -> 
     assert rebuild.state.policy_version == live_state.policy_version == 2
     assert [e.value for e in rebuild.replayed] == [e.value for out in live_out for e in out
                                                    if e.topic is not Topic.PROGRESS]
+
+
+def test_latch_assemble_without_a_registry_fails_a_referenced_run_saying_why(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``latch assemble`` reads no registry unless given ``--registry``: a run naming a
+    toolset fails every call ``unknown_toolset`` with a message that says no registry is
+    read and how to read one (before: the registry "holds no toolset", which was not so)."""
+    from worker import cli
+
+    monkeypatch.chdir(tmp_path)  # (no latch.yaml here)
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(orjson.dumps(e) for e in _by_reference("r1")))
+    assert cli.main(["assemble", str(path)]) == 0
+    lines = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    errors = [line["value"] for line in lines if line["topic"] == "errors"]
+    assert [(e["tool_call_id"], e["reason"]) for e in errors] == [("c1", "unknown_toolset")]
+    assert "no registry is read here" in errors[0]["content"]
+    assert "latch assemble --registry" in errors[0]["content"]

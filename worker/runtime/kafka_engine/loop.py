@@ -158,6 +158,11 @@ class KafkaEngine:
         self.driver = Driver(config, self.hooks, self.heads)
         #: The registry, read whole before the consumer subscribes (registry_io.py).
         self.registry = self.driver.registry = RegistryReader(config)
+        self.registry.before_hold = self._before_hold
+        #: The transaction :meth:`_before_hold` committed aborted: acted on after the record.
+        self.held_abort: Aborted | None = None
+        #: Whether the loop is applying consumed records (not a rebuild).
+        self.applying = False
         self.hooks.metrics.watch(self._partition_views)
         self.hooks.health.heartbeat = self._alive
         self.topic_of = {name: topic for topic, name in self.outputs.items()}
@@ -291,6 +296,7 @@ class KafkaEngine:
                                                  reader.record_at)
         apply, table, txn = driver.apply, self.table, self.txn
         batch = txn.batch
+        self.applying = True  # (a hold may commit the batch: _before_hold)
         for msg in msgs:
             if msg.error() is not None or msg.topic() != events:
                 self._handle(msg)
@@ -306,6 +312,13 @@ class KafkaEngine:
                 batch = txn.begin()
             record = record_at(msg, events, partition, offset)
             applied = apply(state, record, msg.headers)
+            if txn.batch is not batch:  # the registry's hold committed it (_before_hold)
+                if self.held_abort is not None:  # aborted: rebuild, this record included
+                    aborted, self.held_abort = self.held_abort, None
+                    self.applying = False
+                    self._after(aborted, rewind=True)
+                    return
+                batch = txn.begin()
             if applied is not None:  # a transaction holds outputs and heads together
                 if applied.emits:
                     self._publish(record.key, applied.emits, record.time_ms, record.source)
@@ -314,6 +327,27 @@ class KafkaEngine:
                 self._write_heads()
             state.next_offset = batch.events[partition] = offset + 1
             batch.records += 1
+        self.applying = False
+
+    def _before_hold(self) -> None:
+        """The registry is about to hold the loop for a toolset version not read yet
+        (registry_io.py): commit the open transaction first, with the offsets of the records
+        before this one, so that none stays open through the hold (a hold may last
+        ``registry.wait_s``, as long as ``worker.transaction_timeout_s``; decision 0014). The
+        record's outputs go into a new transaction. If the commit aborts, the partitions are
+        rebuilt once the record's step returns (:meth:`_apply_events`)."""
+        txn = self.txn
+        if not self.applying or threading.current_thread() is not self.thread or (
+                txn.batch is None and txn.committing is None):
+            return
+        outcome = txn.settle()
+        if not isinstance(outcome, Aborted):
+            self._after(outcome, rewind=False)
+            outcome = txn.commit()
+        if isinstance(outcome, Aborted):
+            self.held_abort = outcome
+        else:
+            self._after(outcome, rewind=False)
 
     def _handle(self, msg: Message) -> None:
         """A consumer error (a fatal one stops the worker), or a control record: forwarded
