@@ -117,7 +117,7 @@ class Latch:
     def _approval(self, call: Call) -> tuple[str, ...]:
         """Why a call that passed every step needs approval (module docstring); () if not."""
         rules = self.settings.approvals
-        key = call.name if call.tool is None else call.tool
+        key = (call.name if call.tool is None else call.tool) or ""
         causes = []
         if key in rules.require_approval:
             causes.append(REQUIRE_APPROVAL)

@@ -35,7 +35,7 @@ import os
 import re
 import textwrap
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
@@ -47,6 +47,7 @@ from worker.core.policy import Policy
 from worker.core.settings import (
     MAX_RECORD_BYTES,
     OUTPUT_RECORD_BYTES,
+    ApprovalSettings,
     AssembleSettings,
     largest_records,
 )
@@ -175,6 +176,7 @@ class TopicNames:
     dlq: str = "llm.stream.dlq"
     results: str = "tool.calls.results"
     journal: str = "tool.calls.journal"
+    pending: str = "tool.calls.pending"
     partitions: int = 12
     replication_factor: int = 1
 
@@ -238,6 +240,7 @@ class Config:
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     signing: SigningSettings = field(default_factory=SigningSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
+    approvals: ApprovalSettings = field(default_factory=ApprovalSettings)
     source: Path | None = None
 
 
@@ -250,6 +253,7 @@ _SECTIONS: Mapping[str, tuple[type[Any], str]] = MappingProxyType(
         "worker": (WorkerSettings, "worker"),
         "signing": (SigningSettings, "signing"),
         "policy": (PolicySettings, "policy"),
+        "approvals": (ApprovalSettings, "approvals"),
     }
 )
 
@@ -442,6 +446,8 @@ def _build(data: Mapping[str, Any], source: Path | None) -> Config:
             extra = {k: _kafka_value(values.pop(k)) for k in list(values) if k not in props}
             values["extra"] = extra
         built[attribute] = cls(**{k: _convert(v, props.get(k, {})) for k, v in values.items()})
+    # The core reads the approvals with the rest of its settings (AssembleSettings.approvals).
+    built["assemble"] = replace(built["assemble"], approvals=built["approvals"])
     return Config(**built, source=source)
 
 
