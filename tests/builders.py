@@ -4,8 +4,8 @@ Every helper returns plain JSON-able dicts shaped as the contract and the provid
 streaming documentation describe them, so that a test reads like the stream it feeds:
 
 * envelopes: :func:`run_start`, :func:`provider_event`, :func:`stream_end`,
-  :func:`stream_error`, :func:`cancel`, :func:`decision`, :func:`tick`, and :func:`run_envelopes`, which numbers
-  the ``seq`` of a whole run;
+  :func:`stream_error`, :func:`cancel`, :func:`decision`, :func:`tick`, and
+  :func:`run_envelopes`, which numbers the ``seq`` of a whole run;
 * tool definitions in each provider's own format: :func:`chat_tool`,
   :func:`anthropic_tool`, :func:`responses_tool`, :func:`tools_for`;
 * provider events: ``chat_*`` (Chat Completions chunks), ``anthropic_*`` (Messages stream

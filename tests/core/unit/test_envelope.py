@@ -36,8 +36,8 @@ from builders import (
 )
 
 from worker.core import Assembler, AssembleSettings, DlqReason, Topic, decode
-from worker.core.settings import ApprovalSettings
 from worker.core.envelope import Cancel, ProviderEvent, Rejected, RunStart, StreamEnd, Tick
+from worker.core.settings import ApprovalSettings
 
 TOOLS = {"noop": EMPTY_SCHEMA, "gated": EMPTY_SCHEMA}
 #: ``gated``'s calls wait for approval (README, "Approvals").
