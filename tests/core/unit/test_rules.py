@@ -1512,7 +1512,7 @@ GATED = ApprovalSettings(require_approval=("read_file",), approval_timeout_s=10.
 
 class TestReasonApprovalDenied:
     """``approval_denied``: a person denied a call waiting for approval (issue 26; the flow
-    itself: ``test_approvals.py``)."""
+    itself: ``test_held_calls.py``)."""
 
     def test_a_denied_call_fails_naming_who_denied(self) -> None:
         """The held call goes to the pending topic, the denial gives its one error result,
