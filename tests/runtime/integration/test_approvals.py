@@ -14,12 +14,15 @@ from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from worker_harness import (
     ENGINES,
     OUTPUTS,
     Out,
     Reader,
     Stack,
+    WorkerProcess,
+    by_run,
     finished,
     make_stack,
     provider_run,
@@ -28,6 +31,7 @@ from worker_harness import (
 )
 
 from worker.client.publisher import Publisher
+from worker.core import Assembler, Emit
 
 SECRET = "/srv/SECRET-hunter2"
 #: run id -> what the test decides of its held call
@@ -110,3 +114,74 @@ def test_approve_edit_deny_timeout_and_unknown(stack: Stack, tmp_path: Path) -> 
 def _one_each(outcomes: list[Out]) -> None:
     ids = [r.value.get("call_id") or r.value["tool_call_id"] for r in outcomes]
     assert len(ids) == len(set(ids)), "a call id with two outcomes"
+
+
+def test_a_worker_killed_between_pending_and_decision(stack: Stack, tmp_path: Path) -> None:
+    """The worker is SIGKILLed once the calls are pending; the decisions are sent while no
+    worker runs; a new worker takes the partitions over (rebuilding the waiting runs from the
+    events log) and applies each decision once: one outcome per call id (a repeated record
+    repeats the same bytes), one final message per run. Then replay: the events topic as
+    written (provider events, forwarded decisions, ticks), fed through the core per partition
+    with its record times, gives exactly the live committed calls, errors, pending records and
+    final messages."""
+    runs = ("approve", "edit_ok", "deny")
+    envelopes = [e for e in _envelopes() if e["run_id"] in runs]
+    first = WorkerProcess(stack, tmp_path / "w1.log")
+    reader = Reader(stack, (*OUTPUTS, "pending"))
+    try:
+        first.wait_ready()
+        publish_envelopes(stack.bootstrap, stack.topic("events"), envelopes)
+        reader.collect(_pending(runs), timeout=90)
+        first.kill()
+        with Publisher(stack.config()) as publisher:
+            publisher.approve("approve", _call("approve"), by="ann")
+            publisher.edit("edit_ok", _call("edit_ok"), {"path": "/srv/tmp/x"}, by="ann")
+            publisher.deny("deny", _call("deny"), by="bob", reason="no")
+            publisher.flush()
+        with running_worker(stack, tmp_path / "w2.log"):
+            reader.collect(finished(runs), timeout=120)
+    finally:
+        reader.close()
+        if first.proc.poll() is None:
+            first.kill()
+    outcomes: dict[str, set[bytes]] = {}
+    for record in reader.of("committed") + reader.of("errors"):
+        call = record.value.get("call_id") or record.value["tool_call_id"]
+        outcomes.setdefault(call, set()).add(orjson.dumps(record.value))
+    assert all(len(values) == 1 for values in outcomes.values()), "two outcomes for a call"
+    committed = {r.value["call_id"]: r.value for r in reader.of("committed")}
+    assert committed[_call("approve")]["arguments"] == {"path": SECRET}
+    assert committed[_call("edit_ok")]["arguments"] == {"path": "/srv/tmp/x"}
+    assert [r.value["reason"] for r in reader.of("errors")] == ["approval_denied"]
+    assert {orjson.dumps(r.value) for r in reader.of("final")} and set(reader.finals()) == \
+        set(runs)
+    assert len({orjson.dumps(r.value) for r in reader.of("final")}) == len(runs)
+    replayed = _replay(stack)
+    for role in ("committed", "errors", "final", "pending"):
+        live = by_run(r.value for r in reader.of(role))
+        again = by_run(e.value for e in replayed if e.topic.value == role)
+        assert live == again, role
+
+
+def _replay(stack: Stack) -> list[Emit]:
+    """The events topic read back from the beginning, each partition through its own
+    assembler at its records' times (what ``latch replay`` does)."""
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "unused",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    topic = stack.topic("events")
+    parts = list(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    config = stack.config()
+    assemblers = {p: Assembler(config.assemble) for p in parts}
+    emits: list[Emit] = []
+    ended: set[int] = set()
+    while ended != set(parts):
+        for msg in consumer.consume(500, timeout=1.0):
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    ended.add(msg.partition())
+                continue
+            emits += assemblers[msg.partition()].feed_record(
+                msg.key(), msg.value(), msg.timestamp()[1])
+    consumer.close()
+    return emits
