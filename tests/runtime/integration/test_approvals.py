@@ -127,9 +127,13 @@ def test_a_worker_killed_between_pending_and_decision(stack: Stack, tmp_path: Pa
     runs = ("approve", "edit_ok", "deny")
     envelopes = [e for e in _envelopes() if e["run_id"] in runs]
     first = WorkerProcess(stack, tmp_path / "w1.log")
-    reader = Reader(stack, (*OUTPUTS, "pending"))
     try:
-        first.wait_ready()
+        first.wait_ready()  # (then the new topics' metadata is known to every client)
+        reader = Reader(stack, (*OUTPUTS, "pending"))
+    except BaseException:
+        first.kill()
+        raise
+    try:
         publish_envelopes(stack.bootstrap, stack.topic("events"), envelopes)
         reader.collect(_pending(runs), timeout=90)
         first.kill()
