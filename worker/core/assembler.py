@@ -89,6 +89,7 @@ from worker.core import ops as op
 from worker.core._mypyc import mypyc_attr
 from worker.core.envelope import (
     Cancel,
+    Decision,
     Envelope,
     ProviderEvent,
     RecordSource,
@@ -171,6 +172,11 @@ class Assembler:
         #: their records go to orjson at once, not through a parse that can only decline.
         self._unpeeked: set[bytes] = set()
         self._finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
+        #: Runs whose stream ended with calls waiting for approval, oldest first: their final
+        #: message waits for the last decision (README, "Approvals"). No provider event
+        #: reaches them any more.
+        self._waiting: OrderedDict[str, Run] = OrderedDict()
+        self._ledger.park = self._park
         #: Cancels of runs not started yet: run id -> (record time, reason), oldest first.
         self._early_cancels: OrderedDict[str, tuple[int, str]] = OrderedDict()
         self._validators = validators or shared_validators(SchemaLimits(
@@ -298,10 +304,16 @@ class Assembler:
         if isinstance(envelope, Tick):
             return self.expire(now_ms)  # the record time, never the payload's ts
         run = self._runs.get(envelope.run_id)
+        if run is None and self._waiting:
+            waiting = self._waiting.get(envelope.run_id)
+            if waiting is not None:
+                return self._to_waiting(waiting, envelope, now_ms, raw)
         if isinstance(envelope, RunStart):
             return self._start(envelope, run, now_ms, raw)
         if run is None:
             return self._orphan(envelope, raw, now_ms)
+        if isinstance(envelope, Decision):
+            return self._decision(run, envelope, raw)
         if isinstance(envelope, Cancel):
             run.last_ms = now_ms
             return run.finish(RunStatus.CANCELLED, Reason.CANCELLED, envelope.reason)
@@ -326,15 +338,22 @@ class Assembler:
         for run in idle:
             detail = f"no event for {self.settings.assemble_idle_timeout_s:g} s"
             emits += run.finish(RunStatus.IDLE_TIMEOUT, Reason.ASSEMBLE_IDLE_TIMEOUT, detail)
+        held = [r for r in self._runs.values() if r.held]
+        if held or self._waiting:  # calls waiting for approval too long fail (by record time)
+            wait_ms = self.settings.approvals.approval_timeout_s * 1000
+            for run in [*self._waiting.values(), *held]:
+                emits += run.expire_approvals(now_ms, wait_ms)
         return emits
 
     @property
     def open_runs(self) -> int:
-        return len(self._runs)
+        """Runs started and not finished: those streaming, and those waiting for approvals."""
+        return len(self._runs) + len(self._waiting)
 
     def open_run_ids(self) -> list[str]:
-        """The open runs, least recently active first."""
-        return list(self._runs)
+        """The open runs: those waiting for approvals (oldest first), then those streaming,
+        least recently active first."""
+        return [*self._waiting, *self._runs]
 
     @property
     def buffered_bytes(self) -> int:
@@ -343,8 +362,9 @@ class Assembler:
         return self._ledger.held
 
     def is_open(self, run_id: str) -> bool:
-        """Whether ``run_id`` has started and not yet finished."""
-        return run_id in self._runs
+        """Whether ``run_id`` has started and not yet finished (its final message not yet
+        emitted: it may wait for approvals)."""
+        return run_id in self._runs or run_id in self._waiting
 
     def finished(self, run_id: str) -> tuple[int, RunStatus] | None:
         """The last applied ``seq`` and the status of a remembered finished run, else None."""
@@ -370,10 +390,11 @@ class Assembler:
                                           start.run_id), *_raw(raw))]
         emits: list[Emit] = []
         limit = self.settings.max_open_runs
-        while self._runs and len(self._runs) >= limit:
+        while self.open_runs and self.open_runs >= limit:
             detail = (f"the worker's open-run budget ({limit} runs) was exhausted; the least "
                       "recently active run was ended")
-            emits += self._evict(next(iter(self._runs.values())), detail, "evicted_open_runs")
+            victim = next(iter((self._runs or self._waiting).values()))
+            emits += self._evict(victim, detail, "evicted_open_runs")
         given = self._given_tools(start, now_ms)
         tools, cost, emits_ = self._tools(start, given)
         emits += emits_
@@ -513,7 +534,7 @@ class Assembler:
         """Whether a cancel of ``run_id`` is remembered, waiting for its ``run.start``."""
         return run_id in self._early_cancels
 
-    def _orphan(self, envelope: Cancel | ProviderEvent | StreamEnd | StreamError,
+    def _orphan(self, envelope: Cancel | Decision | ProviderEvent | StreamEnd | StreamError,
                 raw: Any, now_ms: int) -> list[Emit]:
         finished = self._finished.get(envelope.run_id)
         if finished is None and isinstance(envelope, Cancel):
@@ -523,6 +544,10 @@ class Assembler:
             reject = Rejected(DlqReason.UNKNOWN_RUN, "no run.start for this run", envelope.run_id)
             return [self._reject(reject, *_raw(raw))]
         last_seq, status = finished
+        if isinstance(envelope, Decision):  # every call of a finished run has its outcome
+            reject = Rejected(DlqReason.CALL_ALREADY_DECIDED, f"the run ended as {status}",
+                              envelope.run_id)
+            return [self._reject(reject, *_raw(raw))]
         if isinstance(envelope, Cancel) or status is RunStatus.CANCELLED:
             self.stats["ignored_after_end"] += 1
             return []
@@ -532,6 +557,51 @@ class Assembler:
         reject = Rejected(DlqReason.RUN_FINISHED, f"the run ended as {status}", envelope.run_id)
         return [self._reject(reject, *_raw(raw))]
 
+
+    # -- approvals (README, "Approvals") -------------------------------------------------
+
+    def _decision(self, run: Run, decision: Decision, raw: Any) -> list[Emit]:
+        """A person's decision on one of ``run``'s held calls: its outcome, or a DLQ record
+        naming why not (no such call, not waiting, already decided)."""
+        done = run.decision(decision.decision, decision.tool_call_id, decision.by,
+                            decision.reason, decision.arguments)
+        if isinstance(done, tuple):
+            reason, detail = done
+            return [self._reject(Rejected(reason, detail, run.run_id), *_raw(raw))]
+        return done
+
+    def _to_waiting(self, run: Run, envelope: Envelope, now_ms: int, raw: Any) -> list[Emit]:
+        """An envelope of a run whose stream ended and whose calls wait for approval: a
+        decision applies; a cancel ends it (its held calls are cancelled); a re-delivered
+        envelope or a ``stream.end`` changes nothing; any later envelope goes to the DLQ."""
+        if isinstance(envelope, Decision):
+            return self._decision(run, envelope, raw)
+        if isinstance(envelope, Cancel):
+            run.last_ms = now_ms
+            return run.finish(RunStatus.CANCELLED, Reason.CANCELLED, envelope.reason)
+        if isinstance(envelope, Tick):  # (never: ticks have no run)
+            return []
+        if envelope.seq <= run.last_seq or isinstance(envelope, StreamEnd):
+            self.stats["duplicates" if envelope.seq <= run.last_seq else "ignored_after_end"] += 1
+            return []
+        if isinstance(envelope, RunStart):
+            reject = Rejected(DlqReason.DUPLICATE_RUN_START, "run already started", run.run_id)
+        else:
+            reject = Rejected(DlqReason.RUN_FINISHED, "the run's stream ended; its calls wait "
+                              "for approval", run.run_id)
+        return [self._reject(reject, *_raw(raw))]
+
+    def _park(self, run: Run) -> None:
+        """``run``'s stream ended with calls waiting for approval: it leaves the streaming
+        runs, and waits (``Ledger.park``)."""
+        del self._runs[run.run_id]
+        self._unpeeked.discard(run.key)
+        self._waiting[run.run_id] = run
+
+    @property
+    def waiting_runs(self) -> int:
+        """Runs whose final message waits for approval decisions."""
+        return len(self._waiting)
 
     # -- memory budgets (module docstring) ---------------------------------------------
 
@@ -543,7 +613,8 @@ class Assembler:
         detail = (f"the worker's argument byte budget ({budget} bytes) was exhausted; the least "
                   "recently active run was ended")
         emits: list[Emit] = []
-        holders = [r for r in self._runs.values() if r.nbytes and r is not run]
+        holders = [r for r in (*self._waiting.values(), *self._runs.values())
+                   if r.nbytes and r is not run]
         for victim in holders:  # least recently active first
             if ledger.held + growth <= budget:
                 break
@@ -557,7 +628,8 @@ class Assembler:
 
     def _forget(self, run: Run) -> None:
         """``run`` has ended (``Run.finish``): it is no longer open, and is remembered finished."""
-        del self._runs[run.run_id]
+        if self._runs.pop(run.run_id, None) is None:
+            del self._waiting[run.run_id]
         self._unpeeked.discard(run.key)
         status = run.status
         assert status is not None

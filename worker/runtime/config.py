@@ -35,7 +35,7 @@ import os
 import re
 import textwrap
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
@@ -47,6 +47,7 @@ from worker.core.policy import Policy
 from worker.core.settings import (
     MAX_RECORD_BYTES,
     OUTPUT_RECORD_BYTES,
+    ApprovalSettings,
     AssembleSettings,
     largest_records,
 )
@@ -177,6 +178,7 @@ class TopicNames:
     results: str = "tool.calls.results"
     journal: str = "tool.calls.journal"
     registry: str = "latch.registry"
+    pending: str = "tool.calls.pending"
     partitions: int = 12
     replication_factor: int = 1
 
@@ -248,6 +250,7 @@ class Config:
     signing: SigningSettings = field(default_factory=SigningSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
     registry: RegistrySettings = field(default_factory=RegistrySettings)
+    approvals: ApprovalSettings = field(default_factory=ApprovalSettings)
     source: Path | None = None
 
 
@@ -261,6 +264,7 @@ _SECTIONS: Mapping[str, tuple[type[Any], str]] = MappingProxyType(
         "signing": (SigningSettings, "signing"),
         "policy": (PolicySettings, "policy"),
         "registry": (RegistrySettings, "registry"),
+        "approvals": (ApprovalSettings, "approvals"),
     }
 )
 
@@ -453,6 +457,8 @@ def _build(data: Mapping[str, Any], source: Path | None) -> Config:
             extra = {k: _kafka_value(values.pop(k)) for k in list(values) if k not in props}
             values["extra"] = extra
         built[attribute] = cls(**{k: _convert(v, props.get(k, {})) for k, v in values.items()})
+    # The core reads the approvals with the rest of its settings (AssembleSettings.approvals).
+    built["assemble"] = replace(built["assemble"], approvals=built["approvals"])
     return Config(**built, source=source)
 
 

@@ -40,6 +40,7 @@ from builders import (
     chat_tool_delta,
     check_outputs,
     committed,
+    decision,
     dlq,
     errors,
     feed,
@@ -66,8 +67,9 @@ from builders import (
 )
 
 from worker.core import Assembler, AssembleSettings, Emit, Reason, Topic
+from worker.core.envelope import DECISIONS
 from worker.core.policy import ENFORCE, PolicyDecision, PolicyRequest
-from worker.core.settings import MAX_RECORD_BYTES
+from worker.core.settings import MAX_RECORD_BYTES, ApprovalSettings
 
 SECRET = "hunter2-SECRET"
 
@@ -1524,6 +1526,38 @@ class TestReasonPolicyDenied:
         assert finals(emits)[0]["status"] == "completed"
 
 
+#: read_file's calls wait for approval, at most 10 s of record time (issue 26).
+GATED = ApprovalSettings(require_approval=("read_file",), approval_timeout_s=10.0)
+
+
+class TestReasonApprovalDenied:
+    """``approval_denied``: a person denied a call waiting for approval (issue 26; the flow
+    itself: ``test_held_calls.py``)."""
+
+    def test_a_denied_call_fails_naming_who_denied(self) -> None:
+        """The held call goes to the pending topic, the denial gives its one error result,
+        naming who denied and why, never the arguments; then the final message."""
+        settings, envs = SCENARIOS[Reason.APPROVAL_DENIED]
+        emits = feed(assembler(**settings), envs)
+        check_outputs(emits)
+        assert [e.topic for e in emits] == [Topic.PENDING, Topic.ERRORS, Topic.FINAL]
+        (error,) = errors(emits)
+        assert error["reason"] == "approval_denied" and "ops@example.com" in error["content"]
+        assert SECRET not in error["content"]
+
+
+class TestReasonApprovalTimeout:
+    """``approval_timeout``: no decision within ``approval_timeout_s`` of record time."""
+
+    def test_a_call_not_decided_in_time_fails_at_a_tick(self) -> None:
+        """The first tick at or past the timeout fails the held call and ends the run."""
+        settings, envs = SCENARIOS[Reason.APPROVAL_TIMEOUT]
+        emits = feed(assembler(**settings), envs)
+        check_outputs(emits)
+        assert [e.topic for e in emits] == [Topic.PENDING, Topic.ERRORS, Topic.FINAL]
+        assert reasons(emits) == ["approval_timeout"]
+
+
 # ===========================================================================================
 # Across all reasons: shape, secrecy, redelivery, order and determinism.
 # ===========================================================================================
@@ -1582,6 +1616,10 @@ def scenarios() -> dict[Reason, tuple[dict[str, Any], list[dict[str, Any]]]]:
         # a registry toolset the assembler has no lookup for (worker/runtime/registry.py)
         Reason.UNKNOWN_TOOLSET: ({}, chat_run("r1", {"toolset": "files", "version": 1},  # type: ignore[arg-type]
                                               chat_calls([("c1", "read_file", good)]))),
+        Reason.APPROVAL_DENIED: ({"approvals": GATED}, [*chat([("c1", "read_file", good)]),
+                                                        decision("r1", "deny", "c1")]),
+        Reason.APPROVAL_TIMEOUT: ({"approvals": GATED}, [*chat([("c1", "read_file", good)], ts=0),
+                                                         tick(30_000)]),
     }
 
 
@@ -1638,7 +1676,11 @@ class TestEveryReason:
         settings, envs = SCENARIOS[reason]
         once = lines(feed(assembler(**settings), envs))
         asm = assembler(**settings)
-        twice = lines(feed(asm, [env for env in envs for _ in (0, 1)]))
+        # (a decision is not re-delivered: a second one is a decision for a decided call,
+        # which goes to the DLQ; the events log's offsets keep the worker from applying a
+        # record twice)
+        twice = lines(feed(asm, [env for env in envs
+                                 for _ in ((0,) if env.get("type") in DECISIONS else (0, 1))]))
         assert twice == once
         sequenced = sum(1 for env in envs if "seq" in env)
         assert asm.stats["duplicates"] == sequenced
