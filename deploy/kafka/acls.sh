@@ -35,6 +35,7 @@ set -eu
 : "${RESULTS:=tool.calls.results}"
 : "${JOURNAL:=tool.calls.journal}"
 : "${REGISTRY:=latch.registry}"
+: "${PENDING:=tool.calls.pending}"
 
 # allow PRINCIPAL RESOURCE NAME PATTERN OPERATION...   (RESOURCE: topic, group,
 # transactional-id; PATTERN: literal or prefixed)
@@ -65,6 +66,7 @@ allow "$WORKER" topic "$ERRORS" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$FINAL" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$PROGRESS" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$DLQ" literal Write Describe DescribeConfigs
+allow "$WORKER" topic "$PENDING" literal Write Describe DescribeConfigs
 # The registry (decision 0014): read whole at start and followed; the worker writes only its
 # clock probes (null values under the key "fence"). `latch registry put` runs as an admin.
 allow "$WORKER" topic "$REGISTRY" literal Read Write Describe DescribeConfigs
@@ -87,4 +89,7 @@ allow "$AGENT" topic "$FINAL" literal Read Describe
 allow "$AGENT" topic "$ERRORS" literal Read Describe
 allow "$AGENT" topic "$RESULTS" literal Read Describe
 allow "$AGENT" topic "$PROGRESS" literal Read Describe
+# the calls waiting for approval (README, Approvals): the agent loop or its approval UI shows
+# them; decisions go back on the control topic (the gateway's, or the operator's latch approve)
+allow "$AGENT" topic "$PENDING" literal Read Describe
 allow "$AGENT" group "$AGENT_GROUP" prefixed Read Describe
