@@ -75,6 +75,12 @@ def _time(msg: Message) -> int:
     return int(msg.timestamp()[1])
 
 
+#: Errors that no wait mends.
+_REFUSALS = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                       KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+                       KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
+
+
 def _end(consumer: Consumer, topic: str) -> int:
     """The registry's end offset (asked again while its leader is not known yet, as just
     after ``latch topics create``)."""
@@ -85,8 +91,9 @@ def _end(consumer: Consumer, topic: str) -> int:
                                                      timeout=_TIMEOUT_S)
             return int(high)
         except KafkaException as exc:
-            if time.monotonic() > deadline or (not exc.args[0].retriable() and \
-                    exc.args[0].code() != KafkaError.NOT_LEADER_FOR_PARTITION):
+            # (any error but a refusal is retried to the deadline: just after `latch topics
+            # create` the topic may be unknown to this client, or its leader not elected)
+            if time.monotonic() > deadline or exc.args[0].code() in _REFUSALS:
                 raise RegistryError(f"cannot read topic {topic}: {exc.args[0].str()} (create "
                                     "it with `latch topics create`)") from exc
             time.sleep(0.5)
