@@ -182,7 +182,7 @@ def test_per_record_only_the_offset_moves_unless_a_run_opens_or_ends() -> None:
     engine = KafkaEngine(config)  # clients that never connect
     producer = _Producer()
     engine.txn.producer = producer  # type: ignore[assignment]
-    engine.partitions = {3: PartitionState(Assembler(config.assemble), next_offset=10)}
+    engine.partitions[3] = PartitionState(Assembler(config.assemble), next_offset=10)
     run = {"v": 1, "run_id": "r1", "provider": "openai.chat"}
     docs = [run | {"seq": 0, "type": "run.start", "tenant": "t1", "tools": []}]
     docs += [run | {"seq": n, "type": "provider.event", "event": {
@@ -249,7 +249,7 @@ def _looping_engine(max_records: int, script: list[list[_Message]] | None = None
     engine = KafkaEngine(config)  # clients that never connect
     engine.consumer.close()
     engine.txn.producer = _Producer()  # type: ignore[assignment]
-    engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
+    engine.partitions[0] = PartitionState(Assembler(config.assemble), next_offset=0)
     engine.lags_read = float("inf")
     commits: list[int] = []
 
@@ -343,7 +343,7 @@ def _committing_engine(producer: _Transactions) -> KafkaEngine:
     engine.consumer.close()
     engine.txn.producer = producer  # type: ignore[assignment]
     engine.consumer = _GroupConsumer()  # type: ignore[assignment]
-    engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
+    engine.partitions[0] = PartitionState(Assembler(config.assemble), next_offset=0)
     return engine
 
 
@@ -441,7 +441,7 @@ def _watched_engine(max_records: int) -> tuple[KafkaEngine, _SlowCommits, _Watch
     engine.consumer.close()
     producer = _SlowCommits()
     engine.txn.producer = producer  # type: ignore[assignment]
-    engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
+    engine.partitions[0] = PartitionState(Assembler(config.assemble), next_offset=0)
     engine.lags_read = float("inf")
     consumer = _WatchingConsumer(engine, producer, [])
     engine.consumer = consumer  # type: ignore[assignment]

@@ -83,13 +83,12 @@ from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 from typing import Any, TypeVar
 
-import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from worker.core import Emit, Topic
-from worker.runtime import admin, memory, refusals, step
+from worker.runtime import admin, memory, refusals
 from worker.runtime.config import Config
-from worker.runtime.driver import Driver, control_behind
+from worker.runtime.driver import Driver, tick_value
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import instance, reader
 from worker.runtime.kafka_engine.heads import KafkaHeadsTable
@@ -148,12 +147,13 @@ class KafkaEngine:
         self.outputs = {t: str(getattr(topics, t.value)) for t in Topic}
         self.table = KafkaHeadsTable()
         self.heads = Heads(self.table, worker.finished_run_retention_s)
-        self.partitions: dict[int, PartitionState] = {}
-        #: The next offset to forward of each control partition this worker owns.
-        self.control_next: dict[int, int] = {}
         self.hooks = EngineHooks(config)
         #: Everything around the core, engine-neutral (worker/runtime/driver.py).
         self.driver = Driver(config, self.hooks, self.heads)
+        #: The owned events partitions' states and the next offset to forward of each owned
+        #: control partition: the driver's (worker/runtime/assignment.py).
+        self.owned = self.driver.owned
+        self.partitions, self.control_next = self.owned.partitions, self.owned.control_next
         self.hooks.metrics.watch(self._partition_views)
         self.hooks.health.heartbeat = self._alive
         self.topic_of = {name: topic for topic, name in self.outputs.items()}
@@ -168,8 +168,8 @@ class KafkaEngine:
         self.reader_settings = config.kafka.confluent_config()
         self.instance = worker.instance_id or uuid.uuid4().hex
         #: Each written topic's limit (read at start, and again after a refusal for size),
-        #: checked before each output is sent (worker/runtime/refusals.py).
-        self.limits = refusals.Limits()
+        #: checked by the driver before each output is sent (worker/runtime/refusals.py).
+        self.limits = self.driver.limits
         self.batch_bytes: int | None = None
         #: Records the broker found invalid: (topic, key, value size) -> the error's name.
         self.invalid: dict[tuple[str, bytes | None, int], str] = {}
@@ -323,12 +323,8 @@ class KafkaEngine:
         if expected is None or offset < expected:
             return
         batch = self.txn.begin()
-        record = reader.record_of(msg)
-        routed = self.driver.route(record)
-        if isinstance(routed, Emit):
-            self.txn.produce(self.outputs[Topic.DLQ], record.key, step.out_value(routed))
-        else:
-            self.txn.produce(self.events, *routed)
+        topic, key, value = self.driver.forward(reader.record_of(msg))
+        self.txn.produce(self.events if topic is None else self.outputs[topic], key, value)
         self.control_next[partition] = offset + 1
         batch.offsets[(self.control, partition)] = offset + 1
         batch.records += 1
@@ -342,7 +338,7 @@ class KafkaEngine:
         if not self.driver.tick_due(now, self._control_behind()):
             return False
         self.txn.begin()
-        value = orjson.dumps({"v": 1, "type": "tick", "ts": int(time.time() * 1000)})
+        value = tick_value(int(time.time() * 1000))
         for partition in sorted(self.partitions):
             self.txn.produce(self.events, TICK, value, partition)
         return True
@@ -357,7 +353,7 @@ class KafkaEngine:
                     TopicPartition(self.control, partition), cached=True)
             except KafkaException:
                 return True
-        return control_behind(self.control_next, ends)
+        return self.owned.control_behind(ends)
 
     def _publish(self, key: bytes | None, emits: Sequence[Emit],
                  record_ms: int | None = None, source: Source | None = None) -> None:
@@ -365,17 +361,15 @@ class KafkaEngine:
         input record's key. ``record_ms``: the time of the record that produced them;
         ``source``: where it was read. An emit its topic would refuse (over the topic's
         limit, or found invalid by the broker before) is not sent: a small ``output_refused``
-        DLQ record goes in its place (:meth:`_refuse`)."""
-        hooks, outputs, limits, invalid = self.hooks, self.outputs, self.limits, self.invalid
-        txn = self.txn
-        for emit in emits:
-            topic = emit.topic
-            name = outputs[topic]
-            out_key, value = step.out_key(emit, key), step.out_value(emit)
-            headers = hooks.headers(emit, value)
-            size = limits.over(name, out_key, value, headers)
-            if size is not None:
-                self._refuse(emit, name, out_key, size, "MSG_SIZE_TOO_LARGE", key, source)
+        DLQ record goes in its place (:meth:`_refuse`; the driver's over the limit,
+        :meth:`Driver.outgoing`)."""
+        outputs, invalid, txn = self.outputs, self.invalid, self.txn
+        dlq = outputs[Topic.DLQ]
+        for out in self.driver.outgoing(key, emits, outputs, source):
+            emit, name, out_key, value, headers = (out.emit, out.name, out.key, out.value,
+                                                   out.headers)
+            if out.refused:
+                txn.produce(dlq, out_key, value)
                 continue
             if invalid and (name, out_key, len(value)) in invalid:
                 self._refuse(emit, name, out_key, refusals.batch_size(out_key, value, headers),
@@ -389,16 +383,15 @@ class KafkaEngine:
                 self._refuse(emit, name, out_key, refusals.batch_size(out_key, value, headers),
                              exc.args[0].name(), key, source)
                 continue
-            if topic is Topic.COMMITTED and txn.batch is not None:
+            if out.topic is Topic.COMMITTED and txn.batch is not None:
                 txn.batch.committed.append(record_ms)
 
     def _refuse(self, emit: Emit, name: str, out_key: bytes | None, size: int, error: str,
                 key: bytes | None, source: Source | None) -> None:
         """Send, instead of ``emit`` (for topic ``name``), its ``output_refused`` DLQ record,
-        keyed by the input record's ``key``."""
-        dlq = self.limits.replacement(emit, name, out_key, size, error, key, source)
-        self.hooks.metrics.dlq[str(dlq.value["reason"])] += 1
-        self.txn.produce(self.outputs[Topic.DLQ], key, step.out_value(dlq))
+        keyed by the input record's ``key`` (:meth:`Driver.refused`)."""
+        self.txn.produce(self.outputs[Topic.DLQ], key,
+                         self.driver.refused(emit, name, out_key, size, error, key, source))
 
     def _write_heads(self) -> None:
         if not self.table.pending:
@@ -462,7 +455,7 @@ class KafkaEngine:
         """Rebuild each events partition as it was at its committed offset; consume every
         partition from that offset."""
         self._after(self.txn.settle(), rewind=False)  # (none in flight: revoked first)
-        self.hooks.assigned([tp.partition for tp in assigned if tp.topic == self.events])
+        self.owned.assigned([tp.partition for tp in assigned if tp.topic == self.events])
         self._take_over(assigned, seek=False)
         if not self.ready:
             self.ready = True
@@ -482,14 +475,14 @@ class KafkaEngine:
         self._drop(lost)
 
     def _drop(self, partitions: Iterable[TopicPartition]) -> None:
+        """The partitions are not ours any more: the driver drops their states and offsets
+        (:meth:`Assignment.revoked`); their heads go from the table."""
         partitions = list(partitions)
-        self.hooks.revoked([tp.partition for tp in partitions if tp.topic == self.events])
-        for tp in partitions:
-            if tp.topic == self.events:
-                self.partitions.pop(tp.partition, None)
-                self.table.drop(tp.partition)
-            elif tp.topic == self.control:
-                self.control_next.pop(tp.partition, None)
+        events = [tp.partition for tp in partitions if tp.topic == self.events]
+        self.owned.revoked(events, [tp.partition for tp in partitions
+                                    if tp.topic == self.control])
+        for partition in events:
+            self.table.drop(partition)
 
     def _take_over(self, partitions: list[TopicPartition], seek: bool) -> None:
         """Rebuild ``partitions`` at their committed offsets and consume from there (assign
@@ -516,7 +509,7 @@ class KafkaEngine:
                 self.consumer.seek(tp)
         else:
             self.consumer.assign(positions)
-        log.info("events partitions assigned: %s", sorted(self.partitions))
+        self.owned.log_assigned(self.partitions)
 
     def _query(self, call: Callable[[], _T]) -> _T:
         """A broker query of a takeover, again while it fails other than fatally (for up to
@@ -581,7 +574,7 @@ class KafkaEngine:
     def _partition_views(self) -> list[PartitionView]:
         """The owned partitions for the metrics (called on the HTTP thread: reads only)."""
         lags = self.lags
-        return self.hooks.views(self.partitions, lambda partition, _: lags.get(partition))
+        return self.owned.views(lambda partition, _: lags.get(partition))
 
     def _alive(self) -> bool:
         """/healthz: the engine's thread runs and turns its loop (or is rebuilding)."""
