@@ -52,7 +52,7 @@ from faust.exceptions import ProducerSendError
 from faust.types import TP
 
 from worker.core import Emit, Topic
-from worker.runtime import memory, refusals, step
+from worker.runtime import admin, memory, refusals, step
 from worker.runtime.config import Config
 from worker.runtime.driver import Applied, Driver, tick_value
 from worker.runtime.faust_engine import kafka_io, recovery
@@ -502,7 +502,7 @@ class FaustEngine:
         """The output topics' limits (:class:`refusals.Limits`); aiokafka's batches kept
         below the smallest (the broker refuses a whole batch over it)."""
         names = [topic.get_topic_name() for topic in self.outputs.values()]
-        self.limits.update(refusals.read(self.config.kafka.confluent_config(), names))
+        self.limits.update(admin.max_message_bytes(self.config.kafka.confluent_config(), names))
         default = int(self.app.conf.producer_max_batch_size)
         batch = self.limits.batch_bytes(default)
         if batch < default:
@@ -543,7 +543,7 @@ class _Refusable:
             size = refusals.batch_size(self.out_key, self.value, self.headers)
             if error in _TOO_LARGE:
                 worker.limits.update(await asyncio.to_thread(
-                    refusals.read, worker.config.kafka.confluent_config(), [name]))
+                    admin.max_message_bytes, worker.config.kafka.confluent_config(), [name]))
                 if size <= worker.limits.limit(name):
                     raise
             return await (await worker._refuse(self.emit, name, self.out_key, size, error,

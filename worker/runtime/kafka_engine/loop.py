@@ -431,7 +431,7 @@ class KafkaEngine:
         batch size they allow; ``replace``: make the producer again if that changed (none has
         begun a transaction yet); return whether a limit changed."""
         topics = [*self.outputs.values(), self.events, self.changelog]
-        changed = self.limits.update(refusals.read(self.reader_settings, topics))
+        changed = self.limits.update(admin.max_message_bytes(self.reader_settings, topics))
         default = int(self.reader_settings.get("batch.size", _BATCH_SIZE))
         batch_bytes = self.limits.batch_bytes(default)
         wanted = None if batch_bytes >= default else batch_bytes
