@@ -20,7 +20,7 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   an outcome waits for about one commit, not ``worker.batch_max_ms``); under a backlog the
   calls keep returning full and the batch ends at its bounds, ``worker.batch_max_records``
   records or ``worker.batch_max_ms`` after it began, whichever comes first (the bounds are
-  upper bounds only). A batch opened by a tick or a cancel commits the same way: the worker
+  upper bounds only, but for a batch due while the previous commit is in flight: below). A batch opened by a tick or a cancel commits the same way: the worker
   never waits for its own uncommitted ticks or cancels, which its ``read_committed``
   consumer sees once the batch commits.
 * **Under a backlog, a batch commits while the next one is applied.** A batch ended by its
@@ -29,7 +29,12 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   records, holding their output and heads records (the producer has one transaction at a
   time) until the commit returns: then it begins their transaction and sends them, in order.
   If the commit fails, the next batch is dropped with it (its offsets are past the aborted
-  ones) and the partitions rewind as below. One commit is in flight at a time. The
+  ones) and the partitions rewind as below. One commit is in flight at a time: a batch that
+  reaches its bounds while the previous commit is still in flight goes on taking records
+  until that commit returns (the loop waits only once it holds ``_HELD_MAX_BATCHES`` times
+  ``worker.batch_max_records``), then commits: a commit slower than a batch's records
+  (the coordinator writing the previous transaction's markers) no longer stops the loop, and
+  batches grow to what one commit's time brings in. The
   transaction, from begin to settled or aborted, is an object of its own
   (``transaction.py``): it returns what happened and the engine acts on it (rewinds after
   an abort). **A drained batch commits
@@ -123,6 +128,10 @@ _CONSUME_MAX = 1000
 #: How often the loop reads the consumer's positions and cached end offsets (lag gauges).
 _LAGS_EVERY_S = 1.0
 
+#: Under a backlog, a batch due while the previous one's commit is in flight goes on taking
+#: records until that commit returns, up to this many times ``worker.batch_max_records``
+#: (then the loop waits for it): the loop never stands still for a commit it can overlap.
+_HELD_MAX_BATCHES = 5
 #: How long the loop waits for a first record while a commit is in flight.
 _COMMIT_POLL_S = 0.005
 #: librdkafka's default ``batch.size``.
@@ -238,6 +247,7 @@ class KafkaEngine:
     def _loop(self) -> None:
         worker = self.config.worker
         max_s = worker.batch_max_ms / 1000
+        held_max = _HELD_MAX_BATCHES * worker.batch_max_records
         next_tick = time.monotonic() + worker.tick_interval_s
         consume, apply_events = self.consumer.consume, self._apply_events
         idle_trim, txn = self.idle_trim, self.txn
@@ -254,7 +264,8 @@ class KafkaEngine:
                 # turn)
                 want, wait = 1, _COMMIT_POLL_S if txn.committing else min(max_s, 0.5)
             else:  # take what is fetched already, without waiting
-                want = min(max(worker.batch_max_records - batch.records, 1), _CONSUME_MAX)
+                left = worker.batch_max_records - batch.records
+                want = min(left, _CONSUME_MAX) if left > 0 else _CONSUME_MAX
                 wait = 0.0
             msgs = consume(want, timeout=wait)
             if msgs:
@@ -270,8 +281,9 @@ class KafkaEngine:
                 continue
             if len(msgs) < want:  # drained: commit at once, and wait for it (module doc)
                 self._commit()
-            elif batch.due(now, worker.batch_max_records, max_s):  # a backlog: overlap it
-                self._commit(wait=False)
+            elif batch.due(now, worker.batch_max_records, max_s) and (
+                    txn.committing is None or batch.records >= held_max):
+                self._commit(wait=False)  # a backlog: overlap it (module doc)
 
     # -- records ----------------------------------------------------------------------
 
