@@ -29,12 +29,9 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   records, holding their output and heads records (the producer has one transaction at a
   time) until the commit returns: then it begins their transaction and sends them, in order.
   If the commit fails, the next batch is dropped with it (its offsets are past the aborted
-  ones) and the partitions rewind as below. One commit is in flight at a time: a batch that
-  reaches its bounds while the previous commit is still in flight goes on taking records
-  until that commit returns (the loop waits only once it holds ``_HELD_MAX_BATCHES`` times
-  ``worker.batch_max_records``), then commits: a commit slower than a batch's records
-  (the coordinator writing the previous transaction's markers) no longer stops the loop, and
-  batches grow to what one commit's time brings in. The
+  ones) and the partitions rewind as below. One commit is in flight at a time: a batch due
+  before it returns takes records until it does (at most ``_HELD_MAX_BATCHES`` batches'
+  worth), so a slow commit never stops the loop. The
   transaction, from begin to settled or aborted, is an object of its own
   (``transaction.py``): it returns what happened and the engine acts on it (rewinds after
   an abort). **A drained batch commits
