@@ -20,9 +20,10 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   an outcome waits for about one commit, not ``worker.batch_max_ms``); under a backlog the
   calls keep returning full and the batch ends at its bounds, ``worker.batch_max_records``
   records or ``worker.batch_max_ms`` after it began, whichever comes first (the bounds are
-  upper bounds only, but for a batch due while the previous commit is in flight: below). A batch opened by a tick or a cancel commits the same way: the worker
-  never waits for its own uncommitted ticks or cancels, which its ``read_committed``
-  consumer sees once the batch commits.
+  upper bounds only, but for a batch due while the previous commit is in flight: below). A
+  batch opened by a tick or a cancel commits the same way: the worker never waits for its
+  own uncommitted ticks or cancels, which its ``read_committed`` consumer sees once the
+  batch commits.
 * **Under a backlog, a batch commits while the next one is applied.** A batch ended by its
   bounds (the input not drained) commits in a thread of its own (``send_offsets_to_transaction``
   and ``commit_transaction``, ``transaction.Commit``); meanwhile the loop applies the next
