@@ -173,6 +173,36 @@ class _Producer:
         self.sent.append((topic, key, partition))
 
 
+def test_one_consume_calls_records_count_in_the_batch_once_each() -> None:
+    """The batch's record count and the next offset of each events partition (what the
+    transaction commits, KIP-447) come out of one ``consume`` call as they did record by
+    record (noted once at the call's end since issue 24): every applied record and
+    forwarded control record counted; a repeat and a record of a partition not owned
+    neither counted nor moving an offset; an owned partition without records not in the
+    offsets."""
+    config = load_config(None, env={"LATCH_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    engine = KafkaEngine(config)  # clients that never connect
+    engine.txn.producer = _Producer()  # type: ignore[assignment]
+    for partition in (0, 1, 5):
+        engine.partitions[partition] = PartitionState(Assembler(config.assemble), 10)
+    engine.control_next[1] = 3
+    run = {"v": 1, "provider": "openai.chat", "seq": 0, "type": "run.start", "tools": []}
+    cancel = {"v": 1, "type": "cancel", "run_id": "x", "ts": 1}
+    messages = [_Message(engine.events, 0, 10, b"a", run | {"run_id": "a"}),
+                _Message(engine.events, 1, 10, b"b", run | {"run_id": "b"}),
+                _Message(engine.events, 0, 9, b"a", run | {"run_id": "a"}),  # a repeat
+                _Message(engine.control, 1, 3, b"x", cancel),
+                _Message(engine.events, 2, 10, b"c", run | {"run_id": "c"}),  # not owned
+                _Message(engine.events, 1, 12, b"d", run | {"run_id": "d"})]  # (a gap)
+    engine._apply_events(messages)  # type: ignore[arg-type]
+    batch = engine.txn.batch
+    assert batch is not None and batch.records == 4
+    assert [(tp.topic, tp.partition, tp.offset) for tp in batch.positions()] == sorted([
+        (engine.events, 0, 11), (engine.events, 1, 13), (engine.control, 1, 4)])
+    engine._apply_events([_Message(engine.events, 5, 10, b"e", run | {"run_id": "e"})])  # type: ignore[list-item]
+    assert batch.records == 5 and batch.events == {0: 11, 1: 13, 5: 11}
+
+
 def test_per_record_only_the_offset_moves_unless_a_run_opens_or_ends() -> None:
     """In one transaction: the record that opens a run writes its head, records that neither
     open nor end a run write nothing (no head, no output) and only advance the partition's

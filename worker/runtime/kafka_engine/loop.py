@@ -103,6 +103,7 @@ from worker.runtime.kafka_engine.transaction import (
     Outcome,
     Settled,
     Transaction,
+    describe,
 )
 from worker.runtime.observability import logs
 from worker.runtime.observability.metrics import PartitionView
@@ -227,7 +228,7 @@ class KafkaEngine:
             log.error("not starting: %s", exc)
             return 2
         except (Fatal, KafkaException) as exc:
-            log.error("stopping: %s%s", _describe(exc), instance.fenced_hint(exc, self.config))
+            log.error("stopping: %s%s", describe(exc), instance.fenced_hint(exc, self.config))
             return 1
         finally:
             self._close()
@@ -239,7 +240,7 @@ class KafkaEngine:
         try:
             self.consumer.close()  # revokes: commits the open transaction, if any
         except (Fatal, KafkaException, RuntimeError) as exc:
-            log.warning("closing the consumer: %s", _describe(exc))
+            log.warning("closing the consumer: %s", describe(exc))
         self.hooks.stop(self.server)
 
     def _loop(self) -> None:
@@ -295,6 +296,8 @@ class KafkaEngine:
                                                  reader.record_at)
         apply, table, txn = driver.apply, self.table, self.txn
         batch = txn.batch
+        # the batch's records and offsets are noted once, at the end: two writes less a record
+        before, applied_n = {p: state.next_offset for p, state in partitions.items()}, 0
         for msg in msgs:
             if msg.error() is not None or msg.topic() != events:
                 self._handle(msg)
@@ -316,8 +319,13 @@ class KafkaEngine:
                 driver.recorded(state, partition, applied)
             if table.pending:
                 self._write_heads()
-            state.next_offset = batch.events[partition] = offset + 1
-            batch.records += 1
+            state.next_offset = offset + 1
+            applied_n += 1
+        if applied_n and batch is not None:
+            batch.records += applied_n
+            for partition, state in partitions.items():
+                if state.next_offset != before.get(partition, state.next_offset):
+                    batch.events[partition] = state.next_offset
 
     def _handle(self, msg: Message) -> None:
         """A consumer error (a fatal one stops the worker), or a control record: forwarded
@@ -590,10 +598,3 @@ class KafkaEngine:
         """/healthz: the engine's thread runs and turns its loop (or is rebuilding)."""
         return self.thread.is_alive() and (
             self.hooks.health.rebuilds_running > 0 or time.monotonic() - self.beat < LIVE_S)
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
-        return str(exc.args[0].str())
-    return str(exc)
-
