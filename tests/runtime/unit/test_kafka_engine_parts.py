@@ -5,6 +5,7 @@ exactly once hold."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import orjson
@@ -506,4 +507,55 @@ def test_under_a_backlog_a_batch_commits_while_the_next_is_applied() -> None:
         False, False, True, False, True, False, False]
     assert [call for call in producer.calls if not call.startswith("begin")] == [
         "offsets [4]", "commit 1", "offsets [8]", "commit 1", "offsets [10]", "commit 1"]
+    assert engine.txn.committing is None and engine.txn.batch is None
+
+
+class _HeldCommits(_SlowCommits):
+    """Transactions whose first ``commit_transaction`` waits for ``release`` (at most 3 s);
+    the others return at once."""
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.release.wait(3)
+        self.calls.append(f"commit {len(self.sent)}")
+
+
+class _ReleasingConsumer(_WatchingConsumer):
+    """As :class:`_WatchingConsumer`, but a commit in flight returns only at the call that
+    hands over ``release_at`` (the index of a scripted result)."""
+
+    release_at = -1
+
+    def consume(self, num_messages: int, timeout: float) -> list[_Message]:
+        commit = self.engine.txn.committing
+        in_flight = commit is not None and not commit.done.is_set()
+        self.calls.append((num_messages, timeout, in_flight))
+        if in_flight and len(self.calls) - 1 == self.release_at:
+            self.producer.release.set()
+            assert commit is not None and commit.done.wait(5)
+        return _scripted(self.engine, self.script, num_messages)
+
+
+def test_a_batch_due_while_the_commit_is_in_flight_takes_records_until_it_returns() -> None:
+    """Under a backlog, a batch that reaches its bounds while the previous batch's commit is
+    still in flight does not stop the loop (issue 24: on a 402,666-envelope backlog the loop
+    waited for commits as long as it applied records): it takes records, a full
+    ``consume`` call at a time, until that commit returns, then commits everything it took.
+    Offsets commit in order. Fails on the loop that waited for the commit once due."""
+    engine, producer, _ = _watched_engine(4)
+    producer = _HeldCommits()
+    engine.txn.producer = producer  # type: ignore[assignment]
+    consumer = _ReleasingConsumer(engine, producer, [])  # type: ignore[arg-type]
+    engine.consumer = consumer  # type: ignore[assignment]
+    records = _deltas(engine, 0, 12)
+    consumer.script = [records[:1], records[1:4], records[4:5], records[5:8], records[8:10],
+                       records[10:]]
+    consumer.release_at = 4
+    began = time.monotonic()
+    engine._loop()
+    assert time.monotonic() - began < 2  # never waited out the held commit
+    assert [(want, in_flight) for want, _, in_flight in consumer.calls] == [
+        (1, False), (3, False), (1, True), (3, True), (1000, True), (1, False), (3, False),
+        (1, False)]
+    assert [call for call in producer.calls if not call.startswith("begin")] == [
+        "offsets [4]", "commit 1", "offsets [10]", "commit 1", "offsets [12]", "commit 1"]
     assert engine.txn.committing is None and engine.txn.batch is None
