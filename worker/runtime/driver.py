@@ -27,20 +27,30 @@ driver decides everything between:
    :attr:`Driver.registry`; a policy marker sets the policy set in force
    (:meth:`Driver.policy_marker`), and :meth:`Driver.markers` says which markers the engine
    writes beside its ticks.
+
+It also keeps what both engines know of their assignment (:mod:`worker.runtime.assignment`:
+the owned partitions' states, the control partitions' forwarded offsets, the partition
+gauges) and prepares what they send (:meth:`Driver.outgoing`: each output's key, value,
+headers, or its ``output_refused`` replacement; :meth:`Driver.forward`, a control record's
+destination; :func:`tick_value`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from worker.core import Assembler, Emit
-from worker.runtime import control
+import orjson
+
+from worker.core import Assembler, Emit, Topic
+from worker.runtime import control, refusals
 from worker.runtime import partition as partition_module
+from worker.runtime.assignment import Assignment, control_behind
 from worker.runtime.config import Config
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
+from worker.runtime.observability.tracing import Headers
 from worker.runtime.partition import TICK, Heads, PartitionState, finished_runs
 from worker.runtime.policy_source import PolicySource
 from worker.runtime.registry import (
@@ -51,10 +61,10 @@ from worker.runtime.registry import (
     marker_version,
     policy_head_key,
 )
-from worker.runtime.step import Record, step
+from worker.runtime.step import Record, Source, out_key, out_value, step
 
-__all__ = ["TICK_DEFER_MAX_S", "Applied", "Driver", "RegistryView", "Takeover",
-           "TickRule", "control_behind"]
+__all__ = ["TICK_DEFER_MAX_S", "Applied", "Driver", "Outgoing", "RegistryView", "Takeover",
+           "TickRule", "control_behind", "tick_value"]
 
 log = logging.getLogger("latch.worker")
 
@@ -84,6 +94,28 @@ class Applied(NamedTuple):
 _TICK = Applied([], [], True)
 
 
+class Outgoing(NamedTuple):
+    """One output as the engine sends it (:meth:`Driver.outgoing`)."""
+
+    emit: Emit
+    #: Where it goes: the emit's topic, or :attr:`Topic.DLQ` for a replacement.
+    topic: Topic
+    #: The topic's name (the emit's topic's, also for a replacement: what it replaces).
+    name: str
+    key: bytes | None
+    value: bytes
+    headers: Headers | None
+    #: The emit was over its topic's limit: this is its ``output_refused`` DLQ record
+    #: (counted, logged), keyed by the input record's key.
+    refused: bool = False
+
+
+def tick_value(now_ms: int) -> bytes:
+    """The value of the ticks an engine writes into its events partitions at ``now_ms`` (its
+    clock's one read: wall time in ms)."""
+    return orjson.dumps({"v": 1, "type": "tick", "ts": now_ms})
+
+
 class TickRule:
     """When a tick is due: at once, unless a control record already in the log is still to
     forward; then at the first turn it is not, or ``defer_max_s`` after it first fell due.
@@ -109,17 +141,6 @@ class TickRule:
                         now - self.deferred)
         self.deferred = None
         return True
-
-
-def control_behind(forwarded: Mapping[int, int], ends: Mapping[int, int | None]) -> bool:
-    """Whether a control partition has records in the log not yet forwarded:
-    ``forwarded``, the next offset to forward of each owned partition; ``ends``, its end
-    offset as the engine last learnt it (None or missing: unknown, so behind)."""
-    for partition, next_offset in forwarded.items():
-        end = ends.get(partition)
-        if end is None or end < 0 or next_offset < end:
-            return True
-    return False
 
 
 class RegistryView(Protocol):
@@ -173,6 +194,11 @@ class Driver:
         self.registry: RegistryView | None = None
         #: The policy in force for a version a marker names (:mod:`policy_source`).
         self.policies = PolicySource(config)
+        #: The partitions this worker owns, their states and gauges (assignment.py).
+        self.owned = Assignment(hooks)
+        #: Each written topic's limit, checked before each output is sent (refusals.py):
+        #: the engine reads them at start, and again after a refusal for size.
+        self.limits = refusals.Limits()
 
     # -- per record ---------------------------------------------------------------------
 
@@ -229,6 +255,47 @@ class Driver:
         if isinstance(routed, Emit):
             self.hooks.routed(routed)
         return routed
+
+    def forward(self, record: Record) -> tuple[Topic | None, bytes | None, bytes]:
+        """What the engine sends for a control record (:meth:`route`): ``(topic, key,
+        value)``; topic None: the events topic (a cancel, keyed by its run, into its run's
+        partition by the key's hash), else the DLQ (keyed by the control record's key)."""
+        routed = self.route(record)
+        if isinstance(routed, Emit):
+            return Topic.DLQ, record.key, out_value(routed)
+        key, value = routed
+        return None, key, value
+
+    def outgoing(self, key: bytes | None, emits: Sequence[Emit],
+                 names: Mapping[Topic, str], source: Source | None = None
+                 ) -> Iterator[Outgoing]:
+        """The records to send for ``emits``, in order, with their run's trace headers (and
+        signature, :meth:`EngineHooks.headers`); a DLQ record keeps the input record's
+        ``key``. ``names``: each topic's name; ``source``: where the input record was read.
+        An emit over its topic's limit (:class:`refusals.Limits`) is not sent: its
+        ``output_refused`` DLQ record comes in its place (:meth:`refused`)."""
+        headers_of, over = self.hooks.headers, self.limits.over
+        for emit in emits:
+            topic = emit.topic
+            name = names[topic]
+            emit_key, value = out_key(emit, key), out_value(emit)
+            headers = headers_of(emit, value)
+            size = over(name, emit_key, value, headers)
+            if size is None:
+                yield Outgoing(emit, topic, name, emit_key, value, headers)
+            else:
+                yield Outgoing(emit, Topic.DLQ, name, key, self.refused(
+                    emit, name, emit_key, size, "MSG_SIZE_TOO_LARGE", key, source), None, True)
+
+    def refused(self, emit: Emit, name: str, emit_key: bytes | None, size: int, error: str,
+                key: bytes | None, source: Source | None) -> bytes:
+        """The value of the ``output_refused`` DLQ record that replaces ``emit`` (for topic
+        ``name``, ``size`` bytes, refused with ``error``: over the limit, or by the broker),
+        counted and logged (:meth:`refusals.Limits.replacement`); the engine sends it to the
+        DLQ keyed by the input record's ``key``."""
+        dlq = self.limits.replacement(emit, name, emit_key, size, error, key, source)
+        self.hooks.metrics.dlq[str(dlq.value["reason"])] += 1
+        return out_value(dlq)
 
     def tick_due(self, now: float, behind: bool) -> bool:
         """Whether to write the tick that fell due now (:class:`TickRule`)."""
