@@ -5,8 +5,7 @@
     python bench/bench_worker.py --contenders latch-faust,bare-faust
     python bench/bench_worker.py --quick               # small (CI smoke): 1 round, 16 runs
     python bench/bench_worker.py --python .venv-compiled/bin/python   # Latch's compiled core
-    python bench/bench_worker.py --contenders \
-        latch-faust,latch-faust-enforce,latch-kafka,latch-kafka-enforce   # policies, and not
+    python bench/bench_worker.py --contenders latch-faust,latch-faust-enforce  # policy on/off
 
 Contenders (``--contenders``, a comma list; each a process of its own):
 
