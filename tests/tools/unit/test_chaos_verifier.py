@@ -290,3 +290,38 @@ def test_a_lost_acknowledged_cancel_fails(early_plan: Plan) -> None:
     verdict = verify(early_plan, rest + timed_out, acked_cancels={run.run_id})
     assert not verdict.ok and verdict.missing >= 2
     assert verify(early_plan, rest + timed_out, acked_cancels=set()).ok  # never acknowledged
+
+
+def _policy_plan() -> Plan:
+    stack = chaos.Stack("127.0.0.1:1", "chaos-unit", 3, 5.0, 1.0, policy=str(chaos.DEFAULT_POLICY))
+    return build_plan(seed=7, runs=120, config=stack.config())
+
+
+def test_plan_with_a_policy_means_some_calls_to_be_denied_and_the_verifier_holds_them() -> None:
+    """``latch chaos --policy``: the workers' settings carry ``enforce`` and the shipped
+    ``chaos.cedar``; the plan means some good calls (paths under /denied/) to get
+    ``policy_denied`` and the offline core, with the same policy, agrees (or build_plan would
+    raise); the verifier passes the expected records and fails when a denied call is committed
+    instead."""
+    env = chaos.Stack("b", "a", 1, 5.0, 1.0, policy="p.cedar").env()
+    assert env["LATCH_POLICY__MODE"] == "enforce" and env["LATCH_POLICY__FILE"] == "p.cedar"
+    assert "LATCH_POLICY__MODE" not in chaos.Stack("b", "a", 1, 5.0, 1.0).env()
+    plan = _policy_plan()
+    meant = {c.call_id for r in plan.runs for c in r.opened.values()
+             if c.intent == "policy_denied"}
+    denied = {e.value["tool_call_id"] for r in plan.runs for e in r.expected
+              if e.topic is Topic.ERRORS and e.value["reason"] == "policy_denied"}
+    assert meant and denied == meant
+    committed = {e.value["call_id"] for r in plan.runs for e in r.expected
+                 if e.topic is Topic.COMMITTED}
+    assert not committed & meant
+    records = _records(plan)
+    assert verify(plan, records).ok
+    # a worker that let one denied call through fails the verdict
+    index = next(i for i, r in enumerate(records) if r.role == "errors"
+                 and orjson.loads(r.value)["reason"] == "policy_denied")
+    value = orjson.loads(records[index].value)
+    forged = {"v": 1, "run_id": value["run_id"], "call_id": value["tool_call_id"],
+              "name": value["name"], "arguments": {"path": "/denied/x"}}
+    records[index] = OutRecord("committed", 0, index, None, orjson.dumps(forged))
+    assert not verify(plan, records).ok
