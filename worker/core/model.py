@@ -170,6 +170,9 @@ class Topic(StrEnum):
     FINAL = "final"
     PROGRESS = "progress"
     DLQ = "dlq"
+    #: One record per call outcome: who called what, what was decided, and on which record
+    #: (``Outputs.audit``); never argument text.
+    AUDIT = "audit"
 
 
 @dataclass(frozen=True, slots=True)

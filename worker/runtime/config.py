@@ -172,6 +172,7 @@ class TopicNames:
     final: str = "llm.messages.final"
     progress: str = "llm.stream.progress"
     dlq: str = "llm.stream.dlq"
+    audit: str = "latch.audit"
     results: str = "tool.calls.results"
     partitions: int = 12
     replication_factor: int = 1
