@@ -32,6 +32,7 @@ set -eu
 : "${FINAL:=llm.messages.final}"
 : "${PROGRESS:=llm.stream.progress}"
 : "${DLQ:=llm.stream.dlq}"
+: "${AUDIT:=latch.audit}"
 : "${RESULTS:=tool.calls.results}"
 
 # allow PRINCIPAL RESOURCE NAME PATTERN OPERATION...   (RESOURCE: topic, group,
@@ -63,6 +64,7 @@ allow "$WORKER" topic "$ERRORS" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$FINAL" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$PROGRESS" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$DLQ" literal Write Describe DescribeConfigs
+allow "$WORKER" topic "$AUDIT" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$APP_ID-" prefixed Create Read Write Describe DescribeConfigs
 allow "$WORKER" group "$APP_ID" literal Read Describe
 allow "$WORKER" transactional-id "$APP_ID-" prefixed Write Describe

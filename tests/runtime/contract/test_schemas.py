@@ -98,12 +98,12 @@ def walk_properties(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str
 
 
 def test_the_expected_files_exist() -> None:
-    """schemas/ holds exactly the eleven record kinds the contract, the worker and the runner
+    """schemas/ holds exactly the twelve record kinds the contract, the worker and the runner
     need."""
     assert set(ALL) == {
         "stream-envelope", "control-envelope", "tick-envelope", "committed-call",
         "error-result", "final-message", "progress", "dlq-record", "output-line", "config",
-        "tool-result",
+        "tool-result", "audit",
     }  # fmt: skip
 
 
@@ -175,7 +175,7 @@ def test_config_topic_defaults_are_the_contracts() -> None:
         "events": "llm.stream.events", "control": "llm.stream.control",
         "committed": "tool.calls.committed", "errors": "tool.calls.errors",
         "final": "llm.messages.final", "progress": "llm.stream.progress",
-        "dlq": "llm.stream.dlq", "results": "tool.calls.results",
+        "dlq": "llm.stream.dlq", "audit": "latch.audit", "results": "tool.calls.results",
     }  # fmt: skip
     assert topics["partitions"]["default"] == 12
 

@@ -116,7 +116,8 @@ class Stack:
         return f"{self.app_id}.{role}"
 
     def env(self) -> dict[str, str]:
-        roles = ("events", "control", "committed", "errors", "final", "progress", "dlq", "results")
+        roles = ("events", "control", "committed", "errors", "final", "progress", "dlq", "audit",
+                 "results")
         env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role) for role in roles}
         return env | {
             "LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
