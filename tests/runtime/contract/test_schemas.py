@@ -13,7 +13,8 @@ from jsonschema import Draft202012Validator
 from worker.runtime.schemas import load_schema, schema_names, schema_path, validator
 
 ALL = schema_names()
-OUTPUTS = ("committed-call", "error-result", "final-message", "progress", "dlq-record")
+OUTPUTS = ("committed-call", "error-result", "final-message", "progress", "dlq-record",
+           "audit")
 
 #: The contract's committed-call example, verbatim.
 CONTRACT_COMMITTED: dict[str, Any] = {

@@ -33,7 +33,7 @@ def stack(kafka_bootstrap: str, kafka_admin: AdminClient,
 
 def test_creates_every_topic_once(stack: Stack, kafka_admin: AdminClient,
                                   capsys: pytest.CaptureFixture[str]) -> None:
-    """The first run creates events, control, the five output topics and the compacted heads
+    """The first run creates events, control, the six output topics and the compacted heads
     changelog, all with the configured partition count; the second run changes nothing."""
     assert admin.main(["create"]) == 0
     first = capsys.readouterr().out.splitlines()
