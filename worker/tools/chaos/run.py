@@ -70,7 +70,7 @@ from worker.tools import broker as broker_tool
 from worker.tools.chaos.plan import EARLY_SETTINGS, Plan, PlanError, RunPlan, build_plan
 from worker.tools.chaos.verify import OutRecord, Verdict, verify
 
-OUTPUT_ROLES = ("committed", "errors", "final", "dlq")
+OUTPUT_ROLES = ("committed", "errors", "final", "dlq", "audit")
 #: librdkafka settings that do the same for the kafka engine.
 FAST_KAFKA = {"LATCH_KAFKA__SESSION_TIMEOUT_MS": "6000",
               "LATCH_KAFKA__HEARTBEAT_INTERVAL_MS": "1000"}
