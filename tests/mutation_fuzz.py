@@ -455,6 +455,8 @@ class Checker:
     stuck: int = 0
     clock: int = 0
     _pending: dict[str, list[Emit]] = field(default_factory=lambda: defaultdict(list))
+    #: The idempotency keys of the audit records of each run not yet finished, in order.
+    _audits: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     _finals: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -484,12 +486,19 @@ class Checker:
         assert run_id not in self._finals, f"a record after the final of {run_id}: {line}"
         if emit.topic is Topic.FINAL:
             self._final(run_id, emit.value)
+        elif emit.topic is Topic.AUDIT:  # right after its outcome, with its key
+            pending = self._pending[run_id]
+            assert pending and pending[-1].value["idempotency_key"] == \
+                emit.value["idempotency_key"], f"an audit record not after its outcome: {line}"
+            self._audits[run_id].append(emit.value["idempotency_key"])
         elif emit.topic is not Topic.PROGRESS:
             self._pending[run_id].append(emit)
 
     def _final(self, run_id: str, final: dict[str, Any]) -> None:
         self._finals.add(run_id)
         records = self._pending.pop(run_id, [])
+        assert self._audits.pop(run_id, []) == [r.value["idempotency_key"] for r in records], \
+            f"not one audit record per outcome in {run_id}"
         check_final(run_id, records, final, self.settings.execute_before_stream_end)
         assert len(final["outcomes"]) == self.asm.opened[run_id], (run_id, len(records))
         self.outcomes_checked += len(final["outcomes"])

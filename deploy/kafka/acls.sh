@@ -32,6 +32,7 @@ set -eu
 : "${FINAL:=llm.messages.final}"
 : "${PROGRESS:=llm.stream.progress}"
 : "${DLQ:=llm.stream.dlq}"
+: "${AUDIT:=latch.audit}"
 : "${RESULTS:=tool.calls.results}"
 : "${JOURNAL:=tool.calls.journal}"
 : "${REGISTRY:=latch.registry}"
@@ -70,6 +71,7 @@ allow "$WORKER" topic "$PENDING" literal Write Describe DescribeConfigs
 # The registry (decision 0014): read whole at start and followed; the worker writes only its
 # clock probes (null values under the key "fence"). `latch registry put` runs as an admin.
 allow "$WORKER" topic "$REGISTRY" literal Read Write Describe DescribeConfigs
+allow "$WORKER" topic "$AUDIT" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$APP_ID-" prefixed Create Read Write Describe DescribeConfigs
 allow "$WORKER" group "$APP_ID" literal Read Describe
 allow "$WORKER" transactional-id "$APP_ID-" prefixed Write Describe

@@ -224,6 +224,9 @@ class Topic(StrEnum):
     DLQ = "dlq"
     #: Calls waiting for approval (``topics.pending``).
     PENDING = "pending"
+    #: One record per call outcome: who called what, what was decided, and on which record
+    #: (``Outputs.audit``); never argument text.
+    AUDIT = "audit"
 
 
 @dataclass(frozen=True, slots=True)

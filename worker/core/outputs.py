@@ -15,11 +15,20 @@ name are bounded, its detail cut at :data:`MAX_DETAIL_CHARACTERS`); a committed 
 be larger fails ``record_too_large`` instead (``run.Latch``); and a final message that would be
 larger drops its message's content and its ``choices``, then its ``outcomes``, and lists what
 it dropped in ``dropped`` (:meth:`Outputs.bounded`).
+
+Each outcome (a committed call or an error result) is followed by its audit record
+(:meth:`Outputs.audit`, ``schemas/audit.schema.json``): the run, tenant, call id, tool name and
+provider, the outcome and reason, the policy's decision, and the size and SHA-256 of the
+argument bytes, never the bytes themselves. It has the outcome's ``idempotency_key``. Where the
+record was read (``source``) and the run's ``trace_id`` are not the core's to know: it writes
+them null, and the worker fills them in (``worker.runtime.step.located``,
+``worker.runtime.hooks.EngineHooks.traced``).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -29,6 +38,7 @@ from worker.core.call import Call
 from worker.core.envelope import RecordSource, Rejected, RunStart, Source
 from worker.core.model import CallState, Emit, Reason, RunStatus, Topic
 from worker.core.ops import CUSTOM, FUNCTION, Adapter, CallView
+from worker.core.policy import OFF
 from worker.core.settings import MAX_RECORD_BYTES
 
 #: Characters of an error's detail written in its ``content``; a longer one (a schema path
@@ -88,9 +98,30 @@ class Outputs:
             ):
                 continue
             call.emitted = True
-            emits.append(self._committed(call) if call.state is CallState.COMMITTED
-                         else self._error(call, shared=seen.get(call.tool_call_id, 0) > 1))
+            outcome = (self._committed(call) if call.state is CallState.COMMITTED
+                       else self._error(call, shared=seen.get(call.tool_call_id, 0) > 1))
+            emits.append(outcome)
+            emits.append(self.audit(call, outcome))
         return emits
+
+    def audit(self, call: Call, outcome: Emit) -> Emit:
+        """The audit record of ``call``'s ``outcome`` (its committed call or error result):
+        the same identity, name and key, the outcome and reason, the policy's decision
+        (``{"mode": "off"}`` when no policy decided), and the digest of its argument bytes
+        (:func:`argument_digest`). ``source`` and ``trace_id`` are null here (module doc)."""
+        value = outcome.value
+        committed = outcome.topic is Topic.COMMITTED
+        decision = call.decision
+        policy: dict[str, Any] = {"mode": OFF} if decision is None else {
+            "mode": decision.mode, "allow": decision.allow, "policies": list(decision.policies),
+            "errors": list(decision.errors), "version": decision.version}
+        record = {**self._head(), "tool_call_id": call.tool_call_id, "name": value["name"],
+                  "outcome": "committed" if committed else "error",
+                  "reason": None if committed else value["reason"], "policy": policy,
+                  "arguments": argument_digest(call, value if committed else None),
+                  "trace_id": None, "source": None,
+                  "idempotency_key": value["idempotency_key"]}
+        return Emit(Topic.AUDIT, self._run_id, record)
 
     def _where(self, call: Call) -> dict[str, Any]:
         """``index`` and ``choice``, then ``kind`` for a call that is not a function call
@@ -200,6 +231,24 @@ class Outputs:
             value["arguments_offset"] = offset
             value["arguments_delta"] = delta
         return Emit(Topic.PROGRESS, self._run_id, value)
+
+
+def argument_digest(call: Call, committed: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``{"bytes", "sha256"}`` of a call's argument bytes: for a committed call (its record's
+    value ``committed``), the bytes its record carries: the JSON text of ``arguments`` as
+    written in it (compact, UTF-8: ``orjson.dumps``, which also writes the record), or the
+    UTF-8 of a custom call's ``input``; for a call that did not commit, the UTF-8 of the text
+    received. None when there is none: no text came, or it was dropped at a bound
+    (``arguments_exceed_max_bytes``, ``budget_exceeded``)."""
+    if committed is not None:
+        data = (committed["input"].encode("utf-8", "surrogatepass") if "input" in committed
+                else dumps(committed["arguments"]))
+    else:
+        text = call.text if call.text is not None else "".join(call.parts)
+        if not text:
+            return None
+        data = text.encode("utf-8", "surrogatepass")
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def dlq_record(rejected: Rejected, key: bytes | None, value: bytes,

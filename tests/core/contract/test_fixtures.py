@@ -664,7 +664,8 @@ def test_anthropic_tool_use_pipelined_commit_at_block_stop() -> None:
                   [e.as_line() for e in assembler.feed_record(None, orjson.dumps(env))])
                  for env in envelopes]
     emitting = [(kind, [line["topic"] for line in lines]) for kind, lines in per_event if lines]
-    assert emitting == [("content_block_stop", ["committed"]), ("message_stop", ["final"])]
+    assert emitting == [("content_block_stop", ["committed", "audit"]),
+                        ("message_stop", ["final"])]
     stops = [kind for kind, _ in per_event if kind == "content_block_stop"]
     assert len(stops) == 2  # the text block's stop commits nothing
     lines = [line for _, lines in per_event for line in lines]
@@ -1190,7 +1191,7 @@ def test_responses_pipelined_commit_at_output_item_done() -> None:
         got = [e.as_line()["topic"] for e in assembler.feed_record(None, orjson.dumps(env))]
         if got:
             emitting.append((env.get("event", {}).get("type"), got))
-    assert emitting == [("response.output_item.done", ["committed"]),
+    assert emitting == [("response.output_item.done", ["committed", "audit"]),
                         ("response.completed", ["final"])]
 
 
@@ -1291,4 +1292,5 @@ def test_cli_assemble_runs_each_cassette_interaction_on_its_own(tmp_path: Path) 
                      for line in run_events("openai.responses", run, tools,
                                             run_id=f"capture-{n}")]
     assert [(line["key"], line["topic"]) for line in lines] == [
-        ("capture-1", "committed"), ("capture-1", "final"), ("capture-2", "final")]
+        ("capture-1", "committed"), ("capture-1", "audit"), ("capture-1", "final"),
+        ("capture-2", "final")]

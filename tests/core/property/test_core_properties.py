@@ -711,6 +711,7 @@ def test_feed_record_is_total(records: list[Record], settings_name: str) -> None
 def check_outcomes(asm: SpyAssembler, emits: list[Emit], pipelined: bool) -> None:
     """The exactly-one-outcome invariants over everything ``asm`` emitted (see the test)."""
     per_run: dict[str, list[Emit]] = defaultdict(list)
+    audits: dict[str, list[str]] = defaultdict(list)  # one audit record per outcome record
     finals: dict[str, dict[str, Any]] = {}
     for emit in emits:
         if emit.topic == "dlq":
@@ -719,11 +720,14 @@ def check_outcomes(asm: SpyAssembler, emits: list[Emit], pipelined: bool) -> Non
         assert run_id not in finals, f"a record after the final of {run_id}: {emit}"
         if emit.topic == "final":
             finals[run_id] = emit.value
+        elif emit.topic == "audit":
+            audits[run_id].append(emit.value["idempotency_key"])
         elif emit.topic != "progress":
             per_run[run_id].append(emit)
     assert set(finals) == asm.started
     for run_id, final in finals.items():
         check_final(run_id, per_run[run_id], final, early=pipelined)
+        assert audits[run_id] == [e.value["idempotency_key"] for e in per_run[run_id]]
         assert len(final["outcomes"]) == asm.opened[run_id]
 
 

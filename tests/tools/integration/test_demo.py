@@ -27,8 +27,8 @@ from confluent_kafka.admin import AdminClient
 
 from worker.tools import broker
 
-TOPICS = ("events", "control", "committed", "errors", "final", "progress", "dlq", "results",
-          "journal")
+TOPICS = ("events", "control", "committed", "errors", "final", "progress", "dlq", "audit",
+          "results", "journal", "pending", "registry")
 
 
 def latch_demo(config: Path, *args: str, env: dict[str, str] | None = None,

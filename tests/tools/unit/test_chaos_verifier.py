@@ -113,6 +113,25 @@ def test_a_lost_outcome_fails(plan: Plan) -> None:
     assert verdict.missing == 1
 
 
+def test_audit_records_with_their_live_source_and_trace_pass_and_a_lost_one_fails(
+        plan: Plan) -> None:
+    """The worker fills an audit record's ``source`` and ``trace_id``: the verifier sets
+    them aside and passes; an outcome whose audit record is lost is missing."""
+    records = _records(plan)
+    live = []
+    for record in records:
+        if record.role == "audit":
+            value = orjson.loads(record.value)
+            value["source"] = {"topic": "ev", "partition": 0, "offset": record.offset}
+            value["trace_id"] = "4bf92f3577b34da6a3ce929d0e0e4736"
+            record = dataclasses.replace(record, value=orjson.dumps(value))
+        live.append(record)
+    assert verify(plan, live).ok
+    index, _ = _first(live, "audit")
+    verdict = verify(plan, live[:index] + live[index + 1:])
+    assert (verdict.ok, verdict.missing) == (False, 1)
+
+
 def test_a_contradicting_error_fails(plan: Plan) -> None:
     """An error result for a call that was committed is a contradiction."""
     records = _records(plan)

@@ -70,7 +70,7 @@ from worker.tools import broker as broker_tool
 from worker.tools.chaos.plan import EARLY_SETTINGS, Plan, PlanError, RunPlan, build_plan
 from worker.tools.chaos.verify import OutRecord, Verdict, verify
 
-OUTPUT_ROLES = ("committed", "errors", "final", "dlq")
+OUTPUT_ROLES = ("committed", "errors", "final", "dlq", "audit")
 #: librdkafka settings that do the same for the kafka engine.
 FAST_KAFKA = {"LATCH_KAFKA__SESSION_TIMEOUT_MS": "6000",
               "LATCH_KAFKA__HEARTBEAT_INTERVAL_MS": "1000"}
@@ -118,7 +118,8 @@ class Stack:
         return f"{self.app_id}.{role}"
 
     def env(self) -> dict[str, str]:
-        roles = ("events", "control", "committed", "errors", "final", "progress", "dlq", "results")
+        roles = ("events", "control", "committed", "errors", "final", "progress", "dlq", "audit",
+                 "results")
         env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role) for role in roles}
         return env | {
             "LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
