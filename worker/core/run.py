@@ -34,7 +34,15 @@ from worker.core.call import (
 )
 from worker.core.envelope import RecordSource, Rejected, RunStart
 from worker.core.latch import NAME_CHECKED_REASONS, Latch
-from worker.core.model import CallEvent, CallState, DlqReason, Emit, Reason, RunStatus
+from worker.core.model import (
+    ABORT_REASONS,
+    CallEvent,
+    CallState,
+    DlqReason,
+    Emit,
+    Reason,
+    RunStatus,
+)
 from worker.core.outputs import Outputs, dlq_record, id_counts
 from worker.core.policy import Policy
 from worker.core.settings import (
@@ -74,7 +82,7 @@ class Ledger:
     ``make_room(run, growth)`` ends the least recently active runs other than ``run`` until
     ``growth`` more bytes fit, and ``forget(run)`` is told when a run has ended."""
 
-    __slots__ = ("forget", "held", "limit", "make_room", "policy", "sizes", "stats")
+    __slots__ = ("at", "forget", "held", "limit", "make_room", "policy", "sizes", "stats")
 
     def __init__(self, limit: int, make_room: Callable[[Run, int], list[Emit]],
                  forget: Callable[[Run], None]) -> None:
@@ -87,6 +95,9 @@ class Ledger:
         #: The policy in force for the partition's calls (``Assembler.policy``), read when a
         #: call is decided; None: no policy (``policy.mode: off``).
         self.policy: Policy | None = None
+        #: Where the record being applied was read (None: unknown, ``latch assemble``): the
+        #: last offset of a ``run.ended`` record (``Outputs.run_ended``).
+        self.at: RecordSource | None = None
 
     def reject(self, rejected: Rejected, key: bytes | None, value: bytes,
                source: RecordSource | None) -> Emit:
@@ -117,8 +128,9 @@ class Rules:
 class Run:
     """The state of one open run, and what it does with each provider event."""
 
-    __slots__ = ("adapter", "broken", "calls", "key", "last_ms", "last_seq", "latch", "ledger",
-                 "nbytes", "out", "rules", "run_id", "status", "text_bytes", "truncated")
+    __slots__ = ("adapter", "broken", "calls", "ended", "first", "key", "last_ms", "last_seq",
+                 "latch", "ledger", "nbytes", "out", "rules", "run_id", "status", "text_bytes",
+                 "truncated")
 
     def __init__(self, start: RunStart, adapter: op.Adapter, latch: Latch, now_ms: int,
                  key: bytes | None, ledger: Ledger, rules: Rules) -> None:
@@ -146,6 +158,10 @@ class Run:
         self.text_bytes = 0
         #: How it ended, once it has (:meth:`finish`).
         self.status: RunStatus | None = None
+        #: Where its ``run.start`` was read (None: unknown), and whether its ``run.ended``
+        #: record is out (at most one per run: decision 0014).
+        self.first: RecordSource | None = ledger.at
+        self.ended = False
 
     def in_flight(self) -> int:
         return sum(1 for c in self.calls.values() if c.state is CallState.OPEN)
@@ -433,7 +449,16 @@ class Run:
         self.ledger.stats["protocol_errors"] += 1
         for call in self.calls.values():
             call.fail(Reason.PROTOCOL_ERROR, detail)  # (a decided call keeps its outcome)
-        return []
+        # The run's end is decided now: the gateway may stop reading (decision 0014).
+        return self._ended(RunStatus.FAILED, Reason.PROTOCOL_ERROR)
+
+    def _ended(self, status: RunStatus, reason: Reason) -> list[Emit]:
+        """The run's one ``run.ended`` record, unless it is out already."""
+        if self.ended:
+            return []
+        self.ended = True
+        self.ledger.stats["runs_ended_records"] += 1
+        return [self.out.run_ended(status, reason, self.last_seq, self.first, self.ledger.at)]
 
     def _restated(self, key: str, text: str) -> list[Emit]:
         """The provider restated a call's whole text at its end: a different text than the
@@ -486,7 +511,10 @@ class Run:
                 self._decide(call)
             else:  # (a decided call keeps its outcome: TRANSITIONS)
                 call.fail(reason or Reason.STREAM_ERROR, detail)
-        emits = self._outcomes(calls)
+        # Ended by Latch while its stream may still run: the gateway is told first.
+        emits = (self._ended(status, reason) if reason in ABORT_REASONS and reason is not None
+                 else [])
+        emits += self._outcomes(calls)
         final = self.out.final(self.adapter, calls, status)
         if large:  # measured, and made smaller if it must be (Outputs.bounded)
             bounded = self.out.bounded(final)

@@ -173,6 +173,7 @@ class TopicNames:
     final: str = "llm.messages.final"
     progress: str = "llm.stream.progress"
     dlq: str = "llm.stream.dlq"
+    run_ended: str = "llm.runs.ended"
     results: str = "tool.calls.results"
     journal: str = "tool.calls.journal"
     partitions: int = 12

@@ -698,12 +698,13 @@ def end_all(asm: Assembler, ends: list[str], clock: int) -> list[Emit]:
 @given(records=record_lists(wild=True), settings_name=st.sampled_from(list(SETTINGS)))
 def test_feed_record_is_total(records: list[Record], settings_name: str) -> None:
     """No sequence of records makes ``feed_record`` raise; every record it returns is valid
-    against its schema and serialisable, and a DLQ record keeps the original bytes."""
+    against its schema and serialisable, and a DLQ record keeps the original bytes (but the
+    summary of a run's late events, which counts them: decision 0014)."""
     asm = Assembler(SETTINGS[settings_name])
     for key, value, now in records:
         emits = asm.feed_record(key, value, now)
         for emit in emits:
-            if emit.topic == "dlq":
+            if emit.topic == "dlq" and "late" not in emit.value:
                 assert base64.b64decode(emit.value["original_b64"]) == value
         lines(emits)
 
