@@ -11,7 +11,7 @@ response::
     publisher.cancel("r2", "user_stop")                             # to the control topic
     publisher.flush()
 
-Stopping when Latch ended the run (decision 0014): when Latch ends a run for a reason the
+Stopping when Latch ended the run (decision 0015): when Latch ends a run for a reason the
 gateway cannot see (a budget, too many calls, a protocol break, idle, a cancel), it writes one
 ``run.ended`` record to ``topics.run_ended``. The publisher follows that topic from its end
 (a thread with its own consumer, started by the first of these calls)::
@@ -237,7 +237,7 @@ class Publisher:
         self._sender.produce(topic, run_id.encode("utf-8"), value, list(tracing.inject()) or None)
         return topic
 
-    # -- run.ended (decision 0014) ---------------------------------------------------------
+    # -- run.ended (decision 0015) ---------------------------------------------------------
 
     def follow_run_ended(self, timeout: float = 10.0) -> None:
         """Follow ``topics.run_ended`` from its end now (idempotent): a run that Latch ends

@@ -169,7 +169,7 @@ class Assembler:
         self._finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
         #: Cancels of runs not started yet: run id -> (record time, reason), oldest first.
         self._early_cancels: OrderedDict[str, tuple[int, str]] = OrderedDict()
-        #: Events of finished runs, counted for their one summary (decision 0014): run id ->
+        #: Events of finished runs, counted for their one summary (decision 0015): run id ->
         #: its count, least recently counted first; ``done`` once the summary is out.
         self._late: OrderedDict[str, LateEvents] = OrderedDict()
         #: The runs whose summary is out: run id -> the last seq seen (oldest first).
@@ -513,7 +513,7 @@ class Assembler:
             return []
         return self._count_late(envelope.run_id, envelope.seq, status, now_ms, _raw(raw)[2])
 
-    # -- events after a run's end (decision 0014) ----------------------------------------
+    # -- events after a run's end (decision 0015) ----------------------------------------
     #
     # A gateway that did not stop reading when its run ended keeps sending the provider's
     # events. Each is counted, not dead-lettered on its own: a run gets one DLQ record

@@ -221,7 +221,7 @@ def events_span(first: RecordSource | None, last: RecordSource | None) -> dict[s
 def late_summary(run_id: str, status: RunStatus, count: int, first_seq: int, last_seq: int,
                  first: RecordSource | None, last: RecordSource | None) -> Emit:
     """The one DLQ record that sums up the ``count`` events that reached ``run_id`` after it
-    had ended (decision 0014): reason ``run_finished``, no original bytes, and ``late`` with
+    had ended (decision 0015): reason ``run_finished``, no original bytes, and ``late`` with
     the count, the first and last seq and the first and last offsets."""
     span = events_span(first, last)
     src: dict[str, Any] = {k: span[k] for k in ("topic", "partition") if span[k] is not None}

@@ -159,7 +159,7 @@ class Run:
         #: How it ended, once it has (:meth:`finish`).
         self.status: RunStatus | None = None
         #: Where its ``run.start`` was read (None: unknown), and whether its ``run.ended``
-        #: record is out (at most one per run: decision 0014).
+        #: record is out (at most one per run: decision 0015).
         self.first: RecordSource | None = ledger.at
         self.ended = False
 
@@ -449,7 +449,7 @@ class Run:
         self.ledger.stats["protocol_errors"] += 1
         for call in self.calls.values():
             call.fail(Reason.PROTOCOL_ERROR, detail)  # (a decided call keeps its outcome)
-        # The run's end is decided now: the gateway may stop reading (decision 0014).
+        # The run's end is decided now: the gateway may stop reading (decision 0015).
         return self._ended(RunStatus.FAILED, Reason.PROTOCOL_ERROR)
 
     def _ended(self, status: RunStatus, reason: Reason) -> list[Emit]:

@@ -1003,7 +1003,7 @@ def test_responses_four_responses_as_one_run_dead_letters_the_rest() -> None:
     """openai-reasoning-encrypted-content published (wrongly) as one run: the first
     ``response.completed`` ends the run, so only the first call gets an outcome; every later
     provider event is a contract break for a finished run, counted and summed up in one DLQ
-    ``run_finished`` record (decision 0014), and the trailing ``stream.end`` is ignored."""
+    ``run_finished`` record (decision 0015), and the trailing ``stream.end`` is ignored."""
     events = load_events(fixture(RESPONSES_FOUR))
     lines = run_events("openai.responses", events, [responses_tool("calculator", CALCULATOR)])
     assert summary(lines) == CALCULATOR_RUNS[0][1]

@@ -699,7 +699,7 @@ def end_all(asm: Assembler, ends: list[str], clock: int) -> list[Emit]:
 def test_feed_record_is_total(records: list[Record], settings_name: str) -> None:
     """No sequence of records makes ``feed_record`` raise; every record it returns is valid
     against its schema and serialisable, and a DLQ record keeps the original bytes (but the
-    summary of a run's late events, which counts them: decision 0014)."""
+    summary of a run's late events, which counts them: decision 0015)."""
     asm = Assembler(SETTINGS[settings_name])
     for key, value, now in records:
         emits = asm.feed_record(key, value, now)

@@ -1,4 +1,4 @@
-"""Abort feedback on a real broker, for both engines (issue 26, item 4; decision 0014).
+"""Abort feedback on a real broker, for both engines (issue 26, item 4; decision 0015).
 
 A run that Latch ends for a reason of its own (here its text budget, ``max_run_text_bytes``)
 gets one ``run.ended`` record on ``topics.run_ended``; the gateway's :class:`Publisher`, which
