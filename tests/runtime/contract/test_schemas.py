@@ -100,12 +100,12 @@ def walk_properties(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str
 
 
 def test_the_expected_files_exist() -> None:
-    """schemas/ holds exactly the twelve record kinds the contract, the worker and the runner
-    need."""
+    """schemas/ holds exactly the thirteen record kinds the contract, the worker and the
+    runner need (``run-ended``: decision 0015)."""
     assert set(ALL) == {
         "stream-envelope", "control-envelope", "tick-envelope", "committed-call",
         "error-result", "final-message", "progress", "dlq-record", "output-line", "config",
-        "tool-result", "journal-entry",
+        "tool-result", "journal-entry", "run-ended",
     }  # fmt: skip
 
 
@@ -178,7 +178,7 @@ def test_config_topic_defaults_are_the_contracts() -> None:
         "committed": "tool.calls.committed", "errors": "tool.calls.errors",
         "final": "llm.messages.final", "progress": "llm.stream.progress",
         "dlq": "llm.stream.dlq", "results": "tool.calls.results",
-        "journal": "tool.calls.journal",
+        "journal": "tool.calls.journal", "run_ended": "llm.runs.ended",
     }  # fmt: skip
     assert topics["partitions"]["default"] == 12
 
