@@ -143,8 +143,9 @@ def engine(msgs: list[Fields]) -> tuple[Callable[[], None], Callable[[], KafkaEn
             _txn(return_engine).producer = sink()
             holder.append(return_engine)
         e = return_engine
-        e.partitions = {p: PartitionState(Assembler(config.assemble), next_offset=0)
-                        for p in range(PARTITIONS)}
+        e.partitions.clear()  # (the driver's dict: filled, not replaced)
+        e.partitions.update({p: PartitionState(Assembler(config.assemble), next_offset=0)
+                             for p in range(PARTITIONS)})
         e.table.data.clear()
         e.table.pending.clear()
         _txn(e).batch = None

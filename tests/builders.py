@@ -4,8 +4,8 @@ Every helper returns plain JSON-able dicts shaped as the contract and the provid
 streaming documentation describe them, so that a test reads like the stream it feeds:
 
 * envelopes: :func:`run_start`, :func:`provider_event`, :func:`stream_end`,
-  :func:`stream_error`, :func:`cancel`, :func:`tick`, and :func:`run_envelopes`, which numbers
-  the ``seq`` of a whole run;
+  :func:`stream_error`, :func:`cancel`, :func:`decision`, :func:`tick`, and
+  :func:`run_envelopes`, which numbers the ``seq`` of a whole run;
 * tool definitions in each provider's own format: :func:`chat_tool`,
   :func:`anthropic_tool`, :func:`responses_tool`, :func:`tools_for`;
 * provider events: ``chat_*`` (Chat Completions chunks), ``anthropic_*`` (Messages stream
@@ -91,6 +91,16 @@ def cancel(run_id: str | None = None, reason: str = "user_stop") -> dict[str, An
     env: dict[str, Any] = {"v": 1, "type": "cancel", "reason": reason}
     if run_id is not None:
         env["run_id"] = run_id
+    return env
+
+
+def decision(run_id: str, kind: str, tool_call_id: str, *, by: str = "ops@example.com",
+             reason: str = "looked at it", arguments: str | None = None) -> dict[str, Any]:
+    """A control ``approve``, ``deny`` or ``edit`` envelope (no seq: forwarded like a cancel)."""
+    env: dict[str, Any] = {"v": 1, "run_id": run_id, "type": kind, "tool_call_id": tool_call_id,
+                           "by": by, "reason": reason}
+    if arguments is not None:
+        env["arguments"] = arguments
     return env
 
 

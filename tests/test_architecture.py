@@ -85,7 +85,8 @@ def test_the_core_importing_io_breaks_purity(copy_of_the_package: Path, library:
 @pytest.mark.parametrize(("module", "library"), [
     ("runtime/driver.py", "confluent_kafka"), ("runtime/driver.py", "faust"),
     # reached through a module the driver is built from: an indirect import breaks it too
-    ("runtime/partition.py", "aiokafka"),
+    ("runtime/partition.py", "aiokafka"), ("runtime/assignment.py", "confluent_kafka"),
+    ("runtime/refusals.py", "confluent_kafka"),
 ])
 def test_a_kafka_client_in_the_driver_breaks_its_neutrality(copy_of_the_package: Path,
                                                             module: str, library: str) -> None:

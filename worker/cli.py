@@ -2,10 +2,11 @@
 
 Subcommands::
 
-    latch assemble [--config FILE] [FILE|-]            offline: envelopes in, records out
+    latch assemble [--config FILE] [--registry] [FILE|-] offline: envelopes in, records out
     latch assemble --from-sse PROVIDER --tools FILE CAPTURE
     latch worker [--config FILE]                         run the Kafka worker
     latch topics create [--config FILE]                  provision every topic
+    latch registry put|list|show [--config FILE]         toolsets and policy sets by version
     latch broker start|stop|status                       a local Kafka for development
     latch publish [--config FILE] FILE                   send JSON-Lines envelopes
     latch tail [--config FILE]                           print the output topics
@@ -69,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     asm.add_argument("--run-id", default="capture", help=(
         "with --from-sse: the run id to use (a cassette of several interactions: one run each, "
         "ID-1, ID-2, ...)"))
+    asm.add_argument("--registry", action="store_true", help=(
+        "read the registry topic (topics.registry) whole first, for runs that name a toolset "
+        "by reference (every version read counts: offline there is no wait rule); without it "
+        "such runs fail unknown_toolset"))
     asm.add_argument("input", nargs="?", default="-", help="input file, - for stdin")
     asm.set_defaults(handler=_assemble)
 
@@ -82,12 +87,18 @@ def _parser() -> argparse.ArgumentParser:
 _LAZY = [
     ("worker", "worker.runtime.engine:main", "run the Kafka worker"),
     ("topics", "worker.runtime.admin:main", "provision the topics (topics create)"),
+    ("registry", "worker.runtime.registry_io:main",
+     "toolsets and policy sets by version: put, list, show"),
     ("broker", "worker.tools.broker:main", "a local Kafka broker: start, stop, status"),
     ("publish", "worker.client.publisher:main", "publish JSON-Lines envelopes"),
     ("tail", "worker.tools.tail:main", "print the output topics"),
     ("results", "worker.tools.results:main", "one run's calls, error results and results"),
     ("demo", "worker.tools.demo:main", "run the end-to-end demo"),
     ("replay", "worker.tools.replay:main", "replay a range of the events topic"),
+    ("approve", "worker.tools.approvals:approve", "approve a call waiting for approval"),
+    ("deny", "worker.tools.approvals:deny", "deny a call waiting for approval"),
+    ("edit", "worker.tools.approvals:edit",
+     "give a call waiting for approval new arguments (checked again)"),
     ("policy", "worker.tools.policy:main",
      "Cedar policies: check a file, test a call, print the generated schema"),
     ("chaos", "worker.tools.chaos.run:main",
@@ -116,6 +127,8 @@ def _assemble(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from exc
     assembler = Assembler(config.assemble)
     assembler.policy = assembler_policy(config)
+    if args.registry:
+        assembler.toolsets = _registry_toolsets(config)
     out = sys.stdout.buffer
     if args.from_sse:
         lines: Iterable[bytes] = _capture_lines(args)
@@ -130,6 +143,24 @@ def _assemble(args: argparse.Namespace) -> int:
         print(f"latch: {assembler.open_runs} run(s) still open at end of input: {ids}",
               file=sys.stderr)
     return 0
+
+
+def _registry_toolsets(config: Any) -> Callable[[str, int, int], Any]:
+    """``latch assemble --registry``: the registry topic read whole now; a run naming a
+    toolset gets any version read (offline there is no record time to wait from)."""
+    from worker.runtime.registry import TOOLSET
+    from worker.runtime.registry_io import RegistryError, read_whole
+
+    try:
+        state = read_whole(config)
+    except RegistryError as exc:
+        raise CliError(f"--registry: {exc}") from exc
+
+    def lookup(name: str, version: int, at_ms: int) -> Any:
+        entry = state.get(TOOLSET, name, version)
+        return None if entry is None else entry.content
+
+    return lookup
 
 
 def _write(out: IO[bytes], lines: Iterable[dict[str, Any]]) -> None:

@@ -35,6 +35,8 @@ set -eu
 : "${RUN_ENDED:=llm.runs.ended}"
 : "${RESULTS:=tool.calls.results}"
 : "${JOURNAL:=tool.calls.journal}"
+: "${REGISTRY:=latch.registry}"
+: "${PENDING:=tool.calls.pending}"
 
 # allow PRINCIPAL RESOURCE NAME PATTERN OPERATION...   (RESOURCE: topic, group,
 # transactional-id; PATTERN: literal or prefixed)
@@ -68,6 +70,10 @@ allow "$WORKER" topic "$FINAL" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$PROGRESS" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$DLQ" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$RUN_ENDED" literal Write Describe DescribeConfigs
+allow "$WORKER" topic "$PENDING" literal Write Describe DescribeConfigs
+# The registry (decision 0014): read whole at start and followed; the worker writes only its
+# clock probes (null values under the key "fence"). `latch registry put` runs as an admin.
+allow "$WORKER" topic "$REGISTRY" literal Read Write Describe DescribeConfigs
 allow "$WORKER" topic "$APP_ID-" prefixed Create Read Write Describe DescribeConfigs
 allow "$WORKER" group "$APP_ID" literal Read Describe
 allow "$WORKER" transactional-id "$APP_ID-" prefixed Write Describe
@@ -87,4 +93,7 @@ allow "$AGENT" topic "$FINAL" literal Read Describe
 allow "$AGENT" topic "$ERRORS" literal Read Describe
 allow "$AGENT" topic "$RESULTS" literal Read Describe
 allow "$AGENT" topic "$PROGRESS" literal Read Describe
+# the calls waiting for approval (README, Approvals): the agent loop or its approval UI shows
+# them; decisions go back on the control topic (the gateway's, or the operator's latch approve)
+allow "$AGENT" topic "$PENDING" literal Read Describe
 allow "$AGENT" group "$AGENT_GROUP" prefixed Read Describe

@@ -9,6 +9,7 @@ response::
         run.event(chunk)                                            # provider.event, seq 1, 2, ...
     run.end()                                                       # stream.end
     publisher.cancel("r2", "user_stop")                             # to the control topic
+    publisher.approve("r3", "call_1", by="ann", reason="checked")  # approve, deny, edit too
     publisher.flush()
 
 Stopping when Latch ended the run (decision 0015): when Latch ends a run for a reason the
@@ -57,7 +58,7 @@ from typing import IO, Any, Self
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from worker.core.envelope import PROVIDERS
+from worker.core.envelope import DECISIONS, PROVIDERS
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.observability import logs, tracing
 
@@ -212,11 +213,39 @@ class Publisher:
         _check_run_id(run_id)
         self.send_envelope({"v": 1, "run_id": run_id, "type": "cancel", "reason": reason})
 
+    def approve(self, run_id: str, tool_call_id: str, *, by: str, reason: str = "") -> None:
+        """Approve a call waiting for approval (README, "Approvals"): it commits as it is."""
+        self._decide("approve", run_id, tool_call_id, by, reason)
+
+    def deny(self, run_id: str, tool_call_id: str, *, by: str, reason: str = "") -> None:
+        """Deny a call waiting for approval: one error result, reason ``approval_denied``."""
+        self._decide("deny", run_id, tool_call_id, by, reason)
+
+    def edit(self, run_id: str, tool_call_id: str, arguments: str | Mapping[str, Any], *,
+             by: str, reason: str = "") -> None:
+        """Give a call waiting for approval new arguments (their JSON text, or a mapping
+        written as JSON): the worker's latch checks them again, then commits or fails them."""
+        text = arguments if isinstance(arguments, str) else orjson.dumps(dict(arguments)).decode()
+        self._decide("edit", run_id, tool_call_id, by, reason, text)
+
+    def _decide(self, kind: str, run_id: str, tool_call_id: str, by: str, reason: str,
+                arguments: str | None = None) -> None:
+        _check_run_id(run_id)
+        if not isinstance(tool_call_id, str) or not tool_call_id:
+            raise ValueError("tool_call_id must be a non-empty string")
+        if not isinstance(by, str) or not by:
+            raise ValueError("by must say who decided (a non-empty string)")
+        doc: dict[str, Any] = {"v": 1, "run_id": run_id, "type": kind,
+                               "tool_call_id": tool_call_id, "by": by, "reason": reason}
+        if arguments is not None:
+            doc["arguments"] = arguments
+        self.send_envelope(doc)
+
     def send_envelope(self, envelope: Mapping[str, Any]) -> str:
         """Send one envelope as it is (plus ``ts`` when it has none); return the topic.
 
-        ``cancel`` envelopes go to the control topic, everything else to the events topic,
-        keyed by the envelope's ``run_id``.
+        ``cancel``, ``approve``, ``deny`` and ``edit`` envelopes go to the control topic,
+        everything else to the events topic, keyed by the envelope's ``run_id``.
         """
         problem = _reserved(envelope.get("type"), envelope.get("run_id"))
         if problem is not None:
@@ -225,7 +254,7 @@ class Publisher:
         doc = dict(envelope)
         if self._clock is not None and "ts" not in doc:
             doc["ts"] = self._clock()
-        return self.send_raw(run_id, orjson.dumps(doc), control=doc.get("type") == "cancel")
+        return self.send_raw(run_id, orjson.dumps(doc), control=_control(doc.get("type")))
 
     def send_raw(self, run_id: str, value: bytes, *, control: bool = False) -> str:
         """Send envelope bytes unchanged, keyed by ``run_id``; return the topic. A reserved
@@ -647,7 +676,12 @@ def _classify(text: bytes) -> tuple[str | None, str | None, bool]:
     problem = _reserved(doc.get("type"), run_id)
     if problem is not None:
         return problem, None, False
-    return None, run_id, doc.get("type") == "cancel"
+    return None, run_id, _control(doc.get("type"))
+
+
+def _control(kind: object) -> bool:
+    """Whether an envelope of type ``kind`` goes to the control topic."""
+    return kind == "cancel" or kind in DECISIONS
 
 
 def _summary(publisher: Publisher, runs: set[str], skipped: int, prefix: str = "") -> str:

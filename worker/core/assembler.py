@@ -89,6 +89,7 @@ from worker.core import ops as op
 from worker.core._mypyc import mypyc_attr
 from worker.core.envelope import (
     Cancel,
+    Decision,
     Envelope,
     ProviderEvent,
     RecordSource,
@@ -134,6 +135,11 @@ SHARED_TOOL_MAPS = 1024
 SHARED_TOOL_MAP_BYTES = 16 * 1024 * 1024
 #: The tool map of a run that registers no client tool (never changed).
 _NO_TOOLS: dict[str, ToolSchema] = {}
+#: The registry's tools of a toolset version for a run.start at a record time:
+#: ``toolsets(name, version, now_ms)``, None when that version does not count for the run
+#: (never registered, or registered later than ``registry.wait_s`` after ``now_ms``:
+#: worker/runtime/registry.py). Pure for the core: the worker's lookup has read far enough.
+ToolsetLookup = Callable[[str, int, int], Any]
 #: What ``feed_record`` reads a record that is not a JSON object as (never changed).
 _NOT_AN_OBJECT: dict[str, Any] = {}
 
@@ -167,6 +173,11 @@ class Assembler:
         #: their records go to orjson at once, not through a parse that can only decline.
         self._unpeeked: set[bytes] = set()
         self._finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
+        #: Runs whose stream ended with calls waiting for approval, oldest first: their final
+        #: message waits for the last decision (README, "Approvals"). No provider event
+        #: reaches them any more.
+        self._waiting: OrderedDict[str, Run] = OrderedDict()
+        self._ledger.park = self._park
         #: Cancels of runs not started yet: run id -> (record time, reason), oldest first.
         self._early_cancels: OrderedDict[str, tuple[int, str]] = OrderedDict()
         #: Events of finished runs, counted for their one summary (decision 0015): run id ->
@@ -177,6 +188,11 @@ class Assembler:
         self._validators = validators or shared_validators(SchemaLimits(
             self.settings.max_schema_nodes, self.settings.max_schema_validation_steps))
         self._clock = 0
+        #: Where a run that names a registry toolset gets its tools (None: no registry, such
+        #: a run fails every call ``unknown_toolset``).
+        self.toolsets: ToolsetLookup | None = None
+        #: The policy set in force (None: no policy decides; set by the worker's driver).
+        self.policy: Policy | None = None
 
     @property
     def policy(self) -> Policy | None:
@@ -296,10 +312,16 @@ class Assembler:
         if isinstance(envelope, Tick):
             return self.expire(now_ms)  # the record time, never the payload's ts
         run = self._runs.get(envelope.run_id)
+        if run is None and self._waiting:
+            waiting = self._waiting.get(envelope.run_id)
+            if waiting is not None:
+                return self._to_waiting(waiting, envelope, now_ms, raw)
         if isinstance(envelope, RunStart):
             return self._start(envelope, run, now_ms, raw)
         if run is None:
             return self._orphan(envelope, raw, now_ms)
+        if isinstance(envelope, Decision):
+            return self._decision(run, envelope, raw)
         if isinstance(envelope, Cancel):
             run.last_ms = now_ms
             return run.finish(RunStatus.CANCELLED, Reason.CANCELLED, envelope.reason)
@@ -324,15 +346,22 @@ class Assembler:
         for run in idle:
             detail = f"no event for {self.settings.assemble_idle_timeout_s:g} s"
             emits += run.finish(RunStatus.IDLE_TIMEOUT, Reason.ASSEMBLE_IDLE_TIMEOUT, detail)
+        held = [r for r in self._runs.values() if r.held]
+        if held or self._waiting:  # calls waiting for approval too long fail (by record time)
+            wait_ms = self.settings.approvals.approval_timeout_s * 1000
+            for run in [*self._waiting.values(), *held]:
+                emits += run.expire_approvals(now_ms, wait_ms)
         return emits
 
     @property
     def open_runs(self) -> int:
-        return len(self._runs)
+        """Runs started and not finished: those streaming, and those waiting for approvals."""
+        return len(self._runs) + len(self._waiting)
 
     def open_run_ids(self) -> list[str]:
-        """The open runs, least recently active first."""
-        return list(self._runs)
+        """The open runs: those waiting for approvals (oldest first), then those streaming,
+        least recently active first."""
+        return [*self._waiting, *self._runs]
 
     @property
     def buffered_bytes(self) -> int:
@@ -341,8 +370,9 @@ class Assembler:
         return self._ledger.held
 
     def is_open(self, run_id: str) -> bool:
-        """Whether ``run_id`` has started and not yet finished."""
-        return run_id in self._runs
+        """Whether ``run_id`` has started and not yet finished (its final message not yet
+        emitted: it may wait for approvals)."""
+        return run_id in self._runs or run_id in self._waiting
 
     def finished(self, run_id: str) -> tuple[int, RunStatus] | None:
         """The last applied ``seq`` and the status of a remembered finished run, else None."""
@@ -368,11 +398,13 @@ class Assembler:
                                           start.run_id), *_raw(raw))]
         emits: list[Emit] = []
         limit = self.settings.max_open_runs
-        while self._runs and len(self._runs) >= limit:
+        while self.open_runs and self.open_runs >= limit:
             detail = (f"the worker's open-run budget ({limit} runs) was exhausted; the least "
                       "recently active run was ended")
-            emits += self._evict(next(iter(self._runs.values())), detail, "evicted_open_runs")
-        tools, cost, emits_ = self._tools(start)
+            victim = next(iter((self._runs or self._waiting).values()))
+            emits += self._evict(victim, detail, "evicted_open_runs")
+        given = self._given_tools(start, now_ms)
+        tools, cost, emits_ = self._tools(start, given)
         emits += emits_
         budget = self.settings.max_tool_calls_per_run
         if start.max_tool_calls is not None:
@@ -381,7 +413,10 @@ class Assembler:
         adapter.max_choices = self.settings.max_choices_per_run
         latch = Latch(self.settings, tools, budget, adapter.parse_arguments
                       if adapter.parses_own_arguments else strictjson.parse,
-                      (start.tenant, start.provider, start.run_id), tool_attributes(start.tools))
+                      (start.tenant, start.provider, start.run_id), tool_attributes(given))
+        if start.toolset is not None and not tools:
+            latch.unknown = _unknown_toolset(start.toolset, tools is _UNKNOWN_TOOLSET,
+                                             self.toolsets is not None)
         run = self._new_run(start, adapter, latch, now_ms, raw[0] if raw is not None else None)
         if not adapter.peeked:
             self._unpeeked.add(run.key)
@@ -400,13 +435,25 @@ class Assembler:
         """The run ``start`` opens (tests make a spy of it: tests/mutation_fuzz.py)."""
         return Run(start, adapter, latch, now_ms, key, self._ledger, self._rules)
 
-    def _tools(self, start: RunStart) -> tuple[dict[str, ToolSchema], int, list[Emit]]:
+    def _given_tools(self, start: RunStart, now_ms: int) -> Any:
+        """The tool definitions of the run: its ``tools``, or, for a run naming a registry
+        toolset, that version's, read at ``now_ms``, its run.start's record time
+        (:data:`ToolsetLookup`); None for an unknown version."""
+        if start.toolset is None:
+            return start.tools
+        return None if self.toolsets is None else self.toolsets(*start.toolset, now_ms)
+
+    def _tools(self, start: RunStart, given: Any
+               ) -> tuple[dict[str, ToolSchema], int, list[Emit]]:
         """The run's client tools, not compiled; the bytes of schema text they hold (counted in
         ``max_buffered_bytes`` like argument text, making room the same way); and the runs
-        ended to make that room. Tools that alone would exceed the budget are all unusable."""
+        ended to make that room. Tools that alone would exceed the budget are all unusable.
+        ``given``: :meth:`_given_tools` (None for a registry toolset not known: no tools)."""
         limit, budget = self.settings.max_tool_schema_bytes, self._ledger.limit
+        if start.toolset is not None and given is None:
+            return _UNKNOWN_TOOLSET, 0, []
         tools = {name: self._validators.prepare(schema, limit)
-                 for name, schema in client_tools(start.provider, start.tools).items()}
+                 for name, schema in client_tools(start.provider, given).items()}
         cost = sum(len(t.text) for t in tools.values() if t.text is not None)
         if cost > budget:
             self.stats["runs_over_buffered_bytes_tools"] += 1
@@ -495,7 +542,7 @@ class Assembler:
         """Whether a cancel of ``run_id`` is remembered, waiting for its ``run.start``."""
         return run_id in self._early_cancels
 
-    def _orphan(self, envelope: Cancel | ProviderEvent | StreamEnd | StreamError,
+    def _orphan(self, envelope: Cancel | Decision | ProviderEvent | StreamEnd | StreamError,
                 raw: Any, now_ms: int) -> list[Emit]:
         finished = self._finished.get(envelope.run_id)
         if finished is None and isinstance(envelope, Cancel):
@@ -505,6 +552,10 @@ class Assembler:
             reject = Rejected(DlqReason.UNKNOWN_RUN, "no run.start for this run", envelope.run_id)
             return [self._reject(reject, *_raw(raw))]
         last_seq, status = finished
+        if isinstance(envelope, Decision):  # every call of a finished run has its outcome
+            reject = Rejected(DlqReason.CALL_ALREADY_DECIDED, f"the run ended as {status}",
+                              envelope.run_id)
+            return [self._reject(reject, *_raw(raw))]
         if isinstance(envelope, Cancel) or status is RunStatus.CANCELLED:
             self.stats["ignored_after_end"] += 1
             return []
@@ -581,6 +632,51 @@ class Assembler:
                             late.first, late.last)
 
 
+    # -- approvals (README, "Approvals") -------------------------------------------------
+
+    def _decision(self, run: Run, decision: Decision, raw: Any) -> list[Emit]:
+        """A person's decision on one of ``run``'s held calls: its outcome, or a DLQ record
+        naming why not (no such call, not waiting, already decided)."""
+        done = run.decision(decision.decision, decision.tool_call_id, decision.by,
+                            decision.reason, decision.arguments)
+        if isinstance(done, tuple):
+            reason, detail = done
+            return [self._reject(Rejected(reason, detail, run.run_id), *_raw(raw))]
+        return done
+
+    def _to_waiting(self, run: Run, envelope: Envelope, now_ms: int, raw: Any) -> list[Emit]:
+        """An envelope of a run whose stream ended and whose calls wait for approval: a
+        decision applies; a cancel ends it (its held calls are cancelled); a re-delivered
+        envelope or a ``stream.end`` changes nothing; any later envelope goes to the DLQ."""
+        if isinstance(envelope, Decision):
+            return self._decision(run, envelope, raw)
+        if isinstance(envelope, Cancel):
+            run.last_ms = now_ms
+            return run.finish(RunStatus.CANCELLED, Reason.CANCELLED, envelope.reason)
+        if isinstance(envelope, Tick):  # (never: ticks have no run)
+            return []
+        if envelope.seq <= run.last_seq or isinstance(envelope, StreamEnd):
+            self.stats["duplicates" if envelope.seq <= run.last_seq else "ignored_after_end"] += 1
+            return []
+        if isinstance(envelope, RunStart):
+            reject = Rejected(DlqReason.DUPLICATE_RUN_START, "run already started", run.run_id)
+        else:
+            reject = Rejected(DlqReason.RUN_FINISHED, "the run's stream ended; its calls wait "
+                              "for approval", run.run_id)
+        return [self._reject(reject, *_raw(raw))]
+
+    def _park(self, run: Run) -> None:
+        """``run``'s stream ended with calls waiting for approval: it leaves the streaming
+        runs, and waits (``Ledger.park``)."""
+        del self._runs[run.run_id]
+        self._unpeeked.discard(run.key)
+        self._waiting[run.run_id] = run
+
+    @property
+    def waiting_runs(self) -> int:
+        """Runs whose final message waits for approval decisions."""
+        return len(self._waiting)
+
     # -- memory budgets (module docstring) ---------------------------------------------
 
     def _make_room(self, run: Run, growth: int) -> list[Emit]:
@@ -591,7 +687,8 @@ class Assembler:
         detail = (f"the worker's argument byte budget ({budget} bytes) was exhausted; the least "
                   "recently active run was ended")
         emits: list[Emit] = []
-        holders = [r for r in self._runs.values() if r.nbytes and r is not run]
+        holders = [r for r in (*self._waiting.values(), *self._runs.values())
+                   if r.nbytes and r is not run]
         for victim in holders:  # least recently active first
             if ledger.held + growth <= budget:
                 break
@@ -605,7 +702,8 @@ class Assembler:
 
     def _forget(self, run: Run) -> None:
         """``run`` has ended (``Run.finish``): it is no longer open, and is remembered finished."""
-        del self._runs[run.run_id]
+        if self._runs.pop(run.run_id, None) is None:
+            del self._waiting[run.run_id]
         self._unpeeked.discard(run.key)
         status = run.status
         assert status is not None
@@ -630,6 +728,28 @@ class LateEvents:
         self.first: RecordSource | None = source
         self.last: RecordSource | None = source
         self.last_ms = 0
+
+
+#: The tool map of a run whose registry toolset is unknown (never changed).
+_UNKNOWN_TOOLSET: dict[str, ToolSchema] = {}
+
+
+def _unknown_toolset(toolset: tuple[str, int], unknown: bool, registry: bool = True
+                     ) -> tuple[Reason, str]:
+    """Why every call of a run that names ``toolset`` fails: the version is unknown (or no
+    registry is read at all: ``registry`` False, e.g. ``latch assemble`` without
+    ``--registry``), or it holds no client tool of the run's provider (``unknown_tool``, as
+    an empty ``tools``)."""
+    name, version = toolset
+    if unknown and not registry:
+        return Reason.UNKNOWN_TOOLSET, (f"the run names toolset {name!r} version {version} "
+                                        "and no registry is read here (offline: latch "
+                                        "assemble --registry reads the registry topic)")
+    if unknown:
+        return Reason.UNKNOWN_TOOLSET, (f"the registry holds no toolset {name!r} version "
+                                        f"{version} for this run")
+    return Reason.UNKNOWN_TOOL, (f"toolset {name!r} version {version} has no client tool of "
+                                 "the run's provider")
 
 
 def _raw(raw: tuple[bytes | None, bytes, RecordSource | None] | None

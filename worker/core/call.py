@@ -33,9 +33,10 @@ class Call:
     state, rather than a dataclass: compiled, a dataclass is still built by the interpreter.)
     """
 
-    __slots__ = ("arguments", "call_id", "choice", "decision", "detail", "emitted", "folded",
-                 "index", "key", "kind", "name", "nbytes", "order", "parent", "parsed", "parts",
-                 "reason", "refused", "state", "text", "tool")
+    __slots__ = ("announced", "arguments", "call_id", "choice", "decision", "detail",
+                 "emitted", "folded", "held", "held_ms", "index", "key", "kind", "name",
+                 "nbytes", "order", "parent", "parsed", "parts", "reason", "refused", "state",
+                 "text", "tool")
 
     def __init__(self, key: str, index: int, choice: int | None, order: int,
                  call_id: str | None = None, name: str | None = None,
@@ -72,6 +73,12 @@ class Call:
         #: What the policy said of it (:mod:`worker.core.policy`), once the latch asked; None:
         #: no policy in force (``policy.mode: off``) or the call failed an earlier check.
         self.decision: PolicyDecision | None = None
+        #: Why it waits for approval (``latch.APPROVAL_CAUSES``), once held; () otherwise.
+        self.held: tuple[str, ...] = ()
+        #: The record time it was held at (``PENDING_APPROVAL``), and whether its pending
+        #: record has been emitted.
+        self.held_ms = 0
+        self.announced = False
 
     def __repr__(self) -> str:  # never the text: it may hold a secret
         return f"Call({self.key!r}, {self.call_id!r}, {self.name!r}, {self.state})"

@@ -24,7 +24,8 @@ last, in both builds (the peek gives such a record up); a record that carries ar
 parsed value is read whole with one meaning (``strictjson.one_meaning``), and an index has one
 reading everywhere: ``docs/decisions/0010-one-meaning.md`` says why.
 
-``Cancel`` arrives on the control topic; the worker forwards it into the run's partition of
+``Cancel`` and ``Decision`` (``approve``, ``deny``, ``edit`` of a call waiting for approval)
+arrive on the control topic; the worker forwards it into the run's partition of
 the events topic so that it takes its place in the run's ordered history. ``Tick`` is the
 worker's own marker (key :data:`TICK_KEY`) that carries the record time used for idle expiry.
 """
@@ -38,6 +39,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from worker.core.model import DlqReason
+from worker.core.settings import MAX_ID_CHARACTERS as _MAX_CALL_ID
 from worker.core.strictjson import MAX_DEPTH, nested_deeper
 
 PROVIDERS: frozenset[str] = frozenset({"openai.chat", "openai.responses", "anthropic.messages",
@@ -70,6 +72,8 @@ class RunStart(NamedTuple):
     tenant: str | None
     tools: Any
     max_tool_calls: int | None
+    #: The registry toolset the run names instead of ``tools`` (name, version), else None.
+    toolset: tuple[str, int] | None = None
 
 
 class ProviderEvent(NamedTuple):
@@ -102,6 +106,29 @@ class Tick(NamedTuple):
     ts: int
 
 
+#: What a person may decide of a call waiting for approval (README, "Approvals").
+APPROVE, DENY, EDIT = "approve", "deny", "edit"
+DECISIONS = (APPROVE, DENY, EDIT)
+#: The longest ``by`` and ``reason`` of a decision accepted, in characters: both are repeated
+#: in the call's error result (a denial), which stays small.
+MAX_DECIDER_LENGTH = 256
+MAX_DECISION_REASON_LENGTH = 1024
+
+
+class Decision(NamedTuple):
+    """A person's decision on one held call (``approve``, ``deny``, ``edit``): it arrives on
+    the control topic and is forwarded into its run's events partition, like a cancel."""
+
+    run_id: str
+    ts: int | None
+    decision: str
+    tool_call_id: str
+    by: str
+    reason: str
+    #: ``edit``: the new argument text (checked by the whole latch); else None.
+    arguments: str | None
+
+
 class Source(NamedTuple):
     """Where an input record was read: what a DLQ record's ``source`` says of it."""
 
@@ -114,8 +141,8 @@ class Source(NamedTuple):
 #: a mapping (offline callers; a DLQ record copies it).
 RecordSource = Source | dict[str, Any]
 
-Envelope = RunStart | ProviderEvent | StreamEnd | StreamError | Cancel | Tick
-RunEnvelope = RunStart | ProviderEvent | StreamEnd | StreamError | Cancel
+Envelope = RunStart | ProviderEvent | StreamEnd | StreamError | Cancel | Decision | Tick
+RunEnvelope = RunStart | ProviderEvent | StreamEnd | StreamError | Cancel | Decision
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +215,8 @@ def from_dict(doc: dict[str, Any], key: bytes | None = None) -> Envelope | Rejec
     if kind == "cancel":
         reason = doc.get("reason", "cancelled")
         return Cancel(run_id, ts, reason[:64] if isinstance(reason, str) else "cancelled")
+    if kind in DECISIONS:
+        return _decision(doc, kind, run_id, ts)
     seq = doc.get("seq")
     if type(seq) is not int or seq < 0:  # _is_count inlined: this runs for every record
         return Rejected(DlqReason.INVALID_ENVELOPE, "seq is not a non-negative integer", run_id)
@@ -223,6 +252,13 @@ def _run_start(doc: dict[str, Any], run_id: str, seq: int, ts: int | None) -> En
         return Rejected(DlqReason.INVALID_ENVELOPE, f"tenant has {len(tenant)} characters, more "
                         f"than {MAX_TENANT_LENGTH}", run_id)
     tools = doc.get("tools", [])
+    toolset = None
+    if isinstance(tools, dict):  # a registry toolset by reference: {"toolset", "version"}
+        toolset = toolset_ref(tools)
+        if toolset is None:
+            return Rejected(DlqReason.INVALID_ENVELOPE, "tools names no toolset: an object "
+                            "must be {\"toolset\": NAME, \"version\": N}", run_id)
+        tools = []
     if not isinstance(tools, list):
         return Rejected(DlqReason.INVALID_ENVELOPE, "tools is not an array", run_id)
     limits = doc.get("limits")
@@ -232,7 +268,45 @@ def _run_start(doc: dict[str, Any], run_id: str, seq: int, ts: int | None) -> En
         return Rejected(DlqReason.INVALID_ENVELOPE, "limits.max_tool_calls is invalid", run_id)
     # Kept by each open run: the provider's own constant, and one string per distinct tenant.
     return RunStart(run_id, seq, ts, _PROVIDER_NAMES[provider],
-                    None if tenant is None else sys.intern(tenant), tools, cap)
+                    None if tenant is None else sys.intern(tenant), tools, cap, toolset)
+
+
+#: The longest toolset name accepted, in characters (``maxLength`` in the schemas).
+MAX_TOOLSET_NAME_LENGTH = 128
+
+
+def toolset_ref(value: dict[str, Any]) -> tuple[str, int] | None:
+    """A ``run.start``'s ``tools`` object read as a registry reference ``(name, version)``:
+    exactly the members ``toolset`` (1 to 128 characters) and ``version`` (a positive
+    integer); None if it is not one."""
+    name, version = value.get("toolset"), value.get("version")
+    if (len(value) != 2 or not isinstance(name, str) or not name
+            or len(name) > MAX_TOOLSET_NAME_LENGTH or type(version) is not int or version < 1):
+        return None
+    return name, version
+
+
+def _decision(doc: dict[str, Any], kind: str, run_id: str, ts: int | None
+              ) -> Decision | Rejected:
+    """An ``approve``, ``deny`` or ``edit`` envelope: the call it names (``tool_call_id``),
+    who decided (``by``) and why (``reason``), each a bounded string; an edit's new argument
+    text (``arguments``, a string)."""
+    call_id, by, reason = doc.get("tool_call_id"), doc.get("by"), doc.get("reason")
+    if not isinstance(call_id, str) or not call_id or len(call_id) > _MAX_CALL_ID:
+        return Rejected(DlqReason.INVALID_ENVELOPE, "tool_call_id is missing, empty or longer "
+                        f"than {_MAX_CALL_ID} characters", run_id)
+    if not isinstance(by, str) or not by or len(by) > MAX_DECIDER_LENGTH:
+        return Rejected(DlqReason.INVALID_ENVELOPE, "by is missing, empty or longer than "
+                        f"{MAX_DECIDER_LENGTH} characters", run_id)
+    if not isinstance(reason, str) or len(reason) > MAX_DECISION_REASON_LENGTH:
+        return Rejected(DlqReason.INVALID_ENVELOPE, "reason is missing or longer than "
+                        f"{MAX_DECISION_REASON_LENGTH} characters", run_id)
+    arguments = doc.get("arguments")
+    if kind == EDIT and not isinstance(arguments, str):
+        return Rejected(DlqReason.INVALID_ENVELOPE, "an edit's arguments are not a string "
+                        "(the new argument text)", run_id)
+    return Decision(run_id, ts, kind, call_id, by, reason,
+                    arguments if kind == EDIT else None)
 
 
 def _is_count(value: Any) -> bool:

@@ -17,6 +17,14 @@ only when all of these hold, checked in this order, the first failure naming the
 9. its committed call record fits the output topics' record size (``record_too_large``);
 10. the run's call budget has room (``budget_exceeded``, rule 7, counted at enqueue).
 
+A call that passes every step commits, unless it needs a person's approval first (README,
+"Approvals"): its tool is in ``approvals.require_approval``, or its MCP annotations say
+``destructiveHint: true`` with ``approvals.destructive``, or the policy's determining permit
+asks for it (``PolicyDecision.approval``). Such a call is held (``PENDING_APPROVAL``), keeps
+its place in the budget, and waits for ``approve`` (it commits as it is), ``edit`` (the latch
+decides the new arguments again, every step, and never holds them again: :meth:`Latch.edit`),
+``deny`` or a timeout (it fails, and gives its place back: :meth:`Latch.release`).
+
 A call's ``kind`` (``ops.CALL_KINDS``) says what its text is. ``function`` calls take every
 step. A ``custom`` call (Responses ``custom_tool_call``) takes 1 to 4 against the custom tools
 the run registered, then 8 (its ``arguments`` the input text), 9 and 10: its text is
@@ -56,11 +64,16 @@ NAME_CHECKED_REASONS: frozenset[str] = frozenset({
     Reason.INVALID_JSON.value, Reason.ARGUMENTS_NOT_OBJECT.value, Reason.SCHEMA_INVALID.value})
 
 
+#: Why a call waits for approval, as its pending record says (``approval.required_by``).
+REQUIRE_APPROVAL, DESTRUCTIVE, POLICY = "require_approval", "destructive", "policy"
+APPROVAL_CAUSES = (REQUIRE_APPROVAL, DESTRUCTIVE, POLICY)
+
+
 class Latch:
     """The checks of the completion latch for one run (see the module docstring)."""
 
     __slots__ = ("attributes", "budget", "committed", "parse", "provider", "run_id", "settings",
-                 "tenant", "tools")
+                 "tenant", "tools", "unknown")
 
     def __init__(self, settings: AssembleSettings, tools: dict[str, ToolSchema],
                  budget: int,
@@ -78,22 +91,66 @@ class Latch:
         #: Each tool's attributes a policy sees (its MCP annotations, its toolset), by the key
         #: it is registered under; a tool not here has none.
         self.attributes: dict[str, dict[str, Any]] = attributes or {}
+        #: Why the run has no tools at all when that is not the model's fault (the registry
+        #: toolset it names is unknown): every call fails with it instead of ``unknown_tool``.
+        self.unknown: tuple[Reason, str] | None = None
 
     def decide(self, call: Call, truncated: bool, duplicate: bool,
                measure: Callable[[Call], int] | None = None,
-               policy: Policy | None = None) -> None:
-        """Move an ``ARGS_COMPLETE`` call to ``COMMITTED`` or ``FAILED``; ``measure`` gives
-        the bytes of the call's committed record (``Outputs.committed_size``); ``policy`` is
-        the partition's policy in force when the call is decided (``Assembler.policy``; None:
-        none)."""
+               policy: Policy | None = None, hold: bool = True) -> None:
+        """Move an ``ARGS_COMPLETE`` call to ``COMMITTED``, ``FAILED`` or (``hold``, when it
+        needs approval) ``PENDING_APPROVAL``; ``measure`` gives the bytes of the call's
+        committed record (``Outputs.committed_size``); ``policy`` is the partition's policy in
+        force when the call is decided (``Assembler.policy``; None: none)."""
         text = "".join(call.parts)
         call.text, call.parts = text, []
         failure = self._check(call, text, truncated, duplicate, measure, policy)
         if failure is not None:
             call.fail(*failure)
             return
+        causes = self._approval(call) if hold else ()
+        if causes:
+            if call.step(CallEvent.HOLD):
+                call.held = causes
+                self.committed += 1  # its place in the budget, kept until it is decided
+            return
         if call.step(CallEvent.COMMIT):
             self.committed += 1
+
+    def _approval(self, call: Call) -> tuple[str, ...]:
+        """Why a call that passed every step needs approval (module docstring); () if not."""
+        rules = self.settings.approvals
+        key = (call.name if call.tool is None else call.tool) or ""
+        causes = []
+        if key in rules.require_approval:
+            causes.append(REQUIRE_APPROVAL)
+        if rules.destructive and self.attributes.get(key, _NO_ATTRIBUTES).get(
+                "annotations", _NO_ATTRIBUTES).get("destructiveHint") is True:
+            causes.append(DESTRUCTIVE)
+        if call.decision is not None and call.decision.approval:
+            causes.append(POLICY)
+        return tuple(causes)
+
+    def release(self) -> None:
+        """A held call failed (denied, timed out): it gives its place in the budget back."""
+        self.committed -= 1
+
+    def edit(self, call: Call, text: str, measure: Callable[[Call], int] | None,
+             policy: Policy | None) -> None:
+        """A held call's new argument text (an ``edit`` decision): the latch decides it again,
+        every step, and commits or fails it; it is not held again (a person chose it)."""
+        if not call.step(CallEvent.EDIT):
+            return
+        self.committed -= 1
+        call.parts, call.text, call.arguments, call.parsed = [text], None, None, False
+        call.refused, call.decision = None, None
+        limit = self.settings.max_tool_argument_bytes
+        if utf8_len(text) > limit:
+            call.parts = []
+            call.fail(Reason.ARGUMENTS_EXCEED_MAX_BYTES, f"the edited arguments have more than "
+                      f"{limit} bytes")
+            return
+        self.decide(call, False, False, measure, policy, hold=False)
 
     def _check(
         self, call: Call, text: str, truncated: bool, duplicate: bool,
@@ -109,6 +166,8 @@ class Latch:
         key = call.name if call.tool is None else call.tool
         tool = self.tools.get(key)
         if tool is None:
+            if self.unknown is not None:
+                return self.unknown
             if call.kind == FUNCTION:
                 return Reason.UNKNOWN_TOOL, "the tool name is not among the run's tools"
             return Reason.UNKNOWN_TOOL, f"the run registered no tool for this {call.kind} call"

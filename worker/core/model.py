@@ -17,6 +17,12 @@ three terminal states:
 * ``FAILED``: a rule broke (a :class:`Reason` other than ``cancelled``).
 * ``CANCELLED``: a cancel marker reached the run first.
 
+One state is not terminal and not streaming: ``PENDING_APPROVAL``, a call the latch held but
+that needs a person's decision first (README, "Approvals"). It is published to the pending
+topic; ``approve`` commits it, ``edit`` moves it back to ``ARGS_COMPLETE`` for the latch to
+decide its new arguments (and never hold them again), and a denial, a timeout or the end of its
+run fails (or cancels) it.
+
 One more terminal state has no outcome of its own: ``UNWRAPPED``, a ``multi_tool_use.parallel``
 wrapper whose text was read as ``tool_uses[]`` and replaced by one ``ARGS_COMPLETE`` call per
 entry (README, "The parallel wrapper"); those calls get the outcomes, the wrapper none.
@@ -50,6 +56,10 @@ class CallState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     UNWRAPPED = "unwrapped"
+    #: The latch held, and the call waits for a person's decision (README, "Approvals"): it
+    #: is on the pending topic, not the committed one, until approved, edited, denied or
+    #: timed out.
+    PENDING_APPROVAL = "pending_approval"
 
 
 TERMINAL: frozenset[CallState] = frozenset(
@@ -72,10 +82,17 @@ class CallEvent(StrEnum):
     UNWRAP = "unwrap"
     #: Another call of the run has the same id (``duplicate_call_id``, after the fact).
     DUPLICATE = "duplicate"
+    #: The latch held, and the call needs approval before it commits.
+    HOLD = "hold"
+    #: A person approved a held call as it is.
+    APPROVE = "approve"
+    #: A person gave a held call new arguments: the latch decides it again.
+    EDIT = "edit"
 
 
 _OPEN, _COMPLETE = CallState.OPEN, CallState.ARGS_COMPLETE
 _FAILED, _CANCELLED = CallState.FAILED, CallState.CANCELLED
+_PENDING = CallState.PENDING_APPROVAL
 
 #: (state, event) -> the state the event moves a call to; None: the event changes nothing.
 #: Total: every pair is here (tests/core/property/test_transitions.py).
@@ -92,6 +109,23 @@ TRANSITIONS: dict[tuple[CallState, CallEvent], CallState | None] = {
     (_COMPLETE, CallEvent.CANCEL): _CANCELLED,
     (_COMPLETE, CallEvent.UNWRAP): CallState.UNWRAPPED,
     (_COMPLETE, CallEvent.DUPLICATE): None,
+    (_OPEN, CallEvent.HOLD): None,
+    (_OPEN, CallEvent.APPROVE): None,
+    (_OPEN, CallEvent.EDIT): None,
+    (_COMPLETE, CallEvent.HOLD): _PENDING,
+    (_COMPLETE, CallEvent.APPROVE): None,  # (only a held call is approved)
+    (_COMPLETE, CallEvent.EDIT): None,
+    # Waiting for a decision: approved, it commits; edited, it is decided again; denied,
+    # timed out, or its run ended first, it fails (or is cancelled).
+    (_PENDING, CallEvent.CLOSE): None,
+    (_PENDING, CallEvent.COMMIT): None,
+    (_PENDING, CallEvent.FAIL): _FAILED,
+    (_PENDING, CallEvent.CANCEL): _CANCELLED,
+    (_PENDING, CallEvent.UNWRAP): None,
+    (_PENDING, CallEvent.DUPLICATE): None,
+    (_PENDING, CallEvent.HOLD): None,
+    (_PENDING, CallEvent.APPROVE): CallState.COMMITTED,
+    (_PENDING, CallEvent.EDIT): _COMPLETE,
     # Terminal states: nothing moves them, but for ``duplicate_call_id`` (below).
     **{(state, event): None
        for state in (CallState.COMMITTED, CallState.UNWRAPPED, _FAILED, _CANCELLED)
@@ -135,6 +169,14 @@ class Reason(StrEnum):
     #: The run's policy (``policy.mode: enforce``) did not permit the call: no policy permits
     #: it, a policy forbids it, or a policy could not be evaluated (issue 25).
     POLICY_DENIED = "policy_denied"
+    #: The run named a toolset version (``{"toolset", "version"}``) that the registry did not
+    #: hold within ``registry.wait_s`` of the run.start's record time
+    #: (docs/decisions/0014-registry.md).
+    UNKNOWN_TOOLSET = "unknown_toolset"
+    #: A person denied the call that waited for approval (``deny`` on the control topic).
+    APPROVAL_DENIED = "approval_denied"
+    #: No decision came for the call within ``approvals.approval_timeout_s`` of record time.
+    APPROVAL_TIMEOUT = "approval_timeout"
 
 
 class DlqReason(StrEnum):
@@ -153,6 +195,13 @@ class DlqReason(StrEnum):
     #: Kafka refused an output record for its own sake (too large for its topic, invalid):
     #: written by the worker at the send (worker/runtime/refusals.py) in its place.
     OUTPUT_REFUSED = "output_refused"
+    #: An approval decision names a call its (open or waiting) run does not have.
+    UNKNOWN_CALL = "unknown_call"
+    #: An approval decision names a call that is not waiting for one: still streaming or not
+    #: yet decided by the latch.
+    CALL_NOT_PENDING = "call_not_pending"
+    #: An approval decision names a call that already has its outcome (decided, timed out).
+    CALL_ALREADY_DECIDED = "call_already_decided"
 
 
 class RunStatus(StrEnum):
@@ -173,6 +222,8 @@ class Topic(StrEnum):
     FINAL = "final"
     PROGRESS = "progress"
     DLQ = "dlq"
+    #: Calls waiting for approval (``topics.pending``).
+    PENDING = "pending"
     #: ``run.ended`` records: a run Latch ended while its stream may still be running
     #: (:data:`ABORT_REASONS`; decision 0015), for the gateway to stop reading the provider.
     RUN_ENDED = "run_ended"

@@ -79,6 +79,10 @@ class Outputs:
         emits = []
         seen = id_counts(calls if every is None else every)
         for call in calls:
+            if call.state is CallState.PENDING_APPROVAL and not call.announced:
+                call.announced = True
+                emits.append(self.pending(call))
+                continue
             if call.emitted or call.state not in (
                 CallState.COMMITTED, CallState.FAILED, CallState.CANCELLED
             ):
@@ -106,6 +110,16 @@ class Outputs:
             value["arguments"] = call.arguments
         value["idempotency_key"] = idempotency_key(self._run_id, call.call_id or "")
         return Emit(Topic.COMMITTED, self._run_id, value)
+
+    def pending(self, call: Call) -> Emit:
+        """The pending record of a held call (``schemas/pending-call.schema.json``): its
+        committed call record as it would be, and why it waits (``approval``)."""
+        value = self._committed(call).value
+        value["idempotency_key"] = idempotency_key(self._run_id, call.call_id or "", "pending")
+        value["approval"] = {"required_by": list(call.held), "held_ms": call.held_ms}
+        if call.decision is not None and call.decision.policies:
+            value["approval"]["policies"] = list(call.decision.policies)
+        return Emit(Topic.PENDING, self._run_id, value)
 
     def _error(self, call: Call, shared: bool) -> Emit:
         """``shared``: another call of the run has the same ``tool_call_id`` (a repeated

@@ -55,6 +55,9 @@ class PolicyDecision(NamedTuple):
     errors: tuple[str, ...] = ()
     #: The version of the policy set that decided (None: a policy file, not the registry).
     version: int | None = None
+    #: Whether a determining permit asks for a person's approval first (a Cedar
+    #: ``@approval("required")`` annotation; README, "Approvals").
+    approval: bool = False
 
 
 class Policy(Protocol):

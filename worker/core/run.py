@@ -61,6 +61,7 @@ __all__ = ["FOLD_PIECES", "NAME_CHECKED_REASONS", "Call", "Latch", "Ledger", "Ru
 _OPEN = CallState.OPEN
 _COMPLETE = CallState.ARGS_COMPLETE
 _UNWRAPPED = CallState.UNWRAPPED
+_PENDING = CallState.PENDING_APPROVAL
 #: Between a parallel wrapper's call id and an entry's position in the ids of the calls it is
 #: unwrapped into (``call_abc`` -> ``call_abc#0``, ``call_abc#1``; README, "The parallel
 #: wrapper"). OpenAI's call ids are ``call_`` and letters and digits, never ``#``; an id that
@@ -82,7 +83,8 @@ class Ledger:
     ``make_room(run, growth)`` ends the least recently active runs other than ``run`` until
     ``growth`` more bytes fit, and ``forget(run)`` is told when a run has ended."""
 
-    __slots__ = ("at", "forget", "held", "limit", "make_room", "policy", "sizes", "stats")
+    __slots__ = ("at", "forget", "held", "limit", "make_room", "park", "policy", "sizes",
+                 "stats")
 
     def __init__(self, limit: int, make_room: Callable[[Run, int], list[Emit]],
                  forget: Callable[[Run], None]) -> None:
@@ -98,6 +100,9 @@ class Ledger:
         #: Where the record being applied was read (None: unknown, ``latch assemble``): the
         #: last offset of a ``run.ended`` record (``Outputs.run_ended``).
         self.at: RecordSource | None = None
+        #: Told when a run's stream ended with calls still waiting for approval: the run's
+        #: final message waits for their decisions (None: nobody to tell).
+        self.park: Callable[[Run], None] | None = None
 
     def reject(self, rejected: Rejected, key: bytes | None, value: bytes,
                source: RecordSource | None) -> Emit:
@@ -128,9 +133,9 @@ class Rules:
 class Run:
     """The state of one open run, and what it does with each provider event."""
 
-    __slots__ = ("adapter", "broken", "calls", "ended", "first", "key", "last_ms", "last_seq",
-                 "latch", "ledger", "nbytes", "out", "rules", "run_id", "status", "text_bytes",
-                 "truncated")
+    __slots__ = ("adapter", "broken", "calls", "ended", "first", "held", "key", "last_ms",
+                 "last_seq", "latch", "ledger", "nbytes", "out", "rules", "run_id", "status",
+                 "text_bytes", "truncated", "waiting")
 
     def __init__(self, start: RunStart, adapter: op.Adapter, latch: Latch, now_ms: int,
                  key: bytes | None, ledger: Ledger, rules: Rules) -> None:
@@ -162,6 +167,10 @@ class Run:
         #: record is out (at most one per run: decision 0015).
         self.first: RecordSource | None = ledger.at
         self.ended = False
+        #: Its calls waiting for approval (``PENDING_APPROVAL``).
+        self.held = 0
+        #: How its stream ended, while its final message waits for approvals (else None).
+        self.waiting: RunStatus | None = None
 
     def in_flight(self) -> int:
         return sum(1 for c in self.calls.values() if c.state is CallState.OPEN)
@@ -484,6 +493,9 @@ class Run:
         tool_call_id = call.tool_call_id
         shared = sum(1 for c in self.calls.values() if c.tool_call_id == tool_call_id) > 1
         self.latch.decide(call, truncated, shared, self.out.committed_size, self.ledger.policy)
+        if call.state is _PENDING:
+            call.held_ms = self.last_ms
+            self.held += 1
         sizes = self.ledger.sizes
         if sizes is not None:
             sizes.append(call.nbytes)
@@ -509,24 +521,92 @@ class Run:
         for call in calls:
             if call.state is _COMPLETE and reason is None:
                 self._decide(call)
+            elif call.state is _PENDING and reason is None:
+                continue  # (it waits for its decision, and the final message with it)
             else:  # (a decided call keeps its outcome: TRANSITIONS)
-                call.fail(reason or Reason.STREAM_ERROR, detail)
+                if call.fail(reason or Reason.STREAM_ERROR, detail) and call.held:
+                    self.latch.release()
         # Ended by Latch while its stream may still run: the gateway is told first.
         emits = (self._ended(status, reason) if reason in ABORT_REASONS and reason is not None
                  else [])
         emits += self._outcomes(calls)
+        self.held = sum(1 for c in calls if c.state is _PENDING) if self.held else 0
+        if self.held:  # the final message waits for the last decision (README, "Approvals")
+            if self.waiting is None:
+                self.waiting = status
+                ledger.stats["runs_waiting_for_approval"] += 1
+                if ledger.park is not None:
+                    ledger.park(self)
+            return emits
+        return emits + self._conclude(status, calls, large)
+
+    def _conclude(self, status: RunStatus, calls: list[Call], large: bool) -> list[Emit]:
+        """The run's final message, once every call has its outcome; the run is over."""
+        ledger = self.ledger
         final = self.out.final(self.adapter, calls, status)
         if large:  # measured, and made smaller if it must be (Outputs.bounded)
             bounded = self.out.bounded(final)
             if bounded is not final:
                 ledger.stats["finals_dropped_content"] += 1
             final = bounded
-        emits.append(final)
-        self.status = status
+        self.status, self.waiting = status, None
         ledger.held -= self.nbytes
         ledger.stats[f"runs_{status}"] += 1
         ledger.forget(self)
-        return emits
+        return [final]
+
+    # -- approvals (README, "Approvals") ----------------------------------------------------
+
+    def decision(self, kind: str, tool_call_id: str, by: str, why: str,
+                 arguments: str | None) -> list[Emit] | tuple[DlqReason, str]:
+        """Apply a person's decision on the held call ``tool_call_id``: its outcome (and the
+        final message, after the last one), or why the decision goes to the DLQ instead (no
+        such call; not waiting; already decided)."""
+        found = [c for c in self.calls.values() if c.tool_call_id == tool_call_id]
+        call = next((c for c in found if c.state is _PENDING), None)
+        if call is None:
+            if not found:
+                return DlqReason.UNKNOWN_CALL, "the run has no call with this id"
+            if all(c.state is _OPEN or c.state is _COMPLETE for c in found):
+                return DlqReason.CALL_NOT_PENDING, "the call is not waiting for approval"
+            state = next(c.state for c in found if c.state is not _OPEN)
+            return DlqReason.CALL_ALREADY_DECIDED, f"the call is already {state}"
+        stats = self.ledger.stats
+        if kind == "approve":
+            call.step(CallEvent.APPROVE)
+        elif kind == "edit":
+            before = call.nbytes
+            self.latch.edit(call, arguments or "", self.out.committed_size, self.ledger.policy)
+            text = call.text
+            call.nbytes = 0 if text is None else utf8_len(text)
+            self.nbytes += call.nbytes - before
+            self.ledger.held += call.nbytes - before
+        else:
+            call.fail(Reason.APPROVAL_DENIED, f"denied by {by}: {why}")
+            self.latch.release()
+        stats[f"approvals_{kind}"] += 1
+        return self._decided([call])
+
+    def expire_approvals(self, now_ms: int, limit_ms: float) -> list[Emit]:
+        """Fail the held calls that waited ``limit_ms`` of record time (``approval_timeout``)."""
+        late = [c for c in self.calls.values()
+                if c.state is _PENDING and now_ms - c.held_ms >= limit_ms]
+        for call in late:
+            call.fail(Reason.APPROVAL_TIMEOUT, f"no approval decision within {limit_ms / 1000:g} s")
+            self.latch.release()
+        self.ledger.stats["approvals_timed_out"] += len(late)
+        return self._decided(late) if late else []
+
+    def _decided(self, calls: list[Call]) -> list[Emit]:
+        """The outcomes of held calls just decided; the final message after the last one."""
+        self.held -= len(calls)
+        emits = self._outcomes(calls)
+        waiting = self.waiting
+        if waiting is None or self.held:
+            return emits
+        ordered = sorted(self.calls.values(), key=Call.sort_key)
+        large = self._final_bound(ordered) > MAX_RECORD_BYTES
+        return emits + self._conclude(waiting, ordered, large)
 
     def _final_bound(self, calls: list[Call]) -> int:
         """At most the bytes of the run's final message: 6 bytes (the longest JSON escape) a

@@ -34,6 +34,20 @@ CALLS_PER_RUN_FACTOR = 4
 
 
 @dataclass(frozen=True, slots=True)
+class ApprovalSettings:
+    """Which calls wait for a person's decision before they commit (the ``approvals``
+    section of ``latch.yaml``; README, "Approvals")."""
+
+    #: Tools (by the name the run registered) whose every call needs approval.
+    require_approval: tuple[str, ...] = ()
+    #: Whether a call of a tool whose MCP annotations say ``destructiveHint: true`` needs it.
+    destructive: bool = False
+    #: Record time a call may wait for its decision; then it fails ``approval_timeout``
+    #: (checked at ticks, like the idle timeout).
+    approval_timeout_s: float = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
 class AssembleSettings:
     """Limits and switches of the completion latch (contract: "Configuration")."""
 
@@ -102,6 +116,8 @@ class AssembleSettings:
     #: event that opens one more ends the run (status ``failed``, uncommitted calls
     #: ``budget_exceeded``). Each is counted in ``max_buffered_bytes`` while its run is open.
     max_choices_per_run: int = 128
+    #: Which calls wait for approval (the ``approvals`` section, merged in by the config).
+    approvals: ApprovalSettings = ApprovalSettings()
 
 
 def largest_records(settings: AssembleSettings) -> list[tuple[str, int, tuple[str, ...]]]:

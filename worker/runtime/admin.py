@@ -16,10 +16,12 @@ fixes it.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -29,6 +31,8 @@ from confluent_kafka.cimpl import NewTopic
 from worker.core.settings import OUTPUT_RECORD_BYTES
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.observability import logs
+
+log = logging.getLogger("latch.worker")
 
 EXIT_OK, EXIT_USAGE, EXIT_KAFKA = 0, 2, 1
 _TIMEOUT_S = 30.0
@@ -85,7 +89,7 @@ def specs(config: Config) -> list[TopicSpec]:
     large = (("max.message.bytes", str(OUTPUT_MAX_BYTES)),)
     outputs = [TopicSpec(name, t.partitions, t.replication_factor, large)
                for name in (t.committed, t.errors, t.final, t.progress, t.dlq, t.results,
-                            t.run_ended)]
+                            t.pending, t.run_ended)]
     # Compacted, with hourly segments and an eager cleaner: Kafka never compacts the active
     # segment (7 days by default), and every takeover reads the whole changelog back
     # (docs/recovery.md: 41,000 records took 5.4 s, 2.8 s once compacted).
@@ -97,8 +101,12 @@ def specs(config: Config) -> list[TopicSpec]:
     # default, 7 days, as the committed topic's) drops what no redelivery can ask about.
     journal = TopicSpec(t.journal, t.partitions, t.replication_factor,
                         (("cleanup.policy", "compact,delete"), *compacted[1:]))
+    # The registry (worker/runtime/registry.py): one partition, every version kept (its keys
+    # carry a content digest), broker append times for the toolset wait rule.
+    registry = TopicSpec(t.registry, 1, t.replication_factor,
+                         (("cleanup.policy", "compact"), LOG_APPEND_TIME))
     return [*inputs, *outputs, TopicSpec(heads_changelog(config), t.partitions,
-                                         t.replication_factor, compacted), journal]
+                                         t.replication_factor, compacted), journal, registry]
 
 
 def create(admin: AdminClient, wanted: Sequence[TopicSpec]) -> list[str]:
@@ -219,3 +227,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"latch topics: Kafka error: {exc.args[0].str()}", file=sys.stderr)
         return EXIT_KAFKA
     return EXIT_OK
+
+
+#: Kafka's default ``max.message.bytes``, for a topic whose setting cannot be read.
+KAFKA_DEFAULT_MAX = 1048588
+
+
+def max_message_bytes(settings: Mapping[str, Any], topics: Iterable[str]) -> dict[str, int]:
+    """Each topic's effective ``max.message.bytes`` (its own, or the broker's default). A
+    topic that cannot be described is left out, with a warning (its refusals then come from
+    the broker; :class:`worker.runtime.refusals.Limits` takes them)."""
+    names = sorted(set(topics))
+    client = AdminClient(logs.kafka_config(dict(settings)))
+    resources = {name: ConfigResource(ConfigResource.Type.TOPIC, name) for name in names}
+    limits: dict[str, int] = {}
+    try:
+        futures = client.describe_configs(list(resources.values()),
+                                          request_timeout=_TIMEOUT_S)
+    except KafkaException as exc:
+        log.warning("cannot read the topics' max.message.bytes (%s)", exc.args[0].str())
+        return limits
+    for name, resource in resources.items():
+        try:
+            entry = futures[resource].result(timeout=_TIMEOUT_S).get("max.message.bytes")
+            limits[name] = int(entry.value) if entry is not None and entry.value else \
+                KAFKA_DEFAULT_MAX
+        except (KafkaException, ValueError) as exc:
+            log.warning("cannot read max.message.bytes of topic %s (%s)", name,
+                        type(exc).__name__)
+    return limits

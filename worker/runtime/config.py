@@ -35,7 +35,7 @@ import os
 import re
 import textwrap
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
@@ -47,6 +47,7 @@ from worker.core.policy import Policy
 from worker.core.settings import (
     MAX_RECORD_BYTES,
     OUTPUT_RECORD_BYTES,
+    ApprovalSettings,
     AssembleSettings,
     largest_records,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "KafkaSettings",
+    "RegistrySettings",
     "SigningSettings",
     "TopicNames",
     "WorkerSettings",
@@ -176,6 +178,8 @@ class TopicNames:
     run_ended: str = "llm.runs.ended"
     results: str = "tool.calls.results"
     journal: str = "tool.calls.journal"
+    registry: str = "latch.registry"
+    pending: str = "tool.calls.pending"
     partitions: int = 12
     replication_factor: int = 1
 
@@ -230,6 +234,13 @@ class PolicySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RegistrySettings:
+    """The ``registry`` section: toolsets and policy sets by version (runtime/registry.py)."""
+
+    wait_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration; ``source`` is the file it was read from (None: no file)."""
 
@@ -239,6 +250,8 @@ class Config:
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     signing: SigningSettings = field(default_factory=SigningSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
+    registry: RegistrySettings = field(default_factory=RegistrySettings)
+    approvals: ApprovalSettings = field(default_factory=ApprovalSettings)
     source: Path | None = None
 
 
@@ -251,6 +264,8 @@ _SECTIONS: Mapping[str, tuple[type[Any], str]] = MappingProxyType(
         "worker": (WorkerSettings, "worker"),
         "signing": (SigningSettings, "signing"),
         "policy": (PolicySettings, "policy"),
+        "registry": (RegistrySettings, "registry"),
+        "approvals": (ApprovalSettings, "approvals"),
     }
 )
 
@@ -443,6 +458,8 @@ def _build(data: Mapping[str, Any], source: Path | None) -> Config:
             extra = {k: _kafka_value(values.pop(k)) for k in list(values) if k not in props}
             values["extra"] = extra
         built[attribute] = cls(**{k: _convert(v, props.get(k, {})) for k, v in values.items()})
+    # The core reads the approvals with the rest of its settings (AssembleSettings.approvals).
+    built["assemble"] = replace(built["assemble"], approvals=built["approvals"])
     return Config(**built, source=source)
 
 

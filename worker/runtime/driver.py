@@ -23,24 +23,48 @@ driver decides everything between:
    (:class:`TickRule`); the engine says how far its control partitions are read.
 5. :meth:`Driver.takeover` and :meth:`Driver.rebuilt` rebuild a partition taken over from its
    heads and the records of its open runs, which the engine reads from the log.
+6. The registry (:mod:`worker.runtime.registry`): a run naming a toolset gets it from
+   :attr:`Driver.registry`; a policy marker sets the policy set in force
+   (:meth:`Driver.policy_marker`), and :meth:`Driver.markers` says which markers the engine
+   writes beside its ticks.
+
+It also keeps what both engines know of their assignment (:mod:`worker.runtime.assignment`:
+the owned partitions' states, the control partitions' forwarded offsets, the partition
+gauges) and prepares what they send (:meth:`Driver.outgoing`: each output's key, value,
+headers, or its ``output_refused`` replacement; :meth:`Driver.forward`, a control record's
+destination; :func:`tick_value`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
-from worker.core import Assembler, Emit
-from worker.runtime import control
+import orjson
+
+from worker.core import Assembler, Emit, Topic
+from worker.runtime import control, refusals
 from worker.runtime import partition as partition_module
-from worker.runtime.config import Config, assembler_policy
+from worker.runtime.assignment import Assignment, control_behind
+from worker.runtime.config import Config
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
+from worker.runtime.observability.tracing import Headers
 from worker.runtime.partition import TICK, Heads, PartitionState, finished_runs
-from worker.runtime.step import Record, step
+from worker.runtime.policy_source import PolicySource
+from worker.runtime.registry import (
+    POLICY_HISTORY,
+    POLICY_MARKER,
+    in_force,
+    marker_value,
+    marker_version,
+    policy_head_key,
+)
+from worker.runtime.step import Record, Source, out_key, out_value, step
 
-__all__ = ["TICK_DEFER_MAX_S", "Applied", "Driver", "Takeover", "TickRule", "control_behind"]
+__all__ = ["TICK_DEFER_MAX_S", "Applied", "Driver", "Outgoing", "RegistryView", "Takeover",
+           "TickRule", "control_behind", "tick_value"]
 
 log = logging.getLogger("latch.worker")
 
@@ -70,6 +94,28 @@ class Applied(NamedTuple):
 _TICK = Applied([], [], True)
 
 
+class Outgoing(NamedTuple):
+    """One output as the engine sends it (:meth:`Driver.outgoing`)."""
+
+    emit: Emit
+    #: Where it goes: the emit's topic, or :attr:`Topic.DLQ` for a replacement.
+    topic: Topic
+    #: The topic's name (the emit's topic's, also for a replacement: what it replaces).
+    name: str
+    key: bytes | None
+    value: bytes
+    headers: Headers | None
+    #: The emit was over its topic's limit: this is its ``output_refused`` DLQ record
+    #: (counted, logged), keyed by the input record's key.
+    refused: bool = False
+
+
+def tick_value(now_ms: int) -> bytes:
+    """The value of the ticks an engine writes into its events partitions at ``now_ms`` (its
+    clock's one read: wall time in ms)."""
+    return orjson.dumps({"v": 1, "type": "tick", "ts": now_ms})
+
+
 class TickRule:
     """When a tick is due: at once, unless a control record already in the log is still to
     forward; then at the first turn it is not, or ``defer_max_s`` after it first fell due.
@@ -97,15 +143,14 @@ class TickRule:
         return True
 
 
-def control_behind(forwarded: Mapping[int, int], ends: Mapping[int, int | None]) -> bool:
-    """Whether a control partition has records in the log not yet forwarded:
-    ``forwarded``, the next offset to forward of each owned partition; ``ends``, its end
-    offset as the engine last learnt it (None or missing: unknown, so behind)."""
-    for partition, next_offset in forwarded.items():
-        end = ends.get(partition)
-        if end is None or end < 0 or next_offset < end:
-            return True
-    return False
+class RegistryView(Protocol):
+    """The registry as a worker follows it (``registry_io.RegistryReader``)."""
+
+    def toolsets(self, name: str, version: int, at_ms: int) -> Any: ...
+
+    def policy_text(self, version: int) -> str | None: ...
+
+    def latest_policy(self) -> int | None: ...
 
 
 class Takeover:
@@ -113,21 +158,28 @@ class Takeover:
     engine reads the log from :attr:`start` (None: nothing to read) up to ``resume`` and feeds
     each record to :meth:`feed`."""
 
-    __slots__ = ("count", "open_runs", "partition", "replayed", "resume", "start", "state")
+    __slots__ = ("count", "marker", "open_runs", "partition", "replayed", "resume", "start",
+                 "state")
 
     def __init__(self, state: PartitionState, partition: int, resume: int,
-                 open_runs: dict[bytes, int]) -> None:
+                 open_runs: dict[bytes, int],
+                 marker: Callable[[PartitionState, Record], object] | None = None) -> None:
         self.state, self.partition, self.resume, self.open_runs = \
             state, partition, resume, open_runs
         starts = [start for start in open_runs.values() if start < resume]
         self.start: int | None = min(starts) if starts else None
         self.count = 0
         self.replayed: list[Emit] = []
+        self.marker = marker
 
     def feed(self, record: Record) -> None:
         """One record of the rebuild (:func:`partition.replay`: its outputs are kept only to
-        find the runs that finished during it)."""
+        find the runs that finished during it; a policy marker changes the policy in force)."""
         self.count += 1
+        if record.key == POLICY_MARKER:
+            if self.marker is not None:
+                self.marker(self.state, record)
+            return
         self.replayed += partition_module.replay(self.state, self.open_runs, record)
 
 
@@ -138,6 +190,15 @@ class Driver:
     def __init__(self, config: Config, hooks: EngineHooks, heads: Heads) -> None:
         self.config, self.hooks, self.heads = config, hooks, heads
         self.ticks = TickRule()
+        #: The registry the worker follows (None: none, e.g. in unit tests).
+        self.registry: RegistryView | None = None
+        #: The policy in force for a version a marker names (:mod:`policy_source`).
+        self.policies = PolicySource(config)
+        #: The partitions this worker owns, their states and gauges (assignment.py).
+        self.owned = Assignment(hooks)
+        #: Each written topic's limit, checked before each output is sent (refusals.py):
+        #: the engine reads them at start, and again after a refusal for size.
+        self.limits = refusals.Limits()
 
     # -- per record ---------------------------------------------------------------------
 
@@ -148,6 +209,9 @@ class Driver:
         record's Kafka headers, or a function returning them (called only when the record
         opens a run)."""
         key = record.key
+        if key == POLICY_MARKER:
+            self.policy_marker(state, record)
+            return None
         run_id = key.decode("utf-8", "replace") if key else ""
         assembler = state.assembler
         was_open = assembler.is_open(run_id)
@@ -192,6 +256,47 @@ class Driver:
             self.hooks.routed(routed)
         return routed
 
+    def forward(self, record: Record) -> tuple[Topic | None, bytes | None, bytes]:
+        """What the engine sends for a control record (:meth:`route`): ``(topic, key,
+        value)``; topic None: the events topic (a cancel, keyed by its run, into its run's
+        partition by the key's hash), else the DLQ (keyed by the control record's key)."""
+        routed = self.route(record)
+        if isinstance(routed, Emit):
+            return Topic.DLQ, record.key, out_value(routed)
+        key, value = routed
+        return None, key, value
+
+    def outgoing(self, key: bytes | None, emits: Sequence[Emit],
+                 names: Mapping[Topic, str], source: Source | None = None
+                 ) -> Iterator[Outgoing]:
+        """The records to send for ``emits``, in order, with their run's trace headers (and
+        signature, :meth:`EngineHooks.headers`); a DLQ record keeps the input record's
+        ``key``. ``names``: each topic's name; ``source``: where the input record was read.
+        An emit over its topic's limit (:class:`refusals.Limits`) is not sent: its
+        ``output_refused`` DLQ record comes in its place (:meth:`refused`)."""
+        headers_of, over = self.hooks.headers, self.limits.over
+        for emit in emits:
+            topic = emit.topic
+            name = names[topic]
+            emit_key, value = out_key(emit, key), out_value(emit)
+            headers = headers_of(emit, value)
+            size = over(name, emit_key, value, headers)
+            if size is None:
+                yield Outgoing(emit, topic, name, emit_key, value, headers)
+            else:
+                yield Outgoing(emit, Topic.DLQ, name, key, self.refused(
+                    emit, name, emit_key, size, "MSG_SIZE_TOO_LARGE", key, source), None, True)
+
+    def refused(self, emit: Emit, name: str, emit_key: bytes | None, size: int, error: str,
+                key: bytes | None, source: Source | None) -> bytes:
+        """The value of the ``output_refused`` DLQ record that replaces ``emit`` (for topic
+        ``name``, ``size`` bytes, refused with ``error``: over the limit, or by the broker),
+        counted and logged (:meth:`refusals.Limits.replacement`); the engine sends it to the
+        DLQ keyed by the input record's ``key``."""
+        dlq = self.limits.replacement(emit, name, emit_key, size, error, key, source)
+        self.hooks.metrics.dlq[str(dlq.value["reason"])] += 1
+        return out_value(dlq)
+
     def tick_due(self, now: float, behind: bool) -> bool:
         """Whether to write the tick that fell due now (:class:`TickRule`)."""
         return self.ticks.due(now, behind)
@@ -202,9 +307,20 @@ class Driver:
         """A fresh state for ``partition`` at offset ``resume``: its finished runs registered
         from the heads, its open runs' records to read from :attr:`Takeover.start`."""
         assembler = Assembler(self.config.assemble)
-        assembler.policy = assembler_policy(self.config)
+        assembler.policy = self.policies.initial()
         state = PartitionState(assembler, next_offset=resume)
-        return Takeover(state, partition, resume, self.heads.load(state, partition))
+        takeover = Takeover(state, partition, resume, self.heads.load(state, partition),
+                            self._set_policy)
+        if self.registry is not None:
+            state.assembler.toolsets = self.registry.toolsets
+        head = self.heads.table.get(policy_head_key(partition))
+        history = head.get("policy") if isinstance(head, dict) else None
+        state.policy_history = list(history) if isinstance(history, list) else []
+        version = in_force(state.policy_history,
+                           resume if takeover.start is None else takeover.start)
+        if version is not None:
+            self._policy(state, version)
+        return takeover
 
     def rebuilt(self, takeover: Takeover, topic: str) -> list[Emit]:
         """The rebuild is read: log it; return the outputs of runs that finished during it
@@ -219,3 +335,47 @@ class Driver:
                    ) -> None:
         """The outputs of :meth:`rebuilt` are delivered: record their runs as finished."""
         self.heads.finished(state, partition, finished_runs(outputs))
+
+    # -- the registry's policy set in force (module doc, step 6) --------------------------
+
+    def policy_marker(self, state: PartitionState, record: Record) -> None:
+        """A policy marker, live: the version in force from here on, recorded in the
+        partition's policy head so that a rebuild starts with the version in force at its
+        first record."""
+        source = record.source
+        if not self._set_policy(state, record) or state.policy_version is None:
+            return
+        state.policy_history = [*state.policy_history,
+                                [source.offset, state.policy_version]][-POLICY_HISTORY:]
+        self.heads.table[policy_head_key(source.partition)] = {
+            "p": source.partition, "policy": state.policy_history}
+
+    def _set_policy(self, state: PartitionState, record: Record) -> bool:
+        """Apply a policy marker (live or in a rebuild); False if it changes nothing (a
+        repeat of the version in force) or is not one."""
+        version = marker_version(record.value)
+        if version is None:
+            log.warning("ignoring a policy marker that names no version",
+                        extra=logs.where(record.source.topic, record.source.partition,
+                                         record.source.offset))
+            return False
+        if version == state.policy_version:
+            return False
+        self._policy(state, version)
+        return True
+
+    def _policy(self, state: PartitionState, version: int) -> None:
+        """Put policy set ``version`` in force in ``state``."""
+        state.policy_version = version
+        registry = self.registry
+        state.assembler.policy = self.policies.at(
+            version, None if registry is None else registry.policy_text)
+
+    def markers(self, state: PartitionState, ts_ms: int) -> bytes | None:
+        """The policy marker to write into ``state``'s partition beside its tick (None: the
+        registry's latest policy version is in force, or already marked since the takeover)."""
+        latest = None if self.registry is None else self.registry.latest_policy()
+        if latest is None or latest == state.policy_version or latest == state.policy_marked:
+            return None
+        state.policy_marked = latest
+        return marker_value(latest, ts_ms)

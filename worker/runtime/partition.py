@@ -99,6 +99,11 @@ class PartitionState:
     #: Runs whose cancel came before their ``run.start`` and was held by the core, as last
     #: seen (checked at each tick: :meth:`Heads.forget_finished`).
     waiting: set[bytes] = field(default_factory=set)
+    #: The registry policy set version in force (None: none), the markers that set it
+    #: ([[offset, version]], its policy head) and the version this worker last marked.
+    policy_version: int | None = None
+    policy_history: list[list[int]] = field(default_factory=list)
+    policy_marked: int | None = None
 
     def apply(self, record: Record) -> list[Emit]:
         """The emits of the partition's next record, in order (its time moves the clock):

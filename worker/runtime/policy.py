@@ -147,6 +147,9 @@ class _Statement:
     name: str
     line: int
     column: int
+    #: Its ``@approval("required")`` annotation: a call it permits waits for a person's
+    #: approval (README, "Approvals").
+    approval: bool = False
 
 
 class CedarPolicy:
@@ -160,6 +163,7 @@ class CedarPolicy:
         self._mode, self._version, self.path = mode, version, path
         self.statements = parse(source, path)
         self._names = {s.cedar_id: s.name for s in self.statements}
+        self._approval = frozenset(s.cedar_id for s in self.statements if s.approval)
         self._set = cedarpy.PolicySet.from_str(source)
         if schema is not None:
             problems = validate(source, path, self.statements, schema)
@@ -202,10 +206,13 @@ class CedarPolicy:
         except Exception as exc:  # never raised into the core: a request Cedar refuses denies
             return PolicyDecision(self._mode, False, (), (f"request: {type(exc).__name__}",),
                                   self._version)
-        ids = tuple(self.name(p) for p in result.diagnostics.reasons)
+        reasons = result.diagnostics.reasons
+        ids = tuple(self.name(p) for p in reasons)
         errors = tuple(self._error(e) for e in result.diagnostics.errors)
-        return PolicyDecision(self._mode, result.allowed and not errors, ids, errors,
-                              self._version)
+        allow = result.allowed and not errors
+        # (when allowed, the determining policies are the permits: one marked asks a person)
+        approval = allow and any(p in self._approval for p in reasons)
+        return PolicyDecision(self._mode, allow, ids, errors, self._version, approval=approval)
 
     def _tool(self, tool: str, attributes: Mapping[str, Any]) -> cedarpy.Entities:
         mapped = cedar_value(dict(attributes))
@@ -306,13 +313,15 @@ def parse(source: str, path: str) -> list[_Statement]:
         begin = end + 1
         if cedar_id not in policies:
             continue
-        name = policies[cedar_id].get("annotations", {}).get("id") or cedar_id
+        annotations = policies[cedar_id].get("annotations") or {}
+        name = annotations.get("id") or cedar_id
         if name in seen:
             raise PolicyFileError(path, line, column, f"a second policy with the id {name!r} "
                                   f"(the first is at line {seen[name]}): decisions name "
                                   "policies by id, so each must be unique")
         seen[name] = line
-        statements.append(_Statement(cedar_id, name, line, column))
+        statements.append(_Statement(cedar_id, name, line, column,
+                                     annotations.get("approval") == "required"))
     if document.get("templates"):
         raise PolicyFileError(path, 1, 1, "templates (?principal, ?resource) are not supported")
     return statements
@@ -483,7 +492,8 @@ def read_tools(path: str) -> Any:
 
 def load_policy(mode: str, file: str | None, tools_file: str | None = None,
                 provider: str = "openai.chat") -> CedarPolicy | None:
-    """The policy in force for ``policy:`` settings (None for mode ``off``); raises
+    """The policy in force for ``policy:`` settings (None for mode ``off``, and without a
+    file: then the registry's policy sets decide, :mod:`worker.runtime.policy_source`); raises
     :class:`PolicyFileError` (file, line, column) for a file that does not parse or does not
     validate against the schema generated from ``tools_file``, ValueError for the rest."""
     if mode not in MODES:
@@ -491,7 +501,7 @@ def load_policy(mode: str, file: str | None, tools_file: str | None = None,
     if mode == OFF:
         return None
     if not file:
-        raise ValueError(f"policy.mode {mode} needs policy.file (a .cedar file)")
+        return None
     try:
         source = Path(file).read_text(encoding="utf-8")
     except OSError as exc:

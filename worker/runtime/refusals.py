@@ -7,9 +7,9 @@ owner would apply the same records, send the same record and stop too, and the p
 would stand still for good. So both engines, at the send:
 
 * **check each output against its topic's limit before sending it** (:class:`Limits`, read
-  from the cluster when the worker starts and again after a refusal for size). A record over
-  it is not sent; a ``output_refused`` DLQ record (:func:`dlq_record`) goes in its place and
-  the partition goes on;
+  from the cluster by :func:`worker.runtime.admin.max_message_bytes` when the worker starts
+  and again after a refusal for size). A record over it is not sent; a ``output_refused``
+  DLQ record (:func:`dlq_record`) goes in its place and the partition goes on;
 * **take a refusal that comes back from the broker the same way** (the limit was lowered
   while the worker ran, or the broker found the record invalid): the faust engine at the
   send's future, the kafka engine in the delivery report and on the next try of the aborted
@@ -33,16 +33,12 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
-
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import ConfigResource  # not re-exported for mypy
 
 from worker.core import DlqReason, Emit, Topic
 from worker.core.envelope import Source
-from worker.runtime import admin
+from worker.core.settings import OUTPUT_RECORD_BYTES
 from worker.runtime.observability import logs
 
 __all__ = ["Limits", "batch_size", "dlq_record", "run_of"]
@@ -57,9 +53,8 @@ _BATCH_OVERHEAD = 97
 _HEADER_OVERHEAD = 10
 #: What a record's headers (its run's trace context) take at most, for the quick check.
 _HEADERS_SLACK = 4096
-#: Kafka's default ``max.message.bytes``, for a topic whose setting cannot be read.
-KAFKA_DEFAULT_MAX = 1048588
-_TIMEOUT_S = 30.0
+#: The largest output record a producer sends (:data:`worker.runtime.admin.OUTPUT_MAX_BYTES`).
+OUTPUT_MAX_BYTES = OUTPUT_RECORD_BYTES
 
 
 def batch_size(key: bytes | None, value: bytes,
@@ -74,7 +69,7 @@ def batch_size(key: bytes | None, value: bytes,
 
 class Limits:
     """The largest record batch each topic takes: its ``max.message.bytes``, no more than
-    the producer's own limit (:data:`admin.OUTPUT_MAX_BYTES`). A topic not read takes the
+    the producer's own limit (:data:`OUTPUT_MAX_BYTES`). A topic not read takes the
     producer's limit (the broker's answer then decides)."""
 
     def __init__(self, limits: Mapping[str, int] | None = None) -> None:
@@ -89,7 +84,7 @@ class Limits:
                       self.limits.items()}
 
     def limit(self, topic: str) -> int:
-        return min(self.limits.get(topic, admin.OUTPUT_MAX_BYTES), admin.OUTPUT_MAX_BYTES)
+        return min(self.limits.get(topic, OUTPUT_MAX_BYTES), OUTPUT_MAX_BYTES)
 
     def replacement(self, emit: Emit, name: str, out_key: bytes | None, size: int, error: str,
                     key: bytes | None, source: Source | None) -> Emit:
@@ -108,7 +103,7 @@ class Limits:
              headers: Sequence[tuple[str, bytes]] | None = None) -> int | None:
         """The record's size (:func:`batch_size`) if it is over its topic's limit, else None."""
         if len(value) + (0 if key is None else len(key)) <= self.quick.get(
-                topic, admin.OUTPUT_MAX_BYTES - _BATCH_OVERHEAD - _HEADERS_SLACK):
+                topic, OUTPUT_MAX_BYTES - _BATCH_OVERHEAD - _HEADERS_SLACK):
             return None
         size = batch_size(key, value, headers)
         return size if size > self.limit(topic) else None
@@ -123,37 +118,6 @@ class Limits:
         self.limits.update(limits)
         self._quick()
         return changed
-
-    @classmethod
-    def read(cls, settings: Mapping[str, Any], topics: Iterable[str]) -> Limits:
-        """The limits of ``topics``, read from the cluster (:func:`read`)."""
-        return cls(read(settings, topics))
-
-
-def read(settings: Mapping[str, Any], topics: Iterable[str]) -> dict[str, int]:
-    """Each topic's effective ``max.message.bytes`` (its own, or the broker's default). A
-    topic that cannot be described is left out, with a warning (its refusals then come from
-    the broker)."""
-    names = sorted(set(topics))
-    client = AdminClient(logs.kafka_config(dict(settings)))
-    resources = {name: ConfigResource(ConfigResource.Type.TOPIC, name) for name in names}
-    limits: dict[str, int] = {}
-    try:
-        futures = client.describe_configs(list(resources.values()),
-                                          request_timeout=_TIMEOUT_S)
-    except KafkaException as exc:
-        log.warning("cannot read the topics' max.message.bytes (%s)", exc.args[0].str())
-        return limits
-    for name, resource in resources.items():
-        try:
-            entry = futures[resource].result(timeout=_TIMEOUT_S).get("max.message.bytes")
-            limits[name] = int(entry.value) if entry is not None and entry.value else \
-                KAFKA_DEFAULT_MAX
-        except (KafkaException, ValueError) as exc:
-            log.warning("cannot read max.message.bytes of topic %s (%s)", name,
-                        type(exc).__name__)
-    return limits
-
 
 def run_of(emit: Emit) -> str | None:
     """The run an output belongs to (a DLQ record: the run its input named, if any)."""

@@ -71,7 +71,10 @@ from tqdm import tqdm
 
 from worker.core import Assembler, Emit, Topic
 from worker.runtime import admin
-from worker.runtime.config import Config, ConfigError, assembler_policy, load_config
+from worker.runtime.config import Config, ConfigError, load_config
+from worker.runtime.policy_source import PolicySource
+from worker.runtime.registry import POLICY_MARKER, marker_version
+from worker.runtime.registry_io import RegistryError, read_whole
 from worker.runtime.step import out_key, out_value, record, step
 
 __all__ = ["Bound", "ReplayError", "Span", "build_parser", "main", "parse_time", "resolve"]
@@ -336,8 +339,17 @@ def run_spans(consumer: Consumer, topic: str, spans: Sequence[Span], config: Con
     Return the tally and the number of runs still open at the end."""
     state = _Progress(consumer, topic, spans, bar)
     assemblers = {p: Assembler(config.assemble) for p in state.active}
-    for assembler in assemblers.values():  # decided as the live worker decides
-        assembler.policy = assembler_policy(config)
+    policies = PolicySource(config)  # decided as the live worker decides
+    for assembler in assemblers.values():
+        assembler.policy = policies.initial()
+    try:  # the registry read whole: a run naming a toolset decides as it did live
+        registry = read_whole(config)
+    except RegistryError as exc:
+        raise ReplayError(str(exc)) from exc
+    wait_ms = int(config.registry.wait_s * 1000)
+    for assembler in assemblers.values():
+        assembler.toolsets = lambda name, version, at_ms: registry.toolset(
+            name, version, at_ms, wait_ms)
     tally = Tally()
     consumer.assign([TopicPartition(topic, s.partition, s.start) for s in state.active.values()])
     while state.active:
@@ -347,6 +359,12 @@ def run_spans(consumer: Consumer, topic: str, spans: Sequence[Span], config: Con
                                                                         offset):
                 continue
             key = message.key()
+            if key == POLICY_MARKER:  # the version in force from here on, as live (driver.py)
+                version = marker_version(message.value() or b"")
+                if version is not None:
+                    assemblers[partition].policy = policies.at(version, registry.policy_text)
+                state.advance(partition, offset + 1)
+                continue
             emits = step(assemblers[partition], record(
                 key, message.value() or b"", _ms(message.timestamp()), topic, partition, offset))
             sink.write(emits, key)

@@ -161,6 +161,28 @@ def test_cancel_goes_to_the_control_topic_keyed_by_run_id() -> None:
     ]
 
 
+def test_decisions_go_to_the_control_topic_keyed_by_run_id() -> None:
+    """``approve``, ``deny`` and ``edit`` (issue 26) go to the control topic keyed by the run
+    id, naming the call, who decided and why; an edit's arguments are sent as JSON text; a
+    decision without its decider is refused before anything is sent."""
+    pub, fake = make_publisher(clock=None)
+    pub.approve("r1", "c1", by="ann", reason="ok")
+    pub.deny("r1", "c2", by="bob")
+    pub.edit("r1", "c3", {"path": "/a"}, by="ann", reason="narrowed")
+    head = {"v": 1, "run_id": "r1"}
+    assert sent(fake) == [
+        ("ctl", "r1", {**head, "type": "approve", "tool_call_id": "c1", "by": "ann",
+                       "reason": "ok"}),
+        ("ctl", "r1", {**head, "type": "deny", "tool_call_id": "c2", "by": "bob",
+                       "reason": ""}),
+        ("ctl", "r1", {**head, "type": "edit", "tool_call_id": "c3", "by": "ann",
+                       "reason": "narrowed", "arguments": '{"path":"/a"}'}),
+    ]
+    with pytest.raises(ValueError):
+        pub.approve("r1", "c1", by="")
+    assert len(sent(fake)) == 3
+
+
 def test_send_envelope_routes_by_type_and_keeps_the_envelope() -> None:
     """``send_envelope`` sends a cancel to the control topic and the rest to events, keeps an
     envelope's own ``ts`` (stamping one otherwise) and refuses an envelope without a run_id."""

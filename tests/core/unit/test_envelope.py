@@ -24,6 +24,7 @@ from builders import (
     chat_chunk,
     chat_tool_delta,
     committed,
+    decision,
     dlq,
     feed,
     provider_event,
@@ -36,8 +37,11 @@ from builders import (
 
 from worker.core import Assembler, AssembleSettings, DlqReason, Topic, decode
 from worker.core.envelope import Cancel, ProviderEvent, Rejected, RunStart, StreamEnd, Tick
+from worker.core.settings import ApprovalSettings
 
-TOOLS = {"noop": EMPTY_SCHEMA}
+TOOLS = {"noop": EMPTY_SCHEMA, "gated": EMPTY_SCHEMA}
+#: ``gated``'s calls wait for approval (README, "Approvals").
+APPROVALS = ApprovalSettings(require_approval=("gated",))
 SECRET = "hunter2-SECRET"
 
 
@@ -70,6 +74,17 @@ def open_run(asm: Assembler) -> None:
 
 def finished(asm: Assembler) -> None:
     finished_run(asm)
+
+
+def held(asm: Assembler) -> None:
+    """Run r1 ended, its call c1 waiting for approval (its final message waits too)."""
+    feed(asm, provider_run(CHAT, "r1", TOOLS, [("c1", "gated", "{}")]))
+
+
+def streaming(asm: Assembler) -> None:
+    """Run r1 open, its call c1 still streaming."""
+    feed(asm, [start(), provider_event("r1", 1, chat_chunk([chat_tool_delta(0, "c1", "gated",
+                                                                            "{")]))])
 
 
 CASES: list[tuple[str, DlqReason, Setup, bytes | None, bytes]] = [
@@ -134,6 +149,21 @@ CASES: list[tuple[str, DlqReason, Setup, bytes | None, bytes]] = [
     ("second_start_open", DlqReason.DUPLICATE_RUN_START, open_run, b"r1", raw(start(seq=5))),
     ("second_start_finished", DlqReason.DUPLICATE_RUN_START, finished, None,
      raw(start(seq=99))),
+    # issue 26: approvals
+    ("decision_unknown_call", DlqReason.UNKNOWN_CALL, held, b"r1",
+     raw(decision("r1", "approve", "c9"))),
+    ("decision_not_pending", DlqReason.CALL_NOT_PENDING, streaming, b"r1",
+     raw(decision("r1", "approve", "c1"))),
+    ("decision_already_decided", DlqReason.CALL_ALREADY_DECIDED, finished, b"r1",
+     raw(decision("r1", "deny", "c1"))),
+    ("decision_unknown_run", DlqReason.UNKNOWN_RUN, nothing, b"r9",
+     raw(decision("r9", "approve", "c1"))),
+    ("edit_without_arguments", DlqReason.INVALID_ENVELOPE, held, b"r1",
+     raw(decision("r1", "edit", "c1"))),
+    ("decision_without_by", DlqReason.INVALID_ENVELOPE, held, b"r1",
+     raw({**decision("r1", "approve", "c1"), "by": ""})),
+    ("event_while_waiting", DlqReason.RUN_FINISHED, held, b"r1",
+     raw(provider_event("r1", 99, chat_chunk(content="late")))),
 ]
 
 #: (name, setup, key, value): ``value`` reaches a finished run. It is no DLQ record of its
@@ -147,7 +177,8 @@ LATE_CASES: list[tuple[str, Setup, bytes | None, bytes]] = [
 
 
 def make(settings: dict[str, Any] | None = None) -> Assembler:
-    return Assembler(AssembleSettings(**(settings or {"max_open_runs": 1})))
+    return Assembler(AssembleSettings(**(settings or {"max_open_runs": 1,
+                                                      "approvals": APPROVALS})))
 
 
 @pytest.mark.parametrize("reason, setup, key, value", [c[1:] for c in CASES],

@@ -40,6 +40,7 @@ from builders import (
     chat_tool_delta,
     check_outputs,
     committed,
+    decision,
     dlq,
     errors,
     feed,
@@ -66,8 +67,9 @@ from builders import (
 )
 
 from worker.core import Assembler, AssembleSettings, Emit, Reason, Topic
+from worker.core.envelope import DECISIONS
 from worker.core.policy import ENFORCE, PolicyDecision, PolicyRequest
-from worker.core.settings import MAX_RECORD_BYTES
+from worker.core.settings import MAX_RECORD_BYTES, ApprovalSettings
 
 SECRET = "hunter2-SECRET"
 
@@ -1074,6 +1076,26 @@ class TestReasonMissingIdOrName:
         assert error["tool_call_id"] == self.BUFFER_KEY[provider]
 
 
+class TestReasonUnknownToolset:
+    """``unknown_toolset``: the run names a registry toolset version its lookup does not give
+    (worker/runtime/registry.py: not registered within ``registry.wait_s``)."""
+
+    def test_every_call_fails_and_a_known_version_commits(self) -> None:
+        """Without the version every call fails ``unknown_toolset`` (one error result per call
+        id); the lookup is asked with the run.start's record time, and a version it gives
+        supplies the run's tools."""
+        asked: list[tuple[str, int, int]] = []
+        tools = tools_for(CHAT, {"read_file": {"type": "object"}})
+        latch = assembler()
+        latch.toolsets = lambda n, v, at: asked.append((n, v, at)) or (tools if v == 1 else None)
+        for version, reason in ((2, "unknown_toolset"), (1, None)):
+            envs = chat_run(f"r{version}", {"toolset": "files", "version": version},  # type: ignore[arg-type]
+                            chat_calls([("c1", "read_file", "{}"), ("c2", "read_file", "{}")]))
+            emits = feed(latch, envs)
+            assert reasons(emits) == ([reason, reason] if reason else [])
+        assert [(n, v) for n, v, _ in asked] == [("files", 2), ("files", 1)]
+
+
 class TestReasonUnknownTool:
     """``unknown_tool``: the name is not a client tool of the run."""
 
@@ -1504,6 +1526,38 @@ class TestReasonPolicyDenied:
         assert finals(emits)[0]["status"] == "completed"
 
 
+#: read_file's calls wait for approval, at most 10 s of record time (issue 26).
+GATED = ApprovalSettings(require_approval=("read_file",), approval_timeout_s=10.0)
+
+
+class TestReasonApprovalDenied:
+    """``approval_denied``: a person denied a call waiting for approval (issue 26; the flow
+    itself: ``test_held_calls.py``)."""
+
+    def test_a_denied_call_fails_naming_who_denied(self) -> None:
+        """The held call goes to the pending topic, the denial gives its one error result,
+        naming who denied and why, never the arguments; then the final message."""
+        settings, envs = SCENARIOS[Reason.APPROVAL_DENIED]
+        emits = feed(assembler(**settings), envs)
+        check_outputs(emits)
+        assert [e.topic for e in emits] == [Topic.PENDING, Topic.ERRORS, Topic.FINAL]
+        (error,) = errors(emits)
+        assert error["reason"] == "approval_denied" and "ops@example.com" in error["content"]
+        assert SECRET not in error["content"]
+
+
+class TestReasonApprovalTimeout:
+    """``approval_timeout``: no decision within ``approval_timeout_s`` of record time."""
+
+    def test_a_call_not_decided_in_time_fails_at_a_tick(self) -> None:
+        """The first tick at or past the timeout fails the held call and ends the run."""
+        settings, envs = SCENARIOS[Reason.APPROVAL_TIMEOUT]
+        emits = feed(assembler(**settings), envs)
+        check_outputs(emits)
+        assert [e.topic for e in emits] == [Topic.PENDING, Topic.ERRORS, Topic.FINAL]
+        assert reasons(emits) == ["approval_timeout"]
+
+
 # ===========================================================================================
 # Across all reasons: shape, secrecy, redelivery, order and determinism.
 # ===========================================================================================
@@ -1559,6 +1613,13 @@ def scenarios() -> dict[Reason, tuple[dict[str, Any], list[dict[str, Any]]]]:
             chat_run("r1", tools_for(CHAT, {"any": {"type": "object"}}), chat_calls([(
                 "c1", "any", fill('{"p": "@", "n": [0' + ",1e15" * 3_500_000 + "]}"))]))),
         Reason.POLICY_DENIED: ({"policy": Forbidding()}, chat([("c1", "read_file", good)])),
+        # a registry toolset the assembler has no lookup for (worker/runtime/registry.py)
+        Reason.UNKNOWN_TOOLSET: ({}, chat_run("r1", {"toolset": "files", "version": 1},  # type: ignore[arg-type]
+                                              chat_calls([("c1", "read_file", good)]))),
+        Reason.APPROVAL_DENIED: ({"approvals": GATED}, [*chat([("c1", "read_file", good)]),
+                                                        decision("r1", "deny", "c1")]),
+        Reason.APPROVAL_TIMEOUT: ({"approvals": GATED}, [*chat([("c1", "read_file", good)], ts=0),
+                                                         tick(30_000)]),
     }
 
 
@@ -1615,7 +1676,11 @@ class TestEveryReason:
         settings, envs = SCENARIOS[reason]
         once = lines(feed(assembler(**settings), envs))
         asm = assembler(**settings)
-        twice = lines(feed(asm, [env for env in envs for _ in (0, 1)]))
+        # (a decision is not re-delivered: a second one is a decision for a decided call,
+        # which goes to the DLQ; the events log's offsets keep the worker from applying a
+        # record twice)
+        twice = lines(feed(asm, [env for env in envs
+                                 for _ in ((0,) if env.get("type") in DECISIONS else (0, 1))]))
         assert twice == once
         sequenced = sum(1 for env in envs if "seq" in env)
         assert asm.stats["duplicates"] == sequenced

@@ -43,8 +43,11 @@ CONTRACT_REASONS = [
     "protocol_error",
     # issue 23: a record that would outgrow the output topics' record size
     "record_too_large",
-    # issue 25: the run's Cedar policies, in enforce, did not permit the call
-    "policy_denied",
+    # issue 25: the run's Cedar policies, in enforce, did not permit the call; the run named a
+    # registry toolset version the registry did not hold in time
+    "policy_denied", "unknown_toolset",
+    # issue 26: a person denied a call waiting for approval, or did not decide in time
+    "approval_denied", "approval_timeout",
 ]  # fmt: skip
 
 PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages", "bedrock.converse",
@@ -100,12 +103,12 @@ def walk_properties(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str
 
 
 def test_the_expected_files_exist() -> None:
-    """schemas/ holds exactly the thirteen record kinds the contract, the worker and the
-    runner need (``run-ended``: decision 0015)."""
+    """schemas/ holds exactly the record kinds the contract, the worker and the runner need
+    (issue 26: pending-call, a call waiting for approval; run-ended, decision 0015)."""
     assert set(ALL) == {
         "stream-envelope", "control-envelope", "tick-envelope", "committed-call",
         "error-result", "final-message", "progress", "dlq-record", "output-line", "config",
-        "tool-result", "journal-entry", "run-ended",
+        "tool-result", "journal-entry", "registry", "pending-call", "run-ended",
     }  # fmt: skip
 
 
@@ -178,7 +181,8 @@ def test_config_topic_defaults_are_the_contracts() -> None:
         "committed": "tool.calls.committed", "errors": "tool.calls.errors",
         "final": "llm.messages.final", "progress": "llm.stream.progress",
         "dlq": "llm.stream.dlq", "results": "tool.calls.results",
-        "journal": "tool.calls.journal", "run_ended": "llm.runs.ended",
+        "journal": "tool.calls.journal", "pending": "tool.calls.pending",
+        "registry": "latch.registry", "run_ended": "llm.runs.ended",
     }  # fmt: skip
     assert topics["partitions"]["default"] == 12
 

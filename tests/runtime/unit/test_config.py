@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from worker.core.settings import AssembleSettings
+from worker.core.settings import ApprovalSettings, AssembleSettings
 from worker.runtime.config import (
     Config,
     ConfigError,
     KafkaSettings,
     PolicySettings,
+    RegistrySettings,
     SigningSettings,
     TopicNames,
     WorkerSettings,
@@ -33,6 +34,8 @@ SECTIONS: dict[str, Any] = {
     "worker": WorkerSettings,
     "signing": SigningSettings,
     "policy": PolicySettings,
+    "registry": RegistrySettings,
+    "approvals": ApprovalSettings,
 }
 
 
@@ -65,6 +68,18 @@ def test_no_file_no_env_gives_defaults() -> None:
     assert config.source is None
 
 
+def test_approvals_section_reaches_the_core() -> None:
+    """The ``approvals`` section (issue 26) is read, and the core's settings carry it
+    (``AssembleSettings.approvals``), so every assembler the worker, replay or assemble makes
+    holds calls the same way."""
+    config = load_config(env={"LATCH_APPROVALS__REQUIRE_APPROVAL": "delete_file,wire_money",
+                              "LATCH_APPROVALS__DESTRUCTIVE": "true",
+                              "LATCH_APPROVALS__APPROVAL_TIMEOUT_S": "30"})
+    expected = ApprovalSettings(("delete_file", "wire_money"), True, 30.0)
+    assert config.approvals == expected
+    assert config.assemble.approvals == expected
+
+
 def test_schema_defaults_equal_dataclass_defaults() -> None:
     """For every key of every section, config.schema.json's default is the dataclass default
     (absent in the schema exactly where the dataclass default is None), and the schema names
@@ -73,10 +88,11 @@ def test_schema_defaults_equal_dataclass_defaults() -> None:
     assert set(schema) == set(SECTIONS)
     for section, cls in SECTIONS.items():
         props = schema[section]["properties"]
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        # (AssembleSettings.approvals is the approvals section, merged in by load_config)
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "approvals"}
         assert set(props) == names, section
         for key, value in dataclasses.asdict(cls()).items():
-            if key == "extra":
+            if key == "extra" or (key == "approvals" and section != "approvals"):
                 continue
             expected = list(value) if isinstance(value, tuple) else value
             assert props[key].get("default") == expected, f"{section}.{key}"

@@ -10,13 +10,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import orjson
+import pytest
 from builders import chat_calls, chat_run, chat_tool
 from faust.types import TP
 
 from worker.core import Assembler, Topic
 from worker.runtime import step
 from worker.runtime.config import load_config
-from worker.runtime.driver import Applied, Driver, TickRule, control_behind
+from worker.runtime.driver import Applied, Driver, TickRule, control_behind, tick_value
 from worker.runtime.faust_engine import engine as worker_app
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.partition import TICK, Heads, PartitionState
@@ -133,3 +134,69 @@ def test_a_takeover_rebuilds_the_open_runs_from_their_heads() -> None:
     applied = driver.apply(state, records[-1])
     assert applied is not None
     assert [(e.topic, e.value) for e in applied.emits] == [(e.topic, e.value) for e in expected]
+
+
+_NAMES = {topic: f"t.{topic.value}" for topic in Topic}
+
+
+def test_outgoing_prepares_each_output_and_replaces_one_over_its_topics_limit() -> None:
+    """``Driver.outgoing`` (both engines' publish, issue 24): each emit in order with its
+    topic's name, its key (a DLQ record keeps the input record's), its bytes; an emit over
+    its topic's limit comes as its ``output_refused`` DLQ record instead, counted, keyed by
+    the input record's key, naming the topic and size but not the value."""
+    driver = _driver()
+    state = PartitionState(Assembler(_config().assemble), next_offset=0)
+    emits = [e for r in _records(_run()) if (a := driver.apply(state, r)) for e in a.emits]
+    outgoing = list(driver.outgoing(b"r1", emits, _NAMES))
+    assert [(o.emit, o.topic, o.name, o.refused) for o in outgoing] == [
+        (e, e.topic, _NAMES[e.topic], False) for e in emits]
+    assert all(o.value == step.out_value(o.emit) for o in outgoing)
+    committed = next(o for o in outgoing if o.topic is Topic.COMMITTED)
+    driver.limits.update({_NAMES[Topic.COMMITTED]: len(committed.value) // 2})
+    (refused,) = driver.outgoing(b"r1", [committed.emit], _NAMES,
+                                 step.Source("ev", 0, 7))
+    value = orjson.loads(refused.value)
+    assert refused.refused and refused.topic is Topic.DLQ and refused.key == b"r1"
+    assert refused.name == _NAMES[Topic.COMMITTED] and refused.headers is None
+    assert value["reason"] == "output_refused" and "Oslo" not in refused.value.decode()
+    assert driver.hooks.metrics.dlq["output_refused"] == 1
+
+
+def test_forward_says_where_a_control_record_goes() -> None:
+    """``Driver.forward`` (both engines' control forwarding): a cancel goes to the events
+    topic (None), keyed by its run, as its cancel marker; anything else to the DLQ, keyed by
+    the control record's key, counted."""
+    driver = _driver()
+    cancel = orjson.dumps({"v": 1, "type": "cancel", "run_id": "r1", "ts": 5})
+    topic, key, value = driver.forward(step.record(b"r1", cancel, 5, "ctl", 0, 0))
+    assert topic is None and key == b"r1" and orjson.loads(value)["type"] == "cancel"
+    topic, key, value = driver.forward(step.record(b"x", b"not json", 5, "ctl", 0, 1))
+    assert topic is Topic.DLQ and key == b"x" and orjson.loads(value)["reason"]
+    assert sum(driver.hooks.metrics.dlq.values()) == 1
+
+
+def test_a_tick_value_carries_the_engines_clock() -> None:
+    """``tick_value``: the tick record both engines write, with the wall time they read."""
+    assert orjson.loads(tick_value(1234)) == {"v": 1, "type": "tick", "ts": 1234}
+
+
+def test_the_assignment_drops_what_a_revoked_partition_held(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``Assignment`` (both engines' bookkeeping, issue 24): a revocation drops the events
+    partitions' states and the control partitions' offsets and makes the worker not ready;
+    the control backlog counts a control partition without an offset as unread; the log line
+    of an assignment is the one the tests and tools read."""
+    driver = _driver()
+    owned = driver.owned
+    owned.assigned([0, 1])
+    owned.partitions.update({p: PartitionState(Assembler(_config().assemble), 0) for p in (0, 1)})
+    owned.control_next.update({0: 3, 1: 4})
+    assert [v.partition for v in owned.views(lambda p, s: 0)] == [0, 1]
+    assert not owned.control_behind({0: 3, 1: 4}) and owned.control_behind({0: 3, 1: 4}, [0, 2])
+    owned.revoked([1], [0])
+    assert list(owned.partitions) == [0] and owned.control_next == {1: 4}
+    assert driver.hooks.health.ready()[1]["owned"] == [0]
+    with caplog.at_level("INFO", logger="latch.worker"):
+        owned.log_assigned({3: None, 1: None}, dropped=2)
+    assert "events partitions assigned: [1, 3] (dropped 2 heads of partitions owned " \
+           "elsewhere)" in caplog.text

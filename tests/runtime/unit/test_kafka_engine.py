@@ -52,8 +52,8 @@ def test_a_tick_waits_for_the_control_backlog_for_a_bounded_time() -> None:
     engine = loop.KafkaEngine(config)
     consumer, producer = _Consumer(), _Producer()
     engine.consumer, engine.txn.producer = consumer, producer  # type: ignore[assignment]
-    engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
-    engine.control_next = {0: 5}
+    engine.partitions[0] = PartitionState(Assembler(config.assemble), next_offset=0)
+    engine.control_next[0] = 5
 
     assert engine._tick(100.0) is False  # end unknown: just assigned
     consumer.high[0] = 7

@@ -5,6 +5,7 @@ exactly once hold."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import orjson
@@ -173,6 +174,36 @@ class _Producer:
         self.sent.append((topic, key, partition))
 
 
+def test_one_consume_calls_records_count_in_the_batch_once_each() -> None:
+    """The batch's record count and the next offset of each events partition (what the
+    transaction commits, KIP-447) come out of one ``consume`` call as they did record by
+    record (noted once at the call's end since issue 24): every applied record and
+    forwarded control record counted; a repeat and a record of a partition not owned
+    neither counted nor moving an offset; an owned partition without records not in the
+    offsets."""
+    config = load_config(None, env={"LATCH_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    engine = KafkaEngine(config)  # clients that never connect
+    engine.txn.producer = _Producer()  # type: ignore[assignment]
+    for partition in (0, 1, 5):
+        engine.partitions[partition] = PartitionState(Assembler(config.assemble), 10)
+    engine.control_next[1] = 3
+    run = {"v": 1, "provider": "openai.chat", "seq": 0, "type": "run.start", "tools": []}
+    cancel = {"v": 1, "type": "cancel", "run_id": "x", "ts": 1}
+    messages = [_Message(engine.events, 0, 10, b"a", run | {"run_id": "a"}),
+                _Message(engine.events, 1, 10, b"b", run | {"run_id": "b"}),
+                _Message(engine.events, 0, 9, b"a", run | {"run_id": "a"}),  # a repeat
+                _Message(engine.control, 1, 3, b"x", cancel),
+                _Message(engine.events, 2, 10, b"c", run | {"run_id": "c"}),  # not owned
+                _Message(engine.events, 1, 12, b"d", run | {"run_id": "d"})]  # (a gap)
+    engine._apply_events(messages)  # type: ignore[arg-type]
+    batch = engine.txn.batch
+    assert batch is not None and batch.records == 4
+    assert [(tp.topic, tp.partition, tp.offset) for tp in batch.positions()] == sorted([
+        (engine.events, 0, 11), (engine.events, 1, 13), (engine.control, 1, 4)])
+    engine._apply_events([_Message(engine.events, 5, 10, b"e", run | {"run_id": "e"})])  # type: ignore[list-item]
+    assert batch.records == 5 and batch.events == {0: 11, 1: 13, 5: 11}
+
+
 def test_per_record_only_the_offset_moves_unless_a_run_opens_or_ends() -> None:
     """In one transaction: the record that opens a run writes its head, records that neither
     open nor end a run write nothing (no head, no output) and only advance the partition's
@@ -182,7 +213,7 @@ def test_per_record_only_the_offset_moves_unless_a_run_opens_or_ends() -> None:
     engine = KafkaEngine(config)  # clients that never connect
     producer = _Producer()
     engine.txn.producer = producer  # type: ignore[assignment]
-    engine.partitions = {3: PartitionState(Assembler(config.assemble), next_offset=10)}
+    engine.partitions[3] = PartitionState(Assembler(config.assemble), next_offset=10)
     run = {"v": 1, "run_id": "r1", "provider": "openai.chat"}
     docs = [run | {"seq": 0, "type": "run.start", "tenant": "t1", "tools": []}]
     docs += [run | {"seq": n, "type": "provider.event", "event": {
@@ -249,7 +280,7 @@ def _looping_engine(max_records: int, script: list[list[_Message]] | None = None
     engine = KafkaEngine(config)  # clients that never connect
     engine.consumer.close()
     engine.txn.producer = _Producer()  # type: ignore[assignment]
-    engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
+    engine.partitions[0] = PartitionState(Assembler(config.assemble), next_offset=0)
     engine.lags_read = float("inf")
     commits: list[int] = []
 
@@ -343,7 +374,7 @@ def _committing_engine(producer: _Transactions) -> KafkaEngine:
     engine.consumer.close()
     engine.txn.producer = producer  # type: ignore[assignment]
     engine.consumer = _GroupConsumer()  # type: ignore[assignment]
-    engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
+    engine.partitions[0] = PartitionState(Assembler(config.assemble), next_offset=0)
     return engine
 
 
@@ -441,7 +472,7 @@ def _watched_engine(max_records: int) -> tuple[KafkaEngine, _SlowCommits, _Watch
     engine.consumer.close()
     producer = _SlowCommits()
     engine.txn.producer = producer  # type: ignore[assignment]
-    engine.partitions = {0: PartitionState(Assembler(config.assemble), next_offset=0)}
+    engine.partitions[0] = PartitionState(Assembler(config.assemble), next_offset=0)
     engine.lags_read = float("inf")
     consumer = _WatchingConsumer(engine, producer, [])
     engine.consumer = consumer  # type: ignore[assignment]
@@ -476,4 +507,55 @@ def test_under_a_backlog_a_batch_commits_while_the_next_is_applied() -> None:
         False, False, True, False, True, False, False]
     assert [call for call in producer.calls if not call.startswith("begin")] == [
         "offsets [4]", "commit 1", "offsets [8]", "commit 1", "offsets [10]", "commit 1"]
+    assert engine.txn.committing is None and engine.txn.batch is None
+
+
+class _HeldCommits(_SlowCommits):
+    """Transactions whose first ``commit_transaction`` waits for ``release`` (at most 3 s);
+    the others return at once."""
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.release.wait(3)
+        self.calls.append(f"commit {len(self.sent)}")
+
+
+class _ReleasingConsumer(_WatchingConsumer):
+    """As :class:`_WatchingConsumer`, but a commit in flight returns only at the call that
+    hands over ``release_at`` (the index of a scripted result)."""
+
+    release_at = -1
+
+    def consume(self, num_messages: int, timeout: float) -> list[_Message]:
+        commit = self.engine.txn.committing
+        in_flight = commit is not None and not commit.done.is_set()
+        self.calls.append((num_messages, timeout, in_flight))
+        if in_flight and len(self.calls) - 1 == self.release_at:
+            self.producer.release.set()
+            assert commit is not None and commit.done.wait(5)
+        return _scripted(self.engine, self.script, num_messages)
+
+
+def test_a_batch_due_while_the_commit_is_in_flight_takes_records_until_it_returns() -> None:
+    """Under a backlog, a batch that reaches its bounds while the previous batch's commit is
+    still in flight does not stop the loop (issue 24: on a 402,666-envelope backlog the loop
+    waited for commits as long as it applied records): it takes records, a full
+    ``consume`` call at a time, until that commit returns, then commits everything it took.
+    Offsets commit in order. Fails on the loop that waited for the commit once due."""
+    engine, producer, _ = _watched_engine(4)
+    producer = _HeldCommits()
+    engine.txn.producer = producer  # type: ignore[assignment]
+    consumer = _ReleasingConsumer(engine, producer, [])  # type: ignore[arg-type]
+    engine.consumer = consumer  # type: ignore[assignment]
+    records = _deltas(engine, 0, 12)
+    consumer.script = [records[:1], records[1:4], records[4:5], records[5:8], records[8:10],
+                       records[10:]]
+    consumer.release_at = 4
+    began = time.monotonic()
+    engine._loop()
+    assert time.monotonic() - began < 2  # never waited out the held commit
+    assert [(want, in_flight) for want, _, in_flight in consumer.calls] == [
+        (1, False), (3, False), (1, True), (3, True), (1000, True), (1, False), (3, False),
+        (1, False)]
+    assert [call for call in producer.calls if not call.startswith("begin")] == [
+        "offsets [4]", "commit 1", "offsets [10]", "commit 1", "offsets [12]", "commit 1"]
     assert engine.txn.committing is None and engine.txn.batch is None

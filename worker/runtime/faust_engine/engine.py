@@ -43,7 +43,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import Any
 
 import faust
-import orjson
 from aiokafka.errors import (  # type: ignore[import-untyped]
     CorruptRecordException,
     MessageSizeTooLargeError,
@@ -53,10 +52,9 @@ from faust.exceptions import ProducerSendError
 from faust.types import TP
 
 from worker.core import Emit, Topic
-from worker.runtime import driver as driver_module
-from worker.runtime import memory, refusals, step
+from worker.runtime import admin, memory, refusals, step
 from worker.runtime.config import Config
-from worker.runtime.driver import Applied, Driver
+from worker.runtime.driver import Applied, Driver, tick_value
 from worker.runtime.faust_engine import kafka_io, recovery
 from worker.runtime.faust_engine.gaps import StallWatch
 from worker.runtime.faust_engine.heads import FaustHeadsMap, FaustHeadsTable
@@ -66,6 +64,8 @@ from worker.runtime.observability import logs
 from worker.runtime.observability.health import loop_heartbeat
 from worker.runtime.observability.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.registry import POLICY_MARKER
+from worker.runtime.registry_io import RegistryError, RegistryReader
 from worker.runtime.step import Record, Source
 
 log = logging.getLogger("latch.worker")
@@ -106,15 +106,20 @@ class FaustEngine:
         self.hooks = EngineHooks(config)
         #: Everything around the core, engine-neutral (worker/runtime/driver.py).
         self.driver = Driver(config, self.hooks, self.run_heads)
+        #: The registry, read whole before the faust worker starts (registry_io.py).
+        self.registry = self.driver.registry = RegistryReader(config)
         self.metrics, self.health = self.hooks.metrics, self.hooks.health
         self.metrics.watch(self._partition_views)
         self.reader_options = kafka_io.aiokafka_options(config.kafka)
         #: The output topics' limits, read when the worker starts (:meth:`run`) and again
-        #: after a refusal for size: each output is checked before it is sent.
-        self.limits = refusals.Limits()
-        self.partitions: dict[int, PartitionState] = {}
-        #: The next offset to forward of each control partition this worker owns.
-        self.control_next: dict[int, int] = {}
+        #: after a refusal for size: the driver checks each output before it is sent.
+        self.limits = self.driver.limits
+        #: The owned events partitions' states and the next offset to forward of each owned
+        #: control partition: the driver's (worker/runtime/assignment.py).
+        self.owned = self.driver.owned
+        self.partitions, self.control_next = self.owned.partitions, self.owned.control_next
+        #: Each output topic's name, for the driver's outgoing records.
+        self.names = {t: topic.get_topic_name() for t, topic in self.outputs.items()}
         #: One forwarder at a time per control partition: faust's agent, or the tick's repair.
         self.control_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.control_watch = StallWatch()
@@ -311,14 +316,11 @@ class FaustEngine:
         state.next_offset = offset + 1
 
     async def _forward_control(self, record: Record) -> None:
-        """Forward a cancel into its run's events partition; anything else goes to the DLQ."""
-        routed = self.driver.route(record)
-        if isinstance(routed, Emit):
-            sent = await self.outputs[Topic.DLQ].send(key=record.key,
-                                                      value=step.out_value(routed))
-        else:
-            key, value = routed
-            sent = await self.events.send(key=key, value=value)
+        """Forward a cancel into its run's events partition; anything else goes to the DLQ
+        (:meth:`Driver.forward`)."""
+        topic, key, value = self.driver.forward(record)
+        sent = await (self.events if topic is None else self.outputs[topic]).send(
+            key=key, value=value)
         await sent  # delivered before the control record is acked (a failure raises)
 
     async def _tick(self) -> None:
@@ -330,10 +332,16 @@ class FaustEngine:
             return
         while not self.driver.tick_due(time.monotonic(), self._control_behind()):
             await asyncio.sleep(_TICK_RECHECK_S)
-        value = orjson.dumps({"v": 1, "type": "tick", "ts": int(time.time() * 1000)})
+        ts = int(time.time() * 1000)
+        value = tick_value(ts)
         for tp in sorted(self.app.assignor.assigned_actives()):
             if tp.topic == events:
                 await self.events.send(key=TICK, value=value, partition=tp.partition)
+                state = self.partitions.get(tp.partition)
+                marker = None if state is None else self.driver.markers(state, ts)
+                if marker is not None:  # a new policy set version (driver.py, step 6)
+                    await self.events.send(key=POLICY_MARKER, value=marker,
+                                           partition=tp.partition)
 
     def _control_behind(self) -> bool:
         """Whether an owned control partition has records in the log not yet forwarded (its
@@ -341,8 +349,7 @@ class FaustEngine:
         topic = self.control.get_topic_name()
         owned = [tp.partition for tp in self.app.assignor.assigned_actives()
                  if tp.topic == topic]
-        forwarded = {p: self.control_next.get(p, -1) for p in owned}
-        return driver_module.control_behind(forwarded, self.control_ends)
+        return self.owned.control_behind(self.control_ends, owned)
 
     async def _repair_tick(self) -> None:
         """At each tick interval, read what faust left unread of the owned control
@@ -359,12 +366,8 @@ class FaustEngine:
         revoked: set[TP] = args[0]
         self.revocations += 1
         events, control = self.events.get_topic_name(), self.control.get_topic_name()
-        self.hooks.revoked([tp.partition for tp in revoked if tp.topic == events])
-        for tp in revoked:
-            if tp.topic == events:
-                self.partitions.pop(tp.partition, None)
-            elif tp.topic == control:
-                self.control_next.pop(tp.partition, None)
+        self.owned.revoked([tp.partition for tp in revoked if tp.topic == events],
+                           [tp.partition for tp in revoked if tp.topic == control])
 
     async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         """faust's ``on_partitions_assigned`` signal: drop the local heads of partitions we
@@ -372,9 +375,8 @@ class FaustEngine:
         events = self.events.get_topic_name()
         owned = sorted(tp.partition for tp in args[0] if tp.topic == events)
         dropped = self.heads_store.keep_only(owned)
-        self.hooks.assigned(owned)
-        log.info("events partitions assigned: %s%s", owned,
-                 f" (dropped {dropped} heads of partitions owned elsewhere)" if dropped else "")
+        self.owned.assigned(owned)
+        self.owned.log_assigned(owned, dropped)
 
     # -- the core, and what it emits --------------------------------------------------
 
@@ -385,16 +387,14 @@ class FaustEngine:
         input record's key. ``record_ms``: the time of the record that produced them;
         ``source``: where it was read. An emit over its topic's limit is not sent, and one
         the broker refuses for its own sake is not sent again: a small ``output_refused``
-        DLQ record goes in its place (worker/runtime/refusals.py, :class:`_Refusable`)."""
-        for emit in emits:
-            topic = self.outputs[emit.topic]
-            name = topic.get_topic_name()
-            out_key, value = step.out_key(emit, key), step.out_value(emit)
-            headers = self.hooks.headers(emit, value)
-            size = self.limits.over(name, out_key, value, headers)
-            if size is not None:
-                await (await self._refuse(emit, name, out_key, size, "MSG_SIZE_TOO_LARGE", key,
-                                          source))
+        DLQ record goes in its place (worker/runtime/refusals.py, :class:`_Refusable`; over
+        the limit: the driver's, :meth:`Driver.outgoing`)."""
+        for out in self.driver.outgoing(key, emits, self.names, source):
+            emit, name, out_key, value, headers = (out.emit, out.name, out.key, out.value,
+                                                   out.headers)
+            topic = self.outputs[out.topic]
+            if out.refused:
+                await (await topic.send(key=out_key, value=value))
                 continue
             # topic.send, with the message's future at hand: it is what a failure is set on
             # (awaited by the confirm, so never an unretrieved exception); ``send`` returns
@@ -419,10 +419,10 @@ class FaustEngine:
                       error: str, key: bytes | None, source: Source | None
                       ) -> Awaitable[Any]:
         """Send, instead of ``emit`` (for topic ``name``), its ``output_refused`` DLQ record,
-        keyed by the input record's ``key``; return the send's future."""
-        dlq = self.limits.replacement(emit, name, out_key, size, error, key, source)
-        self.metrics.dlq[str(dlq.value["reason"])] += 1
-        return await self.outputs[Topic.DLQ].send(key=key, value=step.out_value(dlq))
+        keyed by the input record's ``key`` (:meth:`Driver.refused`); return the send's
+        future."""
+        return await self.outputs[Topic.DLQ].send(
+            key=key, value=self.driver.refused(emit, name, out_key, size, error, key, source))
 
     # -- recovery ---------------------------------------------------------------------
 
@@ -477,7 +477,7 @@ class FaustEngine:
 
     def _partition_views(self) -> list[PartitionView]:
         """The owned partitions for the metrics (called on the HTTP thread: reads only)."""
-        return self.hooks.views(self.partitions, self._lag)
+        return self.owned.views(self._lag)
 
     async def _watch_loop(self) -> None:
         """faust task at start: /healthz asks this event loop to answer."""
@@ -497,6 +497,12 @@ class FaustEngine:
             print(self.hooks.http_error(exc), file=sys.stderr)
             return 2
         self._read_limits()
+        try:
+            self.registry.start()
+        except RegistryError as exc:
+            log.error("not starting: %s", exc)
+            self.hooks.stop(server)
+            return 2
         worker = faust.Worker(self.app, loglevel=self.config.worker.log_level, quiet=True,
                               logging_config=logs.faust_logging_config(self.config.worker))
         try:
@@ -505,6 +511,7 @@ class FaustEngine:
             return exc.code if isinstance(exc.code, int) else 1
         finally:
             self.hooks.stop(server)
+            self.registry.stop()
         return 0  # pragma: no cover  (execute_from_commandline always raises SystemExit)
 
 
@@ -512,7 +519,7 @@ class FaustEngine:
         """The output topics' limits (:class:`refusals.Limits`); aiokafka's batches kept
         below the smallest (the broker refuses a whole batch over it)."""
         names = [topic.get_topic_name() for topic in self.outputs.values()]
-        self.limits.update(refusals.read(self.config.kafka.confluent_config(), names))
+        self.limits.update(admin.max_message_bytes(self.config.kafka.confluent_config(), names))
         default = int(self.app.conf.producer_max_batch_size)
         batch = self.limits.batch_bytes(default)
         if batch < default:
@@ -553,7 +560,7 @@ class _Refusable:
             size = refusals.batch_size(self.out_key, self.value, self.headers)
             if error in _TOO_LARGE:
                 worker.limits.update(await asyncio.to_thread(
-                    refusals.read, worker.config.kafka.confluent_config(), [name]))
+                    admin.max_message_bytes, worker.config.kafka.confluent_config(), [name]))
                 if size <= worker.limits.limit(name):
                     raise
             return await (await worker._refuse(self.emit, name, self.out_key, size, error,

@@ -20,16 +20,19 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   an outcome waits for about one commit, not ``worker.batch_max_ms``); under a backlog the
   calls keep returning full and the batch ends at its bounds, ``worker.batch_max_records``
   records or ``worker.batch_max_ms`` after it began, whichever comes first (the bounds are
-  upper bounds only). A batch opened by a tick or a cancel commits the same way: the worker
-  never waits for its own uncommitted ticks or cancels, which its ``read_committed``
-  consumer sees once the batch commits.
+  upper bounds only, but for a batch due while the previous commit is in flight: below). A
+  batch opened by a tick or a cancel commits the same way: the worker never waits for its
+  own uncommitted ticks or cancels, which its ``read_committed`` consumer sees once the
+  batch commits.
 * **Under a backlog, a batch commits while the next one is applied.** A batch ended by its
   bounds (the input not drained) commits in a thread of its own (``send_offsets_to_transaction``
   and ``commit_transaction``, ``transaction.Commit``); meanwhile the loop applies the next
   records, holding their output and heads records (the producer has one transaction at a
   time) until the commit returns: then it begins their transaction and sends them, in order.
   If the commit fails, the next batch is dropped with it (its offsets are past the aborted
-  ones) and the partitions rewind as below. One commit is in flight at a time. The
+  ones) and the partitions rewind as below. One commit is in flight at a time: a batch due
+  before it returns takes records until it does (at most ``_HELD_MAX_BATCHES`` batches'
+  worth), so a slow commit never stops the loop. The
   transaction, from begin to settled or aborted, is an object of its own
   (``transaction.py``): it returns what happened and the engine acts on it (rewinds after
   an abort). **A drained batch commits
@@ -83,13 +86,12 @@ from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 from typing import Any, TypeVar
 
-import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from worker.core import Emit, Topic
-from worker.runtime import admin, memory, refusals, step
+from worker.runtime import admin, memory, refusals
 from worker.runtime.config import Config
-from worker.runtime.driver import Driver, control_behind
+from worker.runtime.driver import Driver, tick_value
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import instance, reader
 from worker.runtime.kafka_engine.heads import KafkaHeadsTable
@@ -101,10 +103,13 @@ from worker.runtime.kafka_engine.transaction import (
     Outcome,
     Settled,
     Transaction,
+    describe,
 )
 from worker.runtime.observability import logs
 from worker.runtime.observability.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.registry import POLICY_MARKER
+from worker.runtime.registry_io import RegistryError, RegistryReader
 from worker.runtime.step import Source
 
 _T = TypeVar("_T")
@@ -124,6 +129,10 @@ _CONSUME_MAX = 1000
 #: How often the loop reads the consumer's positions and cached end offsets (lag gauges).
 _LAGS_EVERY_S = 1.0
 
+#: Under a backlog, a batch due while the previous one's commit is in flight goes on taking
+#: records until that commit returns, up to this many times ``worker.batch_max_records``
+#: (then the loop waits for it): the loop never stands still for a commit it can overlap.
+_HELD_MAX_BATCHES = 5
 #: How long the loop waits for a first record while a commit is in flight.
 _COMMIT_POLL_S = 0.005
 #: librdkafka's default ``batch.size``.
@@ -148,12 +157,20 @@ class KafkaEngine:
         self.outputs = {t: str(getattr(topics, t.value)) for t in Topic}
         self.table = KafkaHeadsTable()
         self.heads = Heads(self.table, worker.finished_run_retention_s)
-        self.partitions: dict[int, PartitionState] = {}
-        #: The next offset to forward of each control partition this worker owns.
-        self.control_next: dict[int, int] = {}
         self.hooks = EngineHooks(config)
         #: Everything around the core, engine-neutral (worker/runtime/driver.py).
         self.driver = Driver(config, self.hooks, self.heads)
+        #: The registry, read whole before the consumer subscribes (registry_io.py).
+        self.registry = self.driver.registry = RegistryReader(config)
+        self.registry.before_hold = self._before_hold
+        #: The transaction :meth:`_before_hold` committed aborted: acted on after the record.
+        self.held_abort: Aborted | None = None
+        #: Whether the loop is applying consumed records (not a rebuild).
+        self.applying = False
+        #: The owned events partitions' states and the next offset to forward of each owned
+        #: control partition: the driver's (worker/runtime/assignment.py).
+        self.owned = self.driver.owned
+        self.partitions, self.control_next = self.owned.partitions, self.owned.control_next
         self.hooks.metrics.watch(self._partition_views)
         self.hooks.health.heartbeat = self._alive
         self.topic_of = {name: topic for topic, name in self.outputs.items()}
@@ -168,8 +185,8 @@ class KafkaEngine:
         self.reader_settings = config.kafka.confluent_config()
         self.instance = worker.instance_id or uuid.uuid4().hex
         #: Each written topic's limit (read at start, and again after a refusal for size),
-        #: checked before each output is sent (worker/runtime/refusals.py).
-        self.limits = refusals.Limits()
+        #: checked by the driver before each output is sent (worker/runtime/refusals.py).
+        self.limits = self.driver.limits
         self.batch_bytes: int | None = None
         #: Records the broker found invalid: (topic, key, value size) -> the error's name.
         self.invalid: dict[tuple[str, bytes | None, int], str] = {}
@@ -205,6 +222,7 @@ class KafkaEngine:
             instance.check(self.config, self.reader_settings,
                            int(consumer_settings(self.config)["session.timeout.ms"]) / 1000)
             self._read_limits()
+            self.registry.start()
             self.txn.start()
             self.consumer.subscribe([self.events, self.control], on_assign=self._on_assign,
                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -216,11 +234,11 @@ class KafkaEngine:
             self._loop()
             self._commit()
             return 0
-        except instance.InstanceTaken as exc:
+        except (instance.InstanceTaken, RegistryError) as exc:
             log.error("not starting: %s", exc)
             return 2
         except (Fatal, KafkaException) as exc:
-            log.error("stopping: %s%s", _describe(exc), instance.fenced_hint(exc, self.config))
+            log.error("stopping: %s%s", describe(exc), instance.fenced_hint(exc, self.config))
             return 1
         finally:
             self._close()
@@ -232,12 +250,14 @@ class KafkaEngine:
         try:
             self.consumer.close()  # revokes: commits the open transaction, if any
         except (Fatal, KafkaException, RuntimeError) as exc:
-            log.warning("closing the consumer: %s", _describe(exc))
+            log.warning("closing the consumer: %s", describe(exc))
         self.hooks.stop(self.server)
+        self.registry.stop()
 
     def _loop(self) -> None:
         worker = self.config.worker
         max_s = worker.batch_max_ms / 1000
+        held_max = _HELD_MAX_BATCHES * worker.batch_max_records
         next_tick = time.monotonic() + worker.tick_interval_s
         consume, apply_events = self.consumer.consume, self._apply_events
         idle_trim, txn = self.idle_trim, self.txn
@@ -254,7 +274,8 @@ class KafkaEngine:
                 # turn)
                 want, wait = 1, _COMMIT_POLL_S if txn.committing else min(max_s, 0.5)
             else:  # take what is fetched already, without waiting
-                want = min(max(worker.batch_max_records - batch.records, 1), _CONSUME_MAX)
+                left = worker.batch_max_records - batch.records
+                want = min(left, _CONSUME_MAX) if left > 0 else _CONSUME_MAX
                 wait = 0.0
             msgs = consume(want, timeout=wait)
             if msgs:
@@ -270,8 +291,9 @@ class KafkaEngine:
                 continue
             if len(msgs) < want:  # drained: commit at once, and wait for it (module doc)
                 self._commit()
-            elif batch.due(now, worker.batch_max_records, max_s):  # a backlog: overlap it
-                self._commit(wait=False)
+            elif batch.due(now, worker.batch_max_records, max_s) and (
+                    txn.committing is None or batch.records >= held_max):
+                self._commit(wait=False)  # a backlog: overlap it (module doc)
 
     # -- records ----------------------------------------------------------------------
 
@@ -285,6 +307,9 @@ class KafkaEngine:
                                                  reader.record_at)
         apply, table, txn = driver.apply, self.table, self.txn
         batch = txn.batch
+        # the batch's records and offsets are noted once, at the end: two writes less a record
+        before, applied_n = {p: state.next_offset for p, state in partitions.items()}, 0
+        self.applying = True  # (a hold may commit the batch: _before_hold)
         for msg in msgs:
             if msg.error() is not None or msg.topic() != events:
                 self._handle(msg)
@@ -300,14 +325,50 @@ class KafkaEngine:
                 batch = txn.begin()
             record = record_at(msg, events, partition, offset)
             applied = apply(state, record, msg.headers)
+            if txn.batch is not batch:  # the registry's hold committed it (_before_hold)
+                if self.held_abort is not None:  # aborted: rebuild, this record included
+                    aborted, self.held_abort = self.held_abort, None
+                    self.applying = False
+                    self._after(aborted, rewind=True)
+                    return
+                batch = txn.begin()
             if applied is not None:  # a transaction holds outputs and heads together
                 if applied.emits:
                     self._publish(record.key, applied.emits, record.time_ms, record.source)
                 driver.recorded(state, partition, applied)
             if table.pending:
                 self._write_heads()
-            state.next_offset = batch.events[partition] = offset + 1
-            batch.records += 1
+            state.next_offset = offset + 1
+            applied_n += 1
+        self.applying = False
+        if applied_n and batch is not None:
+            batch.records += applied_n
+            for partition, state in partitions.items():
+                if state.next_offset != before.get(partition, state.next_offset):
+                    batch.events[partition] = state.next_offset
+
+    def _before_hold(self) -> None:
+        """The registry is about to hold the loop for a toolset version not read yet
+        (registry_io.py): commit the open transaction first, with the offsets of the records
+        before this one, so that none stays open through the hold (a hold may last
+        ``registry.wait_s``, as long as ``worker.transaction_timeout_s``; decision 0014). The
+        record's outputs go into a new transaction. If the commit aborts, the partitions are
+        rebuilt once the record's step returns (:meth:`_apply_events`)."""
+        txn = self.txn
+        if not self.applying or threading.current_thread() is not self.thread or (
+                txn.batch is None and txn.committing is None):
+            return
+        if txn.batch is not None:  # (_apply_events notes offsets at its end: note them now)
+            for partition, state in self.partitions.items():
+                txn.batch.events[partition] = state.next_offset
+        outcome = txn.settle()
+        if not isinstance(outcome, Aborted):
+            self._after(outcome, rewind=False)
+            outcome = txn.commit()
+        if isinstance(outcome, Aborted):
+            self.held_abort = outcome
+        else:
+            self._after(outcome, rewind=False)
 
     def _handle(self, msg: Message) -> None:
         """A consumer error (a fatal one stops the worker), or a control record: forwarded
@@ -323,12 +384,8 @@ class KafkaEngine:
         if expected is None or offset < expected:
             return
         batch = self.txn.begin()
-        record = reader.record_of(msg)
-        routed = self.driver.route(record)
-        if isinstance(routed, Emit):
-            self.txn.produce(self.outputs[Topic.DLQ], record.key, step.out_value(routed))
-        else:
-            self.txn.produce(self.events, *routed)
+        topic, key, value = self.driver.forward(reader.record_of(msg))
+        self.txn.produce(self.events if topic is None else self.outputs[topic], key, value)
         self.control_next[partition] = offset + 1
         batch.offsets[(self.control, partition)] = offset + 1
         batch.records += 1
@@ -342,9 +399,13 @@ class KafkaEngine:
         if not self.driver.tick_due(now, self._control_behind()):
             return False
         self.txn.begin()
-        value = orjson.dumps({"v": 1, "type": "tick", "ts": int(time.time() * 1000)})
+        ts = int(time.time() * 1000)
+        value = tick_value(ts)
         for partition in sorted(self.partitions):
             self.txn.produce(self.events, TICK, value, partition)
+            marker = self.driver.markers(self.partitions[partition], ts)
+            if marker is not None:  # a new policy set version (driver.py, step 6)
+                self.txn.produce(self.events, POLICY_MARKER, marker, partition)
         return True
 
     def _control_behind(self) -> bool:
@@ -357,7 +418,7 @@ class KafkaEngine:
                     TopicPartition(self.control, partition), cached=True)
             except KafkaException:
                 return True
-        return control_behind(self.control_next, ends)
+        return self.owned.control_behind(ends)
 
     def _publish(self, key: bytes | None, emits: Sequence[Emit],
                  record_ms: int | None = None, source: Source | None = None) -> None:
@@ -365,17 +426,15 @@ class KafkaEngine:
         input record's key. ``record_ms``: the time of the record that produced them;
         ``source``: where it was read. An emit its topic would refuse (over the topic's
         limit, or found invalid by the broker before) is not sent: a small ``output_refused``
-        DLQ record goes in its place (:meth:`_refuse`)."""
-        hooks, outputs, limits, invalid = self.hooks, self.outputs, self.limits, self.invalid
-        txn = self.txn
-        for emit in emits:
-            topic = emit.topic
-            name = outputs[topic]
-            out_key, value = step.out_key(emit, key), step.out_value(emit)
-            headers = hooks.headers(emit, value)
-            size = limits.over(name, out_key, value, headers)
-            if size is not None:
-                self._refuse(emit, name, out_key, size, "MSG_SIZE_TOO_LARGE", key, source)
+        DLQ record goes in its place (:meth:`_refuse`; the driver's over the limit,
+        :meth:`Driver.outgoing`)."""
+        outputs, invalid, txn = self.outputs, self.invalid, self.txn
+        dlq = outputs[Topic.DLQ]
+        for out in self.driver.outgoing(key, emits, outputs, source):
+            emit, name, out_key, value, headers = (out.emit, out.name, out.key, out.value,
+                                                   out.headers)
+            if out.refused:
+                txn.produce(dlq, out_key, value)
                 continue
             if invalid and (name, out_key, len(value)) in invalid:
                 self._refuse(emit, name, out_key, refusals.batch_size(out_key, value, headers),
@@ -389,16 +448,15 @@ class KafkaEngine:
                 self._refuse(emit, name, out_key, refusals.batch_size(out_key, value, headers),
                              exc.args[0].name(), key, source)
                 continue
-            if topic is Topic.COMMITTED and txn.batch is not None:
+            if out.topic is Topic.COMMITTED and txn.batch is not None:
                 txn.batch.committed.append(record_ms)
 
     def _refuse(self, emit: Emit, name: str, out_key: bytes | None, size: int, error: str,
                 key: bytes | None, source: Source | None) -> None:
         """Send, instead of ``emit`` (for topic ``name``), its ``output_refused`` DLQ record,
-        keyed by the input record's ``key``."""
-        dlq = self.limits.replacement(emit, name, out_key, size, error, key, source)
-        self.hooks.metrics.dlq[str(dlq.value["reason"])] += 1
-        self.txn.produce(self.outputs[Topic.DLQ], key, step.out_value(dlq))
+        keyed by the input record's ``key`` (:meth:`Driver.refused`)."""
+        self.txn.produce(self.outputs[Topic.DLQ], key,
+                         self.driver.refused(emit, name, out_key, size, error, key, source))
 
     def _write_heads(self) -> None:
         if not self.table.pending:
@@ -438,7 +496,7 @@ class KafkaEngine:
         batch size they allow; ``replace``: make the producer again if that changed (none has
         begun a transaction yet); return whether a limit changed."""
         topics = [*self.outputs.values(), self.events, self.changelog]
-        changed = self.limits.update(refusals.read(self.reader_settings, topics))
+        changed = self.limits.update(admin.max_message_bytes(self.reader_settings, topics))
         default = int(self.reader_settings.get("batch.size", _BATCH_SIZE))
         batch_bytes = self.limits.batch_bytes(default)
         wanted = None if batch_bytes >= default else batch_bytes
@@ -462,7 +520,7 @@ class KafkaEngine:
         """Rebuild each events partition as it was at its committed offset; consume every
         partition from that offset."""
         self._after(self.txn.settle(), rewind=False)  # (none in flight: revoked first)
-        self.hooks.assigned([tp.partition for tp in assigned if tp.topic == self.events])
+        self.owned.assigned([tp.partition for tp in assigned if tp.topic == self.events])
         self._take_over(assigned, seek=False)
         if not self.ready:
             self.ready = True
@@ -482,14 +540,14 @@ class KafkaEngine:
         self._drop(lost)
 
     def _drop(self, partitions: Iterable[TopicPartition]) -> None:
+        """The partitions are not ours any more: the driver drops their states and offsets
+        (:meth:`Assignment.revoked`); their heads go from the table."""
         partitions = list(partitions)
-        self.hooks.revoked([tp.partition for tp in partitions if tp.topic == self.events])
-        for tp in partitions:
-            if tp.topic == self.events:
-                self.partitions.pop(tp.partition, None)
-                self.table.drop(tp.partition)
-            elif tp.topic == self.control:
-                self.control_next.pop(tp.partition, None)
+        events = [tp.partition for tp in partitions if tp.topic == self.events]
+        self.owned.revoked(events, [tp.partition for tp in partitions
+                                    if tp.topic == self.control])
+        for partition in events:
+            self.table.drop(partition)
 
     def _take_over(self, partitions: list[TopicPartition], seek: bool) -> None:
         """Rebuild ``partitions`` at their committed offsets and consume from there (assign
@@ -516,7 +574,7 @@ class KafkaEngine:
                 self.consumer.seek(tp)
         else:
             self.consumer.assign(positions)
-        log.info("events partitions assigned: %s", sorted(self.partitions))
+        self.owned.log_assigned(self.partitions)
 
     def _query(self, call: Callable[[], _T]) -> _T:
         """A broker query of a takeover, again while it fails other than fatally (for up to
@@ -581,16 +639,9 @@ class KafkaEngine:
     def _partition_views(self) -> list[PartitionView]:
         """The owned partitions for the metrics (called on the HTTP thread: reads only)."""
         lags = self.lags
-        return self.hooks.views(self.partitions, lambda partition, _: lags.get(partition))
+        return self.owned.views(lambda partition, _: lags.get(partition))
 
     def _alive(self) -> bool:
         """/healthz: the engine's thread runs and turns its loop (or is rebuilding)."""
         return self.thread.is_alive() and (
             self.hooks.health.rebuilds_running > 0 or time.monotonic() - self.beat < LIVE_S)
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
-        return str(exc.args[0].str())
-    return str(exc)
-

@@ -54,10 +54,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 __all__ = ["Aborted", "Batch", "Commit", "Fatal", "Outcome", "Settled", "Transaction",
-           "retrying"]
+           "describe", "retrying"]
 
 log = logging.getLogger("latch.worker")
 
@@ -350,3 +350,10 @@ class Transaction:
                     self.name)
         self.producer = self.make_producer()
         retrying(lambda: self.producer.init_transactions(CLIENT_TIMEOUT_S))
+
+
+def describe(exc: BaseException) -> str:
+    """What a client error says (a :class:`KafkaException`'s error), for the logs."""
+    if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
+        return str(exc.args[0].str())
+    return str(exc)

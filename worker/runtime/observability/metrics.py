@@ -268,7 +268,7 @@ class Metrics:
                               reason in NAME_CHECKED_REASONS)
             elif topic is Topic.FINAL:
                 self.runs[(value["provider"], value["status"])] += 1
-            else:
+            elif topic is Topic.DLQ:  # (a pending call has its outcome later: not counted)
                 self.dlq[value["reason"]] += 1
         if sizes:
             for size in sizes:

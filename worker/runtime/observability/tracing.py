@@ -143,6 +143,8 @@ class RunTracer:
                 span.add_event("latch.call.error", {
                     "latch.tool_call_id": value["tool_call_id"], "latch.state": value["state"],
                     "latch.reason": value["reason"]})
+            elif topic is Topic.PENDING:
+                span.add_event("latch.call.pending", {"latch.tool_call_id": value["call_id"]})
             else:
                 span.set_attribute("latch.status", value["status"])
                 span.set_attribute("latch.calls", len(value["outcomes"]))

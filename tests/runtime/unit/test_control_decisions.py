@@ -1,0 +1,58 @@
+"""The control topic's approvals (issue 26): ``approve``, ``deny`` and ``edit`` are forwarded
+into the run's events partition like a cancel, as a canonical envelope of their checked fields
+(so take-over and replay read what the live worker applied); a malformed one goes to the DLQ
+with its original bytes."""
+
+from __future__ import annotations
+
+import base64
+
+import orjson
+import pytest
+
+from worker.core import Emit
+from worker.core.envelope import Source
+from worker.runtime.control import route
+from worker.runtime.step import Record
+
+SOURCE = Source("ctl", 0, 7)
+
+
+def _route(doc: dict[str, object], key: bytes = b"r1") -> tuple[bytes, bytes] | Emit:
+    return route(Record(key, orjson.dumps(doc), None, SOURCE))
+
+
+@pytest.mark.parametrize("kind", ["approve", "deny", "edit"])
+def test_a_decision_is_forwarded_with_its_checked_fields(kind: str) -> None:
+    """The forwarded marker holds the decision's fields only (unknown members dropped),
+    keyed by its run."""
+    doc = {"v": 1, "run_id": "r1", "type": kind, "tool_call_id": "c1", "by": "ann",
+           "reason": "ok", "extra": "dropped", "ts": 5}
+    if kind == "edit":
+        doc["arguments"] = '{"path": "/a"}'
+    routed = _route(doc)
+    assert isinstance(routed, tuple)
+    key, value = routed
+    expected = {"v": 1, "run_id": "r1", "type": kind, "tool_call_id": "c1", "by": "ann",
+                "reason": "ok"}
+    if kind == "edit":
+        expected["arguments"] = '{"path": "/a"}'
+    assert key == b"r1" and orjson.loads(value) == expected
+
+
+@pytest.mark.parametrize("doc", [
+    {"v": 1, "run_id": "r1", "type": "approve", "by": "ann", "reason": ""},
+    {"v": 1, "run_id": "r1", "type": "deny", "tool_call_id": "c1", "reason": ""},
+    {"v": 1, "run_id": "r1", "type": "deny", "tool_call_id": "c1", "by": "a" * 257,
+     "reason": ""},
+    {"v": 1, "run_id": "r1", "type": "edit", "tool_call_id": "c1", "by": "ann", "reason": "",
+     "arguments": {"path": "/a"}},
+    {"v": 1, "run_id": "r1", "type": "approve", "tool_call_id": "c1", "by": "ann"},
+], ids=["no_call", "no_by", "long_by", "edit_value_not_text", "no_reason"])
+def test_a_malformed_decision_goes_to_the_dlq(doc: dict[str, object]) -> None:
+    """A decision without its call, its decider or its reason, or an edit whose arguments
+    are not text: one DLQ record ``invalid_envelope`` with the original bytes."""
+    routed = _route(doc)
+    assert isinstance(routed, Emit)
+    assert routed.value["reason"] == "invalid_envelope"
+    assert base64.b64decode(routed.value["original_b64"]) == orjson.dumps(doc)
