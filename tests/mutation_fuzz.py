@@ -18,9 +18,11 @@ few runs of those captures and, at a given rate, damages them the ways real inpu
 :class:`Checker` feeds every record to one :class:`SpyAssembler` and holds it to the promises:
 ``feed_record`` never raises; every output serializes with orjson (as the worker publishes it)
 and validates against ``schemas/output-line.schema.json``; a DLQ record keeps the original
-bytes; nothing of a run follows its final message; and, once :meth:`Checker.finish` has fed a
-tick far in the future, every run that started has ended and every call it opened is in its
-final message, each ``tool_call_id`` with one kind of outcome (:func:`check_final`).
+bytes (the summary of a finished run's late events keeps none: decision 0015); a run has at
+most one ``run.ended``; nothing of a run follows its final message; and, once
+:meth:`Checker.finish` has fed a tick far in the future, every run that started has ended and
+every call it opened is in its final message, each ``tool_call_id`` with one kind of outcome
+(:func:`check_final`).
 Everything is driven by one ``random.Random``, so a seed reproduces a sequence exactly.
 """
 
@@ -458,6 +460,7 @@ class Checker:
     #: The idempotency keys of the audit records of each run not yet finished, in order.
     _audits: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     _finals: set[str] = field(default_factory=set)
+    _ended: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.asm = SpyAssembler(self.settings)
@@ -480,10 +483,18 @@ class Checker:
             error = next(iter(self._schema.iter_errors(line)), None)
             assert error is None, f"{error.message} at {list(error.absolute_path)}: {line}"
         if emit.topic is Topic.DLQ:
-            assert base64.b64decode(emit.value["original_b64"]) == value
+            if "late" in emit.value:  # the one summary of a run's late events (decision 0015)
+                assert emit.value["original_b64"] == "" and emit.value["late"]["count"] >= 1
+                assert emit.value["run_id"] in self._finals, f"late events of an open run: {line}"
+            else:
+                assert base64.b64decode(emit.value["original_b64"]) == value
             return
         run_id = emit.value["run_id"]
         assert run_id not in self._finals, f"a record after the final of {run_id}: {line}"
+        if emit.topic is Topic.RUN_ENDED:  # at most one per run, before its final (0015)
+            assert run_id not in self._ended, f"a second run.ended of {run_id}: {line}"
+            self._ended.add(run_id)
+            return
         if emit.topic is Topic.FINAL:
             self._final(run_id, emit.value)
         elif emit.topic is Topic.AUDIT:  # right after its outcome, with its key

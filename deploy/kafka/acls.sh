@@ -33,6 +33,7 @@ set -eu
 : "${PROGRESS:=llm.stream.progress}"
 : "${DLQ:=llm.stream.dlq}"
 : "${AUDIT:=latch.audit}"
+: "${RUN_ENDED:=llm.runs.ended}"
 : "${RESULTS:=tool.calls.results}"
 : "${JOURNAL:=tool.calls.journal}"
 : "${REGISTRY:=latch.registry}"
@@ -55,6 +56,8 @@ allow() {
 # The gateway publishes the provider streams and the cancels.
 allow "$GATEWAY" topic "$EVENTS" literal Write Describe
 allow "$GATEWAY" topic "$CONTROL" literal Write Describe
+# and follows run.ended (Publisher.on_run_ended: assigned, no group; decision 0015).
+allow "$GATEWAY" topic "$RUN_ENDED" literal Read Describe
 
 # The worker: reads events and control; writes every output, and events too (its ticks, and
 # the kafka engine's forwarded cancels); checks the topics at start (DescribeConfigs); owns
@@ -67,6 +70,7 @@ allow "$WORKER" topic "$ERRORS" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$FINAL" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$PROGRESS" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$DLQ" literal Write Describe DescribeConfigs
+allow "$WORKER" topic "$RUN_ENDED" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$PENDING" literal Write Describe DescribeConfigs
 # The registry (decision 0014): read whole at start and followed; the worker writes only its
 # clock probes (null values under the key "fence"). `latch registry put` runs as an admin.

@@ -104,6 +104,7 @@ from worker.core.envelope import (
 )
 from worker.core.latch import Latch
 from worker.core.model import DlqReason, Emit, Reason, RunStatus
+from worker.core.outputs import late_summary
 from worker.core.policy import Policy
 from worker.core.providers import adapter_for
 from worker.core.run import Ledger, Rules, Run
@@ -179,6 +180,11 @@ class Assembler:
         self._ledger.park = self._park
         #: Cancels of runs not started yet: run id -> (record time, reason), oldest first.
         self._early_cancels: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        #: Events of finished runs, counted for their one summary (decision 0015): run id ->
+        #: its count, least recently counted first; ``done`` once the summary is out.
+        self._late: OrderedDict[str, LateEvents] = OrderedDict()
+        #: The runs whose summary is out: run id -> the last seq seen (oldest first).
+        self._late_done: OrderedDict[str, int] = OrderedDict()
         self._validators = validators or shared_validators(SchemaLimits(
             self.settings.max_schema_nodes, self.settings.max_schema_validation_steps))
         self._clock = 0
@@ -226,6 +232,7 @@ class Assembler:
         the one way (:meth:`_enter`); whatever either declines takes the general path, which
         decodes the record again and says what is wrong (test_fast_paths.py).
         """
+        self._ledger.at = source
         peek = self._peek
         unpeeked = self._unpeeked
         if peek is not None and not (unpeeked and key in unpeeked):
@@ -301,6 +308,7 @@ class Assembler:
         raw: tuple[bytes | None, bytes, RecordSource | None] | None = None,
     ) -> list[Emit]:
         """Apply one decoded envelope at record time ``now_ms``."""
+        self._ledger.at = raw[2] if raw is not None else None
         if isinstance(envelope, Tick):
             return self.expire(now_ms)  # the record time, never the payload's ts
         run = self._runs.get(envelope.run_id)
@@ -333,8 +341,8 @@ class Assembler:
         if self._early_cancels:  # by record time too: what the worker's heads mirror
             self._forget_early_cancels(now_ms)
         limit = self.settings.assemble_idle_timeout_s * 1000
+        emits: list[Emit] = self._summarise_late(now_ms - int(limit)) if self._late else []
         idle = [r for r in self._runs.values() if now_ms - r.last_ms >= limit]
-        emits: list[Emit] = []
         for run in idle:
             detail = f"no event for {self.settings.assemble_idle_timeout_s:g} s"
             emits += run.finish(RunStatus.IDLE_TIMEOUT, Reason.ASSEMBLE_IDLE_TIMEOUT, detail)
@@ -554,8 +562,74 @@ class Assembler:
         if envelope.seq <= last_seq or isinstance(envelope, StreamEnd):
             self.stats["duplicates" if envelope.seq <= last_seq else "ignored_after_end"] += 1
             return []
-        reject = Rejected(DlqReason.RUN_FINISHED, f"the run ended as {status}", envelope.run_id)
-        return [self._reject(reject, *_raw(raw))]
+        return self._count_late(envelope.run_id, envelope.seq, status, now_ms, _raw(raw)[2])
+
+    # -- events after a run's end (decision 0015) ----------------------------------------
+    #
+    # A gateway that did not stop reading when its run ended keeps sending the provider's
+    # events. Each is counted, not dead-lettered on its own: a run gets one DLQ record
+    # (``run_finished``, with ``late``: the count, the first and last seq and offsets), at the
+    # first tick at which its late events have been quiet for ``assemble_idle_timeout_s`` of
+    # record time (the rule that ends an idle run), or when more than
+    # ``remember_finished_runs`` runs are being counted (the oldest is summed up at once).
+    # Once a run's summary is out (the last ``remember_finished_runs`` such runs are
+    # remembered), its later events are only counted (``late_after_summary``).
+    # A re-delivered late event (a seq already counted) counts nothing.
+
+    def _count_late(self, run_id: str, seq: int, status: RunStatus, now_ms: int,
+                    source: RecordSource | None) -> list[Emit]:
+        summed = self._late_done.get(run_id)
+        if summed is not None:  # its summary is out: counted, nothing sent
+            if seq > summed:
+                self._late_done[run_id] = seq
+                self.stats["late_after_summary"] += 1
+            else:
+                self.stats["duplicates"] += 1
+            return []
+        late = self._late.get(run_id)
+        if late is None:
+            late = self._late[run_id] = LateEvents(status, seq, source)
+        elif seq <= late.last_seq:
+            self.stats["duplicates"] += 1
+            return []
+        else:
+            self._late.move_to_end(run_id)
+        late.last_seq, late.last, late.last_ms = seq, source, now_ms
+        late.count += 1
+        self.stats["late_events"] += 1
+        emits: list[Emit] = []
+        while len(self._late) > self.settings.remember_finished_runs:
+            old_id, old = self._late.popitem(last=False)
+            emits.append(self._summary(old_id, old))
+        return emits
+
+    def summarise_late(self) -> list[Emit]:
+        """The summaries of every run whose late events are still being counted, now (the end
+        of ``latch assemble``'s input, where no tick will come)."""
+        late, self._late = self._late, OrderedDict()
+        return [self._summary(run_id, each) for run_id, each in late.items()]
+
+    def _summarise_late(self, horizon_ms: int) -> list[Emit]:
+        """The summaries of the runs whose last late event came at or before ``horizon_ms``."""
+        emits: list[Emit] = []
+        late = self._late
+        while late:
+            run_id, first = next(iter(late.items()))
+            if first.last_ms > horizon_ms:
+                break  # (least recently counted first)
+            del late[run_id]
+            emits.append(self._summary(run_id, first))
+        return emits
+
+    def _summary(self, run_id: str, late: LateEvents) -> Emit:
+        """The summary of ``late`` (no longer counted); the run is remembered as summed up."""
+        done = self._late_done
+        done[run_id] = late.last_seq
+        while len(done) > self.settings.remember_finished_runs:
+            done.popitem(last=False)
+        self.stats["late_summaries"] += 1
+        return late_summary(run_id, late.status, late.count, late.first_seq, late.last_seq,
+                            late.first, late.last)
 
 
     # -- approvals (README, "Approvals") -------------------------------------------------
@@ -640,6 +714,20 @@ class Assembler:
     def _reject(self, rejected: Rejected, key: bytes | None, value: bytes,
                 source: RecordSource | None) -> Emit:
         return self._ledger.reject(rejected, key, value, source)
+
+
+class LateEvents:
+    """The events that reached one finished run (``Assembler._count_late``)."""
+
+    __slots__ = ("count", "first", "first_seq", "last", "last_ms", "last_seq", "status")
+
+    def __init__(self, status: RunStatus, seq: int, source: RecordSource | None) -> None:
+        self.status = status
+        self.count = 0
+        self.first_seq = self.last_seq = seq
+        self.first: RecordSource | None = source
+        self.last: RecordSource | None = source
+        self.last_ms = 0
 
 
 #: The tool map of a run whose registry toolset is unknown (never changed).

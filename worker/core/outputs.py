@@ -220,6 +220,18 @@ class Outputs:
             outcome["reason"] = str(call.reason)
         return outcome
 
+    def run_ended(self, status: RunStatus, reason: Reason, last_seq: int,
+                  first: RecordSource | None, last: RecordSource | None) -> Emit:
+        """The run's one ``run.ended`` record (schemas/run-ended.schema.json): Latch ended it
+        for ``reason`` while its stream may still be running. ``first``: where its
+        ``run.start`` was read; ``last``: the record at which it ended (its own, another run's
+        that made room, or a tick); either None when unknown (``latch assemble``)."""
+        value = {**self._head(), "type": "run.ended", "status": str(status),
+                 "reason": str(reason), "last_seq": last_seq,
+                 "events": events_span(first, last),
+                 "idempotency_key": idempotency_key(self._run_id, "ended")}
+        return Emit(Topic.RUN_ENDED, self._run_id, value)
+
     def progress(self, call: Call, delta: str | None = None, offset: int = 0) -> Emit:
         """A UI progress record: byte counts, and, only when configured, the text ``delta``
         that replaces the call's text from UTF-8 byte ``offset`` on (the fragment just
@@ -249,6 +261,43 @@ def argument_digest(call: Call, committed: dict[str, Any] | None) -> dict[str, A
             return None
         data = text.encode("utf-8", "surrogatepass")
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _where_read(source: RecordSource | None) -> tuple[str | None, int | None, int | None]:
+    if source is None:
+        return None, None, None
+    if isinstance(source, Source):
+        return source.topic, source.partition, source.offset
+    return source.get("topic"), source.get("partition"), source.get("offset")
+
+
+def events_span(first: RecordSource | None, last: RecordSource | None) -> dict[str, Any]:
+    """``{"topic", "partition", "first_offset", "last_offset"}`` of the events partition a run
+    was read from (each null when unknown)."""
+    topic, partition, first_offset = _where_read(first)
+    last_topic, last_partition, last_offset = _where_read(last)
+    return {"topic": topic if topic is not None else last_topic,
+            "partition": partition if partition is not None else last_partition,
+            "first_offset": first_offset, "last_offset": last_offset}
+
+
+def late_summary(run_id: str, status: RunStatus, count: int, first_seq: int, last_seq: int,
+                 first: RecordSource | None, last: RecordSource | None) -> Emit:
+    """The one DLQ record that sums up the ``count`` events that reached ``run_id`` after it
+    had ended (decision 0015): reason ``run_finished``, no original bytes, and ``late`` with
+    the count, the first and last seq and the first and last offsets."""
+    span = events_span(first, last)
+    src: dict[str, Any] = {k: span[k] for k in ("topic", "partition") if span[k] is not None}
+    if span["first_offset"] is not None:
+        src["offset"] = span["first_offset"]
+    src["key_b64"] = base64.b64encode(run_id.encode()).decode()
+    record = {"v": 1, "reason": "run_finished",
+              "detail": f"{count} events reached the run after it ended as {status}; "
+                        "summed up in this one record, their bytes are not kept",
+              "source": src, "original_b64": "", "run_id": run_id,
+              "late": {"count": count, "first_seq": first_seq, "last_seq": last_seq,
+                       "first_offset": span["first_offset"], "last_offset": span["last_offset"]}}
+    return Emit(Topic.DLQ, run_id, record)
 
 
 def dlq_record(rejected: Rejected, key: bytes | None, value: bytes,

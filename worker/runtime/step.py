@@ -116,8 +116,12 @@ def failed(record: Record, exc: Exception) -> list[Emit]:
 
 
 def out_key(emit: Emit, key: bytes | None) -> bytes | None:
-    """The Kafka key of an emit of the input record keyed ``key``."""
-    return key if emit.topic is Topic.DLQ else (emit.key or "").encode()
+    """The Kafka key of an emit of the input record keyed ``key``: a DLQ record keeps the
+    input record's key, but for the summary of a run's late events (its run id: it is
+    emitted at a tick or at another run's record; decision 0015)."""
+    if emit.topic is Topic.DLQ and "late" not in emit.value:
+        return key
+    return (emit.key or "").encode()
 
 
 def out_value(emit: Emit) -> bytes:

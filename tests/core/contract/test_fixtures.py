@@ -1003,15 +1003,16 @@ def test_responses_four_responses_reasoning_item_kept_with_encrypted_content() -
 def test_responses_four_responses_as_one_run_dead_letters_the_rest() -> None:
     """openai-reasoning-encrypted-content published (wrongly) as one run: the first
     ``response.completed`` ends the run, so only the first call gets an outcome; every later
-    provider event is a contract break for a finished run (DLQ ``run_finished``, original
-    bytes kept), and the trailing ``stream.end`` is ignored."""
+    provider event is a contract break for a finished run, counted and summed up in one DLQ
+    ``run_finished`` record (decision 0015), and the trailing ``stream.end`` is ignored."""
     events = load_events(fixture(RESPONSES_FOUR))
     lines = run_events("openai.responses", events, [responses_tool("calculator", CALCULATOR)])
     assert summary(lines) == CALCULATOR_RUNS[0][1]
     assert len(topic(lines, "final")) == 1
     dlq = topic(lines, "dlq")
-    assert len(dlq) == len(events) - 56
-    assert {d["reason"] for d in dlq} == {"run_finished"}
+    assert len(dlq) == 1 and lines[-1]["topic"] == "dlq"  # summed up at the input's end
+    assert dlq[0]["reason"] == "run_finished"
+    assert dlq[0]["late"]["count"] == len(events) - 56
 
 
 def _parallel_events_repaired() -> list[dict[str, Any]]:

@@ -234,9 +234,11 @@ class TestDecisions:
         assert [o["state"] for o in finals(last)[0]["outcomes"]] == ["failed", "committed"]
 
     def test_cancel_while_waiting_cancels_the_held_calls(self) -> None:
-        """A cancel reaching a waiting run cancels its held calls and ends it ``cancelled``."""
+        """A cancel reaching a waiting run cancels its held calls and ends it ``cancelled``;
+        like every cancel, it gives the run's ``run.ended`` first (decision 0015)."""
         emits = checked(feed(asm(), [*held_run(), cancel("r1")]))
-        assert topics(emits) == [Topic.COMMITTED, Topic.PENDING, Topic.ERRORS, Topic.FINAL]
+        assert topics(emits) == [Topic.COMMITTED, Topic.PENDING, Topic.RUN_ENDED, Topic.ERRORS,
+                                 Topic.FINAL]
         assert errors(emits)[0]["state"] == "cancelled"
         assert finals(emits)[0]["status"] == "cancelled"
 

@@ -104,12 +104,13 @@ def walk_properties(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str
 
 
 def test_the_expected_files_exist() -> None:
-    """schemas/ holds exactly the fourteen record kinds the contract, the worker and the
-    runner need (issue 26: pending-call, a call waiting for approval; issue 25: audit)."""
+    """schemas/ holds exactly the record kinds the contract, the worker and the runner need
+    (issue 26: pending-call, a call waiting for approval; run-ended, decision 0015; issue 25:
+    audit)."""
     assert set(ALL) == {
         "stream-envelope", "control-envelope", "tick-envelope", "committed-call",
         "error-result", "final-message", "progress", "dlq-record", "output-line", "config",
-        "tool-result", "journal-entry", "registry", "pending-call", "audit",
+        "tool-result", "journal-entry", "registry", "pending-call", "run-ended", "audit",
     }  # fmt: skip
 
 
@@ -183,7 +184,7 @@ def test_config_topic_defaults_are_the_contracts() -> None:
         "final": "llm.messages.final", "progress": "llm.stream.progress",
         "dlq": "llm.stream.dlq", "audit": "latch.audit", "results": "tool.calls.results",
         "journal": "tool.calls.journal", "pending": "tool.calls.pending",
-        "registry": "latch.registry",
+        "registry": "latch.registry", "run_ended": "llm.runs.ended",
     }  # fmt: skip
     assert topics["partitions"]["default"] == 12
 

@@ -212,8 +212,8 @@ def test_shadow_topics_are_prefixed_with_the_live_partition_counts() -> None:
     assert {s.name: s.partitions for s in specs} == {
         "replay.tool.calls.committed": 4, "replay.tool.calls.errors": 12,
         "replay.llm.messages.final": 12, "replay.llm.stream.progress": 12,
-        "replay.llm.stream.dlq": 12, "replay.tool.calls.pending": 12,
-        "replay.latch.audit": 12}
+        "replay.llm.stream.dlq": 12, "replay.llm.runs.ended": 12,
+        "replay.tool.calls.pending": 12, "replay.latch.audit": 12}
 
 
 def test_a_prefix_that_names_a_live_topic_is_refused() -> None:

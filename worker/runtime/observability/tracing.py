@@ -150,7 +150,9 @@ class RunTracer:
                     self.ended.append(emit.key)
                 continue
             value = emit.value
-            if topic is Topic.COMMITTED:
+            if topic is Topic.RUN_ENDED:  # Latch ended the run: an event, not its end (0015)
+                span.add_event("latch.run.ended", {"latch.reason": value["reason"]})
+            elif topic is Topic.COMMITTED:
                 span.add_event("latch.call.committed", {"latch.tool_call_id": value["call_id"]})
             elif topic is Topic.ERRORS:
                 span.add_event("latch.call.error", {
