@@ -193,6 +193,9 @@ class Started:
     log: Path | None = None
     keep_workdir: bool = False
     held: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: The LATCH_ variables this demo sets for its worker (its engine, its policy): given to
+    #: the worker subprocess, never written into this process's environment.
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def ensure_broker(config: Config, started: Started) -> str:
@@ -250,7 +253,7 @@ def start_worker(config: Config, started: Started, timeout: float) -> str:
     command = [sys.executable, "-m", "worker", "worker"]
     if config.source is not None:
         command += ["--config", str(config.source.resolve())]
-    env = dict(os.environ)
+    env = {**os.environ, **started.env}
     note = ""
     for port, variable, what in ((config.worker.web_port, "WEB_PORT", "web server"),
                                  (config.worker.http_port, "HTTP_PORT", "metrics and health")):
@@ -452,15 +455,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.quiet_kafka()  # librdkafka's lines never reach the demo's output
     prefix = f"demo-{secrets.token_hex(3)}/"
+    started = Started()
     if args.engine:  # the worker subprocess reads it as well
-        os.environ["LATCH_WORKER__ENGINE"] = args.engine
+        started.env["LATCH_WORKER__ENGINE"] = args.engine
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, env={**os.environ, **started.env})
         policy = demo_policy(args, config)
         if policy is not None:  # the worker subprocess reads them as well
-            os.environ["LATCH_POLICY__MODE"] = "enforce"
-            os.environ["LATCH_POLICY__FILE"] = str(policy.resolve())
-            config = load_config(args.config)  # (a policy file that does not parse stops here)
+            started.env["LATCH_POLICY__MODE"] = "enforce"
+            started.env["LATCH_POLICY__FILE"] = str(policy.resolve())
+            # (a policy file that does not parse stops here)
+            config = load_config(args.config, env={**os.environ, **started.env})
         path = args.file or example_file()
         envelopes = load_envelopes(path, prefix)
     except (ConfigError, DemoError, OSError) as exc:
@@ -469,7 +474,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = list(dict.fromkeys(e["run_id"] for e in envelopes))
     say(f"latch demo: {len(runs)} runs from {path}, run ids under {prefix}, "
         f"engine {config.worker.engine}, policy {_policy_text(config)}")
-    started = Started()
     steps = Steps()
     began = time.monotonic()
     status = EXIT_FAILED

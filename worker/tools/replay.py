@@ -73,7 +73,7 @@ from worker.core import Assembler, Emit, Topic
 from worker.runtime import admin
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.policy_source import PolicySource
-from worker.runtime.registry import POLICY_MARKER, marker_version
+from worker.runtime.registry import POLICY_MARKER, RegistryState, marker_version
 from worker.runtime.registry_io import RegistryError, read_whole
 from worker.runtime.step import out_key, out_value, record, step
 
@@ -334,18 +334,18 @@ def summary(tally: Tally, spans: Sequence[Span], topic: str, open_runs: int,
 
 
 def run_spans(consumer: Consumer, topic: str, spans: Sequence[Span], config: Config,
-              sink: Sink, bar: Any) -> tuple[Tally, int]:
+              sink: Sink, bar: Any, registry: RegistryState | None = None
+              ) -> tuple[Tally, int]:
     """Feed every record of ``spans`` to its partition's assembler; write what it emits.
-    Return the tally and the number of runs still open at the end."""
+    Return the tally and the number of runs still open at the end. ``registry``: the
+    registry as read whole (:func:`read_registry`; None: an empty one)."""
+    if registry is None:
+        registry = RegistryState()
     state = _Progress(consumer, topic, spans, bar)
     assemblers = {p: Assembler(config.assemble) for p in state.active}
     policies = PolicySource(config)  # decided as the live worker decides
     for assembler in assemblers.values():
         assembler.policy = policies.initial()
-    try:  # the registry read whole: a run naming a toolset decides as it did live
-        registry = read_whole(config)
-    except RegistryError as exc:
-        raise ReplayError(str(exc)) from exc
     wait_ms = int(config.registry.wait_s * 1000)
     for assembler in assemblers.values():
         assembler.toolsets = lambda name, version, at_ms: registry.toolset(
@@ -371,6 +371,15 @@ def run_spans(consumer: Consumer, topic: str, spans: Sequence[Span], config: Con
             tally.add(emits)
             state.advance(partition, offset + 1)
     return tally, sum(a.open_runs for a in assemblers.values())
+
+
+def read_registry(config: Config) -> RegistryState:
+    """The registry read whole: a run naming a toolset, and a policy marker, decide as they
+    did live."""
+    try:
+        return read_whole(config)
+    except RegistryError as exc:
+        raise ReplayError(str(exc)) from exc
 
 
 class _Progress:
@@ -489,7 +498,8 @@ def _replay(args: argparse.Namespace, config: Config, consumer: Consumer, topic:
     try:
         with tqdm(total=total, unit="rec", desc="replay", file=sys.stderr, mininterval=0.5,
                   disable=None if args.progress is None else not args.progress) as bar:
-            tally, open_runs = run_spans(consumer, topic, spans, config, sink, bar)
+            tally, open_runs = run_spans(consumer, topic, spans, config, sink, bar,
+                                         read_registry(config))
     except BaseException:
         with contextlib.suppress(ReplayError):  # keep what was written; report the cause
             sink.close()

@@ -506,7 +506,10 @@ def test_demo_stops_its_worker_when_a_step_raises_unexpectedly(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """When a step of ``latch demo`` raises unexpectedly, the demo stops the worker it started,
-    reports the step FAILED and keeps the worker log, then re-raises."""
+    reports the step FAILED and keeps the worker log, then re-raises; it leaves this process's
+    environment as it found it (its engine and policy go to its worker only: a demo run in
+    process once leaked its enforced policy into every later ``latch assemble``)."""
+    import os
     import subprocess
     import sys
 
@@ -521,9 +524,11 @@ def test_demo_stops_its_worker_when_a_step_raises_unexpectedly(
 
     monkeypatch.setattr(demo, "ensure_broker", broken_broker)
     monkeypatch.chdir(REPO / "tests")
+    environment = dict(os.environ)
     try:
         with pytest.raises(RuntimeError, match="boom"):
-            demo.main([])
+            demo.main(["--engine", "kafka"])
+        assert dict(os.environ) == environment
         assert sleeper.poll() is not None  # SIGTERMed, not left behind
         out = capsys.readouterr().out
         assert "[1/5] broker ... FAILED: unexpected error" in out

@@ -1540,7 +1540,8 @@ class TestReasonApprovalDenied:
         settings, envs = SCENARIOS[Reason.APPROVAL_DENIED]
         emits = feed(assembler(**settings), envs)
         check_outputs(emits)
-        assert [e.topic for e in emits] == [Topic.PENDING, Topic.ERRORS, Topic.FINAL]
+        assert [e.topic for e in emits] == [Topic.PENDING, Topic.ERRORS, Topic.AUDIT,
+                                              Topic.FINAL]
         (error,) = errors(emits)
         assert error["reason"] == "approval_denied" and "ops@example.com" in error["content"]
         assert SECRET not in error["content"]
@@ -1554,7 +1555,8 @@ class TestReasonApprovalTimeout:
         settings, envs = SCENARIOS[Reason.APPROVAL_TIMEOUT]
         emits = feed(assembler(**settings), envs)
         check_outputs(emits)
-        assert [e.topic for e in emits] == [Topic.PENDING, Topic.ERRORS, Topic.FINAL]
+        assert [e.topic for e in emits] == [Topic.PENDING, Topic.ERRORS, Topic.AUDIT,
+                                              Topic.FINAL]
         assert reasons(emits) == ["approval_timeout"]
 
 

@@ -38,7 +38,7 @@ def test_a_call_the_annotated_permit_allows_is_held() -> None:
                                                 "delete_file": PATH_SCHEMA},
                                    [("c1", "read_file", '{"path": "/a"}'),
                                     ("c2", "delete_file", '{"path": "/b"}')]))
-    assert [e.topic for e in emits] == [Topic.COMMITTED, Topic.PENDING]
+    assert [e.topic for e in emits] == [Topic.COMMITTED, Topic.AUDIT, Topic.PENDING]
     (pending,) = values(emits, Topic.PENDING)
     assert pending["approval"]["required_by"] == ["policy"]
     assert pending["approval"]["policies"] == ["deletes-reviewed"]

@@ -129,7 +129,7 @@ def test_the_core_takes_a_referenced_toolsets_tools_from_its_lookup() -> None:
     assembler = Assembler()
     assembler.toolsets = lambda name, version, at: state.toolset(name, version, at, 0)
     emits = _feed(assembler, _by_reference("r1"), 1_000)
-    assert [e.topic for e in emits if e.topic is not Topic.FINAL] == [Topic.COMMITTED]
+    assert [e.topic for e in emits if e.topic is not Topic.FINAL] == [Topic.COMMITTED, Topic.AUDIT]
     for lookup in (assembler.toolsets, None):
         assembler.toolsets = lookup
         emits = _feed(assembler, _by_reference(f"r2{lookup is None}", version=2), 1_000)
