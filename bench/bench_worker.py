@@ -5,12 +5,17 @@
     python bench/bench_worker.py --contenders latch-faust,bare-faust
     python bench/bench_worker.py --quick               # small (CI smoke): 1 round, 16 runs
     python bench/bench_worker.py --python .venv-compiled/bin/python   # Latch's compiled core
+    python bench/bench_worker.py --contenders latch-faust,latch-faust-enforce  # policy on/off
 
 Contenders (``--contenders``, a comma list; each a process of its own):
 
 * ``latch-faust``: ``python -m worker worker`` (the faust engine);
 * ``latch-kafka``: the same with ``LATCH_WORKER__ENGINE=kafka`` (the confluent-kafka engine);
   skipped, with a printed line, when the configuration does not accept ``engine: kafka``;
+* ``latch-faust-enforce``, ``latch-kafka-enforce``: those two with ``policy.mode`` ``enforce``
+  and ``--policy`` (default ``bench/policies20.cedar``: 20 Cedar policies that permit every
+  call of the backlog, on conditions over its arguments, so each call is decided and commits);
+  named in ``--contenders`` only; their ratio to the same engine without a policy is reported;
 * ``bare-faust``: a faust agent that parses each value and forwards one record per
   ``stream.end`` (``bench/bare.py faust``);
 * ``bare-loop``: a confluent-kafka consume -> parse -> produce loop (``bench/bare.py loop``).
@@ -317,6 +322,10 @@ class Contender:
         topics.create(specs)
 
 
+#: The enforce contenders' policy file (``--policy``).
+POLICY_FILE = ROOT / "bench" / "policies20.cedar"
+
+
 def latch_env(setup: Setup, engine: str | None = None) -> dict[str, str]:
     """A Latch contender's settings: every topic of the configuration (``TOPIC_ROLES``, the
     runners' results topic too) named after ``setup.group``, and that group as its app id."""
@@ -349,24 +358,39 @@ def empty_dir() -> str:
     return tempfile.mkdtemp(prefix="latch-bench-empty-")
 
 
-def contenders(python: str, baseline: str | None = None) -> dict[str, Contender]:
+def contenders(python: str, baseline: str | None = None,
+               policy: Path = POLICY_FILE) -> dict[str, Contender]:
     """The contenders; with ``baseline`` (another interpreter, e.g. a venv holding main's
     worker), ``latch-faust-baseline`` and ``latch-kafka-baseline`` too, for a before/after in
-    the same rounds."""
+    the same rounds; the ``-enforce`` ones enforce ``policy``."""
     faust_args = [f"--faust-setting={k}={v}" for k, v in FAST_FAUST.items()]
+    enforce = {"LATCH_POLICY__MODE": "enforce", "LATCH_POLICY__FILE": str(policy.resolve())}
 
-    def faust_engine(interpreter: str) -> Callable[[Setup, Path], subprocess.Popen[bytes]]:
+    def faust_engine(interpreter: str, extra: dict[str, str] | None = None
+                     ) -> Callable[[Setup, Path], subprocess.Popen[bytes]]:
         def start(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
-            return spawn([interpreter, "-m", "worker", "worker", *faust_args], latch_env(setup),
-                         log)
+            return spawn([interpreter, "-m", "worker", "worker", *faust_args],
+                         latch_env(setup) | (extra or {}), log)
         return start
 
-    def kafka_engine(interpreter: str) -> Callable[[Setup, Path], subprocess.Popen[bytes]]:
+    def kafka_engine(interpreter: str, extra: dict[str, str] | None = None
+                     ) -> Callable[[Setup, Path], subprocess.Popen[bytes]]:
         def start(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
             # no HTTP port: another worker on this machine may hold the default one
             return spawn([interpreter, "-m", "worker", "worker"],
-                         latch_env(setup, "kafka") | {"LATCH_WORKER__HTTP_PORT": "0"}, log)
+                         latch_env(setup, "kafka") | {"LATCH_WORKER__HTTP_PORT": "0"}
+                         | (extra or {}), log)
         return start
+
+    def policy_missing() -> str | None:
+        code = ("from worker.runtime.config import load_config\n"
+                f"load_config(None, env={enforce!r})")
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                             cwd=empty_dir(), check=False)
+        if out.returncode == 0:
+            return None
+        last = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return f"this build does not enforce {policy} ({last})"
 
     def kafka_missing() -> str | None:
         code = ("from worker.runtime.config import load_config\n"
@@ -389,7 +413,11 @@ def contenders(python: str, baseline: str | None = None) -> dict[str, Contender]
         return start
 
     found = [Contender("latch-faust", True, faust_engine(python)),
+             Contender("latch-faust-enforce", True, faust_engine(python, enforce),
+                       policy_missing),
              Contender("latch-kafka", True, kafka_engine(python), kafka_missing),
+             Contender("latch-kafka-enforce", True, kafka_engine(python, enforce),
+                       lambda: kafka_missing() or policy_missing()),
              Contender("bare-faust", False, bare("faust")),
              Contender("bare-loop", False, bare("loop"))]
     if baseline:
@@ -403,7 +431,8 @@ def contenders(python: str, baseline: str | None = None) -> dict[str, Contender]
 RATIOS = (("latch-faust", "bare-faust"), ("latch-faust-baseline", "bare-faust"),
           ("latch-kafka", "bare-loop"), ("latch-kafka", "bare-faust"),
           ("latch-kafka-baseline", "bare-loop"), ("latch-faust", "latch-faust-baseline"),
-          ("latch-kafka", "latch-kafka-baseline"))
+          ("latch-kafka", "latch-kafka-baseline"),
+          ("latch-faust-enforce", "latch-faust"), ("latch-kafka-enforce", "latch-kafka"))
 
 
 def stop(proc: subprocess.Popen[bytes]) -> int:
@@ -801,6 +830,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also run latch-faust-baseline: the faust engine of this "
                              "interpreter (a venv with another build of the worker); or "
                              "name latch-kafka-baseline in --contenders (its kafka engine)")
+    parser.add_argument("--policy", type=Path, default=POLICY_FILE,
+                        help="the .cedar file of the -enforce contenders (default: "
+                             "bench/policies20.cedar)")
     parser.add_argument("--bootstrap", help="a running broker (default: start our own)")
     parser.add_argument("--port", type=int, default=19492, help="our own broker's port")
     parser.add_argument("--broker-dir", type=Path, default=ROOT / ".latch" / "bench-broker")
@@ -816,7 +848,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args.python = os.path.abspath(args.python)  # the contenders run in another directory
     every = contenders(args.python, args.baseline_python and
-                       os.path.abspath(args.baseline_python))
+                       os.path.abspath(args.baseline_python), args.policy)
     if args.baseline_python and "-baseline" not in args.contenders:
         args.contenders += ",latch-faust-baseline"
     wanted = [n.strip() for n in args.contenders.split(",") if n.strip()]
@@ -849,6 +881,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"backlog: {len(records):,} envelopes, {size / 1e6:.1f} MB, {len(runs)} runs; "
         f"the offline core emits {expected}; {os.cpu_count()} cores, load average "
         f"{load_average()}")
+    if any(c.name.endswith("-enforce") for c in chosen):
+        # The enforce contenders must do the same work with one more step: the policy permits
+        # every call of the backlog (checked offline), so their outputs equal the others'.
+        from worker.runtime.policy import load_policy
+
+        offline = Assembler(AssembleSettings())
+        offline.policy = load_policy("enforce", str(args.policy))
+        decided: dict[str, int] = {}
+        for key, value, now in records:
+            for emit in offline.feed_record(key, value, now):
+                decided[emit.topic.value] = decided.get(emit.topic.value, 0) + 1
+        if decided != expected:
+            raise SystemExit(f"{args.policy} does not permit every call of the backlog: "
+                             f"the offline core emits {decided} with it")
+        say(f"policy for the -enforce contenders: {args.policy}, every call permitted offline")
 
     work = Path(tempfile.mkdtemp(prefix="latch-bench-worker-"))
     results: list[Result] = []

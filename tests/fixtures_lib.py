@@ -72,14 +72,16 @@ def run_events(
     settings: AssembleSettings | None = None, run_id: str = "capture",
     assembler: Assembler | None = None,
 ) -> list[dict[str, Any]]:
-    """Feed one run (run.start, the events, stream.end) through an assembler; return lines."""
+    """Feed one run (run.start, the events, stream.end) through an assembler; return lines,
+    ending with the summaries of late events that ``latch assemble`` writes at the end of its
+    input (``Assembler.summarise_late``)."""
     assembler = assembler or Assembler(settings)
     lines: list[dict[str, Any]] = []
     for envelope in capture.envelopes(provider, list(events), tools, run_id=run_id):
         record = envelope if isinstance(envelope, bytes) else orjson.dumps(envelope)
         emits = assembler.feed_record(None, record.strip())
         lines += [e.as_line() for e in emits]
-    return lines
+    return lines + [e.as_line() for e in assembler.summarise_late()]
 
 
 def run_capture(

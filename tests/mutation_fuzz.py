@@ -18,9 +18,11 @@ few runs of those captures and, at a given rate, damages them the ways real inpu
 :class:`Checker` feeds every record to one :class:`SpyAssembler` and holds it to the promises:
 ``feed_record`` never raises; every output serializes with orjson (as the worker publishes it)
 and validates against ``schemas/output-line.schema.json``; a DLQ record keeps the original
-bytes; nothing of a run follows its final message; and, once :meth:`Checker.finish` has fed a
-tick far in the future, every run that started has ended and every call it opened is in its
-final message, each ``tool_call_id`` with one kind of outcome (:func:`check_final`).
+bytes (the summary of a finished run's late events keeps none: decision 0015); a run has at
+most one ``run.ended``; nothing of a run follows its final message; and, once
+:meth:`Checker.finish` has fed a tick far in the future, every run that started has ended and
+every call it opened is in its final message, each ``tool_call_id`` with one kind of outcome
+(:func:`check_final`).
 Everything is driven by one ``random.Random``, so a seed reproduces a sequence exactly.
 """
 
@@ -455,7 +457,10 @@ class Checker:
     stuck: int = 0
     clock: int = 0
     _pending: dict[str, list[Emit]] = field(default_factory=lambda: defaultdict(list))
+    #: The idempotency keys of the audit records of each run not yet finished, in order.
+    _audits: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     _finals: set[str] = field(default_factory=set)
+    _ended: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.asm = SpyAssembler(self.settings)
@@ -478,18 +483,33 @@ class Checker:
             error = next(iter(self._schema.iter_errors(line)), None)
             assert error is None, f"{error.message} at {list(error.absolute_path)}: {line}"
         if emit.topic is Topic.DLQ:
-            assert base64.b64decode(emit.value["original_b64"]) == value
+            if "late" in emit.value:  # the one summary of a run's late events (decision 0015)
+                assert emit.value["original_b64"] == "" and emit.value["late"]["count"] >= 1
+                assert emit.value["run_id"] in self._finals, f"late events of an open run: {line}"
+            else:
+                assert base64.b64decode(emit.value["original_b64"]) == value
             return
         run_id = emit.value["run_id"]
         assert run_id not in self._finals, f"a record after the final of {run_id}: {line}"
+        if emit.topic is Topic.RUN_ENDED:  # at most one per run, before its final (0015)
+            assert run_id not in self._ended, f"a second run.ended of {run_id}: {line}"
+            self._ended.add(run_id)
+            return
         if emit.topic is Topic.FINAL:
             self._final(run_id, emit.value)
+        elif emit.topic is Topic.AUDIT:  # right after its outcome, with its key
+            pending = self._pending[run_id]
+            assert pending and pending[-1].value["idempotency_key"] == \
+                emit.value["idempotency_key"], f"an audit record not after its outcome: {line}"
+            self._audits[run_id].append(emit.value["idempotency_key"])
         elif emit.topic is not Topic.PROGRESS:
             self._pending[run_id].append(emit)
 
     def _final(self, run_id: str, final: dict[str, Any]) -> None:
         self._finals.add(run_id)
         records = self._pending.pop(run_id, [])
+        assert self._audits.pop(run_id, []) == [r.value["idempotency_key"] for r in records], \
+            f"not one audit record per outcome in {run_id}"
         check_final(run_id, records, final, self.settings.execute_before_stream_end)
         assert len(final["outcomes"]) == self.asm.opened[run_id], (run_id, len(records))
         self.outcomes_checked += len(final["outcomes"])

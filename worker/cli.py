@@ -137,6 +137,7 @@ def _assemble(args: argparse.Namespace) -> int:
     for line in lines:
         if line.strip():
             _write(out, (e.as_line() for e in assembler.feed_record(None, line.strip())))
+    _write(out, (e.as_line() for e in assembler.summarise_late()))  # (decision 0015)
     if assembler.open_runs:
         ids = ", ".join(assembler.open_run_ids()[:5])
         print(f"latch: {assembler.open_runs} run(s) still open at end of input: {ids}",

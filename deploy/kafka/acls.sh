@@ -32,6 +32,8 @@ set -eu
 : "${FINAL:=llm.messages.final}"
 : "${PROGRESS:=llm.stream.progress}"
 : "${DLQ:=llm.stream.dlq}"
+: "${AUDIT:=latch.audit}"
+: "${RUN_ENDED:=llm.runs.ended}"
 : "${RESULTS:=tool.calls.results}"
 : "${JOURNAL:=tool.calls.journal}"
 : "${REGISTRY:=latch.registry}"
@@ -54,6 +56,8 @@ allow() {
 # The gateway publishes the provider streams and the cancels.
 allow "$GATEWAY" topic "$EVENTS" literal Write Describe
 allow "$GATEWAY" topic "$CONTROL" literal Write Describe
+# and follows run.ended (Publisher.on_run_ended: assigned, no group; decision 0015).
+allow "$GATEWAY" topic "$RUN_ENDED" literal Read Describe
 
 # The worker: reads events and control; writes every output, and events too (its ticks, and
 # the kafka engine's forwarded cancels); checks the topics at start (DescribeConfigs); owns
@@ -66,10 +70,12 @@ allow "$WORKER" topic "$ERRORS" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$FINAL" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$PROGRESS" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$DLQ" literal Write Describe DescribeConfigs
+allow "$WORKER" topic "$RUN_ENDED" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$PENDING" literal Write Describe DescribeConfigs
 # The registry (decision 0014): read whole at start and followed; the worker writes only its
 # clock probes (null values under the key "fence"). `latch registry put` runs as an admin.
 allow "$WORKER" topic "$REGISTRY" literal Read Write Describe DescribeConfigs
+allow "$WORKER" topic "$AUDIT" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$APP_ID-" prefixed Create Read Write Describe DescribeConfigs
 allow "$WORKER" group "$APP_ID" literal Read Describe
 allow "$WORKER" transactional-id "$APP_ID-" prefixed Write Describe

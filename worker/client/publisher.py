@@ -12,6 +12,19 @@ response::
     publisher.approve("r3", "call_1", by="ann", reason="checked")  # approve, deny, edit too
     publisher.flush()
 
+Stopping when Latch ended the run (decision 0015): when Latch ends a run for a reason the
+gateway cannot see (a budget, too many calls, a protocol break, idle, a cancel), it writes one
+``run.ended`` record to ``topics.run_ended``. The publisher follows that topic from its end
+(a thread with its own consumer, started by the first of these calls)::
+
+    publisher.on_run_ended(lambda ended: log.info("run %s ended: %s", ended.run_id,
+                                                  ended.reason))
+    stop = publisher.ended("r1")          # a threading.Event, set when r1's run.ended arrives
+    for chunk in provider_stream:
+        if stop.is_set():
+            break                         # stop reading (and paying for) the provider's stream
+        run.event(chunk)
+
 Partitioning: stream envelopes go to the events topic and cancels to the control topic, both
 keyed by ``run_id``. The worker forwards each cancel into the run's partition of the events
 topic with aiokafka's ``DefaultPartitioner`` (Java's murmur2 of the key), so the producer here
@@ -30,9 +43,12 @@ control, interleaved): see :func:`main`.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import threading
 import time
-from collections import Counter
+import uuid
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +56,7 @@ from types import TracebackType
 from typing import IO, Any, Self
 
 import orjson
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from worker.core.envelope import DECISIONS, PROVIDERS
 from worker.runtime.config import Config, ConfigError, load_config
@@ -54,6 +70,7 @@ __all__ = [
     "Delivery",
     "PublishError",
     "Publisher",
+    "RunEnded",
     "RunHandle",
     "main",
 ]
@@ -106,6 +123,24 @@ class Delivery:
     key: str
 
 
+@dataclass(frozen=True, slots=True)
+class RunEnded:
+    """A ``run.ended`` record (schemas/run-ended.schema.json): Latch ended ``run_id`` for
+    ``reason``; ``value`` is the whole record."""
+
+    run_id: str
+    tenant: str | None
+    reason: str
+    status: str
+    last_seq: int
+    value: Mapping[str, Any]
+
+
+#: How many ended runs a publisher remembers (so that ``ended(run_id)`` asked after the
+#: record arrived is already set), oldest forgotten first.
+REMEMBER_ENDED_RUNS = 10_000
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -134,6 +169,11 @@ class Publisher:
         self._sender = Sender(producer if producer is not None
                               else Producer(logs.kafka_config(self.producer_config())),
                               on_delivery)
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[RunEnded], None]] = []
+        self._waiting: dict[str, threading.Event] = {}
+        self._seen: OrderedDict[str, RunEnded] = OrderedDict()
+        self._follower: _Follower | None = None
 
     @property
     def sent(self) -> Counter[str]:
@@ -226,6 +266,64 @@ class Publisher:
         self._sender.produce(topic, run_id.encode("utf-8"), value, list(tracing.inject()) or None)
         return topic
 
+    # -- run.ended (decision 0015) ---------------------------------------------------------
+
+    def follow_run_ended(self, timeout: float = 10.0) -> None:
+        """Follow ``topics.run_ended`` from its end now (idempotent): a run that Latch ends
+        from here on is reported. Raises :class:`PublishError` if the topic cannot be read
+        within ``timeout`` seconds."""
+        with self._lock:
+            if self._follower is None:
+                self._follower = _Follower(self, timeout)
+
+    def on_run_ended(self, callback: Callable[[RunEnded], None]) -> None:
+        """Call ``callback`` (on the follower's thread) with every ``run.ended`` record from
+        now on; starts following (:meth:`follow_run_ended`). A callback that raises is
+        logged, never stops the follower."""
+        with self._lock:
+            self._callbacks.append(callback)
+        self.follow_run_ended()
+
+    def ended(self, run_id: str) -> threading.Event:
+        """A :class:`threading.Event` set once Latch reports ``run_id`` ended (already set when
+        it was reported before); starts following. ``ended(run_id).wait(timeout)`` blocks;
+        from asyncio, ``await loop.run_in_executor(None, event.wait, timeout)``."""
+        self.follow_run_ended()
+        with self._lock:
+            event = self._waiting.get(run_id)
+            if event is None:
+                event = self._waiting[run_id] = threading.Event()
+                if run_id in self._seen:
+                    event.set()
+            return event
+
+    def ended_record(self, run_id: str) -> RunEnded | None:
+        """The ``run.ended`` record of ``run_id`` if it arrived (and is still remembered)."""
+        with self._lock:
+            return self._seen.get(run_id)
+
+    def forget(self, run_id: str) -> None:
+        """Drop what is held for ``run_id`` (its event and record): a gateway done with a run."""
+        with self._lock:
+            self._waiting.pop(run_id, None)
+            self._seen.pop(run_id, None)
+
+    def _run_ended(self, ended: RunEnded) -> None:
+        with self._lock:
+            self._seen[ended.run_id] = ended
+            while len(self._seen) > REMEMBER_ENDED_RUNS:
+                gone, _ = self._seen.popitem(last=False)
+                self._waiting.pop(gone, None)
+            event = self._waiting.get(ended.run_id)
+            callbacks = list(self._callbacks)
+        if event is not None:
+            event.set()
+        for callback in callbacks:
+            try:
+                callback(ended)
+            except Exception:  # a gateway's bug must not stop the follower
+                logging.getLogger("latch.publisher").exception("a run_ended callback failed")
+
     # -- delivery -------------------------------------------------------------------------
 
     def poll(self, timeout: float = 0.0) -> int:
@@ -252,7 +350,10 @@ class Publisher:
         return counts
 
     def close(self, timeout: float = 30.0) -> None:
-        """Flush (see :meth:`flush`)."""
+        """Stop following ``run.ended`` records, and flush (see :meth:`flush`)."""
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            follower.stop()
         self.flush(timeout)
 
     def __enter__(self) -> Self:
@@ -266,6 +367,72 @@ class Publisher:
     ) -> None:
         if exc_type is None:
             self.flush()
+
+
+class _Follower:
+    """A thread reading ``topics.run_ended`` from the end it had when it started (every
+    partition assigned at its high watermark, read before the constructor returns: nothing
+    written after it is missed), handing each ``run.ended`` record to its publisher."""
+
+    def __init__(self, publisher: Publisher, timeout: float) -> None:
+        config = publisher.config
+        self.topic = config.topics.run_ended
+        self._publisher = publisher
+        settings = {**config.kafka.confluent_config(),
+                    "group.id": f"{config.worker.app_id}-publisher-{uuid.uuid4().hex}",
+                    "enable.auto.commit": "false", "auto.offset.reset": "earliest"}
+        for key in ("partitioner", "enable.idempotence", "acks", "linger.ms",
+                    "message.timeout.ms"):
+            settings.pop(key, None)
+        self._consumer = Consumer(logs.kafka_config(settings))
+        try:
+            metadata = self._consumer.list_topics(self.topic, timeout=timeout)
+            meta = metadata.topics.get(self.topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise PublishError(self.topic, "the topic does not exist "
+                                   "(run `latch topics create`)")
+            ends = [TopicPartition(self.topic, p, self._consumer.get_watermark_offsets(
+                TopicPartition(self.topic, p), timeout=timeout)[1]) for p in meta.partitions]
+        except KafkaException as exc:
+            self._consumer.close()
+            raise PublishError(self.topic, _describe(exc)) from None
+        except PublishError:
+            self._consumer.close()
+            raise
+        self._consumer.assign(ends)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="latch-run-ended", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        consumer = self._consumer
+        try:
+            while not self._stop.is_set():
+                message = consumer.poll(0.2)
+                if message is None or message.error() is not None:
+                    continue
+                ended = _run_ended(message.value())
+                if ended is not None:
+                    self._publisher._run_ended(ended)
+        finally:
+            consumer.close()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+
+def _run_ended(value: bytes | None) -> RunEnded | None:
+    """A ``run.ended`` record's value read, or None (anything else is ignored)."""
+    try:
+        doc = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict) or doc.get("type") != "run.ended" \
+            or not isinstance(doc.get("run_id"), str):
+        return None
+    return RunEnded(doc["run_id"], doc.get("tenant"), str(doc.get("reason")),
+                    str(doc.get("status")), int(doc.get("last_seq") or 0), doc)
 
 
 class Sender:
@@ -375,6 +542,11 @@ class RunHandle:
     def cancel(self, reason: str = "user_stop") -> None:
         """Cancel this run through the control topic (the run may still send events)."""
         self.publisher.cancel(self.run_id, reason)
+
+    @property
+    def stopped(self) -> threading.Event:
+        """Set once Latch reports this run ended (:meth:`Publisher.ended`): stop reading."""
+        return self.publisher.ended(self.run_id)
 
     def _send(self, body: dict[str, Any], last: bool = False) -> int:
         if self.closed:

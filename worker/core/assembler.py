@@ -69,9 +69,10 @@ happens at each bound is an outcome, never a silent drop or a refused run:
 Every end of a run above is the same ``Run.finish`` as a stream error's, so each call still
 gets exactly one outcome and the run one final message.
 
-What is the partition's lives here: the open runs and their order, the shared tool maps, the
-clock; the finished runs and the early cancels remembered in ``core/remembered.py``, the runs
-waiting for approvals in ``core/waiting.py``. What is a run's lives in its
+What is the partition's lives here: the open runs and their order, the shared tool maps
+(``tools.ToolMaps``), the clock; the finished runs, the early cancels and the late events
+remembered in ``core/remembered.py``, the runs waiting for approvals in ``core/waiting.py``.
+What is a run's lives in its
 :class:`~worker.core.run.Run` (``core/run.py``), which reaches the partition-wide byte budget
 through the :class:`~worker.core.run.Ledger` this assembler passes it.
 """
@@ -113,6 +114,7 @@ from worker.core.schemacheck import SchemaLimits
 from worker.core.settings import AssembleSettings
 from worker.core.tools import (
     SchemaCheck,
+    ToolMaps,
     ToolSchema,
     ValidatorCache,
     client_tools,
@@ -131,12 +133,6 @@ try:
 except ImportError:  # pure Python (setup.py): no C extension
     _PEEK = None
 
-#: How many distinct tool maps an assembler keeps for its runs to share (``_shared_tools``),
-#: and how much schema text they may hold at most.
-SHARED_TOOL_MAPS = 1024
-SHARED_TOOL_MAP_BYTES = 16 * 1024 * 1024
-#: The tool map of a run that registers no client tool (never changed).
-_NO_TOOLS: dict[str, ToolSchema] = {}
 #: The registry's tools of a toolset version for a run.start at a record time:
 #: ``toolsets(name, version, now_ms)``, None when that version does not count for the run
 #: (never registered, or registered later than ``registry.wait_s`` after ``now_ms``:
@@ -167,10 +163,8 @@ class Assembler:
         #: The common provider event read without building its whole object (``_PEEK``);
         #: None: every record is parsed with orjson.
         self._peek: Callable[[bytes], Peeked | None] | None = _PEEK
-        #: Tool maps shared by the runs that register the same tools (``_shared_tools``).
-        self._tool_maps: OrderedDict[tuple[tuple[str, ToolSchema], ...],
-                                     tuple[dict[str, ToolSchema], int]] = OrderedDict()
-        self._tool_map_bytes = 0
+        #: Tool maps shared by the runs that register the same tools (``tools.ToolMaps``).
+        self._tool_maps = ToolMaps()
         #: The keys of the open runs whose adapter reads no peeked event (``Adapter.fast``):
         #: their records go to orjson at once, not through a parse that can only decline.
         self._unpeeked: set[bytes] = set()
@@ -231,6 +225,7 @@ class Assembler:
         the one way (:meth:`_enter`); whatever either declines takes the general path, which
         decodes the record again and says what is wrong (test_fast_paths.py).
         """
+        self._ledger.at = source
         peek = self._peek
         unpeeked = self._unpeeked
         if peek is not None and not (unpeeked and key in unpeeked):
@@ -306,6 +301,7 @@ class Assembler:
         raw: tuple[bytes | None, bytes, RecordSource | None] | None = None,
     ) -> list[Emit]:
         """Apply one decoded envelope at record time ``now_ms``."""
+        self._ledger.at = raw[2] if raw is not None else None
         if isinstance(envelope, Tick):
             return self.expire(now_ms)  # the record time, never the payload's ts
         run = self._runs.get(envelope.run_id)
@@ -338,8 +334,10 @@ class Assembler:
         if self._early_cancels:  # by record time too: what the worker's heads mirror
             self._remembered.forget_early_cancels(now_ms)
         limit = self.settings.assemble_idle_timeout_s * 1000
+        remembered = self._remembered
+        emits: list[Emit] = (remembered.summarise_quiet(now_ms - int(limit)) if remembered.late
+                             else [])
         idle = [r for r in self._runs.values() if now_ms - r.last_ms >= limit]
-        emits: list[Emit] = []
         for run in idle:
             detail = f"no event for {self.settings.assemble_idle_timeout_s:g} s"
             emits += run.finish(RunStatus.IDLE_TIMEOUT, Reason.ASSEMBLE_IDLE_TIMEOUT, detail)
@@ -389,6 +387,11 @@ class Assembler:
     def early_cancel_pending(self, run_id: str) -> bool:
         """Whether a cancel of ``run_id`` is remembered, waiting for its ``run.start``."""
         return run_id in self._early_cancels
+
+    def summarise_late(self) -> list[Emit]:
+        """The summaries of every run whose late events are still being counted, now (the end
+        of ``latch assemble``'s input, where no tick will come; decision 0015)."""
+        return self._remembered.summarise_all()
 
     @property
     def waiting_runs(self) -> int:
@@ -477,35 +480,8 @@ class Assembler:
                 if self._ledger.held + cost <= budget:
                     break
                 emits += self._evict(victim, detail, "evicted_buffered_bytes")
-            return self._shared_tools(tools, cost), cost, emits
-        return self._shared_tools(tools, cost), cost, []
-
-    def _shared_tools(self, tools: dict[str, ToolSchema], cost: int) -> dict[str, ToolSchema]:
-        """One tool map for the runs that register the same tools (names and shared schemas:
-        ``ValidatorCache.prepare``), as most runs of one agent do: the map is only read, and
-        each run would otherwise hold a copy (bench/bench_memory.py).
-
-        The maps kept are the most recently used, at most :data:`SHARED_TOOL_MAPS` of them
-        holding at most :data:`SHARED_TOOL_MAP_BYTES` of schema text: a map keeps its schemas
-        alive after its runs ended, and run starts with ever new tools must not make that
-        memory grow past a bound (it is counted in no run's ``max_buffered_bytes``). ``cost``:
-        the map's schema text bytes."""
-        if not tools:
-            return _NO_TOOLS
-        maps = self._tool_maps
-        key = tuple(tools.items())  # (a ToolSchema hashes and compares by identity)
-        found = maps.get(key)
-        if found is not None:
-            maps.move_to_end(key)
-            return found[0]
-        if cost > SHARED_TOOL_MAP_BYTES:
-            return tools  # its own, never kept
-        maps[key] = (tools, cost)
-        self._tool_map_bytes += cost
-        while len(maps) > SHARED_TOOL_MAPS or self._tool_map_bytes > SHARED_TOOL_MAP_BYTES:
-            _, (_, dropped) = maps.popitem(last=False)
-            self._tool_map_bytes -= dropped
-        return tools
+            return self._tool_maps.shared(tools, cost), cost, emits
+        return self._tool_maps.shared(tools, cost), cost, []
 
     # -- memory budgets (module docstring) ---------------------------------------------
 

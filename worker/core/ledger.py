@@ -32,7 +32,8 @@ class Ledger:
     ``make_room(run, growth)`` ends the least recently active runs other than ``run`` until
     ``growth`` more bytes fit, and ``forget(run)`` is told when a run has ended."""
 
-    __slots__ = ("forget", "held", "limit", "make_room", "park", "policy", "sizes", "stats")
+    __slots__ = ("at", "forget", "held", "limit", "make_room", "park", "policy", "sizes",
+                 "stats")
 
     def __init__(self, limit: int, make_room: Callable[[Run, int], list[Emit]],
                  forget: Callable[[Run], None]) -> None:
@@ -45,6 +46,9 @@ class Ledger:
         #: The policy in force for the partition's calls (``Assembler.policy``), read when a
         #: call is decided; None: no policy (``policy.mode: off``).
         self.policy: Policy | None = None
+        #: Where the record being applied was read (None: unknown, ``latch assemble``): the
+        #: last offset of a ``run.ended`` record (``Outputs.run_ended``).
+        self.at: RecordSource | None = None
         #: Told when a run's stream ended with calls still waiting for approval: the run's
         #: final message waits for their decisions (None: nobody to tell).
         self.park: Callable[[Run], None] | None = None

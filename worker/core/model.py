@@ -224,6 +224,20 @@ class Topic(StrEnum):
     DLQ = "dlq"
     #: Calls waiting for approval (``topics.pending``).
     PENDING = "pending"
+    #: One record per call outcome: who called what, what was decided, and on which record
+    #: (``Outputs.audit``); never argument text.
+    AUDIT = "audit"
+    #: ``run.ended`` records: a run Latch ended while its stream may still be running
+    #: (:data:`ABORT_REASONS`; decision 0015), for the gateway to stop reading the provider.
+    RUN_ENDED = "run_ended"
+
+
+#: The reasons for which Latch ends a run that the gateway cannot see in its own stream (a
+#: budget, a flood of calls, a protocol break, idle, a cancel from the control topic): each
+#: gives the run one ``run.ended`` record (schemas/run-ended.schema.json; decision 0015).
+ABORT_REASONS: frozenset[Reason] = frozenset({
+    Reason.BUDGET_EXCEEDED, Reason.TOO_MANY_TOOL_CALLS, Reason.PROTOCOL_ERROR,
+    Reason.ASSEMBLE_IDLE_TIMEOUT, Reason.CANCELLED})
 
 
 @dataclass(frozen=True, slots=True)

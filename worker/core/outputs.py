@@ -15,11 +15,20 @@ name are bounded, its detail cut at :data:`MAX_DETAIL_CHARACTERS`); a committed 
 be larger fails ``record_too_large`` instead (``run.Latch``); and a final message that would be
 larger drops its message's content and its ``choices``, then its ``outcomes``, and lists what
 it dropped in ``dropped`` (:meth:`Outputs.bounded`).
+
+Each outcome (a committed call or an error result) is followed by its audit record
+(:meth:`Outputs.audit`, ``schemas/audit.schema.json``): the run, tenant, call id, tool name and
+provider, the outcome and reason, the policy's decision, and the size and SHA-256 of the
+argument bytes, never the bytes themselves. It has the outcome's ``idempotency_key``. Where the
+record was read (``source``) and the run's ``trace_id`` are not the core's to know: it writes
+them null, and the worker fills them in (``worker.runtime.step.located``,
+``worker.runtime.hooks.EngineHooks.traced``).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -29,6 +38,7 @@ from worker.core.call import Call
 from worker.core.envelope import RecordSource, Rejected, RunStart, Source
 from worker.core.model import CallState, Emit, Reason, RunStatus, Topic
 from worker.core.ops import CUSTOM, FUNCTION, Adapter, CallView
+from worker.core.policy import OFF
 from worker.core.settings import MAX_RECORD_BYTES
 
 #: Characters of an error's detail written in its ``content``; a longer one (a schema path
@@ -88,9 +98,30 @@ class Outputs:
             ):
                 continue
             call.emitted = True
-            emits.append(self._committed(call) if call.state is CallState.COMMITTED
-                         else self._error(call, shared=seen.get(call.tool_call_id, 0) > 1))
+            outcome = (self._committed(call) if call.state is CallState.COMMITTED
+                       else self._error(call, shared=seen.get(call.tool_call_id, 0) > 1))
+            emits.append(outcome)
+            emits.append(self.audit(call, outcome))
         return emits
+
+    def audit(self, call: Call, outcome: Emit) -> Emit:
+        """The audit record of ``call``'s ``outcome`` (its committed call or error result):
+        the same identity, name and key, the outcome and reason, the policy's decision
+        (``{"mode": "off"}`` when no policy decided), and the digest of its argument bytes
+        (:func:`argument_digest`). ``source`` and ``trace_id`` are null here (module doc)."""
+        value = outcome.value
+        committed = outcome.topic is Topic.COMMITTED
+        decision = call.decision
+        policy: dict[str, Any] = {"mode": OFF} if decision is None else {
+            "mode": decision.mode, "allow": decision.allow, "policies": list(decision.policies),
+            "errors": list(decision.errors), "version": decision.version}
+        record = {**self._head(), "tool_call_id": call.tool_call_id, "name": value["name"],
+                  "outcome": "committed" if committed else "error",
+                  "reason": None if committed else value["reason"], "policy": policy,
+                  "arguments": argument_digest(call, value if committed else None),
+                  "trace_id": None, "source": None,
+                  "idempotency_key": value["idempotency_key"]}
+        return Emit(Topic.AUDIT, self._run_id, record)
 
     def _where(self, call: Call) -> dict[str, Any]:
         """``index`` and ``choice``, then ``kind`` for a call that is not a function call
@@ -189,6 +220,18 @@ class Outputs:
             outcome["reason"] = str(call.reason)
         return outcome
 
+    def run_ended(self, status: RunStatus, reason: Reason, last_seq: int,
+                  first: RecordSource | None, last: RecordSource | None) -> Emit:
+        """The run's one ``run.ended`` record (schemas/run-ended.schema.json): Latch ended it
+        for ``reason`` while its stream may still be running. ``first``: where its
+        ``run.start`` was read; ``last``: the record at which it ended (its own, another run's
+        that made room, or a tick); either None when unknown (``latch assemble``)."""
+        value = {**self._head(), "type": "run.ended", "status": str(status),
+                 "reason": str(reason), "last_seq": last_seq,
+                 "events": events_span(first, last),
+                 "idempotency_key": idempotency_key(self._run_id, "ended")}
+        return Emit(Topic.RUN_ENDED, self._run_id, value)
+
     def progress(self, call: Call, delta: str | None = None, offset: int = 0) -> Emit:
         """A UI progress record: byte counts, and, only when configured, the text ``delta``
         that replaces the call's text from UTF-8 byte ``offset`` on (the fragment just
@@ -200,6 +243,61 @@ class Outputs:
             value["arguments_offset"] = offset
             value["arguments_delta"] = delta
         return Emit(Topic.PROGRESS, self._run_id, value)
+
+
+def argument_digest(call: Call, committed: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``{"bytes", "sha256"}`` of a call's argument bytes: for a committed call (its record's
+    value ``committed``), the bytes its record carries: the JSON text of ``arguments`` as
+    written in it (compact, UTF-8: ``orjson.dumps``, which also writes the record), or the
+    UTF-8 of a custom call's ``input``; for a call that did not commit, the UTF-8 of the text
+    received. None when there is none: no text came, or it was dropped at a bound
+    (``arguments_exceed_max_bytes``, ``budget_exceeded``)."""
+    if committed is not None:
+        data = (committed["input"].encode("utf-8", "surrogatepass") if "input" in committed
+                else dumps(committed["arguments"]))
+    else:
+        text = call.text if call.text is not None else "".join(call.parts)
+        if not text:
+            return None
+        data = text.encode("utf-8", "surrogatepass")
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _where_read(source: RecordSource | None) -> tuple[str | None, int | None, int | None]:
+    if source is None:
+        return None, None, None
+    if isinstance(source, Source):
+        return source.topic, source.partition, source.offset
+    return source.get("topic"), source.get("partition"), source.get("offset")
+
+
+def events_span(first: RecordSource | None, last: RecordSource | None) -> dict[str, Any]:
+    """``{"topic", "partition", "first_offset", "last_offset"}`` of the events partition a run
+    was read from (each null when unknown)."""
+    topic, partition, first_offset = _where_read(first)
+    last_topic, last_partition, last_offset = _where_read(last)
+    return {"topic": topic if topic is not None else last_topic,
+            "partition": partition if partition is not None else last_partition,
+            "first_offset": first_offset, "last_offset": last_offset}
+
+
+def late_summary(run_id: str, status: RunStatus, count: int, first_seq: int, last_seq: int,
+                 first: RecordSource | None, last: RecordSource | None) -> Emit:
+    """The one DLQ record that sums up the ``count`` events that reached ``run_id`` after it
+    had ended (decision 0015): reason ``run_finished``, no original bytes, and ``late`` with
+    the count, the first and last seq and the first and last offsets."""
+    span = events_span(first, last)
+    src: dict[str, Any] = {k: span[k] for k in ("topic", "partition") if span[k] is not None}
+    if span["first_offset"] is not None:
+        src["offset"] = span["first_offset"]
+    src["key_b64"] = base64.b64encode(run_id.encode()).decode()
+    record = {"v": 1, "reason": "run_finished",
+              "detail": f"{count} events reached the run after it ended as {status}; "
+                        "summed up in this one record, their bytes are not kept",
+              "source": src, "original_b64": "", "run_id": run_id,
+              "late": {"count": count, "first_seq": first_seq, "last_seq": last_seq,
+                       "first_offset": span["first_offset"], "last_offset": span["last_offset"]}}
+    return Emit(Topic.DLQ, run_id, record)
 
 
 def dlq_record(rejected: Rejected, key: bytes | None, value: bytes,

@@ -12,6 +12,15 @@ open comes to (:meth:`Remembered.orphan`):
   ``early_cancel_ttl_s`` of record time, and a run that starts within it is cancelled at
   once (:meth:`Remembered.early_cancel`): the same outcome as a cancel right after its
   ``run.start``.
+* **Events after a run's end** (decision 0015). A gateway that did not stop reading when its
+  run ended keeps sending the provider's events. Each is counted, not dead-lettered on its
+  own: a run gets one DLQ record (``run_finished``, with ``late``: the count, the first and
+  last seq and offsets), at the first tick at which its late events have been quiet for
+  ``assemble_idle_timeout_s`` of record time (the rule that ends an idle run:
+  :meth:`Remembered.summarise_quiet`), or when more than ``remember_finished_runs`` runs are
+  being counted (the oldest is summed up at once). Once a run's summary is out (the last
+  ``remember_finished_runs`` such runs are remembered), its later events are only counted
+  (``late_after_summary``). A re-delivered late event (a seq already counted) counts nothing.
 """
 
 from __future__ import annotations
@@ -30,16 +39,17 @@ from worker.core.envelope import (
 )
 from worker.core.ledger import Ledger
 from worker.core.model import DlqReason, Emit, RunStatus
+from worker.core.outputs import late_summary
 from worker.core.settings import AssembleSettings
 
-__all__ = ["Remembered", "raw_or_empty"]
+__all__ = ["LateEvents", "Remembered", "raw_or_empty"]
 
 
 class Remembered:
     """The finished runs and the early cancels of one partition (the module docstring);
     ``ledger``: the partition's counters and DLQ records."""
 
-    __slots__ = ("early_cancels", "finished", "ledger", "settings")
+    __slots__ = ("early_cancels", "finished", "late", "late_done", "ledger", "settings")
 
     def __init__(self, settings: AssembleSettings, ledger: Ledger) -> None:
         self.settings, self.ledger = settings, ledger
@@ -47,6 +57,11 @@ class Remembered:
         self.finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
         #: Cancels of runs not started yet: run id -> (record time, reason), oldest first.
         self.early_cancels: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        #: Events of finished runs, counted for their one summary (decision 0015): run id ->
+        #: its count, least recently counted first; ``done`` once the summary is out.
+        self.late: OrderedDict[str, LateEvents] = OrderedDict()
+        #: The runs whose summary is out: run id -> the last seq seen (oldest first).
+        self.late_done: OrderedDict[str, int] = OrderedDict()
 
     def remember_finished(self, run_id: str, last_seq: int, status: RunStatus) -> None:
         """Remember a finished run (the oldest beyond ``remember_finished_runs`` goes)."""
@@ -86,8 +101,9 @@ class Remembered:
                raw: Any, now_ms: int) -> list[Emit]:
         """An envelope (not a ``run.start``) of a run that is not open: a cancel of a run
         never seen is remembered; a re-delivered envelope, a cancel or a ``stream.end`` of a
-        finished run changes nothing; anything else goes to the DLQ (``raw``: the input
-        record, if any)."""
+        finished run changes nothing; a decision, or any envelope of a run never seen, goes
+        to the DLQ (``raw``: the input record, if any); a later event of a finished run is
+        counted (:meth:`count_late`)."""
         finished = self.finished.get(envelope.run_id)
         if finished is None and isinstance(envelope, Cancel):
             self.remember_cancel(envelope, now_ms)
@@ -109,9 +125,81 @@ class Remembered:
             self.ledger.stats["duplicates" if envelope.seq <= last_seq
                               else "ignored_after_end"] += 1
             return []
-        rejected = Rejected(DlqReason.RUN_FINISHED, f"the run ended as {status}",
-                            envelope.run_id)
-        return [reject(rejected, *raw_or_empty(raw))]
+        return self.count_late(envelope.run_id, envelope.seq, status, now_ms,
+                               raw_or_empty(raw)[2])
+
+    # -- events after a run's end (decision 0015; the module docstring) ------------------
+
+    def count_late(self, run_id: str, seq: int, status: RunStatus, now_ms: int,
+                   source: RecordSource | None) -> list[Emit]:
+        """Count event ``seq`` of the finished run ``run_id``; the summaries it pushes out."""
+        stats = self.ledger.stats
+        summed = self.late_done.get(run_id)
+        if summed is not None:  # its summary is out: counted, nothing sent
+            if seq > summed:
+                self.late_done[run_id] = seq
+                stats["late_after_summary"] += 1
+            else:
+                stats["duplicates"] += 1
+            return []
+        late = self.late.get(run_id)
+        if late is None:
+            late = self.late[run_id] = LateEvents(status, seq, source)
+        elif seq <= late.last_seq:
+            stats["duplicates"] += 1
+            return []
+        else:
+            self.late.move_to_end(run_id)
+        late.last_seq, late.last, late.last_ms = seq, source, now_ms
+        late.count += 1
+        stats["late_events"] += 1
+        emits: list[Emit] = []
+        while len(self.late) > self.settings.remember_finished_runs:
+            old_id, old = self.late.popitem(last=False)
+            emits.append(self._summary(old_id, old))
+        return emits
+
+    def summarise_all(self) -> list[Emit]:
+        """The summaries of every run whose late events are still being counted, now (the end
+        of ``latch assemble``'s input, where no tick will come)."""
+        late, self.late = self.late, OrderedDict()
+        return [self._summary(run_id, each) for run_id, each in late.items()]
+
+    def summarise_quiet(self, horizon_ms: int) -> list[Emit]:
+        """The summaries of the runs whose last late event came at or before ``horizon_ms``."""
+        emits: list[Emit] = []
+        late = self.late
+        while late:
+            run_id, first = next(iter(late.items()))
+            if first.last_ms > horizon_ms:
+                break  # (least recently counted first)
+            del late[run_id]
+            emits.append(self._summary(run_id, first))
+        return emits
+
+    def _summary(self, run_id: str, late: LateEvents) -> Emit:
+        """The summary of ``late`` (no longer counted); the run is remembered as summed up."""
+        done = self.late_done
+        done[run_id] = late.last_seq
+        while len(done) > self.settings.remember_finished_runs:
+            done.popitem(last=False)
+        self.ledger.stats["late_summaries"] += 1
+        return late_summary(run_id, late.status, late.count, late.first_seq, late.last_seq,
+                            late.first, late.last)
+
+
+class LateEvents:
+    """The events that reached one finished run (:meth:`Remembered.count_late`)."""
+
+    __slots__ = ("count", "first", "first_seq", "last", "last_ms", "last_seq", "status")
+
+    def __init__(self, status: RunStatus, seq: int, source: RecordSource | None) -> None:
+        self.status = status
+        self.count = 0
+        self.first_seq = self.last_seq = seq
+        self.first: RecordSource | None = source
+        self.last: RecordSource | None = source
+        self.last_ms = 0
 
 
 def raw_or_empty(raw: tuple[bytes | None, bytes, RecordSource | None] | None

@@ -34,7 +34,15 @@ from worker.core.call import (
 from worker.core.envelope import RecordSource, Rejected, RunStart
 from worker.core.latch import NAME_CHECKED_REASONS, Latch
 from worker.core.ledger import Ledger, Rules
-from worker.core.model import CallEvent, CallState, DlqReason, Emit, Reason, RunStatus
+from worker.core.model import (
+    ABORT_REASONS,
+    CallEvent,
+    CallState,
+    DlqReason,
+    Emit,
+    Reason,
+    RunStatus,
+)
 from worker.core.outputs import Outputs, id_counts
 from worker.core.settings import (
     CALLS_PER_RUN_FACTOR,
@@ -65,9 +73,9 @@ _NONE_TRUNCATED: frozenset[int | None] = frozenset()
 class Run:
     """The state of one open run, and what it does with each provider event."""
 
-    __slots__ = ("adapter", "broken", "calls", "held", "key", "last_ms", "last_seq", "latch",
-                 "ledger", "nbytes", "out", "rules", "run_id", "status", "text_bytes",
-                 "truncated", "waiting")
+    __slots__ = ("adapter", "broken", "calls", "ended", "first", "held", "key", "last_ms",
+                 "last_seq", "latch", "ledger", "nbytes", "out", "rules", "run_id", "status",
+                 "text_bytes", "truncated", "waiting")
 
     def __init__(self, start: RunStart, adapter: op.Adapter, latch: Latch, now_ms: int,
                  key: bytes | None, ledger: Ledger, rules: Rules) -> None:
@@ -95,6 +103,10 @@ class Run:
         self.text_bytes = 0
         #: How it ended, once it has (:meth:`finish`).
         self.status: RunStatus | None = None
+        #: Where its ``run.start`` was read (None: unknown), and whether its ``run.ended``
+        #: record is out (at most one per run: decision 0015).
+        self.first: RecordSource | None = ledger.at
+        self.ended = False
         #: Its calls waiting for approval (``PENDING_APPROVAL``).
         self.held = 0
         #: How its stream ended, while its final message waits for approvals (else None).
@@ -363,7 +375,16 @@ class Run:
         self.ledger.stats["protocol_errors"] += 1
         for call in self.calls.values():
             call.fail(Reason.PROTOCOL_ERROR, detail)  # (a decided call keeps its outcome)
-        return []
+        # The run's end is decided now: the gateway may stop reading (decision 0015).
+        return self._ended(RunStatus.FAILED, Reason.PROTOCOL_ERROR)
+
+    def _ended(self, status: RunStatus, reason: Reason) -> list[Emit]:
+        """The run's one ``run.ended`` record, unless it is out already."""
+        if self.ended:
+            return []
+        self.ended = True
+        self.ledger.stats["runs_ended_records"] += 1
+        return [self.out.run_ended(status, reason, self.last_seq, self.first, self.ledger.at)]
 
     def _restated(self, key: str, text: str) -> list[Emit]:
         """The provider restated a call's whole text at its end: a different text than the
@@ -422,7 +443,10 @@ class Run:
             else:  # (a decided call keeps its outcome: TRANSITIONS)
                 if call.fail(reason or Reason.STREAM_ERROR, detail) and call.held:
                     self.latch.release()
-        emits = self._outcomes(calls)
+        # Ended by Latch while its stream may still run: the gateway is told first.
+        emits = (self._ended(status, reason) if reason in ABORT_REASONS and reason is not None
+                 else [])
+        emits += self._outcomes(calls)
         self.held = sum(1 for c in calls if c.state is _PENDING) if self.held else 0
         if self.held:  # the final message waits for the last decision (README, "Approvals")
             if self.waiting is None:

@@ -88,8 +88,8 @@ def specs(config: Config) -> list[TopicSpec]:
               TopicSpec(t.control, t.partitions, t.replication_factor)]
     large = (("max.message.bytes", str(OUTPUT_MAX_BYTES)),)
     outputs = [TopicSpec(name, t.partitions, t.replication_factor, large)
-               for name in (t.committed, t.errors, t.final, t.progress, t.dlq, t.results,
-                            t.pending)]
+               for name in (t.committed, t.errors, t.final, t.progress, t.dlq, t.audit,
+                            t.results, t.pending, t.run_ended)]
     # Compacted, with hourly segments and an eager cleaner: Kafka never compacts the active
     # segment (7 days by default), and every takeover reads the whole changelog back
     # (docs/recovery.md: 41,000 records took 5.4 s, 2.8 s once compacted).

@@ -175,6 +175,8 @@ class TopicNames:
     final: str = "llm.messages.final"
     progress: str = "llm.stream.progress"
     dlq: str = "llm.stream.dlq"
+    audit: str = "latch.audit"
+    run_ended: str = "llm.runs.ended"
     results: str = "tool.calls.results"
     journal: str = "tool.calls.journal"
     registry: str = "latch.registry"

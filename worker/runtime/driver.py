@@ -233,6 +233,8 @@ class Driver:
             if opened and callable(headers):
                 headers = headers()
             tracing.on_record(record.source.partition, run_id, opened, headers, emits)
+            if emits:
+                hooks.traced(emits)
         if opened or (not emits and assembler.early_cancels_waiting):
             # (Heads.applied writes a head only then: a run's start, a waiting cancel's)
             source = record.source

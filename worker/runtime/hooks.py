@@ -7,6 +7,7 @@ Either engine (faust's :mod:`worker.runtime.faust_engine.engine`, the confluent-
   partition driver (:meth:`worker.runtime.driver.Driver.apply`): the record's metrics
   (:mod:`worker.runtime.observability.metrics`, a counter increment when nothing ends) and its
   run's span (:mod:`worker.runtime.observability.tracing`);
+* :meth:`EngineHooks.traced` for the trace id of each audit record, from the same run's trace;
 * :meth:`EngineHooks.headers` for the headers of each output record: its run's trace and,
   on a committed call with ``signing.key_id`` set, the signature (:mod:`signing`);
 * :meth:`EngineHooks.delivered` when an output's delivery is known (faust: the send's future;
@@ -68,6 +69,15 @@ class EngineHooks:
     def routed(self, emit: Emit) -> None:
         """Count a control record that went to the DLQ instead of its run's partition."""
         self.metrics.record([emit])
+
+    def traced(self, emits: list[Emit]) -> None:
+        """Write the run's trace id into the audit records among ``emits`` (the core leaves
+        it null); after :meth:`RunTracer.on_record` of their record, so that a run that
+        opened with it has its trace."""
+        tracing = self.tracing
+        for emit in emits:
+            if emit.topic is Topic.AUDIT:
+                emit.value["trace_id"] = tracing.trace_id(emit.key)
 
     def headers(self, emit: Emit, value: bytes) -> Headers | None:
         """The headers of an output record whose value is ``value``: its run's trace (None:

@@ -12,6 +12,8 @@ One events record in, the records to publish out::
   in milliseconds; an exception in the core becomes one ``internal_error`` DLQ record, so a
   bug in Latch never stops a partition.
 * A DLQ record keeps the input record's key; every other record is keyed by its run id.
+* An audit record (one per call outcome) gets the record's place in the events topic
+  (:func:`located`): the record that decided the outcome.
 
 Replay decides the same as the live worker only because both run this code, record by record,
 in offset order, with one assembler per events partition.
@@ -29,8 +31,8 @@ from worker.core import Assembler, DlqReason, Emit, Topic, decode
 from worker.core.envelope import Rejected, Source, Tick
 from worker.core.outputs import dlq_record
 
-__all__ = ["Record", "Source", "failed", "keyless", "out_key", "out_value", "record",
-           "step"]
+__all__ = ["Record", "Source", "failed", "keyless", "located", "out_key", "out_value",
+           "record", "step"]
 
 log = logging.getLogger("latch.worker")
 
@@ -65,9 +67,24 @@ def step(assembler: Assembler, record: Record) -> list[Emit]:
         if emits is not None:
             return emits
     try:
-        return assembler.feed_record(key, record.value, record.time_ms, record.source)
+        emits = assembler.feed_record(key, record.value, record.time_ms, record.source)
     except Exception as exc:  # a bug in Latch must not stop the partition
         return failed(record, exc)
+    if emits:  # (most records emit nothing)
+        located(emits, record.source)
+    return emits
+
+
+def located(emits: list[Emit], source: Source) -> None:
+    """Write ``source``, the events record that made ``emits``, into their audit records
+    (the core leaves it null: where a record was read is not the core's to know)."""
+    where = None
+    for emit in emits:
+        if emit.topic is Topic.AUDIT:
+            if where is None:
+                where = {"topic": source.topic, "partition": source.partition,
+                         "offset": source.offset}
+            emit.value["source"] = dict(where)
 
 
 def keyless(record: Record) -> list[Emit] | None:
@@ -99,8 +116,12 @@ def failed(record: Record, exc: Exception) -> list[Emit]:
 
 
 def out_key(emit: Emit, key: bytes | None) -> bytes | None:
-    """The Kafka key of an emit of the input record keyed ``key``."""
-    return key if emit.topic is Topic.DLQ else (emit.key or "").encode()
+    """The Kafka key of an emit of the input record keyed ``key``: a DLQ record keeps the
+    input record's key, but for the summary of a run's late events (its run id: it is
+    emitted at a tick or at another run's record; decision 0015)."""
+    if emit.topic is Topic.DLQ and "late" not in emit.value:
+        return key
+    return (emit.key or "").encode()
 
 
 def out_value(emit: Emit) -> bytes:

@@ -2,7 +2,7 @@
 
 ::
 
-    latch demo [--config FILE] [--keep] [--timeout S] [--file FILE]
+    latch demo [--config FILE] [--keep] [--timeout S] [--file FILE] [--policy FILE | --no-policy]
 
 1. **broker**: use the cluster at ``kafka.bootstrap_servers`` if one answers; otherwise, when
    that address is on this machine, start the local broker (:mod:`worker.tools.broker`);
@@ -16,6 +16,13 @@
    cancel, then sent (the worker ignores them, as the contract says);
 5. **outcomes**: print each record the worker emits for these runs (``latch tail``'s lines)
    until every run has its final message, or ``--timeout`` seconds pass.
+
+The worker runs with ``policy.mode`` ``enforce`` and the shipped ``examples/demo.cedar``
+(tenant ``acme`` may call its tools, and search files only under ``/srv/``), so exactly one
+call of the example file, the Kimi K2 run's ``glob_search`` of ``**/*cursor*``, is denied:
+``policy_denied``, nothing committed. ``--policy FILE`` enforces another policy file,
+``--no-policy`` runs without one; a configuration whose ``policy.mode`` is not ``off`` is used as
+it is, and so is one given ``--file`` (the shipped policy is written for the shipped envelopes).
 
 Then it stops what it started: the worker (SIGTERM), and the broker unless it was running
 already or ``--keep`` is given. The configured topic names are used, so ``latch tail
@@ -64,11 +71,10 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 OUTPUT_TOPICS = ("committed", "errors", "final", "dlq")
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # worker/
-#: Where the example file is looked for: a source checkout, then installed package data.
-EXAMPLE_CANDIDATES = (
-    _PACKAGE.parent / "examples" / "demo.jsonl",
-    _PACKAGE / "_examples" / "demo.jsonl",
-)
+#: Where the example files are looked for: a source checkout, then installed package data.
+EXAMPLE_DIRS = (_PACKAGE.parent / "examples", _PACKAGE / "_examples")
+EXAMPLE_CANDIDATES = tuple(d / "demo.jsonl" for d in EXAMPLE_DIRS)
+POLICY_CANDIDATES = tuple(d / "demo.cedar" for d in EXAMPLE_DIRS)
 
 
 class DemoError(Exception):
@@ -81,6 +87,24 @@ def example_file() -> Path:
         if candidate.is_file():
             return candidate
     raise DemoError(f"no demo.jsonl in {[str(c) for c in EXAMPLE_CANDIDATES]}; pass --file")
+
+
+def example_policy() -> Path:
+    """The shipped ``demo.cedar``, the policy set the demo enforces."""
+    for candidate in POLICY_CANDIDATES:
+        if candidate.is_file():
+            return candidate
+    raise DemoError(f"no demo.cedar in {[str(c) for c in POLICY_CANDIDATES]}; pass --policy "
+                    "or --no-policy")
+
+
+def demo_policy(args: argparse.Namespace, config: Config) -> Path | None:
+    """The policy file this demo enforces, None to leave ``policy`` as configured."""
+    if args.policy is not None:
+        return Path(args.policy)
+    if args.no_policy or args.file is not None or config.policy.mode != "off":
+        return None
+    return example_policy()
 
 
 def load_envelopes(path: Path, prefix: str) -> list[dict[str, Any]]:
@@ -415,6 +439,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "examples/demo.jsonl")
     parser.add_argument("--engine", choices=("faust", "kafka"),
                         help="worker.engine for this demo (default: the configuration's)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--policy", metavar="FILE", help="a .cedar file to enforce instead of "
+                       "the shipped examples/demo.cedar")
+    which.add_argument("--no-policy", action="store_true",
+                       help="no policy (policy as configured, 'off' by default)")
     return parser
 
 
@@ -427,6 +456,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["LATCH_WORKER__ENGINE"] = args.engine
     try:
         config = load_config(args.config)
+        policy = demo_policy(args, config)
+        if policy is not None:  # the worker subprocess reads them as well
+            os.environ["LATCH_POLICY__MODE"] = "enforce"
+            os.environ["LATCH_POLICY__FILE"] = str(policy.resolve())
+            config = load_config(args.config)  # (a policy file that does not parse stops here)
         path = args.file or example_file()
         envelopes = load_envelopes(path, prefix)
     except (ConfigError, DemoError, OSError) as exc:
@@ -434,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     runs = list(dict.fromkeys(e["run_id"] for e in envelopes))
     say(f"latch demo: {len(runs)} runs from {path}, run ids under {prefix}, "
-        f"engine {config.worker.engine}")
+        f"engine {config.worker.engine}, policy {_policy_text(config)}")
     started = Started()
     steps = Steps()
     began = time.monotonic()
@@ -452,6 +486,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"done in {elapsed:.1f}s: {len(runs)} runs, {tally.counts['committed']} committed "
             f"calls, {tally.counts['errors']} error results ({reasons or 'none'}), "
             f"{tally.counts['dlq']} dead letters")
+        if config.policy.mode == "enforce":
+            denied = tally.reasons["policy_denied"]
+            say(f"policy enforce: {denied} call{'s' * (denied != 1)} denied (policy_denied), "
+                "not committed")
         say(f"again: latch tail --from-beginning --run {prefix} --timeout 5")
         status = EXIT_OK
     except (DemoError, PublishError, tail.TailError, KafkaException) as exc:
@@ -466,6 +504,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         started.keep_workdir = status != EXIT_OK
         status = _cleanup(started, args.keep, status)
     return status
+
+
+def _policy_text(config: Config) -> str:
+    if config.policy.mode == "off":
+        return "off"
+    return f"{config.policy.mode} ({config.policy.file})"
 
 
 def _publish_and_watch(config: Config, envelopes: list[dict[str, Any]], runs: list[str],

@@ -12,10 +12,11 @@ Lines (times are the records' timestamps, local time)::
     14:02:07 final r1 completed 2 calls (1 committed, 1 failed)
     14:02:07 dlq <key> unknown_run no run.start for this run
     14:02:07 progress r1 call_abc read_file 128 bytes
+    14:02:07 audit r1 call_abc read_file committed policy=log_only:deny(forbid-rm) 16 bytes
 
 ``--json`` prints ``{"topic", "key", "value"}`` lines instead, the shape ``latch assemble``
 writes, with ``topic`` the logical name (``committed``, ``errors``, ...). ``--topics`` takes
-logical names: the five output topics, and ``events`` / ``control`` for the inputs.
+logical names: the six output topics, and ``events`` / ``control`` for the inputs.
 
 The consumer is assigned its partitions directly and never commits, so a tail leaves no
 consumer group behind and never moves the worker's offsets. It stops after ``--max``
@@ -61,7 +62,8 @@ __all__ = [
 ]
 
 #: Every logical topic name ``--topics`` accepts, outputs first.
-LOGICAL_TOPICS = ("committed", "errors", "final", "progress", "dlq", "events", "control")
+LOGICAL_TOPICS = ("committed", "errors", "final", "progress", "dlq", "audit", "events",
+                  "control")
 DEFAULT_TOPICS = ("committed", "errors", "final", "dlq")
 #: Argument JSON longer than this is cut in readable lines (``--json`` prints it whole).
 MAX_ARGUMENTS_CHARS = 200
@@ -140,6 +142,24 @@ def _progress(run_id: str, _key: str | None, v: dict[str, Any]) -> list[str]:
     return [run_id, _s(call), _s(v.get("name")), f"{_s(v.get('bytes'))} bytes"]
 
 
+def _audit(run_id: str, _key: str | None, v: dict[str, Any]) -> list[str]:
+    outcome = _s(v.get("outcome"))
+    if v.get("reason"):
+        outcome += f" {v['reason']}"
+    policy = v.get("policy")
+    policy = policy if isinstance(policy, dict) else {}
+    decision = _s(policy.get("mode"))
+    if "allow" in policy:
+        decision += ":" + ("allow" if policy["allow"] else "deny")
+        ids = policy.get("policies")
+        if isinstance(ids, list) and ids:
+            decision += "(" + ",".join(map(str, ids)) + ")"
+    arguments = v.get("arguments")
+    arguments = arguments if isinstance(arguments, dict) else {}
+    return [run_id, _s(v.get("tool_call_id")), _s(v.get("name")), outcome,
+            f"policy={decision}", f"{_s(arguments.get('bytes'))} bytes"]
+
+
 def _events(run_id: str, _key: str | None, v: dict[str, Any]) -> list[str]:
     kind = _s(v.get("type"))
     words = [run_id, f"#{v['seq']}" if "seq" in v else "-", kind]
@@ -167,6 +187,7 @@ _FORMATTERS = {
     "final": _final,
     "dlq": _dlq,
     "progress": _progress,
+    "audit": _audit,
     "events": _events,
     "control": _control,
 }

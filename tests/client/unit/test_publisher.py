@@ -428,6 +428,22 @@ def test_tail_lines() -> None:
     assert rec("final", final).as_line() == {"topic": "final", "key": "r1", "value": final}
 
 
+def test_tail_prints_an_audit_record_on_one_line_without_a_digest() -> None:
+    """``latch tail --topics audit`` prints the call, its outcome and reason, the policy's
+    mode and decision with the determining policies, and the argument size (not the digest:
+    a long hex string helps no one reading a terminal)."""
+    audit = {"v": 1, "run_id": "r1", "tool_call_id": "c1", "name": "rm", "outcome": "error",
+             "reason": "policy_denied", "policy": {"mode": "enforce", "allow": False,
+                                                   "policies": ["forbid-rm"], "errors": [],
+                                                   "version": 3},
+             "arguments": {"bytes": 16, "sha256": "ab" * 32}}
+    off = {"run_id": "r2", "tool_call_id": "c2", "name": "ls", "outcome": "committed",
+           "reason": None, "policy": {"mode": "off"}, "arguments": None}
+    assert [without_clock(tail.format_record(rec("audit", v))) for v in (audit, off)] == [
+        "audit r1 c1 rm error policy_denied policy=enforce:deny(forbid-rm) 16 bytes",
+        "audit r2 c2 ls committed policy=off - bytes"]
+
+
 def test_tail_cuts_long_arguments() -> None:
     """``latch tail`` cuts a committed call's long arguments with ``...``: the line stays short."""
     committed = {"run_id": "r1", "call_id": "c", "name": "n", "arguments": {"a": "x" * 500}}

@@ -664,7 +664,8 @@ def test_anthropic_tool_use_pipelined_commit_at_block_stop() -> None:
                   [e.as_line() for e in assembler.feed_record(None, orjson.dumps(env))])
                  for env in envelopes]
     emitting = [(kind, [line["topic"] for line in lines]) for kind, lines in per_event if lines]
-    assert emitting == [("content_block_stop", ["committed"]), ("message_stop", ["final"])]
+    assert emitting == [("content_block_stop", ["committed", "audit"]),
+                        ("message_stop", ["final"])]
     stops = [kind for kind, _ in per_event if kind == "content_block_stop"]
     assert len(stops) == 2  # the text block's stop commits nothing
     lines = [line for _, lines in per_event for line in lines]
@@ -1002,15 +1003,16 @@ def test_responses_four_responses_reasoning_item_kept_with_encrypted_content() -
 def test_responses_four_responses_as_one_run_dead_letters_the_rest() -> None:
     """openai-reasoning-encrypted-content published (wrongly) as one run: the first
     ``response.completed`` ends the run, so only the first call gets an outcome; every later
-    provider event is a contract break for a finished run (DLQ ``run_finished``, original
-    bytes kept), and the trailing ``stream.end`` is ignored."""
+    provider event is a contract break for a finished run, counted and summed up in one DLQ
+    ``run_finished`` record (decision 0015), and the trailing ``stream.end`` is ignored."""
     events = load_events(fixture(RESPONSES_FOUR))
     lines = run_events("openai.responses", events, [responses_tool("calculator", CALCULATOR)])
     assert summary(lines) == CALCULATOR_RUNS[0][1]
     assert len(topic(lines, "final")) == 1
     dlq = topic(lines, "dlq")
-    assert len(dlq) == len(events) - 56
-    assert {d["reason"] for d in dlq} == {"run_finished"}
+    assert len(dlq) == 1 and lines[-1]["topic"] == "dlq"  # summed up at the input's end
+    assert dlq[0]["reason"] == "run_finished"
+    assert dlq[0]["late"]["count"] == len(events) - 56
 
 
 def _parallel_events_repaired() -> list[dict[str, Any]]:
@@ -1190,7 +1192,7 @@ def test_responses_pipelined_commit_at_output_item_done() -> None:
         got = [e.as_line()["topic"] for e in assembler.feed_record(None, orjson.dumps(env))]
         if got:
             emitting.append((env.get("event", {}).get("type"), got))
-    assert emitting == [("response.output_item.done", ["committed"]),
+    assert emitting == [("response.output_item.done", ["committed", "audit"]),
                         ("response.completed", ["final"])]
 
 
@@ -1291,4 +1293,5 @@ def test_cli_assemble_runs_each_cassette_interaction_on_its_own(tmp_path: Path) 
                      for line in run_events("openai.responses", run, tools,
                                             run_id=f"capture-{n}")]
     assert [(line["key"], line["topic"]) for line in lines] == [
-        ("capture-1", "committed"), ("capture-1", "final"), ("capture-2", "final")]
+        ("capture-1", "committed"), ("capture-1", "audit"), ("capture-1", "final"),
+        ("capture-2", "final")]

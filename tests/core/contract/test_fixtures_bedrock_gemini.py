@@ -531,7 +531,7 @@ def test_cli_reads_gemini_as_json_lines_sse_and_a_json_array(tmp_path: Path) -> 
     array.write_bytes(b"[" + b",\r\n".join(payloads) + b"]")
     outputs = [_cli(GEMINI, p, tools, tmp_path) for p in (path, sse, array)]
     assert outputs[0] == outputs[1] == outputs[2] == run_capture(GEMINI, path, tools)
-    assert [line["topic"] for line in outputs[0]] == ["committed"] * 4 + ["final"]
+    assert [line["topic"] for line in outputs[0]] == ["committed", "audit"] * 4 + ["final"]
     assert only_final(outputs[0])["status"] == "completed"
 
 
@@ -543,4 +543,4 @@ def test_cli_reads_the_bedrock_sdk_events_as_recorded(tmp_path: Path) -> None:
     tools = bedrock_tools({"tool-a": OBJ, "tool-b": OBJ, "json": OBJ})
     lines = _cli(BEDROCK, fixture(BEDROCK_JSON_TOOLS), tools, tmp_path)
     assert lines == run_capture(BEDROCK, fixture(BEDROCK_JSON_TOOLS), tools)
-    assert [line["topic"] for line in lines] == ["committed"] * 3 + ["final"]
+    assert [line["topic"] for line in lines] == ["committed", "audit"] * 3 + ["final"]

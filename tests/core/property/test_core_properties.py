@@ -698,12 +698,13 @@ def end_all(asm: Assembler, ends: list[str], clock: int) -> list[Emit]:
 @given(records=record_lists(wild=True), settings_name=st.sampled_from(list(SETTINGS)))
 def test_feed_record_is_total(records: list[Record], settings_name: str) -> None:
     """No sequence of records makes ``feed_record`` raise; every record it returns is valid
-    against its schema and serialisable, and a DLQ record keeps the original bytes."""
+    against its schema and serialisable, and a DLQ record keeps the original bytes (but the
+    summary of a run's late events, which counts them: decision 0015)."""
     asm = Assembler(SETTINGS[settings_name])
     for key, value, now in records:
         emits = asm.feed_record(key, value, now)
         for emit in emits:
-            if emit.topic == "dlq":
+            if emit.topic == "dlq" and "late" not in emit.value:
                 assert base64.b64decode(emit.value["original_b64"]) == value
         lines(emits)
 
@@ -711,19 +712,27 @@ def test_feed_record_is_total(records: list[Record], settings_name: str) -> None
 def check_outcomes(asm: SpyAssembler, emits: list[Emit], pipelined: bool) -> None:
     """The exactly-one-outcome invariants over everything ``asm`` emitted (see the test)."""
     per_run: dict[str, list[Emit]] = defaultdict(list)
+    audits: dict[str, list[str]] = defaultdict(list)  # one audit record per outcome record
     finals: dict[str, dict[str, Any]] = {}
+    ended: set[str] = set()
     for emit in emits:
         if emit.topic == "dlq":
             continue
         run_id = emit.value["run_id"]
         assert run_id not in finals, f"a record after the final of {run_id}: {emit}"
-        if emit.topic == "final":
+        if emit.topic == "run_ended":  # at most one per run, before its final (decision 0015)
+            assert run_id not in ended, f"a second run.ended of {run_id}: {emit}"
+            ended.add(run_id)
+        elif emit.topic == "final":
             finals[run_id] = emit.value
+        elif emit.topic == "audit":
+            audits[run_id].append(emit.value["idempotency_key"])
         elif emit.topic != "progress":
             per_run[run_id].append(emit)
     assert set(finals) == asm.started
     for run_id, final in finals.items():
         check_final(run_id, per_run[run_id], final, early=pipelined)
+        assert audits[run_id] == [e.value["idempotency_key"] for e in per_run[run_id]]
         assert len(final["outcomes"]) == asm.opened[run_id]
 
 
@@ -736,8 +745,9 @@ def test_every_call_gets_exactly_one_outcome(
     """Once every run has ended (stream end, stream error, cancel or idle tick), every opened
     call is in its run's one final message, whose ``outcomes`` are the run's records (with
     early commit, plus an unrecorded ``duplicate_call_id`` entry for a call reusing an id
-    whose outcome was out), nothing of a run follows its final, each ``tool_call_id`` has
-    one kind of outcome, and no two records share an idempotency key."""
+    whose outcome was out), nothing of a run follows its final, a run has at most one
+    ``run.ended``, each ``tool_call_id`` has one kind of outcome, and no two records share an
+    idempotency key."""
     asm = SpyAssembler(SETTINGS[settings_name])
     emits = feed_all(asm, records)
     clock = max((now or 0 for _, _, now in records), default=0)

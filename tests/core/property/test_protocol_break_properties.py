@@ -30,10 +30,11 @@ Gemini (its run ends at ``stream.end``):
 
 Checked for every example: every line fits ``schemas/output-line.schema.json``; exactly one
 final record; each call id carried before the end has exactly one outcome (committed or error)
-and the final record lists the same outcomes; nothing went to the DLQ but the event after the
-end (``run_finished``); and for every provider but chat, whose protocol has no per-call start
-or stop, any break before the end leaves the run ``failed`` with nothing committed after the
-break and the break's ``protocol_error`` among the outcomes.
+and the final record lists the same outcomes; nothing went to the DLQ but the one summary of
+the event after the end (``run_finished``, counting it: decision 0015); and for every
+provider but chat, whose protocol has no per-call start or stop, any break before the end
+leaves the run ``failed`` with nothing committed after the break and the break's
+``protocol_error`` among the outcomes.
 """
 
 from __future__ import annotations
@@ -198,7 +199,9 @@ def test_a_broken_stream_gives_each_carried_id_one_outcome(
         case: tuple[str, str, list[dict[str, Any]]]) -> None:
     """See the module docstring: the properties every injected break keeps."""
     provider, kind, envelopes = case
-    emits = feed(Assembler(), envelopes)
+    asm = Assembler()
+    emits = feed(asm, envelopes)
+    emits += asm.summarise_late()  # the one summary of the events after the end (0015)
     check_schemas(emits)
     finals = [e.value for e in emits if e.topic is Topic.FINAL]
     assert len(finals) == 1
@@ -216,7 +219,8 @@ def test_a_broken_stream_gives_each_carried_id_one_outcome(
     assert all(got[i] == 1 for i in carried), got
     assert Counter(o["tool_call_id"] for o in finals[0]["outcomes"]) == got
     dead = [e.value for e in emits if e.topic is Topic.DLQ]
-    assert [d["reason"] for d in dead] == (["run_finished"] if kind == "after" else [])
+    assert [(d["reason"], d["late"]["count"]) for d in dead] == (
+        [("run_finished", 1)] if kind == "after" else [])
     if provider != CHAT and kind != "after":
         assert finals[0]["status"] == "failed"
         final_at = next(n for n, e in enumerate(emits) if e.topic is Topic.FINAL)

@@ -22,6 +22,7 @@ from builders import (
     anthropic_tool,
     anthropic_tool_block,
     call_results,
+    check_schemas,
     checked_run,
     dlq,
     feed,
@@ -31,7 +32,7 @@ from builders import (
 )
 from fixtures_lib import VERCEL, fixture, load_events
 
-from worker.core import Assembler, Emit
+from worker.core import Assembler, Emit, Topic
 
 TOOLS_A = [anthropic_tool("f", {"type": "object"})]
 DUP_START = f"{VERCEL}/anthropic/src/__fixtures__/duplicate-message-start.chunks.txt"
@@ -145,20 +146,27 @@ def test_misplaced_block_event_fails_the_run(event: dict[str, Any]) -> None:
 def test_break_outcomes_come_at_the_run_end_in_provider_order() -> None:
     """The break decides the calls at once, but their error results go out with the run's
     end, in provider order (block index, then start order) like every run's outcomes: the
-    event that broke the stream emits nothing."""
+    event that broke the stream emits only the run's ``run.ended`` (the gateway may stop
+    reading at once: decision 0015)."""
     envs = run_envelopes("r1", ANTHROPIC, TOOLS_A, spliced("msg_2"), end=False)
     cut = next(n for n, e in enumerate(envs)
                if e.get("event", {}).get("type") == "message_start" and n > 1)
     asm = Assembler()
-    assert feed(asm, envs[:cut + 1]) == []
+    assert [(e.topic, e.value["reason"]) for e in feed(asm, envs[:cut + 1])] == [
+        (Topic.RUN_ENDED, "protocol_error")]
     assert outcome_ids(feed(asm, envs[cut + 1:])) == ["toolu_a", "toolu_b"]
 
 
 def test_an_event_after_the_end_changes_nothing() -> None:
-    """An event after ``message_stop`` goes to the DLQ (``run_finished``); the outcomes
-    already out stay the only ones."""
+    """The events after ``message_stop`` are counted and summed up in one DLQ record
+    (``run_finished``, decision 0015); the outcomes already out stay the only ones."""
+    late = anthropic_tool_block(1, "toolu_late", "f", "{}")
     events = [anthropic_message_start(), *anthropic_tool_block(0, "toolu_a", "f", "{}"),
-              *anthropic_tail(), *anthropic_tool_block(1, "toolu_late", "f", "{}")]
-    emits = run(ANTHROPIC, TOOLS_A, events, end=False)
+              *anthropic_tail(), *late]
+    asm = Assembler()
+    emits = feed(asm, run_envelopes("r1", ANTHROPIC, TOOLS_A, events, end=False))
+    emits += asm.summarise_late()
+    check_schemas(emits)
     assert results(emits) == [("toolu_a", "committed")]
-    assert {d["reason"] for d in dlq(emits)} == {"run_finished"}
+    assert [(d["reason"], d["late"]["count"]) for d in dlq(emits)] == [
+        ("run_finished", len(late))]

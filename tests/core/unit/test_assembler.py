@@ -192,12 +192,13 @@ def test_open_run_flood_ends_the_least_recently_active_runs() -> None:
 
 
 def test_run_ended_by_the_open_run_budget_is_finished() -> None:
-    """A run ended to make room is finished like any other: a later provider event of it goes
-    to the DLQ as ``run_finished``, and a later ``stream.end`` or cancel is ignored and
-    counted."""
+    """A run ended to make room is finished like any other: a later provider event of it is
+    counted for its one DLQ ``run_finished`` summary (decision 0015), and a later
+    ``stream.end`` or cancel is ignored and counted."""
     asm = make(max_open_runs=1)
     feed(asm, [start("a"), call_start("a", 1, "call_a"), start("b")])
-    assert dlq(feed(asm, [args("a", 2, "{}")]))[0]["reason"] == "run_finished"
+    assert feed(asm, [args("a", 2, "{}")]) == []
+    assert [e.value["late"]["count"] for e in asm.summarise_late()] == [1]
     before = asm.stats["ignored_after_end"]
     assert feed(asm, [stream_end("a", 3), cancel("a")]) == []
     assert asm.stats["ignored_after_end"] == before + 2
@@ -331,7 +332,8 @@ def test_flood_of_tool_call_starts_across_events_ends_the_run() -> None:
     placeholder = "too_many_tool_calls: at most 2 calls may be assembled at once"
     assert by_id == {**{f"toolu_{i}": cap for i in (0, 1, 8)},
                      **{f"toolu_{i}": placeholder for i in range(2, 8)}}
-    assert [d["reason"] for d in dlq(emits)] == ["run_finished"] * 3  # blocks 9, 10, 11
+    assert dlq(emits) == []  # blocks 9, 10, 11: counted for the one summary (decision 0015)
+    assert [e.value["late"]["count"] for e in asm.summarise_late()] == [3]
     one_outcome_each(checked(emits), [f"toolu_{i}" for i in range(9)])
 
 
@@ -584,19 +586,20 @@ def test_cancel_for_an_unknown_run() -> None:
 
 
 def test_events_after_the_run_ended() -> None:
-    """After a run's end: a provider event or a ``stream.error`` with a new seq goes to the DLQ
-    as ``run_finished``; a ``stream.end`` or a cancel is ignored and counted
-    (``ignored_after_end``); a re-delivered envelope is ignored and counted (``duplicates``).
-    No outcome changes."""
+    """After a run's end: a provider event or a ``stream.error`` with a new seq is counted for
+    the run's one DLQ ``run_finished`` summary (decision 0015); a ``stream.end`` or a cancel
+    is ignored and counted (``ignored_after_end``); a re-delivered envelope is ignored and
+    counted (``duplicates``). No outcome changes."""
     asm = make()
     envs = provider_run(CHAT, "r1", TOOLS, [("call_1", "f", "{}")])
     first = feed(asm, envs)
     assert [c["call_id"] for c in committed(first)] == ["call_1"]
     late = feed(asm, [args("r1", 50, "{}"), stream_error("r1", 51)])
-    assert [d["reason"] for d in dlq(late)] == ["run_finished", "run_finished"]
+    assert dlq(late) == []
     before = Counter(asm.stats)
     assert feed(asm, [stream_end("r1", 52), cancel("r1"), envs[1]]) == []
     assert asm.stats - before == Counter({"ignored_after_end": 2, "duplicates": 1})
+    assert [e.value["late"]["count"] for e in asm.summarise_late()] == [2]
 
 
 @pytest.mark.parametrize("value", [

@@ -146,9 +146,6 @@ CASES: list[tuple[str, DlqReason, Setup, bytes | None, bytes]] = [
      raw(provider_event("r9", 1, chat_chunk(content="hi")))),
     ("unknown_run_end", DlqReason.UNKNOWN_RUN, open_run, None, raw(stream_end("r9", 1))),
     ("unknown_run_error", DlqReason.UNKNOWN_RUN, nothing, None, raw(stream_error("r9", 1))),
-    ("event_after_finish", DlqReason.RUN_FINISHED, finished, b"r1",
-     raw(provider_event("r1", 99, chat_chunk([chat_tool_delta(0, "c2", "noop", "{}")])))),
-    ("error_after_finish", DlqReason.RUN_FINISHED, finished, None, raw(stream_error("r1", 99))),
     ("second_start_open", DlqReason.DUPLICATE_RUN_START, open_run, b"r1", raw(start(seq=5))),
     ("second_start_finished", DlqReason.DUPLICATE_RUN_START, finished, None,
      raw(start(seq=99))),
@@ -167,6 +164,15 @@ CASES: list[tuple[str, DlqReason, Setup, bytes | None, bytes]] = [
      raw({**decision("r1", "approve", "c1"), "by": ""})),
     ("event_while_waiting", DlqReason.RUN_FINISHED, held, b"r1",
      raw(provider_event("r1", 99, chat_chunk(content="late")))),
+]
+
+#: (name, setup, key, value): ``value`` reaches a finished run. It is no DLQ record of its
+#: own: it is counted, and the run's late events are summed up in one ``run_finished`` record
+#: (decision 0015).
+LATE_CASES: list[tuple[str, Setup, bytes | None, bytes]] = [
+    ("event_after_finish", finished, b"r1",
+     raw(provider_event("r1", 99, chat_chunk([chat_tool_delta(0, "c2", "noop", "{}")])))),
+    ("error_after_finish", finished, None, raw(stream_error("r1", 99))),
 ]
 
 
@@ -199,6 +205,31 @@ def test_dlq_record(reason: DlqReason, setup: Setup, key: bytes | None, value: b
     assert asm.open_run_ids() == open_before
 
 
+@pytest.mark.parametrize("setup, key, value", [c[1:] for c in LATE_CASES],
+                         ids=[c[0] for c in LATE_CASES])
+def test_late_event_is_summed_up(setup: Setup, key: bytes | None, value: bytes) -> None:
+    """An envelope of a finished run gives no DLQ record of its own: it is counted
+    (``late_events``), and the run's one summary (reason ``run_finished``, keyed by the run id,
+    no original bytes, ``late`` with the count, seqs and offsets) says it came; the open runs
+    are untouched (decision 0015)."""
+    asm = make()
+    setup(asm)
+    open_before = asm.open_run_ids()
+    before = Counter(asm.stats)
+    assert asm.feed_record(key, value) == []
+    assert (asm.stats - before) == Counter({"late_events": 1})
+    emits = asm.summarise_late()
+    assert [(e.topic, e.key) for e in emits] == [(Topic.DLQ, "r1")]
+    [record] = dlq(emits)
+    assert record["reason"] == DlqReason.RUN_FINISHED.value and record["run_id"] == "r1"
+    assert record["original_b64"] == ""
+    assert record["source"]["key_b64"] == base64.b64encode(b"r1").decode()
+    assert record["late"] == {"count": 1, "first_seq": 99, "last_seq": 99,
+                              "first_offset": None, "last_offset": None}
+    assert SECRET not in record["detail"] and record["v"] == 1
+    assert asm.open_run_ids() == open_before
+
+
 #: Written by the worker (``worker.runtime.faust_engine.engine``) when the core itself raises,
 #: or when Kafka refuses an output record (``worker.runtime.refusals``): the core must never
 #: produce them, so no input may reach them through ``feed_record``.
@@ -208,7 +239,8 @@ WORKER_ONLY = {DlqReason.INTERNAL_ERROR, DlqReason.OUTPUT_REFUSED}
 def test_every_dlq_reason_is_reached() -> None:
     """Every DLQ reason the core can give has a case above: adding a reason without a case
     fails this test."""
-    assert {c[1] for c in CASES} == set(DlqReason) - WORKER_ONLY
+    assert ({c[1] for c in CASES} | {DlqReason.RUN_FINISHED}) == set(DlqReason) - WORKER_ONLY
+    assert LATE_CASES  # run_finished: the summary of late events (test_late_event_is_summed_up)
     assert {c[1] for c in CASES}.isdisjoint(WORKER_ONLY)
 
 
@@ -253,16 +285,23 @@ def test_open_run_limit_ends_the_oldest_run_instead_of_refusing() -> None:
     asm = make()
     feed(asm, [start("r1")])
     emits = feed(asm, [start("r2")])
-    assert dlq(emits) == [] and [e.value["status"] for e in emits] == ["failed"]
+    assert dlq(emits) == [] and [e.value["status"] for e in emits] == ["failed", "failed"]
+    # Latch ended it: the gateway is told (``run.ended``) before its final (decision 0015).
+    assert [(e.topic, e.value["run_id"]) for e in emits] == [(Topic.RUN_ENDED, "r1"),
+                                                             (Topic.FINAL, "r1")]
+    assert emits[0].value["reason"] == "budget_exceeded"
     assert asm.open_run_ids() == ["r2"]
 
 
 def test_run_ended_at_the_limit_is_finished() -> None:
-    """A run ended to make room is finished: its later events are ``run_finished``."""
+    """A run ended to make room is finished: its later events are counted, and summed up
+    in one ``run_finished`` record (decision 0015)."""
     asm = make()
     feed(asm, [start("r1"), start("r2")])
-    [record] = dlq(feed(asm, [provider_event("r1", 1, chat_chunk(content="x"))]))
-    assert record["reason"] == "run_finished"
+    late = [provider_event("r1", n, chat_chunk(content="x")) for n in (1, 2)]
+    assert dlq(feed(asm, late)) == []
+    [record] = dlq(asm.summarise_late())
+    assert record["reason"] == "run_finished" and record["late"]["count"] == 2
 
 
 # -- late and repeated envelopes are not contract breaks -------------------------------------
@@ -302,14 +341,18 @@ def test_events_after_cancel_are_ignored() -> None:
 
 def test_remembered_runs_are_bounded() -> None:
     """Finished runs are remembered up to ``remember_finished_runs``; beyond that the
-    oldest is forgotten (its late events become ``unknown_run``)."""
+    oldest is forgotten (its late events become ``unknown_run``), while the late events of
+    the remembered ones are summed up as ``run_finished`` (decision 0015)."""
     asm = make({"remember_finished_runs": 2})
     for run_id in ("a", "b", "c"):
         finished_run(asm, run_id)
     late = {run_id: dlq(feed(asm, [provider_event(run_id, 99, chat_chunk(content="x"))]))
             for run_id in ("a", "b", "c")}
-    assert late["a"][0]["reason"] == "unknown_run"
-    assert late["b"][0]["reason"] == late["c"][0]["reason"] == "run_finished"
+    assert [r["reason"] for r in late["a"]] == ["unknown_run"]
+    assert late["b"] == late["c"] == []
+    summaries = dlq(asm.summarise_late())
+    assert [(r["run_id"], r["reason"]) for r in summaries] == [("b", "run_finished"),
+                                                               ("c", "run_finished")]
 
 
 # -- decode ----------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ class TestSingleTool:
         """The call commits once with its parsed arguments, its provider id and index 0,
         then the final message completes the run and holds the call."""
         emits = run(provider, [("call_1", "read_file", '{"path": "/etc/hosts"}')])
-        assert [e.topic for e in emits] == [Topic.COMMITTED, Topic.FINAL]
+        assert [e.topic for e in emits] == [Topic.COMMITTED, Topic.AUDIT, Topic.FINAL]
         [call] = committed(emits)
         assert (call["call_id"], call["name"], call["index"], call["arguments"]) == (
             "call_1", "read_file", 0, {"path": "/etc/hosts"})

@@ -59,7 +59,9 @@ def held_run(run_id: str = "r1", **kw: Any) -> list[dict[str, Any]]:
 
 
 def topics(emits: list[Emit]) -> list[Topic]:
-    return [e.topic for e in emits]
+    """The outputs' topics, the audit records aside (test_audit_follows_every_decided_outcome
+    pins those)."""
+    return [e.topic for e in emits if e.topic is not Topic.AUDIT]
 
 
 def checked(emits: list[Emit]) -> list[Emit]:
@@ -121,6 +123,24 @@ class TestDecisions:
         assert committed(emits) == committed(ungated)
         assert [o["state"] for o in finals(emits)[0]["outcomes"]] == ["committed", "committed"]
         assert not a.is_open("r1") and a.stats["approvals_approve"] == 1
+
+    def test_audit_follows_every_decided_outcome(self) -> None:
+        """Issue 25's audit with issue 26's approvals: a held call is not an outcome, so the
+        pending record gets no audit record; each decided outcome (approve's committed call,
+        deny's and timeout's error result, edit's commit) is followed by exactly one, naming
+        the call, never its arguments."""
+        for tail, outcome in (([decision("r1", "approve", "c2")], "committed"),
+                              ([decision("r1", "deny", "c2")], "error"),
+                              ([tick(60_000)], "error")):
+            emits = checked(feed(asm(), [*held_run(ts=0), *tail]))
+            kinds = [e.topic for e in emits if e.topic is not Topic.FINAL]
+            assert kinds == [Topic.COMMITTED, Topic.AUDIT, Topic.PENDING,
+                             Topic.COMMITTED if outcome == "committed" else Topic.ERRORS,
+                             Topic.AUDIT], tail
+            audits = [e.value for e in emits if e.topic is Topic.AUDIT]
+            assert [(a["tool_call_id"], a["outcome"]) for a in audits] == [
+                ("c1", "committed"), ("c2", outcome)]
+            assert SECRET not in orjson.dumps(audits).decode()
 
     def test_deny_gives_one_error_result(self) -> None:
         """``deny``: one error result ``approval_denied`` naming who and why (never the
@@ -214,9 +234,11 @@ class TestDecisions:
         assert [o["state"] for o in finals(last)[0]["outcomes"]] == ["failed", "committed"]
 
     def test_cancel_while_waiting_cancels_the_held_calls(self) -> None:
-        """A cancel reaching a waiting run cancels its held calls and ends it ``cancelled``."""
+        """A cancel reaching a waiting run cancels its held calls and ends it ``cancelled``;
+        like every cancel, it gives the run's ``run.ended`` first (decision 0015)."""
         emits = checked(feed(asm(), [*held_run(), cancel("r1")]))
-        assert topics(emits) == [Topic.COMMITTED, Topic.PENDING, Topic.ERRORS, Topic.FINAL]
+        assert topics(emits) == [Topic.COMMITTED, Topic.PENDING, Topic.RUN_ENDED, Topic.ERRORS,
+                                 Topic.FINAL]
         assert errors(emits)[0]["state"] == "cancelled"
         assert finals(emits)[0]["status"] == "cancelled"
 

@@ -42,7 +42,7 @@ from builders import (
 )
 from test_assembler import checked, one_outcome_each
 
-from worker.core import Assembler, AssembleSettings
+from worker.core import Assembler, AssembleSettings, Topic
 from worker.core.model import Emit
 from worker.core.ops import STATE_BYTES
 from worker.core.settings import MAX_RECORD_BYTES, largest_records
@@ -85,14 +85,21 @@ def test_many_empty_chat_choices_end_the_run_within_the_bound() -> None:
     tools = tools_for(CHAT, {"f": {"type": "object"}})
     chunks = [chat_call("call_1", "f", "{}")]
     chunks += [empty_choices(1 + 40_000 * n, 40_000) for n in range(3)]  # 3 x 0.7 MB
-    emits = checked(feed(make(), run_envelopes("r", CHAT, tools, chunks)))
+    asm = make()
+    emits = checked(feed(asm, run_envelopes("r", CHAT, tools, chunks)))
     [final] = finals(emits)
     assert final["status"] == "failed" and len(final["choices"]) == 128
     [error] = errors(emits)
     assert error["reason"] == "budget_exceeded" and "more than 128 choices" in error["content"]
     one_outcome_each(emits, ["call_1"])
     assert len(orjson.dumps(final)) < 64 * 1024
-    assert len(dlq(emits)) == 2  # the later chunks (run_finished): the run had ended
+    # The later chunks reach an ended run: counted and summed up in one ``run_finished``
+    # record, and the gateway was told by ``run.ended`` (decision 0015).
+    assert dlq(emits) == [] and asm.stats["late_events"] == 2
+    [summary] = dlq(asm.summarise_late())
+    assert summary["reason"] == "run_finished" and summary["late"]["count"] == 2
+    assert [e.value["reason"] for e in emits if e.topic is Topic.RUN_ENDED] == [
+        "budget_exceeded"]
 
 
 def test_many_gemini_candidates_end_the_run() -> None:

@@ -1729,7 +1729,8 @@ class TestRedeliveryAndOrder:
                                                 events))
         check_outputs(emits)
         assert outcome_ids(emits) == ["c0", "c1", "c2"]
-        assert [e.topic for e in emits] == [Topic.COMMITTED, Topic.ERRORS, Topic.COMMITTED,
+        assert [e.topic for e in emits] == [Topic.COMMITTED, Topic.AUDIT, Topic.ERRORS,
+                                            Topic.AUDIT, Topic.COMMITTED, Topic.AUDIT,
                                             Topic.FINAL]
 
     def test_mixed_corpus_is_byte_identical_across_fresh_assemblers(self) -> None:

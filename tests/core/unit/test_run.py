@@ -61,7 +61,7 @@ def test_a_run_accounts_its_bytes_to_the_ledger_and_is_forgotten_at_its_end() ->
     assert run.nbytes == partition.ledger.held == len('{"a": 1}')
     assert event(run, chat_chunk(finish_reason="tool_calls")) == []
     emits = run.stream_end()
-    assert [e.topic for e in emits] == [Topic.COMMITTED, Topic.FINAL]
+    assert [e.topic for e in emits] == [Topic.COMMITTED, Topic.AUDIT, Topic.FINAL]
     assert run.status is RunStatus.COMPLETED and partition.forgotten == [run]
     assert partition.ledger.held == 0
     assert partition.ledger.stats["runs_completed"] == 1
@@ -91,7 +91,7 @@ def test_a_late_op_for_a_decided_call_changes_nothing() -> None:
     run = new_run(partition, emit_progress=False, execute_before_stream_end=True,
                   allow_pipelined_execute=("f",))
     event(run, chat_chunk([chat_tool_delta(0, "call_1", "f", "{}")]))
-    assert [e.topic for e in run._apply(op.CloseCall("0.0"))] == [Topic.COMMITTED]
+    assert [e.topic for e in run._apply(op.CloseCall("0.0"))] == [Topic.COMMITTED, Topic.AUDIT]
     call = run.calls["0.0"]
     assert run._apply(op.CloseCall("0.0")) == []
     assert not call.fail(Reason.STREAM_ERROR, "late")

@@ -13,7 +13,8 @@ from jsonschema import Draft202012Validator
 from worker.runtime.schemas import load_schema, schema_names, schema_path, validator
 
 ALL = schema_names()
-OUTPUTS = ("committed-call", "error-result", "final-message", "progress", "dlq-record")
+OUTPUTS = ("committed-call", "error-result", "final-message", "progress", "dlq-record",
+           "audit")
 
 #: The contract's committed-call example, verbatim.
 CONTRACT_COMMITTED: dict[str, Any] = {
@@ -103,12 +104,13 @@ def walk_properties(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str
 
 
 def test_the_expected_files_exist() -> None:
-    """schemas/ holds exactly the thirteen record kinds the contract, the worker and the
-    runner need (issue 26: pending-call, a call waiting for approval)."""
+    """schemas/ holds exactly the record kinds the contract, the worker and the runner need
+    (issue 26: pending-call, a call waiting for approval; run-ended, decision 0015; issue 25:
+    audit)."""
     assert set(ALL) == {
         "stream-envelope", "control-envelope", "tick-envelope", "committed-call",
         "error-result", "final-message", "progress", "dlq-record", "output-line", "config",
-        "tool-result", "journal-entry", "registry", "pending-call",
+        "tool-result", "journal-entry", "registry", "pending-call", "run-ended", "audit",
     }  # fmt: skip
 
 
@@ -180,9 +182,9 @@ def test_config_topic_defaults_are_the_contracts() -> None:
         "events": "llm.stream.events", "control": "llm.stream.control",
         "committed": "tool.calls.committed", "errors": "tool.calls.errors",
         "final": "llm.messages.final", "progress": "llm.stream.progress",
-        "dlq": "llm.stream.dlq", "results": "tool.calls.results",
+        "dlq": "llm.stream.dlq", "audit": "latch.audit", "results": "tool.calls.results",
         "journal": "tool.calls.journal", "pending": "tool.calls.pending",
-        "registry": "latch.registry",
+        "registry": "latch.registry", "run_ended": "llm.runs.ended",
     }  # fmt: skip
     assert topics["partitions"]["default"] == 12
 

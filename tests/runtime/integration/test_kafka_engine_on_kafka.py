@@ -27,7 +27,7 @@ from worker.runtime.kafka_engine import reader
 from worker.runtime.kafka_engine.heads import KafkaHeadsTable
 
 PARTITIONS = 4
-KEYED = ("committed", "errors", "final")
+KEYED = ("committed", "errors", "final", "audit")
 
 
 def _runs(prefix: str, per_partition: int) -> dict[str, list[dict[str, object]]]:
@@ -54,7 +54,8 @@ def test_each_outcome_once_at_read_committed_across_a_sigkill(
     """Two kafka-engine workers share the partitions; one is killed with SIGKILL while runs
     stream through it. The survivor takes its partitions over (the killed worker's open
     transaction is aborted), and a read_committed reader sees every committed call, error
-    result and final message exactly once, equal to the offline core's."""
+    result and final message exactly once, equal to the offline core's, and one audit record
+    per outcome, exactly once too."""
     victim = WorkerProcess(stack, tmp_path / "a.log")
     survivor = None
     try:
@@ -78,6 +79,8 @@ def test_each_outcome_once_at_read_committed_across_a_sigkill(
         counts = _keys(reader)
         assert {key: n for key, n in counts.items() if n != 1} == {}
         assert sum(1 for role, _ in counts if role == "final") == len(ids)
+        assert {key for role, key in counts if role == "audit"} == {
+            key for role, key in counts if role in ("committed", "errors")}
         assert survivor.stop() == 0
         assert survivor.problems() == []
     finally:

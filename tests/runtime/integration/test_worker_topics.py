@@ -33,9 +33,9 @@ def stack(kafka_bootstrap: str, kafka_admin: AdminClient,
 
 def test_creates_every_topic_once(stack: Stack, kafka_admin: AdminClient,
                                   capsys: pytest.CaptureFixture[str]) -> None:
-    """The first run creates events, control, the five output topics, the results topic, the
-    compacted heads changelog and the runner journal (compact,delete), all with the configured
-    partition count; the second run changes nothing."""
+    """The first run creates events, control, the seven output topics (audit and pending among
+    them), the results topic, the compacted heads changelog, the runner journal
+    (compact,delete) and the registry; the second run changes nothing."""
     assert admin.main(["create"]) == 0
     first = capsys.readouterr().out.splitlines()
     changelog = f"{stack.app_id}-heads-changelog"

@@ -346,7 +346,8 @@ def test_only_the_worker_may_write_the_committed_topic() -> None:
     config = load_config(None, env={})
     topics, app_id = config.topics, config.worker.app_id
     gateway, worker, runner = "User:latch-gateway", "User:latch-worker", "User:latch-runner"
-    for name in (topics.committed, topics.errors, topics.final, topics.progress, topics.dlq):
+    for name in (topics.committed, topics.errors, topics.final, topics.progress, topics.dlq,
+                 topics.run_ended):
         assert writers(acls, name) == {worker}, name
     assert writers(acls, topics.results) == {runner}
     assert writers(acls, topics.control) == {gateway}

@@ -200,3 +200,43 @@ def test_the_assignment_drops_what_a_revoked_partition_held(
         owned.log_assigned({3: None, 1: None}, dropped=2)
     assert "events partitions assigned: [1, 3] (dropped 2 heads of partitions owned " \
            "elsewhere)" in caplog.text
+
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+
+
+def test_an_audit_record_gets_its_deciding_record_and_its_runs_trace() -> None:
+    """``apply`` writes into each audit record the events record that decided it (topic,
+    partition, offset: here the run's ``stream.end``) and the trace id of the run's
+    ``traceparent`` (from its ``run.start`` record's headers); the other outputs are the
+    core's, unchanged."""
+    driver = _driver()
+    state = PartitionState(Assembler(_config().assemble), next_offset=0)
+    records = list(_records(_run()))
+    headers = [("traceparent", f"00-{TRACE_ID}-b7ad6b7169203331-01".encode())]
+    applied = [driver.apply(state, record, headers) for record in records]
+    last = applied[-1]
+    assert last is not None
+    [audit] = [e.value for e in last.emits if e.topic is Topic.AUDIT]
+    assert audit["source"] == {"topic": "ev", "partition": 0, "offset": len(records) - 1}
+    assert audit["trace_id"] == TRACE_ID
+    assert (audit["outcome"], audit["tool_call_id"]) == ("committed", "c1")
+
+
+def test_outputs_published_again_after_a_rebuild_carry_the_same_audit_content() -> None:
+    """A run that finished during a rebuild (its ``done`` head lost) has its outputs
+    published again (``rebuilt``): its audit record is the one the live worker made, the
+    deciding record's place included (the trace id aside: a run seen only by a rebuild has
+    no trace on this worker)."""
+    records = list(_records(_run("r3")))
+    live = _driver()
+    state = PartitionState(Assembler(_config().assemble), next_offset=0)
+    last = [live.apply(state, record) for record in records][-1]
+    assert last is not None
+    [before] = [e.value for e in last.emits if e.topic is Topic.AUDIT]
+    driver = _driver({b"r3": {"p": 0, "start": 0}})
+    takeover = driver.takeover(0, resume=len(records))
+    for record in records:
+        takeover.feed(record)
+    [after] = [e.value for e in driver.rebuilt(takeover, "ev") if e.topic is Topic.AUDIT]
+    assert after == before

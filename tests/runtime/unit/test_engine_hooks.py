@@ -90,7 +90,7 @@ def test_apply_counts_each_record_and_puts_the_runs_trace_on_its_outputs() -> No
                 assert hooks.headers(emit, b"{}") == HEADERS
                 traced.append(emit.topic)
     assert asked == 1 and opened_at == [0]
-    assert traced == [Topic.COMMITTED, Topic.ERRORS, Topic.FINAL]
+    assert traced == [Topic.COMMITTED, Topic.AUDIT, Topic.ERRORS, Topic.AUDIT, Topic.FINAL]
     assert sample(hooks, "latch_records_processed_total") == len(envelopes)
     assert sample(hooks, "latch_call_outcomes_total", state="committed") == 1
     assert sample(hooks, "tool_assemble_args_bytes_count") == 2

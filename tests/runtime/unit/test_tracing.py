@@ -103,3 +103,19 @@ def test_without_an_exporter_the_incoming_context_is_passed_on_as_it_came() -> N
     assert outputs and all(out == incoming[:1] for out in outputs)
     runs.on_record(0, "r2", True, None, [])
     assert runs.headers("r2") is None and runs.headers("r1") is None
+
+
+def test_trace_id_of_reads_only_a_well_formed_traceparent() -> None:
+    """``trace_id_of`` gives the 32 lowercase hex digits of a ``traceparent``'s trace id,
+    and None for a malformed value, a non-hex or all-zero trace id, or a short one (an
+    audit record then says null rather than something a gateway never sent)."""
+    from worker.runtime.observability.tracing import trace_id_of
+
+    good = "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert trace_id_of(f"00-{good}-00f067aa0ba902b7-01".encode()) == good
+    assert trace_id_of(f"00-{good.upper()}-00f067aa0ba902b7-01".encode()) == good
+    for bad in (b"", b"garbage", b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01",
+                b"00-" + b"g" * 32 + b"-00f067aa0ba902b7-01",
+                b"00-0x" + b"1" * 30 + b"-00f067aa0ba902b7-01",
+                b"00-4bf92f35-00f067aa0ba902b7-01", b"00-" + "é".encode() * 16 + b"-1-01"):
+        assert trace_id_of(bad) is None, bad

@@ -2,9 +2,10 @@
 
 The demo gets its own topic names and worker ``app_id`` (so its consumer group and changelog
 are fresh), provisions them itself, and must print the documented outcomes of
-``examples/demo.jsonl``: six committed calls (one of them Bedrock's, one Gemini's), a
-cancelled call, a ``stream_error`` and an ``invalid_json`` error, one final message
-per run. The topics are deleted afterwards.
+``examples/demo.jsonl``: five committed calls (one of them Gemini's), a cancelled call, a
+``stream_error`` and an ``invalid_json`` error, Bedrock's ``glob_search`` denied by the shipped
+``examples/demo.cedar`` in ``enforce`` (``policy_denied``), one final message per run. The
+topics are deleted afterwards.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from confluent_kafka.admin import AdminClient
 
 from worker.tools import broker
 
-TOPICS = ("events", "control", "committed", "errors", "final", "progress", "dlq", "results")
+TOPICS = ("events", "control", "committed", "errors", "final", "progress", "dlq", "audit",
+          "results", "journal", "pending", "registry")
 
 
 def latch_demo(config: Path, *args: str, env: dict[str, str] | None = None,
@@ -91,8 +93,8 @@ def check_outcomes(out: str) -> str:
         rf'committed {p}chat-parallel call_\w+ get_stock_price \{{"ticker": "AAPL"',
         rf'committed {p}anthropic-tool-use toolu_\w+ get_weather \{{"location": "Paris"\}}',
         rf'committed {p}responses-call call_kL0PCQV7M2WMoVX8V8OtYSAL get_capital',
-        rf'committed {p}bedrock-kimi-tool-use functions\.glob_search:0 glob_search '
-        r'\{"pattern": "\*\*/\*cursor\*"\}',
+        rf"errors {p}bedrock-kimi-tool-use functions\.glob_search:0 glob_search failed "
+        r"policy_denied: forbidden by policy glob-only-under-srv",
         rf'committed {p}gemini-partial-args latch-0-0-{p}gemini-partial-args writeItems '
         r'\{"operations": \[\{"action": "add"',
         rf"errors {p}chat-cancelled call_\w+ get_weather cancelled cancelled: user_stop",
@@ -101,15 +103,18 @@ def check_outcomes(out: str) -> str:
         rf"final {p}chat-parallel completed 2 calls \(2 committed\)",
         rf"final {p}chat-cancelled cancelled 1 call \(1 cancelled\)",
         rf"final {p}anthropic-broken-stream failed 1 call",
-        rf"final {p}bedrock-kimi-tool-use completed 1 call \(1 committed\)",
+        rf"final {p}bedrock-kimi-tool-use completed 1 call \(1 failed\)",
         rf"final {p}gemini-partial-args completed 1 call \(1 committed\)",
     ]
     for pattern in expected:
         assert re.search(pattern, out), f"{pattern!r} not in:\n{out}"
     assert len(re.findall(rf" final {p}", out)) == 8, out
-    assert len(re.findall(r" committed demo-", out)) == 6, out
-    assert re.search(r"done in [\d.]+s: 8 runs, 6 committed calls, 3 error results "
-                     r"\(1 cancelled, 1 invalid_json, 1 stream_error\), 0 dead letters", out)
+    assert len(re.findall(r" committed demo-", out)) == 5, out
+    assert not re.search(rf"committed {p}bedrock-kimi-tool-use", out), out
+    assert re.search(r"done in [\d.]+s: 8 runs, 5 committed calls, 4 error results "
+                     r"\(1 cancelled, 1 invalid_json, 1 policy_denied, 1 stream_error\), "
+                     r"0 dead letters", out), out
+    assert "policy enforce: 1 call denied (policy_denied), not committed" in out
     return prefix.group(1)
 
 
@@ -127,7 +132,7 @@ def test_demo_prints_every_outcome_and_stops_its_worker(demo_config: Path) -> No
     assert first.returncode == 0, first.stdout + first.stderr
     out = first.stdout
     assert "[1/5] broker ... ok (using the cluster at" in out
-    assert re.search(r"\[2/5\] topics \.\.\. ok \(9 topics, 3 partitions each; 9 created", out)
+    assert re.search(r"\[2/5\] topics \.\.\. ok \(10 topics, 3 partitions each; 10 created", out)
     assert "rdkafka" not in out + first.stderr  # librdkafka's lines go through logging
     assert "[4/5] publish ... ok (133 envelopes for 8 runs; 7 after a cancel held back" in out
     prefix = check_outcomes(out)
@@ -141,7 +146,7 @@ def test_demo_prints_every_outcome_and_stops_its_worker(demo_config: Path) -> No
     # Again, on the same topics and group: a new prefix, the same outcomes, no collision.
     second = latch_demo(demo_config, "--timeout", "120")
     assert second.returncode == 0, second.stdout + second.stderr
-    assert "0 created, 9 already there" in second.stdout
+    assert "0 created, 10 already there" in second.stdout
     assert check_outcomes(second.stdout) != prefix
     assert not pid_alive(worker_pid(second.stdout))
 

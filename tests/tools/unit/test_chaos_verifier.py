@@ -113,6 +113,25 @@ def test_a_lost_outcome_fails(plan: Plan) -> None:
     assert verdict.missing == 1
 
 
+def test_audit_records_with_their_live_source_and_trace_pass_and_a_lost_one_fails(
+        plan: Plan) -> None:
+    """The worker fills an audit record's ``source`` and ``trace_id``: the verifier sets
+    them aside and passes; an outcome whose audit record is lost is missing."""
+    records = _records(plan)
+    live = []
+    for record in records:
+        if record.role == "audit":
+            value = orjson.loads(record.value)
+            value["source"] = {"topic": "ev", "partition": 0, "offset": record.offset}
+            value["trace_id"] = "4bf92f3577b34da6a3ce929d0e0e4736"
+            record = dataclasses.replace(record, value=orjson.dumps(value))
+        live.append(record)
+    assert verify(plan, live).ok
+    index, _ = _first(live, "audit")
+    verdict = verify(plan, live[:index] + live[index + 1:])
+    assert (verdict.ok, verdict.missing) == (False, 1)
+
+
 def test_a_contradicting_error_fails(plan: Plan) -> None:
     """An error result for a call that was committed is a contradiction."""
     records = _records(plan)
@@ -290,3 +309,38 @@ def test_a_lost_acknowledged_cancel_fails(early_plan: Plan) -> None:
     verdict = verify(early_plan, rest + timed_out, acked_cancels={run.run_id})
     assert not verdict.ok and verdict.missing >= 2
     assert verify(early_plan, rest + timed_out, acked_cancels=set()).ok  # never acknowledged
+
+
+def _policy_plan() -> Plan:
+    stack = chaos.Stack("127.0.0.1:1", "chaos-unit", 3, 5.0, 1.0, policy=str(chaos.DEFAULT_POLICY))
+    return build_plan(seed=7, runs=120, config=stack.config())
+
+
+def test_plan_with_a_policy_means_some_calls_to_be_denied_and_the_verifier_holds_them() -> None:
+    """``latch chaos --policy``: the workers' settings carry ``enforce`` and the shipped
+    ``chaos.cedar``; the plan means some good calls (paths under /denied/) to get
+    ``policy_denied`` and the offline core, with the same policy, agrees (or build_plan would
+    raise); the verifier passes the expected records and fails when a denied call is committed
+    instead."""
+    env = chaos.Stack("b", "a", 1, 5.0, 1.0, policy="p.cedar").env()
+    assert env["LATCH_POLICY__MODE"] == "enforce" and env["LATCH_POLICY__FILE"] == "p.cedar"
+    assert "LATCH_POLICY__MODE" not in chaos.Stack("b", "a", 1, 5.0, 1.0).env()
+    plan = _policy_plan()
+    meant = {c.call_id for r in plan.runs for c in r.opened.values()
+             if c.intent == "policy_denied"}
+    denied = {e.value["tool_call_id"] for r in plan.runs for e in r.expected
+              if e.topic is Topic.ERRORS and e.value["reason"] == "policy_denied"}
+    assert meant and denied == meant
+    committed = {e.value["call_id"] for r in plan.runs for e in r.expected
+                 if e.topic is Topic.COMMITTED}
+    assert not committed & meant
+    records = _records(plan)
+    assert verify(plan, records).ok
+    # a worker that let one denied call through fails the verdict
+    index = next(i for i, r in enumerate(records) if r.role == "errors"
+                 and orjson.loads(r.value)["reason"] == "policy_denied")
+    value = orjson.loads(records[index].value)
+    forged = {"v": 1, "run_id": value["run_id"], "call_id": value["tool_call_id"],
+              "name": value["name"], "arguments": {"path": "/denied/x"}}
+    records[index] = OutRecord("committed", 0, index, None, orjson.dumps(forged))
+    assert not verify(plan, records).ok

@@ -112,7 +112,8 @@ def test_every_bedrock_capture_form_gives_the_same_records(tmp_path: Path) -> No
         outputs.append(done.stdout)
     assert outputs[0] == outputs[1] == outputs[2]
     lines = [orjson.loads(line) for line in outputs[0].splitlines()]
-    assert [line["topic"] for line in lines] == ["committed", "committed", "final"]
+    assert [line["topic"] for line in lines] == ["committed", "audit", "committed", "audit",
+                                                "final"]
 
 
 def test_a_corrupt_frame_is_a_clear_cli_error(tmp_path: Path) -> None:
@@ -174,9 +175,10 @@ def test_a_cassette_of_several_interactions_is_one_run_each(tmp_path: Path) -> N
          str(tools), str(cassette)], capture_output=True, check=True)
     lines = [orjson.loads(line) for line in done.stdout.splitlines()]
     assert [(line["key"], line["topic"], line["value"].get("call_id")) for line in lines] == [
-        ("capture-1", "committed", "c1"), ("capture-1", "committed", "c2"),
+        ("capture-1", "committed", "c1"), ("capture-1", "audit", None),
+        ("capture-1", "committed", "c2"), ("capture-1", "audit", None),
         ("capture-1", "final", None), ("capture-2", "committed", "c3"),
-        ("capture-2", "final", None), ("capture-3", "final", None)]
+        ("capture-2", "audit", None), ("capture-2", "final", None), ("capture-3", "final", None)]
     assert [line["value"]["status"] for line in lines if line["topic"] == "final"] == [
         "completed", "completed", "failed"]
 

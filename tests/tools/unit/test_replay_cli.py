@@ -212,7 +212,8 @@ def test_shadow_topics_are_prefixed_with_the_live_partition_counts() -> None:
     assert {s.name: s.partitions for s in specs} == {
         "replay.tool.calls.committed": 4, "replay.tool.calls.errors": 12,
         "replay.llm.messages.final": 12, "replay.llm.stream.progress": 12,
-        "replay.llm.stream.dlq": 12, "replay.tool.calls.pending": 12}
+        "replay.llm.stream.dlq": 12, "replay.llm.runs.ended": 12,
+        "replay.tool.calls.pending": 12, "replay.latch.audit": 12}
 
 
 def test_a_prefix_that_names_a_live_topic_is_refused() -> None:
@@ -358,8 +359,9 @@ def test_a_bedrock_and_a_gemini_run_replay_to_the_records_latch_assemble_prints(
 ) -> None:
     """A Bedrock run (three tool blocks at index gaps) and a Gemini run (a whole call without
     args, then three streamed calls), interleaved in one partition: ``latch replay --to-file``
-    writes, line for line, what ``latch assemble`` prints for the same envelopes: the seven
-    calls committed, two final messages, nothing left open. (The Gemini tools are in the
+    writes, line for line, what ``latch assemble`` prints for the same envelopes (its audit
+    records also saying which events record decided them): the seven calls committed, two
+    final messages, nothing left open. (The Gemini tools are in the
     snake_case spelling.)"""
     bedrock = capture.envelopes(
         "bedrock.converse",
@@ -388,8 +390,16 @@ def test_a_bedrock_and_a_gemini_run_replay_to_the_records_latch_assemble_prints(
     sink.close()
     replayed = (tmp_path / "replayed.jsonl").read_bytes().splitlines()
 
-    assert replayed == assembled and open_runs == 0
+    # the same, but that replay read each record from the events topic: an audit record
+    # says which decided it (latch assemble read none)
     outcomes = [orjson.loads(line) for line in replayed]
+    sources = [o["value"]["source"] for o in outcomes if o["topic"] == "audit"]
+    assert len(sources) == 7 and all(s["topic"] == "events" and s["partition"] == 0
+                                     and 0 <= s["offset"] < len(log) for s in sources)
+    for o in outcomes:
+        if o["topic"] == "audit":
+            o["value"]["source"] = None
+    assert [orjson.dumps(o) for o in outcomes] == assembled and open_runs == 0
     committed = [(o["key"], o["value"]["name"]) for o in outcomes if o["topic"] == "committed"]
     assert sorted(committed) == sorted([("br-1", "tool-a"), ("br-1", "tool-b"), ("br-1", "json"),
                                         ("ge-1", "read_theme")] + [("ge-1", "read_screen")] * 3)

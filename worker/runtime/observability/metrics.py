@@ -257,7 +257,7 @@ class Metrics:
         self.records += 1
         for emit in emits:
             topic = emit.topic
-            if topic is Topic.PROGRESS:
+            if topic is Topic.PROGRESS or topic is Topic.AUDIT:  # (audits: one per outcome)
                 continue
             value = emit.value
             if topic is Topic.COMMITTED:

@@ -37,7 +37,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from worker.core.model import Emit, Topic
 
-__all__ = ["TRACE_HEADERS", "Headers", "RunTracer", "extract", "inject", "span_exporter"]
+__all__ = ["TRACE_HEADERS", "Headers", "RunTracer", "extract", "inject", "span_exporter",
+           "trace_id_of"]
 
 #: Kafka headers as the clients take them.
 Headers = list[tuple[str, bytes]]
@@ -45,6 +46,7 @@ Headers = list[tuple[str, bytes]]
 TRACE_HEADERS = ("traceparent", "tracestate")
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+_HEX = "0123456789abcdef"
 
 
 def span_exporter(exporter: str) -> SpanExporter | None:
@@ -90,6 +92,18 @@ def extract(headers: Iterable[tuple[str, bytes | None]] | Mapping[str, bytes] | 
     return _PROPAGATOR.extract(carrier) if carrier else otel_context.Context()
 
 
+def trace_id_of(traceparent: bytes) -> str | None:
+    """The trace id of a W3C ``traceparent`` value (``version-traceid-parentid-flags``);
+    None when it is not one (a malformed header came in), or the trace id is all zeros."""
+    parts = traceparent.split(b"-")
+    if len(parts) < 4 or len(parts[1]) != 32:
+        return None
+    text = parts[1].decode("ascii", "replace").lower()
+    if text.strip(_HEX) or not text.strip("0"):
+        return None
+    return text
+
+
 class RunTracer:
     """One span per run of the partitions a worker owns."""
 
@@ -127,7 +141,8 @@ class RunTracer:
         runs = self._runs
         for emit in emits:
             topic = emit.topic
-            if topic is Topic.PROGRESS or topic is Topic.DLQ or emit.key not in runs:
+            if topic is Topic.PROGRESS or topic is Topic.DLQ or topic is Topic.AUDIT \
+                    or emit.key not in runs:
                 continue
             span = runs[emit.key][1]
             if span is None:
@@ -135,7 +150,9 @@ class RunTracer:
                     self.ended.append(emit.key)
                 continue
             value = emit.value
-            if topic is Topic.COMMITTED:
+            if topic is Topic.RUN_ENDED:  # Latch ended the run: an event, not its end (0015)
+                span.add_event("latch.run.ended", {"latch.reason": value["reason"]})
+            elif topic is Topic.COMMITTED:
                 span.add_event("latch.call.committed", {"latch.tool_call_id": value["call_id"]})
             elif topic is Topic.ERRORS:
                 span.add_event("latch.call.error", {
@@ -162,6 +179,14 @@ class RunTracer:
                                                   "latch.partition": partition})
         out = inject(trace.set_span_in_context(span))
         self._runs[run_id] = (partition, span, out)
+
+    def trace_id(self, run_id: str | None) -> str | None:
+        """The trace id of ``run_id``'s trace (32 lowercase hex digits), as its outputs'
+        ``traceparent`` header carries it; None: the run has no trace here."""
+        for name, value in self.headers(run_id) or ():
+            if name == "traceparent":
+                return trace_id_of(value)
+        return None
 
     def headers(self, run_id: str | None) -> Headers | None:
         """The trace headers for an output record of ``run_id`` (None: the run has no span)."""

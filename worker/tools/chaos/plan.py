@@ -11,7 +11,10 @@ commits then a cancel, calls that reuse an id (in one block and across an early-
 one), tight per-run budgets (``limits.max_tool_calls: 1``), and cancels raced against their
 run's ``run.start`` (sent with it: it may reach the log first) or against the rest of the
 stream (sent once the ``run.start`` is acknowledged). It adds a few bad input
-records that must reach the DLQ with their bytes.
+records that must reach the DLQ with their bytes. With a policy in ``enforce`` (``latch chaos
+--policy``, issue 25), about one good call in six of the kinds in :data:`DENIABLE` names a path
+under :data:`DENIED_PREFIX`, which the policy (``chaos.cedar``) denies: that call is meant to
+get ``policy_denied``.
 
 A raced cancel may reach the events log anywhere in its run, so such a run is *flexible*: the
 verifier holds it to the promise (its final says ``cancelled``, every call it opened ends
@@ -82,6 +85,10 @@ BAD_TEXTS: list[tuple[str, str]] = [
 SCHEMA_BREAKERS: list[dict[str, Any]] = [
     {"path": 42}, {}, {"path": ""}, {"path": "/a", "mode": "w"}, {"path": ["/a"]},
 ]
+#: Kinds whose good calls may be meant for ``policy_denied`` when a policy is enforced.
+DENIABLE = frozenset({"ok", "parallel", "large", "mixed", "early"})
+#: The path prefix of a call the plan means the policy to deny (``chaos.cedar``).
+DENIED_PREFIX = "/denied/"
 _ALPHABET = string.ascii_letters + string.digits + " /._-\"\\\n\t" + "éß中文🙂ø€"
 
 
@@ -160,8 +167,9 @@ def build_plan(seed: int, runs: int, config: Config, tag: str = "",
     prefix = f"chaos{tag}-{seed}"
     early = (config.assemble.execute_before_stream_end
              and "lookup" in config.assemble.allow_pipelined_execute)
+    deny = config.policy.mode == "enforce"
     plans = [_run(rng, f"{prefix}-{n:05d}", PROVIDERS[n % 3], rng.choices(kinds, weights)[0],
-                  early) for n in range(runs)]
+                  early, deny) for n in range(runs)]
     for run in plans:
         run.expected = expected_emits(run, config)
         check_intent(run)
@@ -207,7 +215,24 @@ def _bad_call(rng: random.Random, cid: str, kind: str) -> CallSpec:
                     "schema_invalid")
 
 
-def _calls(rng: random.Random, kind: str, ids: Callable[[], str]) -> list[CallSpec]:
+def _denied(rng: random.Random, call: CallSpec) -> CallSpec:
+    """``call``, about one time in six moved under :data:`DENIED_PREFIX`: meant to be denied."""
+    if call.intent != "commit" or "path" not in call.args or rng.random() >= 1 / 6:
+        return call
+    args = {**call.args, "path": DENIED_PREFIX + call.args["path"].lstrip("/")}
+    return CallSpec(call.call_id, call.name, _dumps(rng, args), "policy_denied", None,
+                    call.fragment)
+
+
+def _calls(rng: random.Random, kind: str, ids: Callable[[], str],
+           deny: bool = False) -> list[CallSpec]:
+    calls = _kind_calls(rng, kind, ids)
+    if deny and kind in DENIABLE:
+        calls = [_denied(rng, call) for call in calls]
+    return calls
+
+
+def _kind_calls(rng: random.Random, kind: str, ids: Callable[[], str]) -> list[CallSpec]:
     if kind == "text_only":
         return []
     if kind in ("ok", "broken", "cancel", "idle", "cancel_race", "cancel_mid"):
@@ -234,11 +259,11 @@ def _calls(rng: random.Random, kind: str, ids: Callable[[], str]) -> list[CallSp
 
 
 def _run(rng: random.Random, run_id: str, provider: str, kind: str,
-         early: bool = True) -> RunPlan:
+         early: bool = True, deny: bool = False) -> RunPlan:
     counter = itertools.count()
     stem = {"openai.chat": "call", "anthropic.messages": "toolu", "openai.responses": "call"}
     calls = _calls(rng, kind, lambda: f"{stem[provider]}_{rng.getrandbits(48):012x}"
-                   f"{next(counter)}")
+                   f"{next(counter)}", deny)
     complete = kind not in ("broken", "cancel", "idle", "early_cancel", "cancel_race",
                             "cancel_mid")
     events = PROVIDER_EVENTS[provider](rng, calls, complete)

@@ -70,7 +70,7 @@ from worker.tools import broker as broker_tool
 from worker.tools.chaos.plan import EARLY_SETTINGS, Plan, PlanError, RunPlan, build_plan
 from worker.tools.chaos.verify import OutRecord, Verdict, verify
 
-OUTPUT_ROLES = ("committed", "errors", "final", "dlq")
+OUTPUT_ROLES = ("committed", "errors", "final", "dlq", "audit")
 #: librdkafka settings that do the same for the kafka engine.
 FAST_KAFKA = {"LATCH_KAFKA__SESSION_TIMEOUT_MS": "6000",
               "LATCH_KAFKA__HEARTBEAT_INTERVAL_MS": "1000"}
@@ -111,12 +111,15 @@ class Stack:
     engine: str = "faust"
     #: The topics' replication factor (3 on a cluster of three nodes).
     replication: int = 1
+    #: A .cedar file the workers (and the plan's offline core) enforce, or None: no policy.
+    policy: str | None = None
 
     def topic(self, role: str) -> str:
         return f"{self.app_id}.{role}"
 
     def env(self) -> dict[str, str]:
-        roles = ("events", "control", "committed", "errors", "final", "progress", "dlq", "results")
+        roles = ("events", "control", "committed", "errors", "final", "progress", "dlq", "audit",
+                 "results")
         env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role) for role in roles}
         return env | {
             "LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
@@ -127,7 +130,9 @@ class Stack:
             "LATCH_WORKER__TICK_INTERVAL_S": str(self.tick_interval_s),
             "LATCH_AGENT_STREAM_ASSEMBLE__ASSEMBLE_IDLE_TIMEOUT_S": str(self.idle_timeout_s),
             "LATCH_WORKER__ENGINE": self.engine,
-        } | {f"LATCH_AGENT_STREAM_ASSEMBLE__{k.upper()}": v for k, v in EARLY_SETTINGS.items()}
+        } | {f"LATCH_AGENT_STREAM_ASSEMBLE__{k.upper()}": v for k, v in EARLY_SETTINGS.items()
+             } | ({"LATCH_POLICY__MODE": "enforce", "LATCH_POLICY__FILE": self.policy}
+                  if self.policy else {})
 
     def config(self, **kafka: str) -> Config:
         extra = {f"LATCH_KAFKA__{k.upper()}": v for k, v in kafka.items()}
@@ -630,6 +635,8 @@ class Options:
     engine: str = "faust"
     #: Kinds of runs left out of the plan (``--exclude-kind``).
     exclude: tuple[str, ...] = ()
+    #: A .cedar file to enforce (``--policy``); None: policy off.
+    policy: str | None = None
 
 
 @dataclass(slots=True)
@@ -766,13 +773,16 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
     began = time.monotonic()
     stack = Stack(bootstrap, f"chaos{tag}-{uuid.uuid4().hex[:8]}", options.partitions,
                   options.idle_timeout_s, options.tick_interval_s, options.engine,
-                  replication=min(3, options.cluster))
+                  replication=min(3, options.cluster), policy=options.policy)
     if isinstance(broker, ClusterBroker):
         broker.watch_topic = stack.topic("events")
     plan = build_plan(options.seed, options.runs, stack.config(), tag, options.exclude)
     durations["plan"] = time.monotonic() - began
     _say(f"{len(plan.runs)} runs, {plan.calls} calls, {len(plan.bad)} bad inputs, "
          f"{plan.events} records; app {stack.app_id}; work dir {work_dir}")
+    if options.policy:
+        denied = sum(c.intent == "policy_denied" for r in plan.runs for c in r.opened.values())
+        _say(f"policy enforce ({options.policy}): {denied} calls meant to get policy_denied")
     stack.create_topics()
     workers = Workers(stack, options.workers, work_dir, options.faust)
     for slot in range(options.workers):
@@ -858,6 +868,10 @@ def _what_happened(options: Options, faults: Faults, workers: Workers,
 # =========================================================================================
 
 
+#: The policy ``--policy`` enforces when it names no file.
+DEFAULT_POLICY = Path(__file__).with_name("chaos.cedar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     defaults = Options()
     parser = argparse.ArgumentParser(
@@ -890,6 +904,9 @@ def build_parser() -> argparse.ArgumentParser:
         "table_standby_replicas=0")
     add("--exclude-kind", action="append", default=[], metavar="KIND",
         help="leave a kind of run out of the plan (e.g. one whose fix is not merged yet)")
+    add("--policy", nargs="?", const=str(DEFAULT_POLICY), metavar="FILE",
+        help="workers enforce a Cedar policy (default FILE: the shipped chaos.cedar, which "
+        "denies the plan's calls under /denied/; those must get policy_denied)")
     add("--work-dir", type=Path, help="logs (and the own broker); default: a temp dir, kept "
         "when the verdict is FAIL")
     return parser
@@ -902,7 +919,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       tick_interval_s=args.tick_interval, drain_timeout_s=args.drain_timeout,
                       faust=dict(pair.partition("=")[::2] for pair in args.faust_setting),
                       cluster=args.cluster, engine=args.engine,
-                      exclude=tuple(args.exclude_kind))
+                      exclude=tuple(args.exclude_kind),
+                      policy=args.policy and str(Path(args.policy).absolute()))
     # absolute: workers and the broker run in directories of their own
     work_dir = (args.work_dir or Path(tempfile.mkdtemp(prefix="latch-chaos-"))).absolute()
     work_dir.mkdir(parents=True, exist_ok=True)
