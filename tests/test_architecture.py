@@ -7,10 +7,15 @@ import no Kafka client and no faust, two independent engines, and a kafka engine
 The contracts are only worth something if they fail on a violation: each breaking test copies
 the package to a temporary directory, adds one forbidden import, and expects ``lint-imports``
 to name the broken contract.
+
+Two sizes hold too (issue 24): no module of ``worker/core`` or ``worker/runtime`` over
+:data:`MAX_MODULE_LINES` lines, and no class of ``worker/`` over :data:`MAX_CLASS_METHODS`
+methods; their breaking tests add one line or one method too many to a copy.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -21,6 +26,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+#: The longest a module of ``worker/core`` or ``worker/runtime`` may be, in lines.
+MAX_MODULE_LINES = 600
+#: The most methods (functions defined directly in its body) a class of ``worker/`` may have.
+MAX_CLASS_METHODS = 30
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
@@ -166,3 +175,54 @@ def test_faust_in_the_kafka_engine_breaks_it(copy_of_the_package: Path, module: 
     result = lint_imports(copy_of_the_package)
     assert result.returncode != 0
     assert "The kafka engine imports no faust BROKEN" in result.stdout
+
+
+def long_modules(package: Path) -> dict[str, int]:
+    """The modules of ``package``'s ``core`` and ``runtime`` over :data:`MAX_MODULE_LINES`
+    lines, by path, with their line counts."""
+    found = {}
+    for layer in ("core", "runtime"):
+        for module in sorted((package / layer).rglob("*.py")):
+            lines = len(module.read_text(encoding="utf-8").splitlines())
+            if lines > MAX_MODULE_LINES:
+                found[str(module.relative_to(package))] = lines
+    return found
+
+
+def large_classes(package: Path) -> dict[str, int]:
+    """The classes of ``package`` with more than :data:`MAX_CLASS_METHODS` methods (each
+    ``def`` or ``async def`` directly in the class body, a property's getter and setter
+    apart), by ``path:Class``, with their method counts."""
+    found = {}
+    for module in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                methods = sum(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                              for item in node.body)
+                if methods > MAX_CLASS_METHODS:
+                    found[f"{module.relative_to(package)}:{node.name}"] = methods
+    return found
+
+
+def test_no_module_or_class_outgrows_its_size() -> None:
+    """Issue 24's sizes hold: no module of worker/core or worker/runtime over 600 lines, no
+    class in worker/ over 30 methods (a module or class that grows past them is split by
+    role)."""
+    assert long_modules(REPO / "worker") == {}
+    assert large_classes(REPO / "worker") == {}
+
+
+def test_a_line_or_a_method_too_many_breaks_the_sizes(copy_of_the_package: Path) -> None:
+    """The size checks fail on a violation: a runtime module of 601 lines, and a class of 31
+    methods anywhere in worker/, are each named."""
+    package = copy_of_the_package / "worker"
+    (package / "runtime" / "grown.py").write_text("\n" * (MAX_MODULE_LINES + 1))
+    (package / "core" / "fits.py").write_text("\n" * MAX_MODULE_LINES)
+    methods = "".join(f"    def m{n}(self) -> None: ...\n" for n in range(MAX_CLASS_METHODS))
+    (package / "tools" / "grown.py").write_text(
+        f"class Grown:\n{methods}    async def one_more(self) -> None: ...\n\n"
+        f"class Fits:\n{methods}")
+    assert long_modules(package) == {**long_modules(REPO / "worker"),
+                                     "runtime/grown.py": MAX_MODULE_LINES + 1}
+    assert large_classes(package) == {**large_classes(REPO / "worker"),
+                                      "tools/grown.py:Grown": MAX_CLASS_METHODS + 1}

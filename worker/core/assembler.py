@@ -69,8 +69,10 @@ happens at each bound is an outcome, never a silent drop or a refused run:
 Every end of a run above is the same ``Run.finish`` as a stream error's, so each call still
 gets exactly one outcome and the run one final message.
 
-What is the partition's lives here: the open runs and their order, the finished runs and the
-early cancels remembered, the shared tool maps, the clock. What is a run's lives in its
+What is the partition's lives here: the open runs and their order, the shared tool maps
+(``tools.ToolMaps``), the clock; the finished runs, the early cancels and the late events
+remembered in ``core/remembered.py``, the runs waiting for approvals in ``core/waiting.py``.
+What is a run's lives in its
 :class:`~worker.core.run.Run` (``core/run.py``), which reaches the partition-wide byte budget
 through the :class:`~worker.core.run.Ledger` this assembler passes it.
 """
@@ -95,7 +97,6 @@ from worker.core.envelope import (
     RecordSource,
     Rejected,
     RunStart,
-    StreamEnd,
     StreamError,
     Tick,
     checked,
@@ -104,20 +105,23 @@ from worker.core.envelope import (
 )
 from worker.core.latch import Latch
 from worker.core.model import DlqReason, Emit, Reason, RunStatus
-from worker.core.outputs import late_summary
 from worker.core.policy import Policy
 from worker.core.providers import adapter_for
+from worker.core.remembered import Remembered
+from worker.core.remembered import raw_or_empty as _raw
 from worker.core.run import Ledger, Rules, Run
 from worker.core.schemacheck import SchemaLimits
 from worker.core.settings import AssembleSettings
 from worker.core.tools import (
     SchemaCheck,
+    ToolMaps,
     ToolSchema,
     ValidatorCache,
     client_tools,
     shared_validators,
     tool_attributes,
 )
+from worker.core.waiting import Waiting
 
 #: ``worker.core._peek.peek`` (worker/core/csrc/peek.c), built with the compiled core; None in
 #: a pure-Python install, which then parses every record with orjson. Its answer, a tuple
@@ -129,12 +133,6 @@ try:
 except ImportError:  # pure Python (setup.py): no C extension
     _PEEK = None
 
-#: How many distinct tool maps an assembler keeps for its runs to share (``_shared_tools``),
-#: and how much schema text they may hold at most.
-SHARED_TOOL_MAPS = 1024
-SHARED_TOOL_MAP_BYTES = 16 * 1024 * 1024
-#: The tool map of a run that registers no client tool (never changed).
-_NO_TOOLS: dict[str, ToolSchema] = {}
 #: The registry's tools of a toolset version for a run.start at a record time:
 #: ``toolsets(name, version, now_ms)``, None when that version does not count for the run
 #: (never registered, or registered later than ``registry.wait_s`` after ``now_ms``:
@@ -165,26 +163,21 @@ class Assembler:
         #: The common provider event read without building its whole object (``_PEEK``);
         #: None: every record is parsed with orjson.
         self._peek: Callable[[bytes], Peeked | None] | None = _PEEK
-        #: Tool maps shared by the runs that register the same tools (``_shared_tools``).
-        self._tool_maps: OrderedDict[tuple[tuple[str, ToolSchema], ...],
-                                     tuple[dict[str, ToolSchema], int]] = OrderedDict()
-        self._tool_map_bytes = 0
+        #: Tool maps shared by the runs that register the same tools (``tools.ToolMaps``).
+        self._tool_maps = ToolMaps()
         #: The keys of the open runs whose adapter reads no peeked event (``Adapter.fast``):
         #: their records go to orjson at once, not through a parse that can only decline.
         self._unpeeked: set[bytes] = set()
-        self._finished: OrderedDict[str, tuple[int, RunStatus]] = OrderedDict()
+        #: The finished runs and the early cancels remembered (core/remembered.py).
+        self._remembered = Remembered(self.settings, self._ledger)
+        self._finished = self._remembered.finished
+        self._early_cancels = self._remembered.early_cancels
         #: Runs whose stream ended with calls waiting for approval, oldest first: their final
-        #: message waits for the last decision (README, "Approvals"). No provider event
-        #: reaches them any more.
-        self._waiting: OrderedDict[str, Run] = OrderedDict()
-        self._ledger.park = self._park
-        #: Cancels of runs not started yet: run id -> (record time, reason), oldest first.
-        self._early_cancels: OrderedDict[str, tuple[int, str]] = OrderedDict()
-        #: Events of finished runs, counted for their one summary (decision 0015): run id ->
-        #: its count, least recently counted first; ``done`` once the summary is out.
-        self._late: OrderedDict[str, LateEvents] = OrderedDict()
-        #: The runs whose summary is out: run id -> the last seq seen (oldest first).
-        self._late_done: OrderedDict[str, int] = OrderedDict()
+        #: message waits for the last decision (README, "Approvals"; core/waiting.py). No
+        #: provider event reaches them any more.
+        self._approvals = Waiting(self._runs, self._unpeeked, self._ledger)
+        self._waiting = self._approvals.runs
+        self._ledger.park = self._approvals.park
         self._validators = validators or shared_validators(SchemaLimits(
             self.settings.max_schema_nodes, self.settings.max_schema_validation_steps))
         self._clock = 0
@@ -315,13 +308,13 @@ class Assembler:
         if run is None and self._waiting:
             waiting = self._waiting.get(envelope.run_id)
             if waiting is not None:
-                return self._to_waiting(waiting, envelope, now_ms, raw)
+                return self._approvals.envelope(waiting, envelope, now_ms, raw)
         if isinstance(envelope, RunStart):
             return self._start(envelope, run, now_ms, raw)
         if run is None:
-            return self._orphan(envelope, raw, now_ms)
+            return self._remembered.orphan(envelope, raw, now_ms)
         if isinstance(envelope, Decision):
-            return self._decision(run, envelope, raw)
+            return self._approvals.decision(run, envelope, raw)
         if isinstance(envelope, Cancel):
             run.last_ms = now_ms
             return run.finish(RunStatus.CANCELLED, Reason.CANCELLED, envelope.reason)
@@ -339,9 +332,11 @@ class Assembler:
         """Fail every run that has seen no event for ``assemble_idle_timeout_s``, and forget
         the cancels that waited ``early_cancel_ttl_s`` for their ``run.start`` in vain."""
         if self._early_cancels:  # by record time too: what the worker's heads mirror
-            self._forget_early_cancels(now_ms)
+            self._remembered.forget_early_cancels(now_ms)
         limit = self.settings.assemble_idle_timeout_s * 1000
-        emits: list[Emit] = self._summarise_late(now_ms - int(limit)) if self._late else []
+        remembered = self._remembered
+        emits: list[Emit] = (remembered.summarise_quiet(now_ms - int(limit)) if remembered.late
+                             else [])
         idle = [r for r in self._runs.values() if now_ms - r.last_ms >= limit]
         for run in idle:
             detail = f"no event for {self.settings.assemble_idle_timeout_s:g} s"
@@ -381,11 +376,28 @@ class Assembler:
     def remember_finished(self, run_id: str, last_seq: int, status: RunStatus) -> None:
         """Remember a run that finished before this assembler existed (a worker rebuilding a
         partition), so that its re-delivered events are ignored and late ones rejected."""
-        self._finished[run_id] = (last_seq, status)
-        if len(self._finished) > self.settings.remember_finished_runs:
-            self._finished.popitem(last=False)
+        self._remembered.remember_finished(run_id, last_seq, status)
 
-    # -- run lifecycle ----------------------------------------------------------------
+    @property
+    def early_cancels_waiting(self) -> int:
+        """How many cancels are remembered, waiting for their ``run.start``
+        (core/remembered.py)."""
+        return len(self._early_cancels)
+
+    def early_cancel_pending(self, run_id: str) -> bool:
+        """Whether a cancel of ``run_id`` is remembered, waiting for its ``run.start``."""
+        return run_id in self._early_cancels
+
+    def summarise_late(self) -> list[Emit]:
+        """The summaries of every run whose late events are still being counted, now (the end
+        of ``latch assemble``'s input, where no tick will come; decision 0015)."""
+        return self._remembered.summarise_all()
+
+    @property
+    def waiting_runs(self) -> int:
+        """Runs whose final message waits for approval decisions."""
+        return len(self._waiting)
+
     # -- run lifecycle ----------------------------------------------------------------
 
     def _start(self, start: RunStart, run: Run | None, now_ms: int, raw: Any) -> list[Emit]:
@@ -424,7 +436,7 @@ class Assembler:
         self._ledger.held += cost
         self._runs[start.run_id] = run
         self.stats["runs_started"] += 1
-        early = self._early_cancel(start.run_id, now_ms)
+        early = self._remembered.early_cancel(start.run_id, now_ms)
         if early is not None:  # cancelled before it started: it ends as a cancel right after
             self.stats["early_cancels_applied"] += 1  # its run.start would have ended it
             emits += run.finish(RunStatus.CANCELLED, Reason.CANCELLED, early)
@@ -468,214 +480,8 @@ class Assembler:
                 if self._ledger.held + cost <= budget:
                     break
                 emits += self._evict(victim, detail, "evicted_buffered_bytes")
-            return self._shared_tools(tools, cost), cost, emits
-        return self._shared_tools(tools, cost), cost, []
-
-    def _shared_tools(self, tools: dict[str, ToolSchema], cost: int) -> dict[str, ToolSchema]:
-        """One tool map for the runs that register the same tools (names and shared schemas:
-        ``ValidatorCache.prepare``), as most runs of one agent do: the map is only read, and
-        each run would otherwise hold a copy (bench/bench_memory.py).
-
-        The maps kept are the most recently used, at most :data:`SHARED_TOOL_MAPS` of them
-        holding at most :data:`SHARED_TOOL_MAP_BYTES` of schema text: a map keeps its schemas
-        alive after its runs ended, and run starts with ever new tools must not make that
-        memory grow past a bound (it is counted in no run's ``max_buffered_bytes``). ``cost``:
-        the map's schema text bytes."""
-        if not tools:
-            return _NO_TOOLS
-        maps = self._tool_maps
-        key = tuple(tools.items())  # (a ToolSchema hashes and compares by identity)
-        found = maps.get(key)
-        if found is not None:
-            maps.move_to_end(key)
-            return found[0]
-        if cost > SHARED_TOOL_MAP_BYTES:
-            return tools  # its own, never kept
-        maps[key] = (tools, cost)
-        self._tool_map_bytes += cost
-        while len(maps) > SHARED_TOOL_MAPS or self._tool_map_bytes > SHARED_TOOL_MAP_BYTES:
-            _, (_, dropped) = maps.popitem(last=False)
-            self._tool_map_bytes -= dropped
-        return tools
-
-    # -- a cancel before its run.start ---------------------------------------------------
-    #
-    # The gateway's envelopes and the forwarded cancels reach a run's partition by different
-    # paths, so a user's cancel may be written before the run's ``run.start``. It is
-    # remembered (``remember_early_cancels``, oldest forgotten first) for
-    # ``early_cancel_ttl_s`` of record time, and a run that starts within it is cancelled at
-    # once: the same outcome as a cancel right after its ``run.start``.
-
-    def _remember_cancel(self, cancel: Cancel, now_ms: int) -> None:
-        self._early_cancels.pop(cancel.run_id, None)
-        self._early_cancels[cancel.run_id] = (now_ms, cancel.reason)
-        self._forget_early_cancels(now_ms)
-        while len(self._early_cancels) > self.settings.remember_early_cancels:
-            self._early_cancels.popitem(last=False)
-            self.stats["early_cancels_forgotten"] += 1
-        self.stats["early_cancels_remembered"] += 1
-
-    def _forget_early_cancels(self, now_ms: int) -> None:
-        """Drop the remembered cancels older than ``early_cancel_ttl_s`` at ``now_ms``."""
-        ttl_ms = self.settings.early_cancel_ttl_s * 1000
-        while self._early_cancels:
-            at = next(iter(self._early_cancels.values()))[0]
-            if now_ms - at <= ttl_ms:
-                break
-            self._early_cancels.popitem(last=False)
-            self.stats["early_cancels_expired"] += 1
-
-    def _early_cancel(self, run_id: str, now_ms: int) -> str | None:
-        """The reason of a remembered, unexpired cancel of ``run_id`` (forgotten once used)."""
-        if not self._early_cancels:
-            return None
-        self._forget_early_cancels(now_ms)
-        found = self._early_cancels.pop(run_id, None)
-        return None if found is None else found[1]
-
-    @property
-    def early_cancels_waiting(self) -> int:
-        """How many cancels are remembered, waiting for their ``run.start``."""
-        return len(self._early_cancels)
-
-    def early_cancel_pending(self, run_id: str) -> bool:
-        """Whether a cancel of ``run_id`` is remembered, waiting for its ``run.start``."""
-        return run_id in self._early_cancels
-
-    def _orphan(self, envelope: Cancel | Decision | ProviderEvent | StreamEnd | StreamError,
-                raw: Any, now_ms: int) -> list[Emit]:
-        finished = self._finished.get(envelope.run_id)
-        if finished is None and isinstance(envelope, Cancel):
-            self._remember_cancel(envelope, now_ms)
-            return []
-        if finished is None:
-            reject = Rejected(DlqReason.UNKNOWN_RUN, "no run.start for this run", envelope.run_id)
-            return [self._reject(reject, *_raw(raw))]
-        last_seq, status = finished
-        if isinstance(envelope, Decision):  # every call of a finished run has its outcome
-            reject = Rejected(DlqReason.CALL_ALREADY_DECIDED, f"the run ended as {status}",
-                              envelope.run_id)
-            return [self._reject(reject, *_raw(raw))]
-        if isinstance(envelope, Cancel) or status is RunStatus.CANCELLED:
-            self.stats["ignored_after_end"] += 1
-            return []
-        if envelope.seq <= last_seq or isinstance(envelope, StreamEnd):
-            self.stats["duplicates" if envelope.seq <= last_seq else "ignored_after_end"] += 1
-            return []
-        return self._count_late(envelope.run_id, envelope.seq, status, now_ms, _raw(raw)[2])
-
-    # -- events after a run's end (decision 0015) ----------------------------------------
-    #
-    # A gateway that did not stop reading when its run ended keeps sending the provider's
-    # events. Each is counted, not dead-lettered on its own: a run gets one DLQ record
-    # (``run_finished``, with ``late``: the count, the first and last seq and offsets), at the
-    # first tick at which its late events have been quiet for ``assemble_idle_timeout_s`` of
-    # record time (the rule that ends an idle run), or when more than
-    # ``remember_finished_runs`` runs are being counted (the oldest is summed up at once).
-    # Once a run's summary is out (the last ``remember_finished_runs`` such runs are
-    # remembered), its later events are only counted (``late_after_summary``).
-    # A re-delivered late event (a seq already counted) counts nothing.
-
-    def _count_late(self, run_id: str, seq: int, status: RunStatus, now_ms: int,
-                    source: RecordSource | None) -> list[Emit]:
-        summed = self._late_done.get(run_id)
-        if summed is not None:  # its summary is out: counted, nothing sent
-            if seq > summed:
-                self._late_done[run_id] = seq
-                self.stats["late_after_summary"] += 1
-            else:
-                self.stats["duplicates"] += 1
-            return []
-        late = self._late.get(run_id)
-        if late is None:
-            late = self._late[run_id] = LateEvents(status, seq, source)
-        elif seq <= late.last_seq:
-            self.stats["duplicates"] += 1
-            return []
-        else:
-            self._late.move_to_end(run_id)
-        late.last_seq, late.last, late.last_ms = seq, source, now_ms
-        late.count += 1
-        self.stats["late_events"] += 1
-        emits: list[Emit] = []
-        while len(self._late) > self.settings.remember_finished_runs:
-            old_id, old = self._late.popitem(last=False)
-            emits.append(self._summary(old_id, old))
-        return emits
-
-    def summarise_late(self) -> list[Emit]:
-        """The summaries of every run whose late events are still being counted, now (the end
-        of ``latch assemble``'s input, where no tick will come)."""
-        late, self._late = self._late, OrderedDict()
-        return [self._summary(run_id, each) for run_id, each in late.items()]
-
-    def _summarise_late(self, horizon_ms: int) -> list[Emit]:
-        """The summaries of the runs whose last late event came at or before ``horizon_ms``."""
-        emits: list[Emit] = []
-        late = self._late
-        while late:
-            run_id, first = next(iter(late.items()))
-            if first.last_ms > horizon_ms:
-                break  # (least recently counted first)
-            del late[run_id]
-            emits.append(self._summary(run_id, first))
-        return emits
-
-    def _summary(self, run_id: str, late: LateEvents) -> Emit:
-        """The summary of ``late`` (no longer counted); the run is remembered as summed up."""
-        done = self._late_done
-        done[run_id] = late.last_seq
-        while len(done) > self.settings.remember_finished_runs:
-            done.popitem(last=False)
-        self.stats["late_summaries"] += 1
-        return late_summary(run_id, late.status, late.count, late.first_seq, late.last_seq,
-                            late.first, late.last)
-
-
-    # -- approvals (README, "Approvals") -------------------------------------------------
-
-    def _decision(self, run: Run, decision: Decision, raw: Any) -> list[Emit]:
-        """A person's decision on one of ``run``'s held calls: its outcome, or a DLQ record
-        naming why not (no such call, not waiting, already decided)."""
-        done = run.decision(decision.decision, decision.tool_call_id, decision.by,
-                            decision.reason, decision.arguments)
-        if isinstance(done, tuple):
-            reason, detail = done
-            return [self._reject(Rejected(reason, detail, run.run_id), *_raw(raw))]
-        return done
-
-    def _to_waiting(self, run: Run, envelope: Envelope, now_ms: int, raw: Any) -> list[Emit]:
-        """An envelope of a run whose stream ended and whose calls wait for approval: a
-        decision applies; a cancel ends it (its held calls are cancelled); a re-delivered
-        envelope or a ``stream.end`` changes nothing; any later envelope goes to the DLQ."""
-        if isinstance(envelope, Decision):
-            return self._decision(run, envelope, raw)
-        if isinstance(envelope, Cancel):
-            run.last_ms = now_ms
-            return run.finish(RunStatus.CANCELLED, Reason.CANCELLED, envelope.reason)
-        if isinstance(envelope, Tick):  # (never: ticks have no run)
-            return []
-        if envelope.seq <= run.last_seq or isinstance(envelope, StreamEnd):
-            self.stats["duplicates" if envelope.seq <= run.last_seq else "ignored_after_end"] += 1
-            return []
-        if isinstance(envelope, RunStart):
-            reject = Rejected(DlqReason.DUPLICATE_RUN_START, "run already started", run.run_id)
-        else:
-            reject = Rejected(DlqReason.RUN_FINISHED, "the run's stream ended; its calls wait "
-                              "for approval", run.run_id)
-        return [self._reject(reject, *_raw(raw))]
-
-    def _park(self, run: Run) -> None:
-        """``run``'s stream ended with calls waiting for approval: it leaves the streaming
-        runs, and waits (``Ledger.park``)."""
-        del self._runs[run.run_id]
-        self._unpeeked.discard(run.key)
-        self._waiting[run.run_id] = run
-
-    @property
-    def waiting_runs(self) -> int:
-        """Runs whose final message waits for approval decisions."""
-        return len(self._waiting)
+            return self._tool_maps.shared(tools, cost), cost, emits
+        return self._tool_maps.shared(tools, cost), cost, []
 
     # -- memory budgets (module docstring) ---------------------------------------------
 
@@ -716,20 +522,6 @@ class Assembler:
         return self._ledger.reject(rejected, key, value, source)
 
 
-class LateEvents:
-    """The events that reached one finished run (``Assembler._count_late``)."""
-
-    __slots__ = ("count", "first", "first_seq", "last", "last_ms", "last_seq", "status")
-
-    def __init__(self, status: RunStatus, seq: int, source: RecordSource | None) -> None:
-        self.status = status
-        self.count = 0
-        self.first_seq = self.last_seq = seq
-        self.first: RecordSource | None = source
-        self.last: RecordSource | None = source
-        self.last_ms = 0
-
-
 #: The tool map of a run whose registry toolset is unknown (never changed).
 _UNKNOWN_TOOLSET: dict[str, ToolSchema] = {}
 
@@ -750,9 +542,3 @@ def _unknown_toolset(toolset: tuple[str, int], unknown: bool, registry: bool = T
                                         f"{version} for this run")
     return Reason.UNKNOWN_TOOL, (f"toolset {name!r} version {version} has no client tool of "
                                  "the run's provider")
-
-
-def _raw(raw: tuple[bytes | None, bytes, RecordSource | None] | None
-         ) -> tuple[bytes | None, bytes, RecordSource | None]:
-    """The input record an envelope came from; none (``feed`` of a decoded envelope): empty."""
-    return raw if raw is not None else (None, b"", None)

@@ -7,22 +7,21 @@ the completion latch (:mod:`worker.core.latch`) to decide each complete call, an
 (:meth:`Run.finish`) gives every call exactly one outcome and the run one final message.
 
 What a run shares with the other runs of its partition it reaches through two small objects
-passed in: the :class:`Ledger` (the bytes all open runs hold against ``max_buffered_bytes``,
-the counters, and the partition's hooks to make room and to forget an ended run) and the
-:class:`Rules` (the settings a run reads, copied once per partition).
+passed in (``core/ledger.py``): the :class:`Ledger` (the bytes all open runs hold against
+``max_buffered_bytes``, the counters, and the partition's hooks to make room and to forget an
+ended run) and the :class:`Rules` (the settings a run reads, copied once per partition). A
+parallel wrapper call is unwrapped by ``core/wrapper.py``.
 """
 
 from __future__ import annotations
 
 import sys
-from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 from orjson import dumps
 
 from worker.core import ops as op
-from worker.core import strictjson
+from worker.core import wrapper
 from worker.core._mypyc import mypyc_attr
 from worker.core.call import (
     FOLD_PIECES,
@@ -34,6 +33,7 @@ from worker.core.call import (
 )
 from worker.core.envelope import RecordSource, Rejected, RunStart
 from worker.core.latch import NAME_CHECKED_REASONS, Latch
+from worker.core.ledger import Ledger, Rules
 from worker.core.model import (
     ABORT_REASONS,
     CallEvent,
@@ -43,8 +43,7 @@ from worker.core.model import (
     Reason,
     RunStatus,
 )
-from worker.core.outputs import Outputs, dlq_record, id_counts
-from worker.core.policy import Policy
+from worker.core.outputs import Outputs, id_counts
 from worker.core.settings import (
     CALLS_PER_RUN_FACTOR,
     CHOICE_BYTES,
@@ -52,7 +51,6 @@ from worker.core.settings import (
     MAX_NAME_CHARACTERS,
     MAX_RECORD_BYTES,
     RECORD_OVERHEAD,
-    AssembleSettings,
 )
 
 __all__ = ["FOLD_PIECES", "NAME_CHECKED_REASONS", "Call", "Latch", "Ledger", "Rules", "Run",
@@ -62,11 +60,6 @@ _OPEN = CallState.OPEN
 _COMPLETE = CallState.ARGS_COMPLETE
 _UNWRAPPED = CallState.UNWRAPPED
 _PENDING = CallState.PENDING_APPROVAL
-#: Between a parallel wrapper's call id and an entry's position in the ids of the calls it is
-#: unwrapped into (``call_abc`` -> ``call_abc#0``, ``call_abc#1``; README, "The parallel
-#: wrapper"). OpenAI's call ids are ``call_`` and letters and digits, never ``#``; an id that
-#: equals a derived one anyway is shared by two calls, and both fail ``duplicate_call_id``.
-WRAPPED_ID_SEPARATOR = "#"
 #: Bytes of a call's entries in a final message besides its text, id and name, at most.
 _CALL_FIELDS_BYTES = 512
 #: The bytes of a record carrying one argument fragment that are taken for its envelope (the
@@ -74,59 +67,6 @@ _CALL_FIELDS_BYTES = 512
 FRAGMENT_ENVELOPE = 512
 
 _NONE_TRUNCATED: frozenset[int | None] = frozenset()
-
-
-class Ledger:
-    """The accounts one partition's open runs share: the bytes they hold (``held``) against
-    ``max_buffered_bytes`` (``limit``), the partition's counters (``stats``) and the argument
-    bytes of each call the latch checks (``sizes``, when a list), and the partition's two hooks:
-    ``make_room(run, growth)`` ends the least recently active runs other than ``run`` until
-    ``growth`` more bytes fit, and ``forget(run)`` is told when a run has ended."""
-
-    __slots__ = ("at", "forget", "held", "limit", "make_room", "park", "policy", "sizes",
-                 "stats")
-
-    def __init__(self, limit: int, make_room: Callable[[Run, int], list[Emit]],
-                 forget: Callable[[Run], None]) -> None:
-        self.held = 0
-        self.limit = limit
-        self.make_room = make_room
-        self.forget = forget
-        self.stats: Counter[str] = Counter()
-        self.sizes: list[int] | None = None
-        #: The policy in force for the partition's calls (``Assembler.policy``), read when a
-        #: call is decided; None: no policy (``policy.mode: off``).
-        self.policy: Policy | None = None
-        #: Where the record being applied was read (None: unknown, ``latch assemble``): the
-        #: last offset of a ``run.ended`` record (``Outputs.run_ended``).
-        self.at: RecordSource | None = None
-        #: Told when a run's stream ended with calls still waiting for approval: the run's
-        #: final message waits for their decisions (None: nobody to tell).
-        self.park: Callable[[Run], None] | None = None
-
-    def reject(self, rejected: Rejected, key: bytes | None, value: bytes,
-               source: RecordSource | None) -> Emit:
-        """The DLQ record of an input record, counted."""
-        self.stats[f"dlq_{rejected.reason}"] += 1
-        return dlq_record(rejected, key, value, source)
-
-
-class Rules:
-    """The settings a run reads, copied out of :class:`AssembleSettings` once per partition
-    (read for every fragment: compiled, a setting is an attribute of a Python object)."""
-
-    __slots__ = ("argument_bytes", "choices", "early", "in_flight", "partial_args",
-                 "pipelined", "progress", "text_bytes")
-
-    def __init__(self, settings: AssembleSettings) -> None:
-        self.argument_bytes = settings.max_tool_argument_bytes
-        self.text_bytes = settings.max_run_text_bytes
-        self.progress = settings.emit_progress
-        self.partial_args = settings.ui_forward_partial_args
-        self.early = settings.execute_before_stream_end
-        self.pipelined = frozenset(settings.allow_pipelined_execute)
-        self.in_flight = settings.max_tool_calls_in_flight_assemble
-        self.choices = settings.max_choices_per_run
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # mypyc: tests subclass it (mutation_fuzz.py)
@@ -414,35 +354,12 @@ class Run:
         changed) when ``call`` is not such a wrapper: another kind or name, a name the run
         registered, no id, or a text that is not a strict JSON object whose ``tool_uses`` is a
         non-empty array. A wrapper with more entries than the run may still hold calls fails
-        ``too_many_tool_calls`` instead (and returns [])."""
+        ``too_many_tool_calls`` instead (and returns []): :func:`.wrapper.unwrap`."""
         if (call.kind != op.FUNCTION or call.name not in self.adapter.wrapper_names
                 or call.name in self.latch.tools or not call.call_id):
             return None
-        text = "".join(call.parts)
-        value = strictjson.parse(text)
-        uses = value.get("tool_uses") if isinstance(value, dict) else None
-        if not isinstance(uses, list) or not uses:
-            return None
-        room = CALLS_PER_RUN_FACTOR * self.rules.in_flight
-        if len(self.calls) + len(uses) > room:
-            call.fail(Reason.TOO_MANY_TOOL_CALLS, f"the parallel wrapper holds {len(uses)} "
-                      f"calls; the run may hold at most {room}")
-            return []
-        call.text, call.parts = text, []
-        call.step(CallEvent.UNWRAP)
-        children = []
-        for n, use in enumerate(uses):
-            name, arguments = _tool_use(use)
-            name = usable(name, MAX_NAME_CHARACTERS)  # (too long: missing_id_or_name)
-            child = Call(f"{call.key}/{n}", call.index, call.choice, len(self.calls),
-                         f"{call.call_id}{WRAPPED_ID_SEPARATOR}{n}", name)
-            child.parent = call.key
-            child.parts.append(arguments)
-            child.step(CallEvent.CLOSE)
-            self.calls[child.key] = child
-            children.append(child)
-        self.ledger.stats["parallel_wrappers_unwrapped"] += 1
-        return children
+        return wrapper.unwrap(call, self.calls, CALLS_PER_RUN_FACTOR * self.rules.in_flight,
+                              self.ledger.stats)
 
     # -- protocol breaks (README, "Protocol breaks") ---------------------------------------
 
@@ -681,18 +598,3 @@ class Run:
         ledger.held += growth
         return emits
 
-
-def _tool_use(use: Any) -> tuple[str | None, str]:
-    """The name and argument text of one ``tool_uses[]`` entry: ``recipient_name`` without
-    its ``functions.`` namespace (None when it is not a non-empty string, so the call fails
-    ``missing_id_or_name``), and ``parameters`` written back as JSON (empty when absent, which
-    the latch reads as ``{}``)."""
-    if not isinstance(use, dict):
-        return None, ""
-    recipient = use.get("recipient_name")
-    name = None
-    if isinstance(recipient, str):
-        name = recipient.removeprefix("functions.") or None
-    parameters = use.get("parameters")
-    arguments = "" if "parameters" not in use else dumps(parameters).decode()
-    return name, arguments

@@ -492,3 +492,49 @@ def _responses_other_tool(kind: Any, tool: Mapping[str, Any]) -> str | None:
         return None
     item = RESPONSES_CLIENT_TOOLS.get(kind) if isinstance(kind, str) else None
     return None if item is None else responses_tool_key(item)
+
+
+#: How many distinct tool maps an assembler keeps for its runs to share (:class:`ToolMaps`),
+#: and how much schema text they may hold at most.
+SHARED_TOOL_MAPS = 1024
+SHARED_TOOL_MAP_BYTES = 16 * 1024 * 1024
+#: The tool map of a run that registers no client tool (never changed).
+_NO_TOOLS: dict[str, ToolSchema] = {}
+
+
+class ToolMaps:
+    """One tool map for the runs of a partition that register the same tools (names and
+    shared schemas: ``ValidatorCache.prepare``), as most runs of one agent do: the map is only
+    read, and each run would otherwise hold a copy (bench/bench_memory.py).
+
+    The maps kept are the most recently used, at most :data:`SHARED_TOOL_MAPS` of them
+    holding at most :data:`SHARED_TOOL_MAP_BYTES` of schema text: a map keeps its schemas
+    alive after its runs ended, and run starts with ever new tools must not make that memory
+    grow past a bound (it is counted in no run's ``max_buffered_bytes``)."""
+
+    def __init__(self) -> None:
+        #: The maps kept, least recently used first: key -> (map, its schema text bytes).
+        self.maps: OrderedDict[tuple[tuple[str, ToolSchema], ...],
+                               tuple[dict[str, ToolSchema], int]] = OrderedDict()
+        #: The schema text bytes of the maps kept.
+        self.bytes = 0
+
+    def shared(self, tools: dict[str, ToolSchema], cost: int) -> dict[str, ToolSchema]:
+        """The map kept equal to ``tools`` (``tools`` itself, kept, when there is none);
+        ``cost``: the map's schema text bytes."""
+        if not tools:
+            return _NO_TOOLS
+        maps = self.maps
+        key = tuple(tools.items())  # (a ToolSchema hashes and compares by identity)
+        found = maps.get(key)
+        if found is not None:
+            maps.move_to_end(key)
+            return found[0]
+        if cost > SHARED_TOOL_MAP_BYTES:
+            return tools  # its own, never kept
+        maps[key] = (tools, cost)
+        self.bytes += cost
+        while len(maps) > SHARED_TOOL_MAPS or self.bytes > SHARED_TOOL_MAP_BYTES:
+            _, (_, dropped) = maps.popitem(last=False)
+            self.bytes -= dropped
+        return tools

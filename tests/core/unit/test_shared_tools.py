@@ -1,4 +1,4 @@
-"""Runs that register the same tools share one tool map (``Assembler._shared_tools``): the
+"""Runs that register the same tools share one tool map (``tools.ToolMaps``): the
 map is only read, and a copy per run was 184 bytes of every open run (bench/bench_memory.py).
 """
 
@@ -9,7 +9,7 @@ import pytest
 from builders import CHAT, PATH_SCHEMA, chat_tool, run_start
 
 from worker.core import Assembler, AssembleSettings
-from worker.core import assembler as assembler_module
+from worker.core import tools as tools_module
 
 
 def _start(assembler: Assembler, run_id: str, tools: list[object]) -> None:
@@ -36,9 +36,9 @@ def test_the_shared_maps_are_bounded() -> None:
     """The assembler keeps the last ``SHARED_TOOL_MAPS`` maps: distinct tool sets of many runs
     do not grow it further."""
     assembler = Assembler(AssembleSettings(max_open_runs=4))
-    for n in range(assembler_module.SHARED_TOOL_MAPS + 10):
+    for n in range(tools_module.SHARED_TOOL_MAPS + 10):
         _start(assembler, f"r{n}", [chat_tool(f"tool_{n}", PATH_SCHEMA)])
-    assert len(assembler._tool_maps) == assembler_module.SHARED_TOOL_MAPS
+    assert len(assembler._tool_maps.maps) == tools_module.SHARED_TOOL_MAPS
 
 
 def test_the_shared_maps_hold_a_bounded_amount_of_schema_text(
@@ -46,13 +46,13 @@ def test_the_shared_maps_hold_a_bounded_amount_of_schema_text(
     """Run starts with ever new tools cannot make the kept maps hold more schema text than
     ``SHARED_TOOL_MAP_BYTES`` (the maps keep their schemas alive after their runs ended); a
     map larger than that on its own is never kept."""
-    monkeypatch.setattr(assembler_module, "SHARED_TOOL_MAP_BYTES", 2_000)
+    monkeypatch.setattr(tools_module, "SHARED_TOOL_MAP_BYTES", 2_000)
     assembler = Assembler(AssembleSettings(max_open_runs=4))
     for n in range(40):
         _start(assembler, f"r{n}", [chat_tool(f"tool_{n}", PATH_SCHEMA)])
-        kept = sum(cost for _, cost in assembler._tool_maps.values())
-        assert kept == assembler._tool_map_bytes <= 2_000
-    assert 1 < len(assembler._tool_maps) < 40
+        kept = sum(cost for _, cost in assembler._tool_maps.maps.values())
+        assert kept == assembler._tool_maps.bytes <= 2_000
+    assert 1 < len(assembler._tool_maps.maps) < 40
     big = {"type": "object", "description": "x" * 3_000}
     _start(assembler, "big", [chat_tool("big", big)])
-    assert all("big" not in tools for tools, _ in assembler._tool_maps.values())
+    assert all("big" not in tools for tools, _ in assembler._tool_maps.maps.values())

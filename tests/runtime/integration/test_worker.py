@@ -187,11 +187,11 @@ def test_a_large_poison_record_reaches_the_dlq(stack: Stack, worker: WorkerProce
 
 
 FAILING_SENDS = """
-import worker.runtime.faust_engine.engine
-async def _publish(self, state, key, emits):
+import worker.runtime.faust_engine.sends
+async def publish(self, state, key, emits, record_ms=None, source=None):
     if emits:
         raise ConnectionError("injected: the broker refused the send")
-worker.runtime.faust_engine.engine.FaustEngine._publish = _publish
+worker.runtime.faust_engine.sends.Sends.publish = publish
 """
 
 

@@ -221,18 +221,18 @@ def test_the_kafka_engine_counts_commit_latency_only_once_its_transaction_commit
     fake: FakeProducer = engine.txn.producer  # type: ignore[assignment]
     fake.fail_commit = KafkaError(KafkaError._FAIL, "boom", txn_requires_abort=True)
     engine.txn.begin()
-    engine._publish(b"r1", emits, 1_000)
+    engine.sends.publish(b"r1", emits, 1_000)
     engine._commit(rewind=False)
     assert sample(engine.hooks, "tool_assemble_to_commit_seconds_count") == 0
     fake.fail_commit = None
     engine.txn.begin()
-    engine._publish(b"r1", emits, 1_000)
+    engine.sends.publish(b"r1", emits, 1_000)
     engine._commit()
     assert sample(engine.hooks, "tool_assemble_to_commit_seconds_count") == 1
     for _, _, options in fake.produced:
         assert options["headers"] == HEADERS
         assert "on_delivery" not in options
-    assert fake.settings["on_delivery"] == engine._delivered  # type: ignore[attr-defined]
+    assert fake.settings["on_delivery"] == engine.sends.delivered  # type: ignore[attr-defined]
 
 
 def test_the_kafka_engine_counts_a_failed_delivery_under_its_topic(
@@ -242,8 +242,8 @@ def test_the_kafka_engine_counts_a_failed_delivery_under_its_topic(
         def topic(self) -> str:
             return engine.outputs[Topic.FINAL]
 
-    engine._delivered(KafkaError(KafkaError._MSG_TIMED_OUT), Msg())  # type: ignore[arg-type]
-    engine._delivered(None, Msg())  # type: ignore[arg-type]
+    engine.sends.delivered(KafkaError(KafkaError._MSG_TIMED_OUT), Msg())  # type: ignore[arg-type]
+    engine.sends.delivered(None, Msg())  # type: ignore[arg-type]
     assert sample(engine.hooks, "latch_send_failures_total", topic="final") == 1
     assert sample(engine.hooks, "latch_send_failures_total") == 1
 

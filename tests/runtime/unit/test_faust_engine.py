@@ -135,7 +135,7 @@ class _Topic:
 def _worker(log: list[str], fail: bool = False) -> FaustEngine:
     latch = FaustEngine(load_config(None, env={"LATCH_TOPICS__EVENTS": "ev",
                                                "LATCH_TOPICS__CONTROL": "ctl"}))
-    latch.outputs = {t: _Topic(log, t.value, fail) for t in Topic}
+    latch.outputs = latch.sends.outputs = {t: _Topic(log, t.value, fail) for t in Topic}
     latch.events = _Topic(log, "ev", fail)  # type: ignore[assignment]
     latch.partitions[0] = PartitionState(Assembler(), next_offset=0)
     latch.control_next[0] = 0

@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from worker.runtime import admin, refusals
 from worker.runtime.config import load_config
-from worker.runtime.faust_engine.engine import _refusal
+from worker.runtime.faust_engine.sends import refusal as _refusal
 from worker.runtime.kafka_engine import instance
 
 

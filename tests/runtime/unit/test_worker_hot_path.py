@@ -60,7 +60,7 @@ def _worker() -> tuple[worker_app.FaustEngine, InMemoryMetricReader, CountingHea
                       source: Source | None = None) -> None:
         published.extend(emits)
 
-    latch._publish = publish  # type: ignore[method-assign]
+    latch.sends.publish = publish  # type: ignore[method-assign]
     latch.partitions[0] = PartitionState(Assembler(latch.config.assemble), next_offset=10)
     return latch, reader, table, published
 

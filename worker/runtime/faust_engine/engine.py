@@ -18,10 +18,10 @@ Four rules keep the promises of ``guarantees.md``; the reasons are in
 * **Offset order, whatever faust delivers.** faust can skip or repeat records around a
   rebalance; the worker applies each partition's records strictly in offset order from the
   committed offset, reads a skipped range from the log itself, and drops a repeat.
-* **Emit, confirm, then record.** The outputs of a record are sent in order, and every one
-  (progress records excepted) is delivered before the record is acked, before a run's
-  ``done`` head is written, and before a control record that a cancel was forwarded for is
-  acked. A crash in between finalizes the run again after recovery, with the same bytes.
+* **Emit, confirm, then record.** The outputs of a record are sent in order (sends.py), and
+  every one (progress records excepted) is delivered before the record is acked, before a
+  run's ``done`` head is written, and before a control record that a cancel was forwarded
+  for is acked. A crash in between finalizes the run again after recovery, with the same bytes.
 
 Delivery is at least once. faust's commit only flushes its producer (a failed batch does not
 raise), so the worker never relies on it: records are acked (by faust's stream, when the loop
@@ -37,27 +37,21 @@ import contextlib
 import logging
 import sys
 import time
-import warnings
 from collections import defaultdict
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import faust
-from aiokafka.errors import (  # type: ignore[import-untyped]
-    CorruptRecordException,
-    MessageSizeTooLargeError,
-    RecordListTooLargeError,
-)
-from faust.exceptions import ProducerSendError
 from faust.types import TP
 
-from worker.core import Emit, Topic
-from worker.runtime import admin, memory, refusals, step
+from worker.core import Topic
+from worker.runtime import memory, step
 from worker.runtime.config import Config
 from worker.runtime.driver import Applied, Driver, tick_value
 from worker.runtime.faust_engine import kafka_io, recovery
 from worker.runtime.faust_engine.gaps import StallWatch
 from worker.runtime.faust_engine.heads import FaustHeadsMap, FaustHeadsTable
+from worker.runtime.faust_engine.sends import Sends
 from worker.runtime.faust_engine.settings import LeanMonitor, app_settings
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
@@ -66,7 +60,7 @@ from worker.runtime.observability.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.registry import POLICY_MARKER
 from worker.runtime.registry_io import RegistryError, RegistryReader
-from worker.runtime.step import Record, Source
+from worker.runtime.step import Record
 
 log = logging.getLogger("latch.worker")
 
@@ -120,6 +114,9 @@ class FaustEngine:
         self.partitions, self.control_next = self.owned.partitions, self.owned.control_next
         #: Each output topic's name, for the driver's outgoing records.
         self.names = {t: topic.get_topic_name() for t, topic in self.outputs.items()}
+        #: The outputs sent for a record, their confirms, refusals and limits (sends.py).
+        self.sends = Sends(config, self.driver, self.hooks, self.outputs, self.names,
+                           self.app.conf)
         #: One forwarder at a time per control partition: faust's agent, or the tick's repair.
         self.control_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.control_watch = StallWatch()
@@ -305,7 +302,7 @@ class FaustEngine:
         source = record.source
         partition, offset = source.partition, source.offset
         if applied is not None:
-            await self._publish(state, record.key, applied.emits, record.time_ms, source)
+            await self.sends.publish(state, record.key, applied.emits, record.time_ms, source)
             if applied.confirm:  # a run's done head only after its outputs are delivered
                 await state.confirm()
             self.driver.recorded(state, partition, applied)
@@ -378,52 +375,6 @@ class FaustEngine:
         self.owned.assigned(owned)
         self.owned.log_assigned(owned, dropped)
 
-    # -- the core, and what it emits --------------------------------------------------
-
-    async def _publish(self, state: PartitionState, key: bytes | None,
-                       emits: Sequence[Emit], record_ms: int | None = None,
-                       source: Source | None = None) -> None:
-        """Send each emit, in order, with its run's trace headers; a DLQ record keeps the
-        input record's key. ``record_ms``: the time of the record that produced them;
-        ``source``: where it was read. An emit over its topic's limit is not sent, and one
-        the broker refuses for its own sake is not sent again: a small ``output_refused``
-        DLQ record goes in its place (worker/runtime/refusals.py, :class:`_Refusable`; over
-        the limit: the driver's, :meth:`Driver.outgoing`)."""
-        for out in self.driver.outgoing(key, emits, self.names, source):
-            emit, name, out_key, value, headers = (out.emit, out.name, out.key, out.value,
-                                                   out.headers)
-            topic = self.outputs[out.topic]
-            if out.refused:
-                await (await topic.send(key=out_key, value=value))
-                continue
-            # topic.send, with the message's future at hand: it is what a failure is set on
-            # (awaited by the confirm, so never an unretrieved exception); ``send`` returns
-            # aiokafka's future instead
-            message = topic.as_future_message(key=out_key, value=value, headers=headers)
-            try:
-                await topic.publish_message(message)
-            except ProducerSendError as exc:  # refused by aiokafka at once
-                error = _refusal(exc.__cause__)
-                if error is None:
-                    raise
-                await (await self._refuse(emit, name, out_key,
-                                          refusals.batch_size(out_key, value, headers), error,
-                                          key, source))
-                continue
-            if emit.topic is not Topic.PROGRESS:
-                state.unconfirmed.append(_Refusable(self, message, emit, name, out_key, value,
-                                                    headers, key, source))
-                message.add_done_callback(self._delivery(emit.topic, record_ms))
-
-    async def _refuse(self, emit: Emit, name: str, out_key: bytes | None, size: int,
-                      error: str, key: bytes | None, source: Source | None
-                      ) -> Awaitable[Any]:
-        """Send, instead of ``emit`` (for topic ``name``), its ``output_refused`` DLQ record,
-        keyed by the input record's ``key`` (:meth:`Driver.refused`); return the send's
-        future."""
-        return await self.outputs[Topic.DLQ].send(
-            key=key, value=self.driver.refused(emit, name, out_key, size, error, key, source))
-
     # -- recovery ---------------------------------------------------------------------
 
     async def _take_over(self, topic: str, partition: int) -> PartitionState:
@@ -446,7 +397,7 @@ class FaustEngine:
         # again (the same bytes), then record them.
         outputs = self.driver.rebuilt(takeover, topic)
         if outputs:
-            await self._publish(state, None, [e for e in outputs if e.topic is not Topic.DLQ])
+            await self.sends.publish(state, None, [e for e in outputs if e.topic is not Topic.DLQ])
             await state.confirm()
             self.driver.refinished(state, partition, outputs)
         if revocations == self.revocations:
@@ -459,14 +410,7 @@ class FaustEngine:
         async for rec in kafka_io.read_range(self.reader_options, topic, partition, start, end):
             yield _reader_record(rec)
 
-    # -- operations: delivery metrics, lag, health -------------------------------------
-
-    def _delivery(self, topic: Topic, record_ms: int | None) -> Callable[[Any], None]:
-        """The done-callback of one send: a failure, or a committed call's latency."""
-        def done(future: Any) -> None:
-            self.hooks.delivered(topic, record_ms,
-                                 not future.cancelled() and future.exception() is None)
-        return done
+    # -- operations: lag, health -----------------------------------------------------
 
     def _lag(self, partition: int, state: PartitionState) -> int | None:
         try:
@@ -496,7 +440,7 @@ class FaustEngine:
         except OSError as exc:
             print(self.hooks.http_error(exc), file=sys.stderr)
             return 2
-        self._read_limits()
+        self.sends.read_limits()
         try:
             self.registry.start()
         except RegistryError as exc:
@@ -513,72 +457,6 @@ class FaustEngine:
             self.hooks.stop(server)
             self.registry.stop()
         return 0  # pragma: no cover  (execute_from_commandline always raises SystemExit)
-
-
-    def _read_limits(self) -> None:
-        """The output topics' limits (:class:`refusals.Limits`); aiokafka's batches kept
-        below the smallest (the broker refuses a whole batch over it)."""
-        names = [topic.get_topic_name() for topic in self.outputs.values()]
-        self.limits.update(admin.max_message_bytes(self.config.kafka.confluent_config(), names))
-        default = int(self.app.conf.producer_max_batch_size)
-        batch = self.limits.batch_bytes(default)
-        if batch < default:
-            with warnings.catch_warnings():  # the producer is made when the app starts
-                warnings.simplefilter("ignore")
-                self.app.conf.producer_max_batch_size = batch
-
-
-class _Refusable:
-    """The confirm of one send (awaited by :meth:`PartitionState.confirm`): the send's
-    future, or, if the broker refused the record for its own sake, the ``output_refused``
-    DLQ record that replaces it. A refusal for size counts only once the topic's limit, read
-    again, is below the record's size (the broker refuses a whole batch: a record that fits
-    was refused for another's sake, and the failure stands); aiokafka cannot tell which
-    record of a batch the broker found invalid, so each record of that batch is replaced."""
-
-    __slots__ = ("emit", "headers", "key", "name", "out_key", "sent", "source", "value",
-                 "worker")
-
-    def __init__(self, worker: FaustEngine, sent: Awaitable[Any], emit: Emit, name: str,
-                 out_key: bytes | None, value: bytes, headers: Any, key: bytes | None,
-                 source: Source | None) -> None:
-        self.worker, self.sent, self.emit, self.name = worker, sent, emit, name
-        self.out_key, self.value, self.headers = out_key, value, headers
-        self.key, self.source = key, source
-
-    def __await__(self) -> Any:
-        return self._confirm().__await__()
-
-    async def _confirm(self) -> Any:
-        try:
-            return await self.sent
-        except Exception as exc:
-            error = _refusal(exc)
-            if error is None:
-                raise
-            worker, name = self.worker, self.name
-            size = refusals.batch_size(self.out_key, self.value, self.headers)
-            if error in _TOO_LARGE:
-                worker.limits.update(await asyncio.to_thread(
-                    admin.max_message_bytes, worker.config.kafka.confluent_config(), [name]))
-                if size <= worker.limits.limit(name):
-                    raise
-            return await (await worker._refuse(self.emit, name, self.out_key, size, error,
-                                               self.key, self.source))
-
-
-#: aiokafka's errors of a record refused for its size, by the Kafka error name they stand for.
-_TOO_LARGE = frozenset({"MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"})
-
-
-def _refusal(exc: BaseException | None) -> str | None:
-    """The Kafka error name if ``exc`` (aiokafka's) refuses a record for its own sake."""
-    if isinstance(exc, (MessageSizeTooLargeError, RecordListTooLargeError)):
-        return "MSG_SIZE_TOO_LARGE" if isinstance(exc, MessageSizeTooLargeError) \
-            else "RECORD_LIST_TOO_LARGE"
-    if isinstance(exc, CorruptRecordException) or getattr(exc, "errno", None) == 87:
-        return "INVALID_RECORD"
-    return None
 
 
 def _withhold(message: Any) -> None:

@@ -62,7 +62,8 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   seen in the log is forwarded (at most ``driver.TICK_DEFER_MAX_S`` late): after a takeover
   the first tick would otherwise reach the events log before the cancels that arrived while
   the partition stood still, and expire the runs they stop.
-* **A record refused for its own sake does not stop a partition** (worker/runtime/refusals.py):
+* **A record refused for its own sake does not stop a partition** (worker/runtime/refusals.py;
+  the sends and delivery reports: sends.py):
   each output is checked against its topic's ``max.message.bytes`` (read at start) before it
   is sent, and ``batch.size`` is kept below the smallest; a refusal in a delivery report
   fails the transaction, so the worker reads the limits again, replaces the producer (the
@@ -86,15 +87,16 @@ from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
-from worker.core import Emit, Topic
-from worker.runtime import admin, memory, refusals
+from worker.core import Topic
+from worker.runtime import admin, memory
 from worker.runtime.config import Config
 from worker.runtime.driver import Driver, tick_value
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import instance, reader
 from worker.runtime.kafka_engine.heads import KafkaHeadsTable
+from worker.runtime.kafka_engine.sends import Sends
 from worker.runtime.kafka_engine.settings import consumer_settings, producer_settings
 from worker.runtime.kafka_engine.transaction import (
     CLIENT_TIMEOUT_S,
@@ -110,7 +112,6 @@ from worker.runtime.observability.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.registry import POLICY_MARKER
 from worker.runtime.registry_io import RegistryError, RegistryReader
-from worker.runtime.step import Source
 
 _T = TypeVar("_T")
 
@@ -137,13 +138,6 @@ _HELD_MAX_BATCHES = 5
 _COMMIT_POLL_S = 0.005
 #: librdkafka's default ``batch.size``.
 _BATCH_SIZE = 1_000_000
-#: Errors of a record refused for its size (synchronously by ``produce``, or in the
-#: delivery report: the broker refuses the whole batch that held it).
-_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
-                        KafkaError.INVALID_MSG_SIZE})
-#: The broker found this record invalid (KIP-467: the others of its batch are reported as
-#: ``_INVALID_DIFFERENT_RECORD`` and are sent again).
-_INVALID = frozenset({KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG})
 
 
 class KafkaEngine:
@@ -173,7 +167,6 @@ class KafkaEngine:
         self.partitions, self.control_next = self.owned.partitions, self.owned.control_next
         self.hooks.metrics.watch(self._partition_views)
         self.hooks.health.heartbeat = self._alive
-        self.topic_of = {name: topic for topic, name in self.outputs.items()}
         #: The lag of each owned events partition, as the loop last read it from the consumer
         #: (the HTTP thread reads this, never the consumer).
         self.lags: dict[int, int] = {}
@@ -188,8 +181,8 @@ class KafkaEngine:
         #: checked by the driver before each output is sent (worker/runtime/refusals.py).
         self.limits = self.driver.limits
         self.batch_bytes: int | None = None
-        #: Records the broker found invalid: (topic, key, value size) -> the error's name.
-        self.invalid: dict[tuple[str, bytes | None, int], str] = {}
+        #: The outputs and heads sent into the transaction, the delivery reports (sends.py).
+        self.sends = Sends(self.driver, self.hooks, self.outputs, self.changelog, self.table)
         #: The group consumer carries worker.instance_id in its client.id (instance.py).
         member = instance.client_id(config)
         self.consumer = Consumer(logs.kafka_config(
@@ -201,6 +194,7 @@ class KafkaEngine:
             name=f"{worker.app_id}-{self.instance}", timeout_s=worker.transaction_timeout_s,
             events_topic=self.events,
             learn=lambda kind: kind == "invalid" or self._read_limits(replace=False))
+        self.sends.txn = self.txn
         self.server: Any = None
         self.stopping = False
         self.ready = False
@@ -306,6 +300,7 @@ class KafkaEngine:
         events, partitions, driver, record_at = (self.events, self.partitions, self.driver,
                                                  reader.record_at)
         apply, table, txn = driver.apply, self.table, self.txn
+        publish, write_heads = self.sends.publish, self.sends.write_heads
         batch = txn.batch
         # the batch's records and offsets are noted once, at the end: two writes less a record
         before, applied_n = {p: state.next_offset for p, state in partitions.items()}, 0
@@ -334,10 +329,10 @@ class KafkaEngine:
                 batch = txn.begin()
             if applied is not None:  # a transaction holds outputs and heads together
                 if applied.emits:
-                    self._publish(record.key, applied.emits, record.time_ms, record.source)
+                    publish(record.key, applied.emits, record.time_ms, record.source)
                 driver.recorded(state, partition, applied)
             if table.pending:
-                self._write_heads()
+                write_heads()
             state.next_offset = offset + 1
             applied_n += 1
         self.applying = False
@@ -420,51 +415,6 @@ class KafkaEngine:
                 return True
         return self.owned.control_behind(ends)
 
-    def _publish(self, key: bytes | None, emits: Sequence[Emit],
-                 record_ms: int | None = None, source: Source | None = None) -> None:
-        """Send each emit, in order, with its run's trace headers; a DLQ record keeps the
-        input record's key. ``record_ms``: the time of the record that produced them;
-        ``source``: where it was read. An emit its topic would refuse (over the topic's
-        limit, or found invalid by the broker before) is not sent: a small ``output_refused``
-        DLQ record goes in its place (:meth:`_refuse`; the driver's over the limit,
-        :meth:`Driver.outgoing`)."""
-        outputs, invalid, txn = self.outputs, self.invalid, self.txn
-        dlq = outputs[Topic.DLQ]
-        for out in self.driver.outgoing(key, emits, outputs, source):
-            emit, name, out_key, value, headers = (out.emit, out.name, out.key, out.value,
-                                                   out.headers)
-            if out.refused:
-                txn.produce(dlq, out_key, value)
-                continue
-            if invalid and (name, out_key, len(value)) in invalid:
-                self._refuse(emit, name, out_key, refusals.batch_size(out_key, value, headers),
-                             invalid[(name, out_key, len(value))], key, source)
-                continue
-            try:
-                txn.produce(name, out_key, value, headers=headers)
-            except KafkaException as exc:  # refused by librdkafka at once
-                if exc.args[0].code() not in _TOO_LARGE | _INVALID:
-                    raise
-                self._refuse(emit, name, out_key, refusals.batch_size(out_key, value, headers),
-                             exc.args[0].name(), key, source)
-                continue
-            if out.topic is Topic.COMMITTED and txn.batch is not None:
-                txn.batch.committed.append(record_ms)
-
-    def _refuse(self, emit: Emit, name: str, out_key: bytes | None, size: int, error: str,
-                key: bytes | None, source: Source | None) -> None:
-        """Send, instead of ``emit`` (for topic ``name``), its ``output_refused`` DLQ record,
-        keyed by the input record's ``key`` (:meth:`Driver.refused`)."""
-        self.txn.produce(self.outputs[Topic.DLQ], key,
-                         self.driver.refused(emit, name, out_key, size, error, key, source))
-
-    def _write_heads(self) -> None:
-        if not self.table.pending:
-            return
-        produce = self.txn.produce
-        for partition, key, value in self.table.take_pending():
-            produce(self.changelog, key, value, partition)
-
     # -- the transaction's outcomes -----------------------------------------------------
 
     def _commit(self, rewind: bool = True, wait: bool = True) -> None:
@@ -512,7 +462,7 @@ class KafkaEngine:
     def _new_producer(self) -> Producer:
         return Producer(logs.kafka_config({
             **producer_settings(self.config, self.instance, self.batch_bytes),
-            "on_delivery": self._delivered}))
+            "on_delivery": self.sends.delivered}))
 
     # -- assignment -------------------------------------------------------------------
 
@@ -606,31 +556,12 @@ class KafkaEngine:
         outputs = self.driver.rebuilt(takeover, self.events)
         if outputs:
             self.txn.begin()
-            self._publish(None, [e for e in outputs if e.topic is not Topic.DLQ])
+            self.sends.publish(None, [e for e in outputs if e.topic is not Topic.DLQ])
             self.driver.refinished(takeover.state, partition, outputs)
-            self._write_heads()
+            self.sends.write_heads()
         return takeover.state
 
-    # -- operations: delivery, lag, liveness -------------------------------------------
-
-    def _delivered(self, error: KafkaError | None, msg: Message) -> None:
-        """The producer's delivery report of a failed record (served while the transaction
-        commits, in the commit's thread): a failure of an output is counted (progress aside)
-        and the transaction then aborts. A record refused for its own sake is noted
-        (``txn.refusal``; an invalid one in :attr:`invalid`): the transaction's abort then
-        replaces the producer (transaction.py, step 6)."""
-        if error is None:
-            return
-        name = str(msg.topic())
-        topic = self.topic_of.get(name)
-        if topic is not None and topic is not Topic.PROGRESS:
-            self.hooks.delivered(topic, None, False)
-        code = error.code()
-        if code in _TOO_LARGE:
-            self.txn.refusal = "size"
-        elif code in _INVALID:
-            self.invalid[(name, msg.key(), len(msg.value() or b""))] = error.name()
-            self.txn.refusal = self.txn.refusal or "invalid"
+    # -- operations: lag, liveness -----------------------------------------------------
 
     def _read_lags(self) -> None:
         """Note each owned events partition's lag (:func:`.reader.lags`)."""

@@ -1,0 +1,76 @@
+"""Approvals in a partition (README, "Approvals"): the decisions on held calls, and the runs
+whose final message waits for them.
+
+A call that passes the latch and needs approval is held by its run (``Run.decision`` decides
+it). A run whose stream ended while calls of it are held leaves the streaming runs and waits
+(:meth:`Waiting.park`, the ledger's ``park``): no provider event reaches it any more, and its
+final message waits for the last decision. :meth:`Waiting.envelope` says what an envelope of
+such a run comes to.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from worker.core.envelope import Cancel, Decision, Envelope, Rejected, RunStart, StreamEnd, Tick
+from worker.core.ledger import Ledger
+from worker.core.model import DlqReason, Emit, Reason, RunStatus
+from worker.core.remembered import raw_or_empty
+from worker.core.run import Run
+
+__all__ = ["Waiting"]
+
+
+class Waiting:
+    """The runs of one partition that wait for approval decisions, oldest first (:attr:`runs`);
+    ``streaming``: the partition's open streaming runs, which a parked run leaves;
+    ``unpeeked``: the keys of those whose records skip the peek; ``ledger``: the partition's
+    counters and DLQ records."""
+
+    __slots__ = ("ledger", "runs", "streaming", "unpeeked")
+
+    def __init__(self, streaming: OrderedDict[str, Run], unpeeked: set[bytes],
+                 ledger: Ledger) -> None:
+        self.streaming, self.unpeeked, self.ledger = streaming, unpeeked, ledger
+        self.runs: OrderedDict[str, Run] = OrderedDict()
+
+    def decision(self, run: Run, decision: Decision, raw: Any) -> list[Emit]:
+        """A person's decision on one of ``run``'s held calls: its outcome, or a DLQ record
+        naming why not (no such call, not waiting, already decided)."""
+        done = run.decision(decision.decision, decision.tool_call_id, decision.by,
+                            decision.reason, decision.arguments)
+        if isinstance(done, tuple):
+            reason, detail = done
+            return [self.ledger.reject(Rejected(reason, detail, run.run_id),
+                                       *raw_or_empty(raw))]
+        return done
+
+    def envelope(self, run: Run, envelope: Envelope, now_ms: int, raw: Any) -> list[Emit]:
+        """An envelope of a run whose stream ended and whose calls wait for approval: a
+        decision applies; a cancel ends it (its held calls are cancelled); a re-delivered
+        envelope or a ``stream.end`` changes nothing; any later envelope goes to the DLQ."""
+        if isinstance(envelope, Decision):
+            return self.decision(run, envelope, raw)
+        if isinstance(envelope, Cancel):
+            run.last_ms = now_ms
+            return run.finish(RunStatus.CANCELLED, Reason.CANCELLED, envelope.reason)
+        if isinstance(envelope, Tick):  # (never: ticks have no run)
+            return []
+        if envelope.seq <= run.last_seq or isinstance(envelope, StreamEnd):
+            self.ledger.stats["duplicates" if envelope.seq <= run.last_seq
+                              else "ignored_after_end"] += 1
+            return []
+        if isinstance(envelope, RunStart):
+            reject = Rejected(DlqReason.DUPLICATE_RUN_START, "run already started", run.run_id)
+        else:
+            reject = Rejected(DlqReason.RUN_FINISHED, "the run's stream ended; its calls wait "
+                              "for approval", run.run_id)
+        return [self.ledger.reject(reject, *raw_or_empty(raw))]
+
+    def park(self, run: Run) -> None:
+        """``run``'s stream ended with calls waiting for approval: it leaves the streaming
+        runs, and waits (``Ledger.park``)."""
+        del self.streaming[run.run_id]
+        self.unpeeked.discard(run.key)
+        self.runs[run.run_id] = run
