@@ -91,6 +91,11 @@ def test_toolsets_by_reference_decide_the_same_live_and_in_replay(
             publish_envelopes(stack.bootstrap, stack.topic("events"),
                               _by_reference("after", 1))
             reader.collect(finished(["after"]), timeout=90)
+            # the marker goes beside the worker's next tick after it read the version, which
+            # may come after the run finished: wait for it while the worker runs
+            deadline = time.monotonic() + 60
+            while POLICY_MARKER not in _events_keys(stack) and time.monotonic() < deadline:
+                time.sleep(1)
         live = _outcomes([o.value for o in reader.of("committed") + reader.of("errors")])
     finally:
         reader.close()
