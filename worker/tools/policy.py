@@ -84,8 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_argument("--policy", metavar="FILE", help="the .cedar file")
     policy.add_argument("--policy-version", type=int, metavar="N",
                         help="the policy set version N in the registry, instead of a file")
-    test.add_argument("--tenant", metavar="T", help="the run's tenant (default: none, the principal "
-                                       "Latch::Anonymous::\"anonymous\")")
+    test.add_argument("--tenant", metavar="T",
+                      help="the run's tenant (default: none, the principal "
+                           "Latch::Anonymous::\"anonymous\")")
     test.add_argument("--tool", required=True, metavar="NAME", help="the tool's name")
     test.add_argument("--arguments", required=True, metavar="FILE",
                       help="the call's arguments (a JSON file, - for stdin)")
