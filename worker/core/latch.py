@@ -20,7 +20,8 @@ only when all of these hold, checked in this order, the first failure naming the
 A call that passes every step commits, unless it needs a person's approval first (README,
 "Approvals"): its tool is in ``approvals.require_approval``, or its MCP annotations say
 ``destructiveHint: true`` with ``approvals.destructive``, or the policy's determining permit
-asks for it (``PolicyDecision.approval``). Such a call is held (``PENDING_APPROVAL``), keeps
+asks for it (``PolicyDecision.approval``, in ``enforce`` mode only: in ``log_only`` the call
+commits, its decision recorded). Such a call is held (``PENDING_APPROVAL``), keeps
 its place in the budget, and waits for ``approve`` (it commits as it is), ``edit`` (the latch
 decides the new arguments again, every step, and never holds them again: :meth:`Latch.edit`),
 ``deny`` or a timeout (it fails, and gives its place back: :meth:`Latch.release`).
@@ -127,7 +128,9 @@ class Latch:
         if rules.destructive and self.attributes.get(key, _NO_ATTRIBUTES).get(
                 "annotations", _NO_ATTRIBUTES).get("destructiveHint") is True:
             causes.append(DESTRUCTIVE)
-        if call.decision is not None and call.decision.approval:
+        # (only a policy that enforces holds: log_only never changes what is committed)
+        if call.decision is not None and call.decision.approval and (
+                call.decision.mode == ENFORCE):
             causes.append(POLICY)
         return tuple(causes)
 

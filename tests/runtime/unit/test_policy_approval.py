@@ -7,7 +7,7 @@ from __future__ import annotations
 from builders import CHAT, PATH_SCHEMA, feed, provider_run, values
 
 from worker.core import Assembler, Topic
-from worker.core.policy import PolicyRequest
+from worker.core.policy import LOG_ONLY, PolicyRequest
 from worker.runtime.policy import CedarPolicy
 
 POLICIES = """\
@@ -42,3 +42,19 @@ def test_a_call_the_annotated_permit_allows_is_held() -> None:
     (pending,) = values(emits, Topic.PENDING)
     assert pending["approval"]["required_by"] == ["policy"]
     assert pending["approval"]["policies"] == ["deletes-reviewed"]
+
+
+def test_log_only_never_holds_a_call_for_the_policy() -> None:
+    """In ``log_only`` the policy never changes what is committed: the call the annotated
+    permit allows commits at once (nothing pending), its audit record carrying the decision;
+    only ``enforce`` holds it for approval."""
+    asm = Assembler()
+    asm.policy = CedarPolicy(POLICIES, LOG_ONLY)
+    emits = feed(asm, provider_run(CHAT, "r1", {"delete_file": PATH_SCHEMA},
+                                   [("c2", "delete_file", '{"path": "/b"}')]))
+    assert Topic.PENDING not in [e.topic for e in emits]
+    (committed,) = values(emits, Topic.COMMITTED)
+    assert committed["call_id"] == "c2"
+    (audit,) = values(emits, Topic.AUDIT)
+    assert audit["outcome"] == "committed"
+    assert audit["policy"]["mode"] == LOG_ONLY and audit["policy"]["allow"] is True
