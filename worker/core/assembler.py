@@ -425,7 +425,8 @@ class Assembler:
         adapter.max_choices = self.settings.max_choices_per_run
         latch = Latch(self.settings, tools, budget, adapter.parse_arguments
                       if adapter.parses_own_arguments else strictjson.parse,
-                      (start.tenant, start.provider, start.run_id), tool_attributes(given))
+                      (start.tenant, start.provider, start.run_id),
+                      tool_attributes(given, tools, start.toolset))
         if start.toolset is not None and not tools:
             latch.unknown = _unknown_toolset(start.toolset, tools is _UNKNOWN_TOOLSET,
                                              self.toolsets is not None)

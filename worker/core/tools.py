@@ -364,11 +364,21 @@ def _mcp_tool(tool: Mapping[str, Any]) -> tuple[str, Any] | None:
     return name, ({} if schema is None else schema)
 
 
-def tool_attributes(tools: Any) -> dict[str, dict[str, Any]]:
+def tool_attributes(tools: Any, registered: Mapping[str, Any] | None = None,
+                    toolset: tuple[str, int] | None = None) -> dict[str, dict[str, Any]]:
     """The attributes a policy sees of each MCP tool of ``tools`` (``run.start``'s, in any
     provider's format): ``{"annotations": {hint: bool}}`` with the hints of :data:`MCP_HINTS`
     that the entry states as booleans. Tools in a provider's own format have none (a policy sees
-    an empty ``annotations``)."""
+    an empty ``annotations``). For a run that named a registry ``toolset`` (name, version),
+    each of its ``registered`` tools also has ``toolset``, the toolset's name."""
+    found = _mcp_attributes(tools)
+    if toolset is None or registered is None:
+        return found
+    name = toolset[0]
+    return {key: {**found.get(key, {"annotations": {}}), "toolset": name} for key in registered}
+
+
+def _mcp_attributes(tools: Any) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     if not isinstance(tools, list):
         return found

@@ -137,6 +137,28 @@ def test_the_core_takes_a_referenced_toolsets_tools_from_its_lookup() -> None:
         assert [(e["tool_call_id"], e["reason"]) for e in errors] == [("c1", "unknown_toolset")]
 
 
+def test_a_policy_sees_the_toolset_a_tool_came_from() -> None:
+    """A tool of a run that named a registry toolset has the attribute ``toolset`` (its name,
+    README *Policies*): a permit conditioned on it commits that run's call, while the same call
+    with its tools inline (no ``toolset``) is denied, with no evaluation error."""
+    from worker.runtime.policy import CedarPolicy
+
+    state = RegistryState()
+    _put(state, 0, 1_000)
+    assembler = Assembler()
+    assembler.toolsets = lambda name, version, at: state.toolset(name, version, at, 0)
+    assembler.policy = CedarPolicy('@id("weather-only")\npermit(principal, action, resource) '
+                                   'when { resource has toolset && '
+                                   'resource.toolset == "weather" };')
+    emits = _feed(assembler, _by_reference("r1"), 1_000)
+    assert [e.topic for e in emits if e.topic is not Topic.FINAL] == [Topic.COMMITTED, Topic.AUDIT]
+    inline = chat_run("r2", TOOLS, chat_calls([("c1", "get_weather", '{"city": "Oslo"}')]))
+    errors = [e.value for e in _feed(assembler, inline, 1_000) if e.topic is Topic.ERRORS]
+    assert [e["reason"] for e in errors] == ["policy_denied"]
+    audit = [e.value for e in emits if e.topic is Topic.AUDIT][0]
+    assert audit["policy"]["allow"] and audit["policy"]["policies"] == ["weather-only"]
+
+
 class _Registry:
     def __init__(self, latest: int | None) -> None:
         self.latest = latest
