@@ -155,7 +155,7 @@ def test_a_policy_sees_the_toolset_a_tool_came_from() -> None:
     inline = chat_run("r2", TOOLS, chat_calls([("c1", "get_weather", '{"city": "Oslo"}')]))
     errors = [e.value for e in _feed(assembler, inline, 1_000) if e.topic is Topic.ERRORS]
     assert [e["reason"] for e in errors] == ["policy_denied"]
-    audit = [e.value for e in emits if e.topic is Topic.AUDIT][0]
+    audit = next(e.value for e in emits if e.topic is Topic.AUDIT)
     assert audit["policy"]["allow"] and audit["policy"]["policies"] == ["weather-only"]
 
 
