@@ -47,6 +47,7 @@ from worker.core.envelope import RecordSource, Rejected, RunStart, Source
 from worker.core.model import CallState, Emit, Reason, RunStatus, Topic
 from worker.core.ops import CUSTOM, FUNCTION, Adapter, CallView
 from worker.core.policy import OFF
+from worker.core.providers.gemini_args import is_records
 from worker.core.settings import MAX_RECORD_BYTES
 
 #: Characters of an error's detail written in its ``content``; a longer one (a schema path
@@ -185,7 +186,9 @@ class Outputs:
                else idempotency_key(self._run_id, call.tool_call_id))
         content = f"{reason}: {detail}"
         if self._echo and reason is Reason.INVALID_JSON:
-            content += echoed(call.text if call.text is not None else "".join(call.parts))
+            text = call.text if call.text is not None else "".join(call.parts)
+            if not is_records(text):  # Gemini's partialArgs are values, not text: no echo
+                content += echoed(text)
         value = {**self._head(), "tool_call_id": call.tool_call_id, "name": call.name or "unknown",
                  **self._where(call), "is_error": True, "state": str(call.state),
                  "reason": str(reason), "content": content, "idempotency_key": key}
