@@ -17,7 +17,7 @@ from worker.core.envelope import RecordSource, Rejected
 from worker.core.model import Emit
 from worker.core.outputs import dlq_record
 from worker.core.policy import Policy
-from worker.core.settings import AssembleSettings
+from worker.core.settings import DROP_WITH_PROTOCOL_REPAIR, AssembleSettings
 
 if TYPE_CHECKING:
     from worker.core.run import Run
@@ -64,8 +64,8 @@ class Rules:
     """The settings a run reads, copied out of :class:`AssembleSettings` once per partition
     (read for every fragment: compiled, a setting is an attribute of a Python object)."""
 
-    __slots__ = ("argument_bytes", "choices", "early", "in_flight", "partial_args",
-                 "pipelined", "progress", "text_bytes")
+    __slots__ = ("argument_bytes", "choices", "drop_invalid", "early", "echo_tenants",
+                 "in_flight", "partial_args", "pipelined", "progress", "text_bytes")
 
     def __init__(self, settings: AssembleSettings) -> None:
         self.argument_bytes = settings.max_tool_argument_bytes
@@ -76,3 +76,7 @@ class Rules:
         self.pipelined = frozenset(settings.allow_pipelined_execute)
         self.in_flight = settings.max_tool_calls_in_flight_assemble
         self.choices = settings.max_choices_per_run
+        #: Leave calls failing ``invalid_json`` out of the final message (``on_invalid_json``).
+        self.drop_invalid = settings.on_invalid_json == DROP_WITH_PROTOCOL_REPAIR
+        #: Tenants whose ``invalid_json`` error results echo the text sent (None never is).
+        self.echo_tenants: frozenset[str | None] = frozenset(settings.echo_invalid_input_tenants)

@@ -286,6 +286,9 @@ class CallView:
     #: The buffer key of the ``multi_tool_use.parallel`` wrapper this call was unwrapped
     #: from, else None (the wrapper itself is never shown to an adapter).
     parent: str | None = None
+    #: Left out of the final message (``on_invalid_json: drop_with_protocol_repair``): the
+    #: adapter writes no tool call, block, item or part for it.
+    dropped: bool = False
 
 
 def unwrapped_calls(calls: Sequence[CallView]) -> dict[str, list[CallView]]:

@@ -8,7 +8,15 @@ written ``%3A`` first (:func:`idempotency_key`): a ``:`` in a key always separat
 different lists of parts never give one key (run ``a:7`` with call ``c`` is ``a%3A7:c``, run
 ``a`` with call ``7:c`` is ``a:7%3Ac``). The error ``content`` holds the reason
 and a detail made by the core from positions, lengths, counts and schema paths: never
-argument text.
+argument text, but for one opt-in: the ``invalid_json`` error results of a tenant listed in
+``echo_invalid_input_tenants`` add the text the model sent, cut at :data:`ECHO_MAX_BYTES`
+(:func:`echoed`), so that the model can correct itself. The audit record never carries it.
+
+With ``on_invalid_json: drop_with_protocol_repair`` a call failing ``invalid_json`` is left
+out of the final message (each adapter skips a ``CallView`` whose ``dropped`` is set), and its
+error result and its entry in ``outcomes`` say ``dropped: true``: an agent loop sends no tool
+result for it, so the next request holds no result without its call and no call without its
+result (docs/decisions/0017-protocol-repair.md).
 
 No record is larger than ``settings.MAX_RECORD_BYTES``: an error result is small (its id and
 name are bounded, its detail cut at :data:`MAX_DETAIL_CHARACTERS`); a committed call that would
@@ -39,6 +47,7 @@ from worker.core.envelope import RecordSource, Rejected, RunStart, Source
 from worker.core.model import CallState, Emit, Reason, RunStatus, Topic
 from worker.core.ops import CUSTOM, FUNCTION, Adapter, CallView
 from worker.core.policy import OFF
+from worker.core.providers.gemini_args import is_records
 from worker.core.settings import MAX_RECORD_BYTES
 
 #: Characters of an error's detail written in its ``content``; a longer one (a schema path
@@ -48,6 +57,8 @@ MAX_DETAIL_CHARACTERS = 1024
 #: and the fields it empties (an array becomes [], anything else null).
 _MESSAGE_LABELS = ("role", "id", "model", "status", "stop_reason")
 _MESSAGE_CONTENT = ("content", "parts", "output")
+#: UTF-8 bytes of argument text an echoing error result shows at most (:func:`echoed`).
+ECHO_MAX_BYTES = 4096
 
 
 def idempotency_key(*parts: str) -> str:
@@ -69,13 +80,23 @@ def id_counts(calls: Iterable[Call]) -> dict[str, int]:
 class Outputs:
     """Builds the output records of one run."""
 
-    __slots__ = ("_provider", "_run_id", "_tenant")
+    __slots__ = ("_drop", "_echo", "_provider", "_run_id", "_tenant")
 
-    def __init__(self, start: RunStart) -> None:
+    def __init__(self, start: RunStart, drop: bool = False, echo: bool = False) -> None:
         # (the head of every record is made when one is: an open run holds no dict for it)
         self._run_id = start.run_id
         self._tenant = start.tenant
         self._provider = start.provider
+        #: ``on_invalid_json: drop_with_protocol_repair`` (module docstring).
+        self._drop = drop
+        #: The run's tenant is listed in ``echo_invalid_input_tenants``.
+        self._echo = echo
+
+    def dropped(self, call: Call) -> bool:
+        """Whether ``call`` is left out of the final message: it failed ``invalid_json`` and
+        the policy is ``drop_with_protocol_repair``."""
+        return (self._drop and call.state is CallState.FAILED
+                and call.reason is Reason.INVALID_JSON)
 
     def _head(self) -> dict[str, Any]:
         """What every output of the run starts with."""
@@ -163,10 +184,16 @@ class Outputs:
         key = (idempotency_key(self._run_id, call.tool_call_id, call.key)
                if shared or reason is Reason.DUPLICATE_CALL_ID
                else idempotency_key(self._run_id, call.tool_call_id))
+        content = f"{reason}: {detail}"
+        if self._echo and reason is Reason.INVALID_JSON:
+            text = call.text if call.text is not None else "".join(call.parts)
+            if not is_records(text):  # Gemini's partialArgs are values, not text: no echo
+                content += echoed(text)
         value = {**self._head(), "tool_call_id": call.tool_call_id, "name": call.name or "unknown",
                  **self._where(call), "is_error": True, "state": str(call.state),
-                 "reason": str(reason), "content": f"{reason}: {detail}",
-                 "idempotency_key": key}
+                 "reason": str(reason), "content": content, "idempotency_key": key}
+        if self.dropped(call):
+            value["dropped"] = True
         return Emit(Topic.ERRORS, self._run_id, value)
 
     def final(self, adapter: Adapter, calls: Sequence[Call], status: RunStatus) -> Emit:
@@ -174,7 +201,7 @@ class Outputs:
         calls = [c for c in calls if c.state is not CallState.UNWRAPPED]
         views = [CallView(c.key, c.tool_call_id, c.name or "unknown",
                           c.text if c.text is not None else "".join(c.parts),
-                          c.arguments, c.parsed, c.parent) for c in calls]
+                          c.arguments, c.parsed, c.parent, self.dropped(c)) for c in calls]
         message, choices = adapter.final(views)
         value: dict[str, Any] = {**self._head(), "status": str(status), "message": message}
         if choices is not None:
@@ -218,6 +245,8 @@ class Outputs:
                    **self._where(call), "state": str(call.state)}
         if call.reason is not None:
             outcome["reason"] = str(call.reason)
+        if self.dropped(call):
+            outcome["dropped"] = True
         return outcome
 
     def run_ended(self, status: RunStatus, reason: Reason, last_seq: int,
@@ -243,6 +272,28 @@ class Outputs:
             value["arguments_offset"] = offset
             value["arguments_delta"] = delta
         return Emit(Topic.PROGRESS, self._run_id, value)
+
+
+def echoed(text: str) -> str:
+    """What an echoing ``invalid_json`` error result adds to its content: the rest of its first
+    line, then ``{"INVALID_JSON": "<text>"}`` on a line of its own (the form Anthropic documents
+    for passing invalid JSON from fine-grained tool streaming back to the model). The text is
+    cut at :data:`ECHO_MAX_BYTES` UTF-8 bytes, on a character boundary, and the first line then
+    says how many bytes of how many it shows; a lone surrogate (not UTF-8) is shown as U+FFFD.
+    Empty when no text came."""
+    data = text.encode("utf-8", "surrogatepass")
+    if not data:
+        return ""
+    cut = len(data)
+    if cut > ECHO_MAX_BYTES:
+        cut = ECHO_MAX_BYTES
+        while cut > 0 and data[cut] & 0xC0 == 0x80:  # not inside a character
+            cut -= 1
+        note = f"; the text sent follows, its first {cut} of {len(data)} bytes"
+    else:
+        note = "; the text sent follows"
+    shown = data[:cut].decode("utf-8", "replace")
+    return note + "\n" + dumps({"INVALID_JSON": shown}).decode()
 
 
 def argument_digest(call: Call, committed: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -89,7 +89,7 @@ class Run:
         self.latch = latch
         self.ledger = ledger
         self.rules = rules
-        self.out = Outputs(start)
+        self.out = Outputs(start, rules.drop_invalid, start.tenant in rules.echo_tenants)
         self.last_seq = start.seq
         self.last_ms = now_ms
         self.calls: dict[str, Call] = {}

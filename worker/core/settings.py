@@ -31,6 +31,9 @@ MAX_NAME_CHARACTERS = 256
 #: A run may hold at most this many times ``max_tool_calls_in_flight_assemble`` calls,
 #: placeholders included (``assembler``, "Memory budgets").
 CALLS_PER_RUN_FACTOR = 4
+#: The ``on_invalid_json`` policy that leaves a call failing ``invalid_json`` out of the final
+#: message (README, "Repair and feedback to the model"; docs/decisions/0017-protocol-repair.md).
+DROP_WITH_PROTOCOL_REPAIR = "drop_with_protocol_repair"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +76,15 @@ class AssembleSettings:
     emit_progress: bool = False
     #: Arguments must decode to a JSON object (``arguments_not_object`` otherwise).
     arguments_must_be_object: bool = True
-    #: What an invalid argument text becomes; ``error_result`` is the only policy in v1.
+    #: What an invalid argument text becomes: ``error_result`` (the call stays in the final
+    #: message, its error result answers it), or ``drop_with_protocol_repair`` (the call is
+    #: left out of the final message, so the transcript holds no call without a result; its
+    #: error result says ``dropped``: README, "Repair and feedback to the model").
     on_invalid_json: str = "error_result"
+    #: Tenants whose ``invalid_json`` error results echo the text the model sent (cut at
+    #: ``outputs.ECHO_MAX_BYTES``), as ``{"INVALID_JSON": "<text>"}``, so the model can correct
+    #: itself. Empty by default: argument text may hold secrets, so a tenant must ask for it.
+    echo_invalid_input_tenants: tuple[str, ...] = ()
     #: What an oversize argument text becomes; ``error_result`` is the only policy in v1.
     on_args_overflow: str = "error_result"
     #: Order of a run's outcomes; ``provider_index`` is the only order in v1.

@@ -336,6 +336,23 @@ def test_error_result_rejects(change: dict[str, Any], why: str) -> None:
     assert not valid("error-result", CONTRACT_ERROR | change), why
 
 
+def test_dropped_marks_an_error_result_and_an_outcome_only_as_true() -> None:
+    """``dropped`` (on_invalid_json: drop_with_protocol_repair) is allowed on an error result
+    and on a final message's outcome, as ``true`` only; the config takes the policy and the
+    echo tenants, and refuses a policy it does not know."""
+    assert valid("error-result", CONTRACT_ERROR | {"dropped": True})
+    assert not valid("error-result", CONTRACT_ERROR | {"dropped": False})
+    outcome = {"tool_call_id": "call_abc", "name": "read_file", "index": 0, "state": "failed",
+               "reason": "invalid_json"}
+    final = FINAL_CHAT | {"outcomes": [outcome | {"dropped": True}]}
+    assert valid("final-message", final)
+    assert not valid("final-message", final | {"outcomes": [outcome | {"dropped": False}]})
+    section = {"on_invalid_json": "drop_with_protocol_repair",
+               "echo_invalid_input_tenants": ["acme"]}
+    assert valid("config", {"agent_stream_assemble": section})
+    assert not valid("config", {"agent_stream_assemble": {"on_invalid_json": "repair"}})
+
+
 def test_final_message_in_each_provider_format() -> None:
     """A final message validates with a chat, an Anthropic and a Responses message."""
     anthropic = {

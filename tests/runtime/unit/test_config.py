@@ -506,3 +506,26 @@ def test_a_policy_file_that_does_not_parse_stops_with_file_line_and_column(
     path = tmp_path / "latch.yaml"
     path.write_text("policy:\n  mode: off\n")
     assert load_config(path, env={}).policy.mode == "off"
+
+
+def test_protocol_repair_and_echo_tenants_load(tmp_path: Path) -> None:
+    """``on_invalid_json: drop_with_protocol_repair`` (refused before issue 26 item 3) and
+    ``echo_invalid_input_tenants`` load from the file and from LATCH_ variables; the echo is
+    off (no tenant) and ``error_result`` the policy by default; another policy is refused."""
+    defaults = load_config(env={}).assemble
+    assert defaults.on_invalid_json == "error_result"
+    assert defaults.echo_invalid_input_tenants == ()
+    text = ("agent_stream_assemble:\n  on_invalid_json: drop_with_protocol_repair\n"
+            "  echo_invalid_input_tenants: [acme, beta]\n")
+    settings = load_config(write(tmp_path, text), env={}).assemble
+    assert settings.on_invalid_json == "drop_with_protocol_repair"
+    assert settings.echo_invalid_input_tenants == ("acme", "beta")
+    env = {"LATCH_AGENT_STREAM_ASSEMBLE__ECHO_INVALID_INPUT_TENANTS": "acme",
+           "LATCH_AGENT_STREAM_ASSEMBLE__ON_INVALID_JSON": "drop_with_protocol_repair"}
+    settings = load_config(env=env).assemble
+    assert settings.echo_invalid_input_tenants == ("acme",)
+    assert settings.on_invalid_json == "drop_with_protocol_repair"
+    assert "agent_stream_assemble.on_invalid_json: 'repair' is not one of" in config_error(
+        write(tmp_path, "agent_stream_assemble:\n  on_invalid_json: repair\n"))
+    assert "echo_invalid_input_tenants" in config_error(
+        write(tmp_path, "agent_stream_assemble:\n  echo_invalid_input_tenants: acme\n"))

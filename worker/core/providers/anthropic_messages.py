@@ -254,7 +254,9 @@ class AnthropicMessages(op.Adapter):
 
     def final(self, calls: Sequence[op.CallView]) -> op.FinalMessage:
         by_key = {c.key: c for c in calls}
-        content = [self._render(i, b, by_key.get(str(i))) for i, b in sorted(self._blocks.items())]
+        # A dropped call (drop_with_protocol_repair) has no tool_use block.
+        content = [self._render(i, b, by_key.get(str(i))) for i, b in sorted(self._blocks.items())
+                   if not _dropped(by_key.get(str(i)))]
         message: dict[str, Any] = {**(self._message or {}), "role": "assistant",
                                    "content": content, "stop_reason": self._stop_reason}
         return message, None
@@ -280,6 +282,10 @@ class AnthropicMessages(op.Adapter):
             # not be written back.
             body["input"] = {} if strictjson.nested_deeper(value) else value
         return body
+
+
+def _dropped(call: op.CallView | None) -> bool:
+    return call is not None and call.dropped
 
 
 def _repeats(block: _Block, body: dict[str, Any]) -> bool:

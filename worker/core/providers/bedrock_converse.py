@@ -294,6 +294,8 @@ def _render(block: _Block, calls: dict[str, op.CallView]) -> list[dict[str, Any]
         return [{"reasoningContent": {"reasoningText": body}}]
     if kind == "toolUse":
         call = calls.get(block.key or "")
+        if call is not None and call.dropped:  # drop_with_protocol_repair: no toolUse block
+            return []
         tool = dict(block.body)
         if call is not None:
             # A call that failed before it was parsed still shows the input the provider

@@ -309,13 +309,22 @@ class Gemini(op.Adapter):
     def _render(self, candidate: _Candidate, calls: dict[str, op.CallView]
                 ) -> list[dict[str, Any]]:
         parts: list[dict[str, Any]] = []
+        carried: str | None = None  # the thoughtSignature of a dropped call, for the next call kept
         for item in candidate.parts:
             if isinstance(item, _Text):
                 parts.append(item.render())
             elif isinstance(item, dict):
                 parts.append(item)
+            elif (call := calls.get(item)) is not None and call.dropped:
+                # drop_with_protocol_repair: no part; Gemini checks the signature on the first
+                # functionCall part of a step, so the next call kept takes it over
+                carried = candidate.signatures.get(item, carried)
             else:
-                parts.append(self._call_part(item, calls.get(item), candidate))
+                part = self._call_part(item, call, candidate)
+                if carried is not None and "thoughtSignature" not in part:
+                    part["thoughtSignature"] = carried
+                carried = None
+                parts.append(part)
         return parts
 
     def _call_part(self, key: str, call: op.CallView | None,

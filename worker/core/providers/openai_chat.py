@@ -384,7 +384,8 @@ class OpenAIChat(op.Adapter):
             tool_calls = []
             for k in choice.keys or ():
                 if k in by_key:
-                    tool_calls.append(_tool_call_entry(by_key[k]))
+                    if not by_key[k].dropped:  # on_invalid_json: drop_with_protocol_repair
+                        tool_calls.append(_tool_call_entry(by_key[k]))
                 elif k in children:  # the parallel wrapper: its calls, in its place
                     tool_calls += [_tool_call_entry(view) for view in children[k]]
             if tool_calls:

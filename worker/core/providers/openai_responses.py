@@ -317,6 +317,8 @@ class OpenAIResponses(op.Adapter):
             if unwrapped is not None:  # the parallel wrapper: its calls, in its place
                 output += [_unwrapped_item(item, view) for view in unwrapped]
                 continue
+            if call is not None and call.dropped:  # drop_with_protocol_repair: no item
+                continue
             if call is not None and item.get("type") in ("function_call", "custom_tool_call"):
                 item[_CALL_ITEMS[item["type"]][1] or ""] = call.text or ""
                 item["call_id"] = call.tool_call_id
