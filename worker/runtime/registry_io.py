@@ -217,6 +217,34 @@ class RegistryReader:
             self._fence_wanted = False
             return True
 
+    def unsettled(self, value: bytes, at_ms: int | None) -> tuple[str, int, int] | None:
+        """The (name, version, record time) of the toolset a ``run.start`` envelope ``value``
+        names when its answer is not final yet (else None: not such a record, or known): an
+        engine that must not block its loop waits for :meth:`settle` elsewhere before the core
+        asks :meth:`toolsets` (the faust engine, decision 0014)."""
+        if at_ms is None or b'"toolset"' not in value:
+            return None
+        try:
+            doc = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return None
+        tools = doc.get("tools") if isinstance(doc, dict) and doc.get(
+            "type") == "run.start" else None
+        if not isinstance(tools, dict):
+            return None
+        name, version = tools.get("toolset"), tools.get("version")
+        if not isinstance(name, str) or type(version) is not int:
+            return None
+        if self.state.settled(name, version, at_ms, self.wait_ms):
+            return None
+        return name, version, at_ms
+
+    def settle(self, name: str, version: int, at_ms: int) -> None:
+        """Block until the answer for toolset ``name`` ``version`` at record time ``at_ms`` is
+        final, within the hold's bound (run in a thread, off the engine's loop)."""
+        state = self.state
+        self._hold(lambda: state.settled(name, version, at_ms, self.wait_ms))
+
     def toolsets(self, name: str, version: int, at_ms: int) -> Any:
         """``Assembler.toolsets``: the version's tools for a run.start at record time
         ``at_ms`` under the wait rule, held until the answer is final (module doc)."""

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
+from builders import cancel
 from worker_harness import (
     ENGINES,
     TOPIC_ROLES,
@@ -338,3 +339,42 @@ def test_a_hold_commits_the_kafka_engines_open_transaction_first(
         assert "transaction aborted" not in worker.log()
     assert _outcomes([o.value for o in reader.of("committed") + reader.of("errors")]) == [
         ("first", "call_first", None), ("late", "call_late", None)]
+
+
+@pytest.fixture
+def slow_faust_registry(kafka_bootstrap: str, request: pytest.FixtureRequest
+                        ) -> Iterator[Stack]:
+    """A faust-engine stack whose hold (``registry.wait_s`` 25) would outlast its consumer's
+    session were the event loop held."""
+    with make_stack(kafka_bootstrap, request.node.name, partitions=1,
+                    worker__engine="faust", registry__wait_s="25") as made:
+        yield made
+
+
+def test_the_faust_engine_waits_for_a_toolset_off_its_event_loop(
+        slow_faust_registry: Stack, tmp_path: Path) -> None:
+    """A run.start naming toolset version 1 before anyone registered it: while the faust
+    engine waits for the registry's answer, its event loop goes on: a cancel sent to the control
+    topic meanwhile is forwarded into the events topic before the version is put (with the
+    wait inside the loop, as before, nothing moved for up to ``registry.wait_s``); once put, the
+    run's call commits."""
+    stack = slow_faust_registry
+    with running_worker(stack, tmp_path / "worker.log") as worker:
+        reader = Reader(stack)
+        try:
+            publish_envelopes(stack.bootstrap, stack.topic("events"), _by_reference("late", 1))
+            time.sleep(2)
+            publish_envelopes(stack.bootstrap, stack.topic("control"),
+                              [cancel("elsewhere")])
+            deadline = time.monotonic() + 15
+            while b"elsewhere" not in _events_keys(stack):
+                assert time.monotonic() < deadline, (
+                    "the cancel was not forwarded during the wait:\n" + worker.log()[-3000:])
+                time.sleep(0.5)
+            registry_io.put(stack.config(), TOOLSET, "files", 1,
+                            tools("openai.chat", ["read_file"]))
+            reader.collect(finished(["late"]), timeout=90)
+        finally:
+            reader.close()
+    assert _outcomes([o.value for o in reader.of("committed") + reader.of("errors")]) == [
+        ("late", "call_late", None)]

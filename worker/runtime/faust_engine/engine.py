@@ -204,11 +204,18 @@ class FaustEngine:
         if state is None or message.offset != state.next_offset:
             return self._apply_event(message)
         record = _record(message)
+        if b'"toolset"' in record.value and self._unsettled(record):
+            return self._process(state, record, message.headers)
         applied = self.driver.apply(state, record, message.headers)
         if applied is None and not state.unconfirmed:
             state.next_offset = message.offset + 1
             return None
         return self._finish(state, record, applied)
+
+    def _unsettled(self, record: Record) -> bool:
+        """Whether ``record`` is a ``run.start`` naming a registry toolset whose answer is not
+        final yet (:meth:`_process` waits for it off the loop)."""
+        return self.registry.unsettled(record.value, record.time_ms) is not None
 
     async def _apply_event(self, message: Any) -> None:
         state = self.partitions.get(message.partition)
@@ -287,7 +294,15 @@ class FaustEngine:
 
     async def _process(self, state: PartitionState, record: Record,
                        headers: Any = None) -> None:
-        """Feed one record to the partition's assembler; publish, then record heads."""
+        """Feed one record to the partition's assembler; publish, then record heads. A
+        ``run.start`` naming a toolset version whose answer is not final yet waits for it in a
+        thread first (the registry's bounded hold), so that the event loop goes on (heartbeats,
+        ticks, control records, sends) while the events agent waits; the core's lookup is then
+        answered at once (decision 0014)."""
+        wanted = self.registry.unsettled(record.value, record.time_ms)
+        if wanted is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.registry.settle,
+                                                             *wanted)
         applied = self.driver.apply(state, record, headers)
         if applied is None and not state.unconfirmed:
             state.next_offset = record.source.offset + 1
