@@ -270,8 +270,8 @@ def _gated_call(rng: random.Random, cid: str) -> CallSpec:
         call.edit = _dumps(rng, call.args)
     elif decision == "edit_schema":
         call.edit = orjson.dumps(rng.choice(SCHEMA_BREAKERS)).decode()
-    elif decision == "edit_json":
-        call.edit = rng.choice(BAD_TEXTS)[0]
+    elif decision == "edit_json":  # not a JSON object: invalid_json or arguments_not_object
+        call.edit, call.intent = rng.choice(BAD_TEXTS)
     return call
 
 
