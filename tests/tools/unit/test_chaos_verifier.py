@@ -361,6 +361,9 @@ def test_approvals_plan_holds_each_decision_and_a_lost_approval_outcome_fails(
     raise); the verifier passes those records, a pending record whose ``held_ms`` is the live
     record time, and fails when one held call's outcome (here: ``reason``) is lost or when a
     denied call is committed instead."""
+    args = chaos.build_parser().parse_args(["--approvals", "--runners", "2"])
+    assert (args.approvals, args.runners) == (-1.0, 2)  # -1: the idle timeout
+    assert chaos.build_parser().parse_args(["--approvals", "30"]).approvals == 30.0
     env = chaos.Stack("b", "a", 1, 5.0, 1.0, approval_timeout_s=7.0).env()
     assert env["LATCH_APPROVALS__REQUIRE_APPROVAL"] == "delete_file"
     assert env["LATCH_APPROVALS__APPROVAL_TIMEOUT_S"] == "7.0"
