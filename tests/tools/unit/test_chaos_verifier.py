@@ -344,3 +344,88 @@ def test_plan_with_a_policy_means_some_calls_to_be_denied_and_the_verifier_holds
               "name": value["name"], "arguments": {"path": "/denied/x"}}
     records[index] = OutRecord("committed", 0, index, None, orjson.dumps(forged))
     assert not verify(plan, records).ok
+
+
+def _approvals_plan() -> Plan:
+    stack = chaos.Stack("127.0.0.1:1", "chaos-unit", 3, 5.0, 1.0, approval_timeout_s=7.0)
+    return build_plan(seed=7, runs=160, config=stack.config())
+
+
+@pytest.mark.parametrize("reason", ["approval_denied", "approval_timeout", "schema_invalid",
+                                    "committed"])
+def test_approvals_plan_holds_each_decision_and_a_lost_approval_outcome_fails(
+        reason: str) -> None:
+    """``latch chaos --approvals``: the workers' settings gate ``delete_file`` with the given
+    timeout; the plan's approval runs give every planned decision (approve, deny, edits valid
+    and invalid, none) and the offline core agrees with each meant outcome (or build_plan would
+    raise); the verifier passes those records, a pending record whose ``held_ms`` is the live
+    record time, and fails when one held call's outcome (here: ``reason``) is lost or when a
+    denied call is committed instead."""
+    args = chaos.build_parser().parse_args(["--approvals", "--runners", "2"])
+    assert (args.approvals, args.runners) == (-1.0, 2)  # -1: the idle timeout
+    assert chaos.build_parser().parse_args(["--approvals", "30"]).approvals == 30.0
+    env = chaos.Stack("b", "a", 1, 5.0, 1.0, approval_timeout_s=7.0).env()
+    assert env["LATCH_APPROVALS__REQUIRE_APPROVAL"] == "delete_file"
+    assert env["LATCH_APPROVALS__APPROVAL_TIMEOUT_S"] == "7.0"
+    assert "LATCH_APPROVALS__REQUIRE_APPROVAL" not in chaos.Stack("b", "a", 1, 5.0, 1.0).env()
+    plan = _approvals_plan()
+    held = [c for r in plan.runs for c in r.opened.values() if c.decision]
+    assert {c.decision for c in held} == {"approve", "deny", "edit", "edit_schema", "edit_json",
+                                          "none"}
+    assert all((c.decision == "none") == (c.call_id not in r.decisions)
+               for r in plan.runs for c in r.opened.values() if c.decision)
+    records = _records(plan)
+    # the live worker's pending records carry the record time the call was held at
+    records = [OutRecord(r.role, r.partition, r.offset, r.key, orjson.dumps(
+        {**orjson.loads(r.value), "approval": {**orjson.loads(r.value)["approval"],
+                                               "held_ms": 1_700_000_000_000}}))
+               if r.role == "pending" else r for r in records]
+    verdict = verify(plan, records)
+    assert verdict.ok, verdict.failures[:3]
+    assert verdict.approvals["approval_denied"] and verdict.approvals["approval_timeout"]
+    assert sum(verdict.approvals.values()) == len(held)
+    ids = {c.call_id for c in held}
+
+    def lost(r: OutRecord) -> bool:
+        value = orjson.loads(r.value)
+        if r.role == "committed":
+            return reason == "committed" and value["call_id"] in ids
+        return (r.role == "errors" and value["tool_call_id"] in ids
+                and value["reason"] == reason)
+
+    index = next(i for i, r in enumerate(records) if lost(r))
+    verdict = verify(plan, records[:index] + records[index + 1:])
+    assert not verdict.ok and verdict.missing >= 1
+    # a worker that committed a denied call instead fails the verdict too
+    index = next(i for i, r in enumerate(records) if r.role == "errors"
+                 and orjson.loads(r.value)["reason"] == "approval_denied")
+    value = orjson.loads(records[index].value)
+    forged = {"v": 1, "run_id": value["run_id"], "call_id": value["tool_call_id"],
+              "name": value["name"], "arguments": {"path": "/x"},
+              "idempotency_key": value["idempotency_key"]}
+    records[index] = OutRecord("committed", 0, index, None, orjson.dumps(forged))
+    assert not verify(plan, records).ok
+
+
+def test_runner_verifier_counts_executions_and_fails_a_repeat_after_commit() -> None:
+    """``latch chaos --runners``: each committed call needs exactly one result; a call run
+    twice is allowed only when its earlier run was cut short before its transaction committed
+    (inside the tool, or after it), and counted as such; a run again after its commit, a lost
+    result or two results fail."""
+    from worker.tools.chaos.verify import verify_runners
+
+    def rec(role: str, key: str, n: int = 0) -> OutRecord:
+        return OutRecord(role, 0, n, None, orjson.dumps({"idempotency_key": key, "n": n}))
+
+    records = [rec("committed", k) for k in "abc"] + [rec("results", k) for k in "abc"]
+    log = "\n".join(["S a 1", "E a 1", "C a 1",
+                     "S b 1", "S b 2", "E b 2", "C b 2",  # killed inside the tool
+                     "S c 2", "E c 2", "S c 3", "E c 3", "C c 3"])  # killed before commit
+    verdict = verify_runners(records, log)
+    assert verdict.ok, verdict.failures
+    assert (verdict.once, verdict.repeated_in_tool, verdict.repeated_after_tool,
+            verdict.executions) == (1, 1, 1, 5)
+    again = verify_runners(records, log + "\nS a 4\nE a 4\nC a 4")
+    assert not again.ok and again.unexplained == 1
+    assert verify_runners(records[:-1], log).missing == 1
+    assert verify_runners([*records, rec("results", "a", 1)], log).duplicates == 1

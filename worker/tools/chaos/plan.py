@@ -14,7 +14,11 @@ stream (sent once the ``run.start`` is acknowledged). It adds a few bad input
 records that must reach the DLQ with their bytes. With a policy in ``enforce`` (``latch chaos
 --policy``, issue 25), about one good call in six of the kinds in :data:`DENIABLE` names a path
 under :data:`DENIED_PREFIX`, which the policy (``chaos.cedar``) denies: that call is meant to
-get ``policy_denied``.
+get ``policy_denied``. With approvals (``latch chaos --approvals``, issue 26), calls of
+:data:`GATED` need a person's decision (``approvals.require_approval``): runs of kind
+``approval`` call it, each call with a planned decision (:data:`DECISIONS`): approve, deny,
+edit with valid, schema-breaking or non-JSON arguments, or none (it times out). The driver's
+approver sends each call's decision once it reads the call's pending record.
 
 A raced cancel may reach the events log anywhere in its run, so such a run is *flexible*: the
 verifier holds it to the promise (its final says ``cancelled``, every call it opened ends
@@ -53,6 +57,8 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
     "ping": {"type": "object", "properties": {}, "additionalProperties": False},
     "lookup": {"type": "object", "properties": {"path": _PATH}, "required": ["path"],
                "additionalProperties": False},
+    "delete_file": {"type": "object", "properties": {"path": _PATH}, "required": ["path"],
+                    "additionalProperties": False},
 }
 #: The assemble settings the chaos workers and the plan use: ``lookup`` calls commit at the
 #: end of their block (block-level early commit), everything else at the stream's end.
@@ -89,6 +95,17 @@ SCHEMA_BREAKERS: list[dict[str, Any]] = [
 DENIABLE = frozenset({"ok", "parallel", "large", "mixed", "early"})
 #: The path prefix of a call the plan means the policy to deny (``chaos.cedar``).
 DENIED_PREFIX = "/denied/"
+#: The tool whose calls wait for approval with ``--approvals`` (``approvals.require_approval``).
+GATED = "delete_file"
+#: What the approver does with a held call, how often, and the outcome each is meant to get
+#: (``commit``: with the call's own arguments, or the edit's).
+DECISIONS: dict[str, tuple[int, str]] = {
+    "approve": (30, "commit"), "deny": (20, "approval_denied"), "edit": (15, "commit"),
+    "edit_schema": (10, "schema_invalid"), "edit_json": (10, "invalid_json"),
+    "none": (15, "approval_timeout"),
+}
+#: The kind of run that calls :data:`GATED`, and how often it is drawn with ``--approvals``.
+APPROVAL_KIND = ("approval", 12)
 _ALPHABET = string.ascii_letters + string.digits + " /._-\"\\\n\t" + "éß中文🙂ø€"
 
 
@@ -104,6 +121,10 @@ class CallSpec:
     args: Any = None
     #: Fragment sizes (characters) for the argument text.
     fragment: tuple[int, int] = (1, 12)
+    #: Approvals: the approver's planned decision (a key of :data:`DECISIONS`), else None.
+    decision: str | None = None
+    #: An edit's new argument text.
+    edit: str | None = None
 
 
 @dataclass(slots=True)
@@ -119,6 +140,9 @@ class RunPlan:
     opened: dict[str, CallSpec]
     expected: list[Emit] = field(default_factory=list)
     cancel_after: int = 0
+    #: Approvals: call id -> the decision envelope the approver sends once it reads the call's
+    #: pending record (a call of :data:`GATED` absent here is left to time out).
+    decisions: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def flexible(self) -> bool:
@@ -163,13 +187,15 @@ def build_plan(seed: int, runs: int, config: Config, tag: str = "",
     """M runs and a few bad inputs, each with the outcome the offline core gives it;
     ``exclude`` leaves kinds out."""
     rng = random.Random(seed)
-    kinds, weights = zip(*((k, w) for k, w in KINDS.items() if k not in exclude), strict=True)
+    gated = GATED in config.approvals.require_approval
+    table = {**KINDS, **dict([APPROVAL_KIND])} if gated else KINDS
+    kinds, weights = zip(*((k, w) for k, w in table.items() if k not in exclude), strict=True)
     prefix = f"chaos{tag}-{seed}"
     early = (config.assemble.execute_before_stream_end
              and "lookup" in config.assemble.allow_pipelined_execute)
     deny = config.policy.mode == "enforce"
     plans = [_run(rng, f"{prefix}-{n:05d}", PROVIDERS[n % 3], rng.choices(kinds, weights)[0],
-                  early, deny) for n in range(runs)]
+                  early, deny, gated) for n in range(runs)]
     for run in plans:
         run.expected = expected_emits(run, config)
         check_intent(run)
@@ -232,7 +258,38 @@ def _calls(rng: random.Random, kind: str, ids: Callable[[], str],
     return calls
 
 
+def _gated_call(rng: random.Random, cid: str) -> CallSpec:
+    """A call of :data:`GATED` and the approver's planned decision (``CallSpec.decision``)."""
+    args = {"path": f"/trash/{_text(rng, rng.randint(1, 30))}"}
+    names = list(DECISIONS)
+    decision = rng.choices(names, [DECISIONS[n][0] for n in names])[0]
+    call = CallSpec(cid, GATED, _dumps(rng, args), DECISIONS[decision][1], args)
+    call.decision = decision
+    if decision == "edit":
+        call.args = {"path": f"/edited/{_text(rng, rng.randint(1, 30))}"}
+        call.edit = _dumps(rng, call.args)
+    elif decision == "edit_schema":
+        call.edit = orjson.dumps(rng.choice(SCHEMA_BREAKERS)).decode()
+    elif decision == "edit_json":  # not a JSON object: invalid_json or arguments_not_object
+        call.edit, call.intent = rng.choice(BAD_TEXTS)
+    return call
+
+
+def decision_envelope(run_id: str, call: CallSpec) -> bytes | None:
+    """The control envelope of the call's planned decision; None: left to time out."""
+    if call.decision in (None, "none"):
+        return None
+    kind = "edit" if call.decision.startswith("edit") else call.decision
+    doc: dict[str, Any] = {"v": 1, "run_id": run_id, "type": kind, "tool_call_id": call.call_id,
+                           "by": "chaos-approver", "reason": f"chaos plan: {call.decision}"}
+    if call.edit is not None:
+        doc["arguments"] = call.edit
+    return orjson.dumps(doc)
+
+
 def _kind_calls(rng: random.Random, kind: str, ids: Callable[[], str]) -> list[CallSpec]:
+    if kind == "approval":
+        return [_gated_call(rng, ids()) for _ in range(rng.randint(1, 3))]
     if kind == "text_only":
         return []
     if kind in ("ok", "broken", "cancel", "idle", "cancel_race", "cancel_mid"):
@@ -259,7 +316,7 @@ def _kind_calls(rng: random.Random, kind: str, ids: Callable[[], str]) -> list[C
 
 
 def _run(rng: random.Random, run_id: str, provider: str, kind: str,
-         early: bool = True, deny: bool = False) -> RunPlan:
+         early: bool = True, deny: bool = False, gated: bool = False) -> RunPlan:
     counter = itertools.count()
     stem = {"openai.chat": "call", "anthropic.messages": "toolu", "openai.responses": "call"}
     calls = _calls(rng, kind, lambda: f"{stem[provider]}_{rng.getrandbits(48):012x}"
@@ -294,7 +351,7 @@ def _run(rng: random.Random, run_id: str, provider: str, kind: str,
             opened[reused_id] = calls[0]
         else:
             opened[reused_id].intent = "duplicate_call_id"
-    tools = [_tool(provider, name) for name in TOOL_SCHEMAS]
+    tools = [_tool(provider, name) for name in TOOL_SCHEMAS if gated or name != GATED]
     docs: list[dict[str, Any]] = [{"v": 1, "run_id": run_id, "seq": 0, "type": "run.start",
                                    "provider": provider, "tenant": "chaos", "tools": tools}]
     if kind == "tight":
@@ -314,8 +371,10 @@ def _run(rng: random.Random, run_id: str, provider: str, kind: str,
             if not (early and call.name == "lookup"
                     and _block_closed(events, call.call_id, provider)):
                 call.intent = "cancelled"
+    decisions = {cid: env for cid, call in opened.items()
+                 if (env := decision_envelope(run_id, call)) is not None}
     return RunPlan(run_id, provider, kind, [orjson.dumps(d) for d in docs], cancel, opened,
-                   cancel_after=RACED.get(kind, len(docs)))
+                   cancel_after=RACED.get(kind, len(docs)), decisions=decisions)
 
 
 def _block_closed(events: list[Event], call_id: str, provider: str) -> bool:
@@ -447,12 +506,20 @@ PROVIDER_EVENTS: dict[str, Callable[[random.Random, Sequence[CallSpec], bool], l
 
 def expected_emits(run: RunPlan, config: Config) -> list[Emit]:
     """What the offline core emits for the run's bytes (progress aside): its envelopes, then
-    its cancel; an idle run gets one tick past the idle timeout."""
+    its cancel, its approval decisions (each where the approver sends it: after the call's
+    pending record); an idle run gets one tick past the idle timeout, a run with a call left
+    undecided one tick past the approval timeout."""
     assembler = Assembler(config.assemble)
     assembler.policy = assembler_policy(config)
     emits = [e for value in run.envelopes for e in assembler.feed_record(None, value)]
     if run.cancel is not None:
         emits += assembler.feed_record(None, run.cancel)
+    for value in run.decisions.values():
+        emits += assembler.feed_record(None, value)
+    if any(c.decision == "none" for c in run.opened.values()):
+        ts = int(config.assemble.approvals.approval_timeout_s * 1000) + 1
+        emits += assembler.feed_record(TICK_KEY.encode(),
+                                       orjson.dumps({"v": 1, "type": "tick", "ts": ts}))
     if run.kind == "idle":
         ts = int(config.assemble.assemble_idle_timeout_s * 1000) + 1
         emits += assembler.feed_record(TICK_KEY.encode(),

@@ -67,10 +67,16 @@ import orjson
 
 from worker.runtime.config import Config, load_config
 from worker.tools import broker as broker_tool
-from worker.tools.chaos.plan import EARLY_SETTINGS, Plan, PlanError, RunPlan, build_plan
-from worker.tools.chaos.verify import OutRecord, Verdict, verify
+from worker.tools.chaos.plan import EARLY_SETTINGS, GATED, Plan, PlanError, RunPlan, build_plan
+from worker.tools.chaos.verify import (
+    OutRecord,
+    RunnerVerdict,
+    Verdict,
+    verify,
+    verify_runners,
+)
 
-OUTPUT_ROLES = ("committed", "errors", "final", "dlq", "audit")
+OUTPUT_ROLES = ("committed", "errors", "final", "dlq", "audit", "pending", "run_ended")
 #: librdkafka settings that do the same for the kafka engine.
 FAST_KAFKA = {"LATCH_KAFKA__SESSION_TIMEOUT_MS": "6000",
               "LATCH_KAFKA__HEARTBEAT_INTERVAL_MS": "1000"}
@@ -113,13 +119,16 @@ class Stack:
     replication: int = 1
     #: A .cedar file the workers (and the plan's offline core) enforce, or None: no policy.
     policy: str | None = None
+    #: Approvals (``--approvals``): calls of the plan's gated tool wait this long (record
+    #: time) for a decision; None: approvals off.
+    approval_timeout_s: float | None = None
 
     def topic(self, role: str) -> str:
         return f"{self.app_id}.{role}"
 
     def env(self) -> dict[str, str]:
         roles = ("events", "control", "committed", "errors", "final", "progress", "dlq", "audit",
-                 "results")
+                 "results", "pending", "run_ended", "journal")
         env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role) for role in roles}
         return env | {
             "LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
@@ -132,7 +141,10 @@ class Stack:
             "LATCH_WORKER__ENGINE": self.engine,
         } | {f"LATCH_AGENT_STREAM_ASSEMBLE__{k.upper()}": v for k, v in EARLY_SETTINGS.items()
              } | ({"LATCH_POLICY__MODE": "enforce", "LATCH_POLICY__FILE": self.policy}
-                  if self.policy else {})
+                  if self.policy else {}
+             ) | ({"LATCH_APPROVALS__REQUIRE_APPROVAL": GATED,
+                   "LATCH_APPROVALS__APPROVAL_TIMEOUT_S": str(self.approval_timeout_s)}
+                  if self.approval_timeout_s is not None else {})
 
     def config(self, **kafka: str) -> Config:
         extra = {f"LATCH_KAFKA__{k.upper()}": v for k, v in kafka.items()}
@@ -499,6 +511,69 @@ class Workers:
         return found
 
 
+class Runners(threading.Thread):
+    """``--runners N``: N transactional runners (:mod:`worker.tools.chaos.runner_child`), each
+    with a stable transactional id; ``kills`` SIGKILLs at random moments over ``span`` seconds,
+    each runner restarted at once; a runner that exits on its own is restarted too."""
+
+    def __init__(self, stack: Stack, count: int, log_dir: Path, rng: random.Random,
+                 kills: int, span: float) -> None:
+        super().__init__(name="chaos-runners", daemon=True)
+        self.stack, self.log_dir, self.rng = stack, log_dir, rng
+        self.exec_log = log_dir / "executions.log"
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * count
+        self.generation = itertools.count()
+        self.kill_at = schedule(rng, span, kills, 0.05, 0.95)
+        self.kills = self.respawns = 0
+        self.exits: list[str] = []
+        self.stopping = threading.Event()
+        self.began = time.monotonic()
+
+    def spawn(self, slot: int) -> None:
+        log = self.log_dir / f"runner-{slot}.{next(self.generation)}.log"
+        args = [self.stack.bootstrap, self.stack.topic("committed"), self.stack.topic("results"),
+                self.stack.topic("journal"), f"{self.stack.app_id}-runners",
+                f"{self.stack.app_id}-runner-{slot}", str(self.exec_log)]
+        with open(log, "wb") as out:
+            self.procs[slot] = subprocess.Popen(
+                [sys.executable, "-m", "worker.tools.chaos.runner_child", *args],
+                env=os.environ | {"PYTHONUNBUFFERED": "1"}, stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.2):
+            now = time.monotonic() - self.began
+            while self.kill_at and self.kill_at[0] <= now:
+                self.kill_at.pop(0)
+                slot = self.rng.randrange(len(self.procs))
+                proc = self.procs[slot]
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait()
+                    self.kills += 1
+                self.spawn(slot)
+                self.respawns += 1
+            for slot, proc in enumerate(self.procs):
+                if proc is not None and proc.poll() is not None:
+                    self.exits.append(f"runner {slot} exited {proc.returncode}")
+                    self.spawn(slot)
+                    self.respawns += 1
+
+    def stop_all(self) -> None:
+        self.stopping.set()
+        self.join(10)
+        for proc in self.procs:
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            if proc is not None:
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
 def _last_error(path: Path) -> str:
     lines = [line for line in path.read_text(errors="replace").splitlines()
              if re.search(r"ERROR|CRITICAL|Error|Exception", line)]
@@ -637,6 +712,14 @@ class Options:
     exclude: tuple[str, ...] = ()
     #: A .cedar file to enforce (``--policy``); None: policy off.
     policy: str | None = None
+    #: ``--approvals``: the plan's gated calls wait for the driver's approver this long
+    #: (``approvals.approval_timeout_s``); None: approvals off.
+    approval_timeout_s: float | None = None
+    #: ``--runners N``: transactional runners executing the committed calls, killed and
+    #: restarted; 0: none.
+    runners: int = 0
+    #: SIGKILLs of runners over the run (``--runner-kills``).
+    runner_kills: int = 8
 
 
 @dataclass(slots=True)
@@ -649,10 +732,18 @@ class Result:
     respawns: int
     durations: dict[str, float]
     notes: list[str]
+    #: ``--runners``: the runners' verdict and their kills.
+    runners: RunnerVerdict | None = None
+    runner_kills: int = 0
 
     @property
     def summary(self) -> str:
-        return self.verdict.summary(self.kills, self.broker_restarts)
+        return self.verdict.summary(self.kills, self.broker_restarts) + (
+            "" if self.runners is None else "\n" + self.runners.summary(self.runner_kills))
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.ok and (self.runners is None or self.runners.ok)
 
 
 class Driver:
@@ -665,7 +756,9 @@ class Driver:
 
         from worker.client.publisher import FORCED_SETTINGS, PRODUCER_DEFAULTS, Delivery, Publisher
 
-        self.plan, self.rng, self.options = plan, rng, options
+        self.plan, self.rng, self.options, self.log_path = plan, rng, options, log_path
+        #: The approver (``--approvals``), polled as the driver goes.
+        self.approver: Approver | None = None
         self.delivered: Counter[str] = Counter()
         #: Runs whose cancel the broker acknowledged: each must end its calls ``cancelled``.
         self.acked_cancels: set[str] = set()
@@ -719,6 +812,8 @@ class Driver:
             bar.update(sent - bar.n)
             if not active and not pending and cancels:
                 self.publisher.poll(0.05)
+            if self.approver is not None and sent % 20 == 0:
+                self.approver.poll()
             ahead = sent / self.options.rate - (time.monotonic() - started)
             if ahead > 0:
                 self.publisher.poll(ahead)
@@ -748,6 +843,46 @@ class Driver:
                     raise
 
 
+class Approver:
+    """The person in the loop (``--approvals``): reads the pending topic from its beginning
+    (read_committed) and, for each call it reads the first time, sends the plan's decision
+    for it to the control topic (approve, deny, edit), or nothing (the call times out)."""
+
+    def __init__(self, plan: Plan, stack: Stack, driver: Driver) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        self.driver = driver
+        self.decisions = {(r.run_id, cid): env for r in plan.runs
+                          for cid, env in r.decisions.items()}
+        self.read: set[tuple[str, str]] = set()
+        self.sent = 0
+        self.consumer = Consumer({"bootstrap.servers": stack.bootstrap,
+                                  "group.id": "chaos-approver", "enable.auto.commit": False,
+                                  "isolation.level": "read_committed",
+                                  "logger": _file_logger(driver.log_path)})
+        self.consumer.assign([TopicPartition(stack.topic("pending"), p, OFFSET_BEGINNING)
+                              for p in range(stack.partitions)])
+
+    def poll(self) -> None:
+        for msg in self.consumer.consume(500, timeout=0):
+            if msg.error() is not None:
+                continue
+            with contextlib.suppress(ValueError, orjson.JSONDecodeError):
+                value = orjson.loads(msg.value() or b"")
+                call = (str(value.get("run_id")), str(value.get("call_id")))
+                if call in self.read:
+                    continue  # a repeated pending record: the call has its decision
+                self.read.add(call)
+                decision = self.decisions.get(call)
+                if decision is not None:
+                    self.driver.publisher.send_raw(call[0], decision, control=True)
+                    self.sent += 1
+        self.driver.publisher.poll(0)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
 def _file_logger(path: Path) -> logging.Logger:
     logger = logging.getLogger(f"latch.chaos.{path}")
     logger.propagate = False
@@ -773,7 +908,8 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
     began = time.monotonic()
     stack = Stack(bootstrap, f"chaos{tag}-{uuid.uuid4().hex[:8]}", options.partitions,
                   options.idle_timeout_s, options.tick_interval_s, options.engine,
-                  replication=min(3, options.cluster), policy=options.policy)
+                  replication=min(3, options.cluster), policy=options.policy,
+                  approval_timeout_s=options.approval_timeout_s)
     if isinstance(broker, ClusterBroker):
         broker.watch_topic = stack.topic("events")
     plan = build_plan(options.seed, options.runs, stack.config(), tag, options.exclude)
@@ -787,22 +923,51 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
     workers = Workers(stack, options.workers, work_dir, options.faust)
     for slot in range(options.workers):
         workers.spawn(slot)
+    if options.approval_timeout_s is not None:
+        held = Counter(c.decision for r in plan.runs for c in r.opened.values() if c.decision)
+        _say(f"approvals (timeout {options.approval_timeout_s:g}s): {sum(held.values())} "
+             f"calls of {GATED} wait, the approver means to "
+             + ", ".join(f"{k} {v}" for k, v in sorted(held.items())))
     faults: Faults | None = None
+    runners: Runners | None = None
+    approver: Approver | None = None
     try:
         workers.wait_ready()
+        if options.runners:
+            runners = Runners(stack, options.runners, work_dir, random.Random(options.seed + 3),
+                              options.runner_kills, plan.events / options.rate + 60)
+            for slot in range(options.runners):
+                runners.spawn(slot)
+            runners.start()
         faults = _start_faults(options, plan, workers, broker, notes)
         t = time.monotonic()
         driver = Driver(plan, stack, random.Random(options.seed + 2), options,
                         work_dir / "publisher.log")
+        if options.approval_timeout_s is not None:
+            approver = driver.approver = Approver(plan, stack, driver)
         driver.publish()
         driver.flush(options.drain_timeout_s)
         durations["publish"] = time.monotonic() - t
         t = time.monotonic()
-        notes += _drain(options, plan, stack, faults)
+        notes += _drain(options, plan, stack, faults,
+                        approver.poll if approver is not None else lambda: None)
+        if approver is not None:
+            driver.flush(60)
+            notes.append(f"approver: read {len(approver.read)} held calls, sent "
+                         f"{approver.sent} decisions")
         durations["drain"] = time.monotonic() - t
+        if runners is not None:
+            t = time.monotonic()
+            notes += _wait_results(stack, options.drain_timeout_s)
+            durations["runners"] = time.monotonic() - t
     finally:
         if faults is not None:
             faults.stopping.set()
+        if runners is not None:
+            runners.stop_all()
+            notes += runners.exits[:10]
+        if approver is not None:
+            approver.close()
         notes += workers.stop_all()
     t = time.monotonic()
     verdict = verify(plan, read_outputs(stack), acked_cancels=driver.acked_cancels,
@@ -811,8 +976,29 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
     durations["total"] = time.monotonic() - began
     assert faults is not None
     notes += _what_happened(options, faults, workers, broker)
+    runner_verdict = None
+    if runners is not None:
+        log = runners.exec_log.read_text() if runners.exec_log.exists() else ""
+        runner_verdict = verify_runners(read_outputs(stack, ("committed", "results")), log)
     return Result(verdict, plan, stack, faults.kills, faults.broker_restarts, faults.respawns,
-                  durations, notes)
+                  durations, notes, runner_verdict, runners.kills if runners else 0)
+
+
+def _wait_results(stack: Stack, timeout: float) -> list[str]:
+    """Wait until every committed call has a result (read_committed); what is left, as a
+    note."""
+    deadline = time.monotonic() + timeout
+    left: set[str] = set()
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):  # the broker may be restarting
+            records = read_outputs(stack, ("committed", "results"))
+            keys = {role: {str(orjson.loads(r.value).get("idempotency_key")) for r in records
+                           if r.role == role} for role in ("committed", "results")}
+            left = keys["committed"] - keys["results"]
+            if not left:
+                return []
+        time.sleep(3)
+    return [f"{len(left)} committed calls had no result after {timeout:.0f}s"]
 
 
 def _start_faults(options: Options, plan: Plan, workers: Workers, broker: Broker | None,
@@ -829,17 +1015,22 @@ def _start_faults(options: Options, plan: Plan, workers: Workers, broker: Broker
     return faults
 
 
-def _drain(options: Options, plan: Plan, stack: Stack, faults: Faults) -> list[str]:
+def _drain(options: Options, plan: Plan, stack: Stack, faults: Faults,
+           tick: Callable[[], None] = lambda: None) -> list[str]:
     """End the faults, then wait for every run's final message and for the group's commits
     to pass the inputs; what did not happen in time, as notes."""
     notes = []
     faults.finish()
+    def on_tick() -> None:
+        faults.supervise()
+        tick()
+
     left = wait_for_finals(stack, (r.run_id for r in plan.runs), options.drain_timeout_s,
-                           faults.supervise)
+                           on_tick)
     if left:
         notes.append(f"{len(left)} runs had no final message after "
                      f"{options.drain_timeout_s:.0f}s, e.g. {sorted(left)[:3]}")
-    lagging = wait_committed(stack, 120.0, faults.supervise)
+    lagging = wait_committed(stack, 120.0, on_tick)
     if lagging:
         notes.append(f"the worker group did not commit past the inputs within 120s: "
                      f"{'; '.join(lagging)}")
@@ -907,6 +1098,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("--policy", nargs="?", const=str(DEFAULT_POLICY), metavar="FILE",
         help="workers enforce a Cedar policy (default FILE: the shipped chaos.cedar, which "
         "denies the plan's calls under /denied/; those must get policy_denied)")
+    add("--approvals", nargs="?", type=float, const=-1.0, metavar="TIMEOUT_S",
+        help="some runs call a gated tool (approvals.require_approval: delete_file); the "
+        "driver's approver approves, denies or edits each (valid and invalid arguments) as "
+        "planned, or leaves it to time out after TIMEOUT_S of record time (default: the idle "
+        "timeout)")
+    add("--runners", type=int, default=defaults.runners, metavar="N",
+        help="N transactional runners (journal mode) execute the committed calls, killed "
+        "with SIGKILL at random moments and restarted; each call must get one result")
+    add("--runner-kills", type=int, default=defaults.runner_kills)
     add("--work-dir", type=Path, help="logs (and the own broker); default: a temp dir, kept "
         "when the verdict is FAIL")
     return parser
@@ -920,7 +1120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                       faust=dict(pair.partition("=")[::2] for pair in args.faust_setting),
                       cluster=args.cluster, engine=args.engine,
                       exclude=tuple(args.exclude_kind),
-                      policy=args.policy and str(Path(args.policy).absolute()))
+                      policy=args.policy and str(Path(args.policy).absolute()),
+                      approval_timeout_s=(None if args.approvals is None else
+                                          args.idle_timeout if args.approvals < 0
+                                          else args.approvals),
+                      runners=args.runners, runner_kills=args.runner_kills)
     # absolute: workers and the broker run in directories of their own
     work_dir = (args.work_dir or Path(tempfile.mkdtemp(prefix="latch-chaos-"))).absolute()
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -956,12 +1160,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {failure}")
     if len(result.verdict.failures) > 20:
         print(f"  ... and {len(result.verdict.failures) - 20} more")
+    if result.runners is not None:
+        for failure in result.runners.failures[:20]:
+            print(f"  {failure}")
     print(result.summary, flush=True)
-    if result.verdict.ok and args.work_dir is None:
+    if result.ok and args.work_dir is None:
         shutil.rmtree(work_dir, ignore_errors=True)
-    elif not result.verdict.ok:
+    elif not result.ok:
         _say(f"logs kept in {work_dir}")
-    return EXIT_PASS if result.verdict.ok else EXIT_FAIL
+    return EXIT_PASS if result.ok else EXIT_FAIL
 
 
 if __name__ == "__main__":

@@ -22,6 +22,13 @@ errors, final, DLQ), from the beginning, and counts
   A *flexible* run (its cancel raced against its ``run.start``) is held to this promise
   rather than to exact records: where the cancel lands decides which calls it opened.
 
+The pending records of calls waiting for approval (``--approvals``) and the ``run.ended``
+records are compared too, but for what only the live worker knows (the record time a call was
+held at, the offsets of a run's events). Each held call's outcome (committed as it was or as
+edited, ``approval_denied``, ``approval_timeout``, or the edit's ``schema_invalid`` /
+``invalid_json``) is then the offline core's, like any other: a lost decision or timeout is
+``missing``; :attr:`Verdict.approvals` counts the held calls' outcomes.
+
 Byte-identical repeats are counted as ``duplicates``: harmless at least once (the faust
 engine), a failure for the kafka engine read at ``read_committed`` (``exactly_once``).
 """
@@ -66,6 +73,8 @@ class Verdict:
     failures: list[str] = field(default_factory=list)
     #: Duplicates break the promise too (the kafka engine, read at read_committed).
     exactly_once: bool = False
+    #: Outcomes of the calls that waited for approval (a pending record), by outcome.
+    approvals: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -80,8 +89,28 @@ class Verdict:
         return (f"chaos: runs={self.runs} calls={self.calls} committed={self.committed} "
                 f"errors={self.errors} duplicates={self.duplicates} kills={kills} "
                 f"broker_restarts={broker_restarts} dlq={self.dlq} missing={self.missing} "
-                f"contradictions={self.contradictions} mismatched={self.mismatched} -> "
-                f"{'PASS' if self.ok else 'FAIL'}")
+                f"contradictions={self.contradictions} mismatched={self.mismatched}"
+                + (" approvals=" + ",".join(f"{k}:{v}" for k, v in sorted(self.approvals.items()))
+                   if self.approvals else "")
+                + f" -> {'PASS' if self.ok else 'FAIL'}")
+
+
+def _live_only(role: str, value: dict[str, Any]) -> bool:
+    """Set aside (to None) in place what only the live worker knows of a record; whether
+    there was any."""
+    if role == "pending" and isinstance(value.get("approval"), dict):
+        value["approval"]["held_ms"] = None
+        return True
+    if role == "run_ended" and "events" in value:
+        value["events"] = None
+        return True
+    return False
+
+
+def _expected_bytes(role: str, value: dict[str, Any]) -> bytes:
+    value = orjson.loads(orjson.dumps(value))
+    _live_only(role, value)
+    return orjson.dumps(value)
 
 
 def _outcome(value: dict[str, Any]) -> tuple[Any, ...]:
@@ -98,7 +127,8 @@ def verify(plan: Plan, records: Iterable[OutRecord],
     with a cancel); with ``exactly_once`` a duplicate fails the verdict too."""
     verdict = Verdict(runs=len(plan.runs), calls=plan.calls, exactly_once=exactly_once)
     flexible = {run.run_id for run in plan.runs if run.flexible}
-    expected = {(e.topic.value, e.value["idempotency_key"]): orjson.dumps(e.value)
+    expected = {(e.topic.value, e.value["idempotency_key"]): _expected_bytes(e.topic.value,
+                                                                              e.value)
                 for run in plan.runs if run.run_id not in flexible for e in run.expected}
     by_key: dict[tuple[str, str], list[bytes]] = defaultdict(list)
     by_call: dict[tuple[str, str], set[tuple[Any, ...]]] = defaultdict(set)
@@ -120,6 +150,8 @@ def verify(plan: Plan, records: Iterable[OutRecord],
         raw = record.value
         if record.role == "audit":  # where it was read and the trace: the live worker's only
             value["source"] = value["trace_id"] = None
+            raw = orjson.dumps(value)
+        elif _live_only(record.role, value):
             raw = orjson.dumps(value)
         ikey = (record.role, str(value.get("idempotency_key")))
         if value.get("run_id") in flexible:
@@ -143,7 +175,21 @@ def verify(plan: Plan, records: Iterable[OutRecord],
     verdict.committed = sum(1 for role, _ in by_key if role == "committed")
     verdict.errors = sum(1 for role, _ in by_key if role == "errors")
     verdict.duplicates += sum(len(v) - 1 for v in by_key.values())
+    verdict.approvals = _approvals(decoded)
     return verdict
+
+
+def _approvals(decoded: dict[tuple[str, str], dict[str, Any]]) -> dict[str, int]:
+    """The outcomes of the calls that have a pending record, by outcome."""
+    held = {(v.get("run_id"), v.get("call_id")) for (role, _), v in decoded.items()
+            if role == "pending"}
+    counts: dict[str, int] = defaultdict(int)
+    for (role, _), value in decoded.items():
+        if role == "committed" and (value.get("run_id"), value.get("call_id")) in held:
+            counts["committed"] += 1
+        elif role == "errors" and (value.get("run_id"), value.get("tool_call_id")) in held:
+            counts[str(value.get("reason"))] += 1
+    return dict(counts)
 
 
 def _check_records(verdict: Verdict, expected: dict[tuple[str, str], bytes],
@@ -244,3 +290,87 @@ def _short(value: bytes, limit: int = 160) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(value)} bytes)"
 
 
+
+
+@dataclass(slots=True)
+class RunnerVerdict:
+    """``--runners``: the committed calls' results and executions (decision 0012).
+
+    Each committed call (distinct ``idempotency_key``) has exactly one result on the results
+    topic read at read_committed (``missing`` none, ``duplicates`` more). Executions come from
+    the runners' log: a call is ``once`` when it ran once; a call that ran more often is
+    ``repeated_in_tool`` / ``repeated_after_tool`` when every run of it but the last was cut
+    short by a SIGKILL inside the tool / after the tool returned and before its transaction
+    committed (the runner journal's documented exception), and ``unexplained`` otherwise."""
+
+    calls: int = 0
+    results: int = 0
+    missing: int = 0
+    duplicates: int = 0
+    once: int = 0
+    repeated_in_tool: int = 0
+    repeated_after_tool: int = 0
+    unexplained: int = 0
+    executions: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.duplicates or self.unexplained)
+
+    def summary(self, kills: int) -> str:
+        return (f"runners: calls={self.calls} results={self.results} missing={self.missing} "
+                f"duplicates={self.duplicates} runner_kills={kills} "
+                f"executions={self.executions} executed_once={self.once} "
+                f"repeated_after_kill_in_tool={self.repeated_in_tool} "
+                f"repeated_after_kill_after_tool={self.repeated_after_tool} "
+                f"unexplained_repeats={self.unexplained} -> {'PASS' if self.ok else 'FAIL'}")
+
+
+def verify_runners(records: Iterable[OutRecord], execution_log: str) -> RunnerVerdict:
+    """Check the committed calls (role ``committed``) against their results (role
+    ``results``) and the runners' execution log (lines ``S|E|C KEY PID``)."""
+    verdict = RunnerVerdict()
+    committed: set[str] = set()
+    results: dict[str, set[bytes]] = defaultdict(set)
+    counts: dict[str, int] = defaultdict(int)
+    for record in records:
+        value = orjson.loads(record.value)
+        key = str(value.get("idempotency_key"))
+        if record.role == "committed":
+            committed.add(key)
+        elif record.role == "results":
+            results[key].add(record.value)
+            counts[key] += 1
+    marks: dict[str, list[tuple[str, str]]] = defaultdict(list)  # key -> (mark, pid), in order
+    for line in execution_log.splitlines():
+        parts = line.split(" ")
+        if len(parts) == 3:
+            marks[parts[1]].append((parts[0], parts[2]))
+    verdict.calls, verdict.results = len(committed), sum(1 for k in committed if k in results)
+    for key in sorted(committed):
+        if key not in results:
+            verdict.missing += 1
+            verdict.failures.append(f"missing: no result for {key}")
+        elif counts[key] > 1:
+            verdict.duplicates += 1
+            verdict.failures.append(f"duplicates: {counts[key]} results for {key}")
+        runs = [pid for mark, pid in marks.get(key, []) if mark == "S"]
+        verdict.executions += len(runs)
+        if len(runs) == 1:
+            verdict.once += 1
+            continue
+        done = {(mark, pid) for mark, pid in marks.get(key, [])}
+        cut = runs[:-1]
+        if not runs:
+            verdict.unexplained += 1
+            verdict.failures.append(f"unexplained: {key} has a result but never ran")
+        elif any(("C", pid) in done for pid in cut):
+            verdict.unexplained += 1
+            verdict.failures.append(f"unexplained: {key} ran {len(runs)} times, once after "
+                                    "its transaction committed")
+        elif all(("E", pid) not in done for pid in cut):
+            verdict.repeated_in_tool += 1
+        else:
+            verdict.repeated_after_tool += 1
+    return verdict
