@@ -373,10 +373,12 @@ class Assembler:
         """The last applied ``seq`` and the status of a remembered finished run, else None."""
         return self._finished.get(run_id)
 
-    def remember_finished(self, run_id: str, last_seq: int, status: RunStatus) -> None:
+    def remember_finished(self, run_id: str, last_seq: int, status: RunStatus,
+                          read_to: int | None = None) -> None:
         """Remember a run that finished before this assembler existed (a worker rebuilding a
-        partition), so that its re-delivered events are ignored and late ones rejected."""
-        self._remembered.remember_finished(run_id, last_seq, status)
+        partition), so that its re-delivered events are ignored and late ones rejected;
+        ``read_to``: its ``done`` head's offset (a decision from below it is a repeat)."""
+        self._remembered.remember_finished(run_id, last_seq, status, read_to)
 
     @property
     def early_cancels_waiting(self) -> int:

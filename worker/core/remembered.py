@@ -49,7 +49,8 @@ class Remembered:
     """The finished runs and the early cancels of one partition (the module docstring);
     ``ledger``: the partition's counters and DLQ records."""
 
-    __slots__ = ("early_cancels", "finished", "late", "late_done", "ledger", "settings")
+    __slots__ = ("early_cancels", "finished", "late", "late_done", "ledger", "read_to",
+                 "settings")
 
     def __init__(self, settings: AssembleSettings, ledger: Ledger) -> None:
         self.settings, self.ledger = settings, ledger
@@ -60,14 +61,25 @@ class Remembered:
         #: Events of finished runs, counted for their one summary (decision 0015): run id ->
         #: its count, least recently counted first; ``done`` once the summary is out.
         self.late: OrderedDict[str, LateEvents] = OrderedDict()
+        #: Finished runs known from a ``done`` head: run id -> the offset before which every
+        #: record of the run was applied (a decision has no seq: its offset tells a repeat).
+        self.read_to: dict[str, int] = {}
         #: The runs whose summary is out: run id -> the last seq seen (oldest first).
         self.late_done: OrderedDict[str, int] = OrderedDict()
 
-    def remember_finished(self, run_id: str, last_seq: int, status: RunStatus) -> None:
-        """Remember a finished run (the oldest beyond ``remember_finished_runs`` goes)."""
+    def remember_finished(self, run_id: str, last_seq: int, status: RunStatus,
+                          read_to: int | None = None) -> None:
+        """Remember a finished run (the oldest beyond ``remember_finished_runs`` goes);
+        ``read_to``: the events offset before which every record of the run was applied (a
+        take-over's ``done`` head): a decision read again from below it is a repeat."""
         self.finished[run_id] = (last_seq, status)
+        if read_to is not None:
+            self.read_to[run_id] = read_to
+        elif run_id in self.read_to:
+            del self.read_to[run_id]
         if len(self.finished) > self.settings.remember_finished_runs:
-            self.finished.popitem(last=False)
+            gone, _ = self.finished.popitem(last=False)
+            self.read_to.pop(gone, None)
 
     def remember_cancel(self, cancel: Cancel, now_ms: int) -> None:
         """Remember a cancel of a run not started (yet) at record time ``now_ms``."""
@@ -115,6 +127,11 @@ class Remembered:
             return [reject(rejected, *raw_or_empty(raw))]
         last_seq, status = finished
         if isinstance(envelope, Decision):  # every call of a finished run has its outcome
+            read_to = self.read_to.get(envelope.run_id)
+            offset = _offset(raw_or_empty(raw)[2])
+            if read_to is not None and offset is not None and offset < read_to:
+                self.ledger.stats["duplicates"] += 1  # read again after a take-over
+                return []
             rejected = Rejected(DlqReason.CALL_ALREADY_DECIDED, f"the run ended as {status}",
                                 envelope.run_id)
             return [reject(rejected, *raw_or_empty(raw))]
@@ -200,6 +217,14 @@ class LateEvents:
         self.first: RecordSource | None = source
         self.last: RecordSource | None = source
         self.last_ms = 0
+
+
+def _offset(source: RecordSource | None) -> int | None:
+    """The events offset of an input record's source, if known."""
+    if source is None:
+        return None
+    offset = source.get("offset") if isinstance(source, dict) else getattr(source, "offset", None)
+    return offset if type(offset) is int else None
 
 
 def raw_or_empty(raw: tuple[bytes | None, bytes, RecordSource | None] | None

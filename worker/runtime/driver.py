@@ -243,11 +243,14 @@ class Driver:
             return Applied(emits, finished_runs(emits), key == TICK)
         return _TICK if key == TICK else None
 
-    def recorded(self, state: PartitionState, partition: int, applied: Applied) -> None:
+    def recorded(self, state: PartitionState, partition: int, applied: Applied,
+                 offset: int | None = None) -> None:
         """After the record's outputs are delivered (or held by the same transaction): the
-        ``done`` heads of the runs it finished; at a tick, forget what is over."""
+        ``done`` heads of the runs it finished (``offset``: the record's); at a tick, forget
+        what is over."""
         if applied.finished:
-            self.heads.finished(state, partition, applied.finished)
+            self.heads.finished(state, partition, applied.finished,
+                                None if offset is None else offset + 1)
         if applied.tick:  # by record time, so the same on every worker
             self.heads.forget_finished(state)
 
@@ -336,7 +339,7 @@ class Driver:
     def refinished(self, state: PartitionState, partition: int, outputs: Sequence[Emit]
                    ) -> None:
         """The outputs of :meth:`rebuilt` are delivered: record their runs as finished."""
-        self.heads.finished(state, partition, finished_runs(outputs))
+        self.heads.finished(state, partition, finished_runs(outputs), state.next_offset)
 
     # -- the registry's policy set in force (module doc, step 6) --------------------------
 

@@ -184,13 +184,18 @@ class Heads:
             if self.table.get(key) is None:
                 self.table[key] = {"p": partition, "start": offset, "cancel": True}
 
-    def finished(self, state: PartitionState, partition: int, run_ids: Sequence[str]) -> None:
-        """Record runs as finished; their outputs must be confirmed first."""
+    def finished(self, state: PartitionState, partition: int, run_ids: Sequence[str],
+                 read_to: int | None = None) -> None:
+        """Record runs as finished; their outputs must be confirmed first. ``read_to``: the
+        offset before which the partition's records were applied (``"o"``: a decision read
+        again from below it, after a take-over, is a repeat, not a second decision)."""
         for run_id in run_ids:
             seq, status = state.assembler.finished(run_id) or (None, None)
             key = run_id.encode()
             self.table[key] = {"p": partition, "done": True, "seq": seq, "status": status,
                                "at": state.clock_ms}
+            if read_to is not None:
+                self.table[key]["o"] = read_to
             state.done.append((state.clock_ms, key))
 
     def forget_finished(self, state: PartitionState) -> None:
@@ -225,8 +230,10 @@ class Heads:
                 if head.get("cancel"):  # a cancel waiting for its run: replayed from there
                     state.waiting.add(key)
             elif head.get("seq") is not None:
-                state.assembler.remember_finished(key.decode(), head["seq"],
-                                                  RunStatus(head["status"]))
+                read_to = head.get("o")
+                state.assembler.remember_finished(
+                    key.decode(), head["seq"], RunStatus(head["status"]),
+                    read_to if type(read_to) is int else None)
                 done.append((head.get("at", 0), key))
         state.done.extend(sorted(done))
         return open_runs

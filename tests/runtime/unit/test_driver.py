@@ -240,3 +240,39 @@ def test_outputs_published_again_after_a_rebuild_carry_the_same_audit_content() 
         takeover.feed(record)
     [after] = [e.value for e in driver.rebuilt(takeover, "ev") if e.topic is Topic.AUDIT]
     assert after == before
+
+
+def test_a_decision_read_again_after_a_takeover_is_a_repeat_not_a_second_decision() -> None:
+    """Issue 26 (found by ``latch chaos --approvals`` on the faust engine): a run finished by an
+    ``approve`` whose offset was not committed before its partition moved. The ``done`` head
+    records the offset the run was read to (``"o"``); the new owner, reading the decision again
+    from below it, counts a repeat and sends nothing (before: a DLQ record
+    ``call_already_decided``, a mismatch). A decision that arrives later, past that offset, is
+    a second decision and still goes to the DLQ."""
+    import dataclasses
+
+    from builders import decision
+
+    from worker.core.settings import ApprovalSettings
+
+    config = _config()
+    gated = dataclasses.replace(config, assemble=dataclasses.replace(
+        config.assemble, approvals=ApprovalSettings(require_approval=("get_weather",))))
+    table: dict[bytes, Any] = {}
+    live = Driver(gated, EngineHooks(gated), Heads(table, 3600))
+    state = PartitionState(Assembler(gated.assemble), next_offset=0)
+    records = list(_records([*_run("r1"), decision("r1", "approve", "c1")]))
+    for record in records:
+        applied = live.apply(state, record)
+        if applied is not None:
+            live.recorded(state, 0, applied, record.source.offset)
+    assert table[b"r1"]["done"] and table[b"r1"]["o"] == len(records)
+    successor = Driver(gated, EngineHooks(gated), Heads(table, 3600))
+    takeover = successor.takeover(0, resume=len(records) - 1)
+    again = successor.apply(takeover.state, records[-1])
+    assert again is None and takeover.state.assembler.stats["duplicates"] == 1
+    (later,) = _records([decision("r1", "approve", "c1")], first=len(records) + 4)
+    applied = successor.apply(takeover.state, later)
+    assert applied is not None
+    (dlq,) = [e.value for e in applied.emits if e.topic is Topic.DLQ]
+    assert dlq["reason"] == "call_already_decided"

@@ -320,7 +320,7 @@ class FaustEngine:
             await self.sends.publish(state, record.key, applied.emits, record.time_ms, source)
             if applied.confirm:  # a run's done head only after its outputs are delivered
                 await state.confirm()
-            self.driver.recorded(state, partition, applied)
+            self.driver.recorded(state, partition, applied, offset)
         # Every output of this record (a DLQ record, an early commit, an error result) is
         # delivered before the record is acked: faust's commit only flushes its producer,
         # and a failed batch would not stop it. A failure raises here, unacked.

@@ -330,7 +330,7 @@ class KafkaEngine:
             if applied is not None:  # a transaction holds outputs and heads together
                 if applied.emits:
                     publish(record.key, applied.emits, record.time_ms, record.source)
-                driver.recorded(state, partition, applied)
+                driver.recorded(state, partition, applied, offset)
             if table.pending:
                 write_heads()
             state.next_offset = offset + 1
