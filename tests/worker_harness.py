@@ -65,7 +65,7 @@ FAST_KAFKA = {
 #: The line each engine logs once it is consuming.
 READY = r"\[\^Worker\]: Ready|kafka engine ready"
 ENGINES = ("faust", "kafka")
-OUTPUTS = ("committed", "errors", "final", "progress", "dlq", "audit")
+OUTPUTS = ("committed", "errors", "final", "progress", "dlq", "audit", "pending", "run_ended")
 #: Every topic name of the configuration's ``topics`` section (events, control, the outputs,
 #: the runners' results): a test or benchmark names each one of them after its own app id,
 #: so that nothing depends on what the broker holds under the default names.

@@ -240,8 +240,8 @@ def ensure_topics(config: Config) -> str:
     except KafkaException as exc:
         raise DemoError(f"Kafka error: {exc.args[0].str() if exc.args else exc}") from None
     created = sum(line.startswith("created") for line in lines)
-    return (f"{len(lines)} topics, {config.topics.partitions} partitions each; "
-            f"{created} created, {len(lines) - created} already there")
+    return (f"{len(lines)} topics, {config.topics.partitions} partitions each (the registry "
+            f"1); {created} created, {len(lines) - created} already there")
 
 
 # -- 3. the worker -----------------------------------------------------------------------------

@@ -39,11 +39,15 @@ def test_creates_every_topic_once(stack: Stack, kafka_admin: AdminClient,
     assert admin.main(["create"]) == 0
     first = capsys.readouterr().out.splitlines()
     changelog = f"{stack.app_id}-heads-changelog"
-    names = [stack.topic(r) for r in ("events", "control", *OUTPUTS, "results")] + [
-        changelog, stack.topic("journal")]
+    roles = ("events", "control", "committed", "errors", "final", "progress", "dlq", "audit",
+             "results", "pending", "run_ended")
+    assert set(OUTPUTS) <= set(roles)
+    names = [stack.topic(r) for r in roles] + [
+        changelog, stack.topic("journal"), stack.topic("registry")]
     assert [line.split()[:2] for line in first] == [["created", n] for n in names], first
 
-    assert {n: admin._partition_count(kafka_admin, n) for n in names} == dict.fromkeys(names, 3)
+    partitions = {n: admin._partition_count(kafka_admin, n) for n in names}
+    assert partitions == {**dict.fromkeys(names, 3), stack.topic("registry"): 1}
     resource = ConfigResource(ConfigResource.Type.TOPIC, changelog)
     configs = kafka_admin.describe_configs([resource])[resource].result(timeout=30)
     assert configs["cleanup.policy"].value == "compact"

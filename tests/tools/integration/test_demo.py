@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient
 from worker.tools import broker
 
 TOPICS = ("events", "control", "committed", "errors", "final", "progress", "dlq", "audit",
-          "results", "journal", "pending", "registry")
+          "results", "journal", "pending", "registry", "run_ended")
 
 
 def latch_demo(config: Path, *args: str, env: dict[str, str] | None = None,
@@ -132,7 +132,8 @@ def test_demo_prints_every_outcome_and_stops_its_worker(demo_config: Path) -> No
     assert first.returncode == 0, first.stdout + first.stderr
     out = first.stdout
     assert "[1/5] broker ... ok (using the cluster at" in out
-    assert re.search(r"\[2/5\] topics \.\.\. ok \(10 topics, 3 partitions each; 10 created", out)
+    assert re.search(r"\[2/5\] topics \.\.\. ok \(14 topics, 3 partitions each \(the registry "
+                     r"1\); 14 created", out)
     assert "rdkafka" not in out + first.stderr  # librdkafka's lines go through logging
     assert "[4/5] publish ... ok (133 envelopes for 8 runs; 7 after a cancel held back" in out
     prefix = check_outcomes(out)
@@ -146,7 +147,7 @@ def test_demo_prints_every_outcome_and_stops_its_worker(demo_config: Path) -> No
     # Again, on the same topics and group: a new prefix, the same outcomes, no collision.
     second = latch_demo(demo_config, "--timeout", "120")
     assert second.returncode == 0, second.stdout + second.stderr
-    assert "0 created, 10 already there" in second.stdout
+    assert "0 created, 14 already there" in second.stdout
     assert check_outcomes(second.stdout) != prefix
     assert not pid_alive(worker_pid(second.stdout))
 
