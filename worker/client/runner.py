@@ -51,6 +51,7 @@ for each provider. ``examples/runner.py`` is a runnable runner.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 import traceback
@@ -563,6 +564,18 @@ class Runner:
         close = getattr(self.store, "close", None)
         if close is not None:
             close()
+
+    def serve(self, timeout: float = 1.0) -> int:
+        """Run a runner process's main loop: consume until SIGTERM, then close (its consumer
+        leaves the group, a journal's reader stops); the number of records handled. For the
+        main thread of a process of its own (a signal handler is installed)."""
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        print("started", flush=True)
+        try:
+            return self.run(stop, timeout=timeout)
+        finally:
+            self.close()
 
 
 def _retrying(call: Callable[[], None]) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 from typing import Any
 
 from confluent_kafka import Consumer
@@ -51,13 +50,7 @@ def main() -> None:
     runner = Runner(config, {"record": record}, consumer=consumer,
                     transactional_id=transactional_id, transaction_timeout_s=10.0)
     runner._on_step = die_at  # the test-only hook
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print("started", flush=True)
-    try:
-        runner.run(stop, timeout=0.2)
-    finally:
-        runner.close()
+    runner.serve(timeout=0.2)
 
 
 if __name__ == "__main__":

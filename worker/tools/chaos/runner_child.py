@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import sys
-import threading
 import time
 from typing import Any
 
@@ -67,13 +65,7 @@ def main() -> None:
     runner = Runner(config, dict.fromkeys(TOOL_SCHEMAS, _tool), consumer=consumer,
                     transactional_id=transactional_id, transaction_timeout_s=10.0)
     runner._on_step = _step  # the test-only hook: which call the tool runs, and its commit
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print("started", flush=True)
-    try:
-        runner.run(stop, timeout=0.2)
-    finally:
-        runner.close()
+    runner.serve(timeout=0.2)
 
 
 if __name__ == "__main__":
