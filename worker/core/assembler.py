@@ -175,7 +175,11 @@ class Assembler:
         #: Runs whose stream ended with calls waiting for approval, oldest first: their final
         #: message waits for the last decision (README, "Approvals"; core/waiting.py). No
         #: provider event reaches them any more.
-        self._approvals = Waiting(self._runs, self._unpeeked, self._ledger)
+        #: The control records (partition, offset) whose decisions each run applied (read
+        #: only: a run's ``done`` head keeps them, so that a decision forwarded twice is a
+        #: repeat after a take-over too).
+        self.decided = self._remembered.decided
+        self._approvals = Waiting(self._runs, self._unpeeked, self._ledger, self.decided)
         self._waiting = self._approvals.runs
         self._ledger.park = self._approvals.park
         self._validators = validators or shared_validators(SchemaLimits(
@@ -374,11 +378,12 @@ class Assembler:
         return self._finished.get(run_id)
 
     def remember_finished(self, run_id: str, last_seq: int, status: RunStatus,
-                          read_to: int | None = None) -> None:
+                          read_to: int | None = None,
+                          decided: list[tuple[int, int]] | None = None) -> None:
         """Remember a run that finished before this assembler existed (a worker rebuilding a
         partition), so that its re-delivered events are ignored and late ones rejected;
         ``read_to``: its ``done`` head's offset (a decision from below it is a repeat)."""
-        self._remembered.remember_finished(run_id, last_seq, status, read_to)
+        self._remembered.remember_finished(run_id, last_seq, status, read_to, decided)
 
     @property
     def early_cancels_waiting(self) -> int:

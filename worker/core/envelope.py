@@ -127,6 +127,9 @@ class Decision(NamedTuple):
     reason: str
     #: ``edit``: the new argument text (checked by the whole latch); else None.
     arguments: str | None
+    #: The control record it was forwarded from, (partition, offset) (None: not forwarded by a
+    #: worker): a decision whose control record its run already applied is a repeat.
+    control: tuple[int, int] | None = None
 
 
 class Source(NamedTuple):
@@ -305,8 +308,15 @@ def _decision(doc: dict[str, Any], kind: str, run_id: str, ts: int | None
     if kind == EDIT and not isinstance(arguments, str):
         return Rejected(DlqReason.INVALID_ENVELOPE, "an edit's arguments are not a string "
                         "(the new argument text)", run_id)
+    control = doc.get("control")
+    if control is not None:
+        if (not isinstance(control, list) or len(control) != 2
+                or not all(type(n) is int and n >= 0 for n in control)):
+            return Rejected(DlqReason.INVALID_ENVELOPE, "control is not [partition, offset] of "
+                            "non-negative integers", run_id)
+        control = (control[0], control[1])
     return Decision(run_id, ts, kind, call_id, by, reason,
-                    arguments if kind == EDIT else None)
+                    arguments if kind == EDIT else None, control)
 
 
 def _is_count(value: Any) -> bool:

@@ -49,8 +49,8 @@ class Remembered:
     """The finished runs and the early cancels of one partition (the module docstring);
     ``ledger``: the partition's counters and DLQ records."""
 
-    __slots__ = ("early_cancels", "finished", "late", "late_done", "ledger", "read_to",
-                 "settings")
+    __slots__ = ("decided", "early_cancels", "finished", "late", "late_done", "ledger",
+                 "read_to", "settings")
 
     def __init__(self, settings: AssembleSettings, ledger: Ledger) -> None:
         self.settings, self.ledger = settings, ledger
@@ -61,6 +61,9 @@ class Remembered:
         #: Events of finished runs, counted for their one summary (decision 0015): run id ->
         #: its count, least recently counted first; ``done`` once the summary is out.
         self.late: OrderedDict[str, LateEvents] = OrderedDict()
+        #: The control records (partition, offset) whose decisions each run applied, open or
+        #: finished (a finished run's go with it): a decision forwarded twice is a repeat.
+        self.decided: dict[str, set[tuple[int, int]]] = {}
         #: Finished runs known from a ``done`` head: run id -> the offset before which every
         #: record of the run was applied (a decision has no seq: its offset tells a repeat).
         self.read_to: dict[str, int] = {}
@@ -68,11 +71,14 @@ class Remembered:
         self.late_done: OrderedDict[str, int] = OrderedDict()
 
     def remember_finished(self, run_id: str, last_seq: int, status: RunStatus,
-                          read_to: int | None = None) -> None:
+                          read_to: int | None = None,
+                          decided: list[tuple[int, int]] | None = None) -> None:
         """Remember a finished run (the oldest beyond ``remember_finished_runs`` goes);
         ``read_to``: the events offset before which every record of the run was applied (a
         take-over's ``done`` head): a decision read again from below it is a repeat."""
         self.finished[run_id] = (last_seq, status)
+        if decided:
+            self.decided[run_id] = set(decided)
         if read_to is not None:
             self.read_to[run_id] = read_to
         elif run_id in self.read_to:
@@ -80,6 +86,7 @@ class Remembered:
         if len(self.finished) > self.settings.remember_finished_runs:
             gone, _ = self.finished.popitem(last=False)
             self.read_to.pop(gone, None)
+            self.decided.pop(gone, None)
 
     def remember_cancel(self, cancel: Cancel, now_ms: int) -> None:
         """Remember a cancel of a run not started (yet) at record time ``now_ms``."""
@@ -129,7 +136,9 @@ class Remembered:
         if isinstance(envelope, Decision):  # every call of a finished run has its outcome
             read_to = self.read_to.get(envelope.run_id)
             offset = _offset(raw_or_empty(raw)[2])
-            if read_to is not None and offset is not None and offset < read_to:
+            control = envelope.control
+            if (read_to is not None and offset is not None and offset < read_to) or (
+                    control is not None and control in self.decided.get(envelope.run_id, ())):
                 self.ledger.stats["duplicates"] += 1  # read again after a take-over
                 return []
             rejected = Rejected(DlqReason.CALL_ALREADY_DECIDED, f"the run ended as {status}",

@@ -28,22 +28,32 @@ class Waiting:
     ``unpeeked``: the keys of those whose records skip the peek; ``ledger``: the partition's
     counters and DLQ records."""
 
-    __slots__ = ("ledger", "runs", "streaming", "unpeeked")
+    __slots__ = ("decided", "ledger", "runs", "streaming", "unpeeked")
 
     def __init__(self, streaming: OrderedDict[str, Run], unpeeked: set[bytes],
-                 ledger: Ledger) -> None:
+                 ledger: Ledger, decided: dict[str, set[tuple[int, int]]]) -> None:
         self.streaming, self.unpeeked, self.ledger = streaming, unpeeked, ledger
         self.runs: OrderedDict[str, Run] = OrderedDict()
+        #: The control records whose decisions each run applied (``Remembered.decided``).
+        self.decided = decided
 
     def decision(self, run: Run, decision: Decision, raw: Any) -> list[Emit]:
         """A person's decision on one of ``run``'s held calls: its outcome, or a DLQ record
-        naming why not (no such call, not waiting, already decided)."""
+        naming why not (no such call, not waiting, already decided). A decision whose control
+        record the run already applied (forwarded twice: the faust engine forwards at least
+        once) is a repeat: counted, nothing emitted."""
+        control = decision.control
+        if control is not None and control in self.decided.get(run.run_id, ()):
+            self.ledger.stats["duplicates"] += 1
+            return []
         done = run.decision(decision.decision, decision.tool_call_id, decision.by,
                             decision.reason, decision.arguments)
         if isinstance(done, tuple):
             reason, detail = done
             return [self.ledger.reject(Rejected(reason, detail, run.run_id),
                                        *raw_or_empty(raw))]
+        if control is not None:
+            self.decided.setdefault(run.run_id, set()).add(control)
         return done
 
     def envelope(self, run: Run, envelope: Envelope, now_ms: int, raw: Any) -> list[Emit]:

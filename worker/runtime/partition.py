@@ -196,6 +196,9 @@ class Heads:
                                "at": state.clock_ms}
             if read_to is not None:
                 self.table[key]["o"] = read_to
+            decided = state.assembler.decided.get(run_id)
+            if decided:  # (a decision forwarded twice is then a repeat after a take-over)
+                self.table[key]["d"] = [list(c) for c in sorted(decided)]
             state.done.append((state.clock_ms, key))
 
     def forget_finished(self, state: PartitionState) -> None:
@@ -233,7 +236,15 @@ class Heads:
                 read_to = head.get("o")
                 state.assembler.remember_finished(
                     key.decode(), head["seq"], RunStatus(head["status"]),
-                    read_to if type(read_to) is int else None)
+                    read_to if type(read_to) is int else None, _controls(head.get("d")))
                 done.append((head.get("at", 0), key))
         state.done.extend(sorted(done))
         return open_runs
+
+
+def _controls(value: Any) -> list[tuple[int, int]] | None:
+    """A ``done`` head's ``"d"``: the control records whose decisions the run applied."""
+    if not isinstance(value, list):
+        return None
+    return [(c[0], c[1]) for c in value
+            if isinstance(c, list) and len(c) == 2 and all(type(n) is int for n in c)]

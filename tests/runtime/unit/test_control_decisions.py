@@ -24,7 +24,8 @@ def _route(doc: dict[str, object], key: bytes = b"r1") -> tuple[bytes, bytes] | 
 
 @pytest.mark.parametrize("kind", ["approve", "deny", "edit"])
 def test_a_decision_is_forwarded_with_its_checked_fields(kind: str) -> None:
-    """The forwarded marker holds the decision's fields only (unknown members dropped),
+    """The forwarded marker holds the decision's fields only (unknown members dropped) and
+    the control record it came from (partition, offset: a second forward of it is a repeat),
     keyed by its run."""
     doc = {"v": 1, "run_id": "r1", "type": kind, "tool_call_id": "c1", "by": "ann",
            "reason": "ok", "extra": "dropped", "ts": 5}
@@ -34,7 +35,7 @@ def test_a_decision_is_forwarded_with_its_checked_fields(kind: str) -> None:
     assert isinstance(routed, tuple)
     key, value = routed
     expected = {"v": 1, "run_id": "r1", "type": kind, "tool_call_id": "c1", "by": "ann",
-                "reason": "ok"}
+                "reason": "ok", "control": [0, 7]}
     if kind == "edit":
         expected["arguments"] = '{"path": "/a"}'
     assert key == b"r1" and orjson.loads(value) == expected

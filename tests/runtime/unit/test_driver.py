@@ -276,3 +276,55 @@ def test_a_decision_read_again_after_a_takeover_is_a_repeat_not_a_second_decisio
     assert applied is not None
     (dlq,) = [e.value for e in applied.emits if e.topic is Topic.DLQ]
     assert dlq["reason"] == "call_already_decided"
+
+
+def test_a_decision_forwarded_twice_is_a_repeat_while_waiting_and_after_a_takeover() -> None:
+    """Issue 26 (``latch chaos --approvals`` on the faust engine, which forwards control
+    records at least once): one control record's decision forwarded twice lands at two events
+    offsets. The second copy is a repeat, not a second decision: counted, nothing emitted,
+    while the run still waits for another call, and after the run finished and its partition
+    moved (its ``done`` head keeps the control records it applied, ``"d"``). A different
+    control record deciding the same call still goes to the DLQ (``call_already_decided``)."""
+    import dataclasses
+
+    from builders import decision
+
+    from worker.core.settings import ApprovalSettings
+
+    config = _config()
+    gated = dataclasses.replace(config, assemble=dataclasses.replace(
+        config.assemble, approvals=ApprovalSettings(require_approval=("get_weather",))))
+    tools = [chat_tool("get_weather", {"type": "object"})]
+    run = chat_run("r1", tools, chat_calls([("c1", "get_weather", '{"city": "Oslo"}'),
+                                            ("c2", "get_weather", '{"city": "Rome"}')]))
+    table: dict[bytes, Any] = {}
+    live = Driver(gated, EngineHooks(gated), Heads(table, 3600))
+    state = PartitionState(Assembler(gated.assemble), next_offset=0)
+    records = list(_records(run))
+    offset = len(records)
+
+    def forwarded(kind: str, call: str, control_offset: int) -> Record:
+        nonlocal offset
+        ctl = step.record(b"r1", orjson.dumps(decision("r1", kind, call)), 5_000, "ctl", 0,
+                          control_offset)
+        topic, key, value = live.forward(ctl)
+        assert topic is None
+        offset += 1
+        return step.record(key, value, 5_000, "ev", 0, offset)
+
+    c1 = forwarded("approve", "c1", 7)
+    for record in [*records, c1, forwarded("approve", "c1", 7), forwarded("approve", "c2", 8)]:
+        applied = live.apply(state, record)
+        if applied is not None:
+            assert not [e for e in applied.emits if e.topic is Topic.DLQ], applied.emits
+            live.recorded(state, 0, applied, record.source.offset)
+    assert state.assembler.stats["duplicates"] == 1
+    assert table[b"r1"]["d"] == [[0, 7], [0, 8]]
+    successor = Driver(gated, EngineHooks(gated), Heads(table, 3600))
+    takeover = successor.takeover(0, resume=offset + 1)
+    assert successor.apply(takeover.state, forwarded("approve", "c1", 7)) is None
+    assert takeover.state.assembler.stats["duplicates"] == 1
+    applied = successor.apply(takeover.state, forwarded("deny", "c1", 9))
+    assert applied is not None
+    (dlq,) = [e.value for e in applied.emits if e.topic is Topic.DLQ]
+    assert dlq["reason"] == "call_already_decided"
