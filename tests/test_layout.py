@@ -55,6 +55,26 @@ def test_test_file_basenames_are_unique() -> None:
     assert not [name for name, n in counts.items() if n > 1]
 
 
+def imports_the_tests_package(source: str) -> bool:
+    """Whether ``source`` imports ``tests.`` as a package: it is not one where CI's compiled
+    step runs the core's tests (``python -P`` from the checkout: only ``tests/`` itself is on
+    the path, as ``builders``, ``test_assembler``...)."""
+    return any((isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tests")
+               or (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "tests"
+                                                       for a in node.names))
+               for node in ast.walk(ast.parse(source)))
+
+
+def test_no_test_imports_the_tests_package() -> None:
+    """Test helpers are imported by module name (``from builders import ...``), never as
+    ``tests.builders``: two files that did broke the compiled step's collection."""
+    offenders = [str(path.relative_to(TESTS)) for path in _test_files()
+                 if imports_the_tests_package(path.read_text())]
+    assert not offenders, f"import the tests package: {offenders}"
+    assert imports_the_tests_package("from tests.builders import chat\n")
+    assert not imports_the_tests_package("from builders import chat\n")
+
+
 def test_the_checks_catch_what_they_exist_for() -> None:
     """The checks above break on what they forbid: a test without a docstring (module level or
     in a class, async too) is found, a documented one and a helper are not; ``issue9``,

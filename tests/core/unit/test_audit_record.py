@@ -9,8 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-
-from tests.builders import (
+from builders import (
     CHAT,
     PATH_SCHEMA,
     PROVIDERS,
@@ -27,7 +26,8 @@ from tests.builders import (
     tools_for,
     values,
 )
-from tests.core.unit.test_openai_responses import CUSTOM_TOOL, custom_events
+from test_openai_responses import CUSTOM_TOOL, custom_events
+
 from worker.core import Assembler, AssembleSettings, Emit, Topic
 from worker.core.call import Call
 from worker.core.envelope import RunStart

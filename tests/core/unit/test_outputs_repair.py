@@ -10,8 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
-
-from tests.builders import (
+from builders import (
     ANTHROPIC,
     BEDROCK,
     CHAT,
@@ -29,6 +28,7 @@ from tests.builders import (
     tools_for,
     values,
 )
+
 from worker.core import Assembler, AssembleSettings, Emit, Topic
 from worker.core.outputs import ECHO_MAX_BYTES, echoed
 
