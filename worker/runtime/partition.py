@@ -192,13 +192,16 @@ class Heads:
         for run_id in run_ids:
             seq, status = state.assembler.finished(run_id) or (None, None)
             key = run_id.encode()
-            self.table[key] = {"p": partition, "done": True, "seq": seq, "status": status,
-                               "at": state.clock_ms}
+            head: dict[str, Any] = {"p": partition, "done": True, "seq": seq,
+                                    "status": status, "at": state.clock_ms}
             if read_to is not None:
-                self.table[key]["o"] = read_to
+                head["o"] = read_to
             decided = state.assembler.decided.get(run_id)
             if decided:  # (a decision forwarded twice is then a repeat after a take-over)
-                self.table[key]["d"] = [list(c) for c in sorted(decided)]
+                head["d"] = [list(c) for c in sorted(decided)]
+            # one assignment, whole: a faust table writes its changelog record when a key is
+            # set, so a head changed in place after that would differ from its changelog's
+            self.table[key] = head
             state.done.append((state.clock_ms, key))
 
     def forget_finished(self, state: PartitionState) -> None:

@@ -20,9 +20,30 @@ from worker.runtime.config import load_config
 from worker.runtime.driver import Applied, Driver, TickRule, control_behind, tick_value
 from worker.runtime.faust_engine import engine as worker_app
 from worker.runtime.hooks import EngineHooks
-from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.partition import TICK, Heads, PartitionState, decode_head, encode_head
 from worker.runtime.step import Record
 
+
+
+class ChangelogTable(dict[bytes, Any]):
+    """A heads table as its changelog holds it (the faust engine's): each key set is written
+    as bytes then, and read back decoded, so a head changed in place after it was set is not
+    what a successor reads."""
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        super().__setitem__(key, encode_head(value))
+
+    def __getitem__(self, key: bytes) -> Any:
+        return decode_head(super().__getitem__(key))
+
+    def get(self, key: bytes, default: Any = None) -> Any:  # type: ignore[override]
+        return self[key] if key in self else default
+
+    def items(self) -> list[tuple[bytes, Any]]:  # type: ignore[override]
+        return [(k, decode_head(v)) for k, v in super().items()]
+
+    def values(self) -> list[Any]:  # type: ignore[override]
+        return [decode_head(v) for v in super().values()]
 
 def _config() -> Any:
     return load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0"})
@@ -242,7 +263,8 @@ def test_outputs_published_again_after_a_rebuild_carry_the_same_audit_content() 
     assert after == before
 
 
-def test_a_decision_read_again_after_a_takeover_is_a_repeat_not_a_second_decision() -> None:
+@pytest.mark.parametrize("kind", [dict, ChangelogTable], ids=["dict", "changelog"])
+def test_a_decision_read_again_after_a_takeover_is_a_repeat_not_a_second_decision(kind: type) -> None:
     """Issue 26 (found by ``latch chaos --approvals`` on the faust engine): a run finished by an
     ``approve`` whose offset was not committed before its partition moved. The ``done`` head
     records the offset the run was read to (``"o"``); the new owner, reading the decision again
@@ -258,7 +280,7 @@ def test_a_decision_read_again_after_a_takeover_is_a_repeat_not_a_second_decisio
     config = _config()
     gated = dataclasses.replace(config, assemble=dataclasses.replace(
         config.assemble, approvals=ApprovalSettings(require_approval=("get_weather",))))
-    table: dict[bytes, Any] = {}
+    table = kind()
     live = Driver(gated, EngineHooks(gated), Heads(table, 3600))
     state = PartitionState(Assembler(gated.assemble), next_offset=0)
     records = list(_records([*_run("r1"), decision("r1", "approve", "c1")]))
@@ -278,7 +300,8 @@ def test_a_decision_read_again_after_a_takeover_is_a_repeat_not_a_second_decisio
     assert dlq["reason"] == "call_already_decided"
 
 
-def test_a_decision_forwarded_twice_is_a_repeat_while_waiting_and_after_a_takeover() -> None:
+@pytest.mark.parametrize("kind", [dict, ChangelogTable], ids=["dict", "changelog"])
+def test_a_decision_forwarded_twice_is_a_repeat_while_waiting_and_after_a_takeover(kind: type) -> None:
     """Issue 26 (``latch chaos --approvals`` on the faust engine, which forwards control
     records at least once): one control record's decision forwarded twice lands at two events
     offsets. The second copy is a repeat, not a second decision: counted, nothing emitted,
@@ -297,7 +320,7 @@ def test_a_decision_forwarded_twice_is_a_repeat_while_waiting_and_after_a_takeov
     tools = [chat_tool("get_weather", {"type": "object"})]
     run = chat_run("r1", tools, chat_calls([("c1", "get_weather", '{"city": "Oslo"}'),
                                             ("c2", "get_weather", '{"city": "Rome"}')]))
-    table: dict[bytes, Any] = {}
+    table = kind()
     live = Driver(gated, EngineHooks(gated), Heads(table, 3600))
     state = PartitionState(Assembler(gated.assemble), next_offset=0)
     records = list(_records(run))
