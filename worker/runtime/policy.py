@@ -47,6 +47,7 @@ import orjson
 
 from worker.core.policy import ENFORCE, LOG_ONLY, MODES, OFF, PolicyDecision, PolicyRequest
 from worker.core.tools import MCP_HINTS, client_tools
+from worker.runtime.policy_scope import ScopedSets
 
 if TYPE_CHECKING:
     from worker.runtime.config import PolicySettings
@@ -163,8 +164,13 @@ class CedarPolicy:
         self._mode, self._version, self.path = mode, version, path
         self.statements = parse(source, path)
         self._names = {s.cedar_id: s.name for s in self.statements}
+        #: Each policy's place in the file: decisions list policies and errors in file order
+        #: (Cedar's own order is a hash set's, which differs between processes).
+        self._order = {s.cedar_id: n for n, s in enumerate(self.statements)}
         self._approval = frozenset(s.cedar_id for s in self.statements if s.approval)
-        self._set = cedarpy.PolicySet.from_str(source)
+        #: The policies that can apply to each request, by scope (policy_scope.py).
+        self.scoped = ScopedSets(orjson.loads(cedarpy.policies_to_json_str(source)),
+                                  cedarpy.PolicySet.from_str(source), ACTION)
         if schema is not None:
             problems = validate(source, path, self.statements, schema)
             if problems:
@@ -198,28 +204,34 @@ class CedarPolicy:
             context["arguments"] = {} if arguments is _OMIT else arguments
             principal = (ANONYMOUS_PRINCIPAL if request.tenant is None
                          else {"type": TENANT, "id": request.tenant})
+            policies = self.scoped.policies((principal["type"], principal["id"]),
+                                             (TOOL, request.tool))
             result = cedarpy.is_authorized(
                 {"principal": principal, "action": ACTION,
                  "resource": {"type": TOOL, "id": request.tool},
                  "context": orjson.dumps(context).decode()},
-                self._set, self._tool(request.tool, request.attributes))
+                policies, self._tool(request.tool, request.attributes))
         except Exception as exc:  # never raised into the core: a request Cedar refuses denies
             return PolicyDecision(self._mode, False, (), (f"request: {type(exc).__name__}",),
                                   self._version)
-        reasons = result.diagnostics.reasons
+        order = self._order
+        reasons = sorted(result.diagnostics.reasons, key=lambda p: order.get(p, len(order)))
         ids = tuple(self.name(p) for p in reasons)
-        errors = tuple(self._error(e) for e in result.diagnostics.errors)
+        errors = tuple(e for _, e in sorted(self._error(e) for e in result.diagnostics.errors))
         allow = result.allowed and not errors
         # (when allowed, the determining policies are the permits: one marked asks a person)
         approval = allow and any(p in self._approval for p in reasons)
         return PolicyDecision(self._mode, allow, ids, errors, self._version, approval=approval)
 
     def _tool(self, tool: str, attributes: Mapping[str, Any]) -> cedarpy.Entities:
-        mapped = cedar_value(dict(attributes))
-        mapped.setdefault("annotations", {})
-        key = (tool, orjson.dumps(mapped, option=orjson.OPT_SORT_KEYS))
+        try:  # (the attributes are JSON values: a run's tool definition)
+            key = (tool, orjson.dumps(attributes, option=orjson.OPT_SORT_KEYS))
+        except TypeError:
+            key = (tool, repr(sorted(attributes.items())).encode())
         entities = self._entities.get(key)
         if entities is None:
+            mapped = cedar_value(dict(attributes))
+            mapped.setdefault("annotations", {})
             entity = {"uid": {"type": TOOL, "id": tool}, "attrs": mapped, "parents": []}
             entities = self._entities[key] = cedarpy.Entities.from_json_str(
                 orjson.dumps([entity]).decode())
@@ -227,12 +239,13 @@ class CedarPolicy:
                 self._entities.popitem(last=False)
         return entities
 
-    def _error(self, message: str) -> str:
-        """An evaluation error as ``<policy id>: <kind>``: never Cedar's message, which may
-        quote a value of the arguments."""
+    def _error(self, message: str) -> tuple[int, str]:
+        """An evaluation error as ``<policy id>: <kind>``, after its policy's place in the
+        file: never Cedar's message, which may quote a value of the arguments."""
         found = re.search(r"policy `([^`]+)`", message)
         where = self.name(found.group(1)) if found else "request"
-        return f"{where}: {_error_kind(message)}"
+        place = self._order.get(found.group(1), -1) if found else -1
+        return place, f"{where}: {_error_kind(message)}"
 
 
 def _error_kind(message: str) -> str:

@@ -127,3 +127,16 @@ def test_enforce_denies_and_log_only_commits() -> None:
     assert errors[0].startswith("policy_denied: no policy permits") and "SECRET" not in errors[0]
     committed, errors, _ = _run(CedarPolicy(POLICIES, LOG_ONLY))
     assert committed == ["c1"] and errors == []
+
+
+def test_determining_policies_and_errors_come_in_file_order() -> None:
+    """Cedar lists the determining policies in a hash set's order, which differs between
+    processes (a replay, a worker that takes over); a decision lists them, and its errors, in
+    the file's order, so the error result and the audit record are the same bytes."""
+    names = [f"f{n}" for n in range(8)]
+    source = "".join(f'@id("{n}") forbid(principal, action, resource);\n' for n in names)
+    source += "".join(f'@id("e{n}") forbid(principal, action, resource) when '
+                      "{ context.arguments.nope == 1 };\n" for n in range(4))
+    decision = CedarPolicy(source).decide(request("acme", {}))
+    assert not decision.allow and decision.policies == tuple(names)
+    assert decision.errors == tuple(f"e{n}: missing_attribute" for n in range(4))
