@@ -7,7 +7,9 @@ passes, back to back: the **whole set** (``ScopedSets.pruned`` off: Cedar evalua
 policy, as before issue 25's pruning) and the **scoped** subsets (worker/runtime/policy_scope.py).
 The **floor** of each pair is Cedar on an empty policy set (the request's own cost: building
 it, the context, the answer). Headline: the median over pairs of scoped / whole, and each in
-µs per decision and as a multiple of the floor.
+µs per decision and as a multiple of the floor. Then what the arguments' size costs: the same
+call with a ``content`` of 64 bytes and of 64 KiB (cedarpy builds Cedar's context from the
+arguments, per byte), as µs per KB.
 
     python bench/bench_policy.py                       # 9 pairs of 5,000 decisions
     python bench/bench_policy.py --policy FILE --pairs 9 --calls 5000
@@ -47,6 +49,17 @@ def timed(policy: CedarPolicy, requests: list[PolicyRequest]) -> float:
     return (time.perf_counter() - start) / len(requests)
 
 
+def size_cost(policy: CedarPolicy, count: int) -> tuple[float, float]:
+    """µs per decision with 64 bytes of ``content``, and µs per KB beyond that at 64 KiB."""
+    def one(size: int) -> float:
+        request = PolicyRequest("t1", "write_file", {}, {"path": "/tmp/out.md",
+                                                          "content": "x" * size},
+                                "openai.chat", "bench-size")
+        return min(timed(policy, [request] * count) for _ in range(3)) * 1e6
+    small, large = one(64), one(65536)
+    return small, (large - small) / 64
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", type=Path, default=HERE / "policies20.cedar")
@@ -72,6 +85,9 @@ def main() -> None:
     print(f"scoped              {med[2]:7.1f} µs/decision  {med[2] / med[0]:.2f}x the floor")
     print(f"ratio scoped / whole: {statistics.median(r[2] / r[1] for r in rows):.2f} "
           f"(pairs: {', '.join(f'{r[2] / r[1]:.2f}' for r in rows)})")
+    small, per_kb = size_cost(policy, max(1, args.calls // 50))
+    print(f"arguments' size: {small:.1f} µs/decision with 64 bytes of content, "
+          f"+{per_kb:.1f} µs per KB (at 64 KiB)")
 
 
 if __name__ == "__main__":

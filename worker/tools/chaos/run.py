@@ -65,6 +65,7 @@ from pathlib import Path
 
 import orjson
 
+from worker.client.publisher import PublishError
 from worker.runtime.config import Config, load_config
 from worker.tools import broker as broker_tool
 from worker.tools.chaos.plan import EARLY_SETTINGS, GATED, Plan, PlanError, RunPlan, build_plan
@@ -831,8 +832,6 @@ class Driver:
         return len(ready)
 
     def flush(self, timeout: float) -> None:
-        from worker.client.publisher import PublishError
-
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -1147,6 +1146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_chaos(options, broker, bootstrap, work_dir)
     except (PlanError, RuntimeError, OSError) as exc:
         _say(f"could not run: {exc} (work dir {work_dir})")
+        return EXIT_SETUP
+    except PublishError as exc:  # the driver's own producer: no verdict on the workers
+        _say(f"could not run: the driver could not publish the plan: {exc} (its producer's "
+             f"log: {work_dir / 'publisher.log'}; a producer that stays without a partition "
+             "leader after a broker restart is librdkafka issue 5430, docs/chaos.md)")
         return EXIT_SETUP
     finally:
         if own and broker is not None:
