@@ -15,12 +15,16 @@
    its run, and that run's later envelopes are held back until the worker has applied the
    cancel, then sent (the worker ignores them, as the contract says);
 5. **outcomes**: print each record the worker emits for these runs (``latch tail``'s lines)
-   until every run has its final message, or ``--timeout`` seconds pass.
+   until every run has its final message, or ``--timeout`` seconds pass. A call the policy
+   holds for approval (its pending record) is approved on the control topic, as an operator
+   would with ``latch approve``, and commits.
 
 The worker runs with ``policy.mode`` ``enforce`` and the shipped ``examples/demo.cedar``
 (tenant ``acme`` may call its tools, and search files only under ``/srv/``), so exactly one
 call of the example file, the Kimi K2 run's ``glob_search`` of ``**/*cursor*``, is denied:
-``policy_denied``, nothing committed. ``--policy FILE`` enforces another policy file,
+``policy_denied``, nothing committed; and one, the parallel run's ``get_stock_price``, is
+permitted by a policy annotated ``@approval("required")``, so it waits on the pending topic
+until the demo approves it. ``--policy FILE`` enforces another policy file,
 ``--no-policy`` runs without one; a configuration whose ``policy.mode`` is not ``off`` is used as
 it is, and so is one given ``--file`` (the shipped policy is written for the shipped envelopes).
 
@@ -68,7 +72,9 @@ STEPS = 5
 DEFAULT_TIMEOUT_S = 120.0
 WORKER_STOP_TIMEOUT_S = 30.0
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-OUTPUT_TOPICS = ("committed", "errors", "final", "dlq")
+OUTPUT_TOPICS = ("committed", "errors", "final", "dlq", "pending")
+#: Who the demo's approvals name (README, "Approvals").
+APPROVER = "latch demo"
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # worker/
 #: Where the example files are looked for: a source checkout, then installed package data.
@@ -361,6 +367,8 @@ class Tally:
     finals: dict[str, str] = field(default_factory=dict)
     counts: Counter[str] = field(default_factory=Counter)
     reasons: Counter[str] = field(default_factory=Counter)
+    #: The held calls the demo approved: (run id, call id).
+    approved: set[tuple[str, str]] = field(default_factory=set)
 
     def add(self, record: tail.Record) -> None:
         self.counts[record.topic] += 1
@@ -392,6 +400,9 @@ def watch(config: Config, consumer: Any, publisher: Publisher, runs: list[str], 
             key = record.key or ""
             if record.topic == "final":
                 finals[key] = record
+            elif record.topic == "pending":
+                say(indented(tail.format_record(record)))
+                _approve(publisher, record, tally)
             else:
                 say(indented(tail.format_record(record)))
                 tally.add(record)
@@ -405,6 +416,20 @@ def watch(config: Config, consumer: Any, publisher: Publisher, runs: list[str], 
             if len(tally.finals) == len(runs):
                 break
     return tally
+
+
+def _approve(publisher: Publisher, record: tail.Record, tally: Tally) -> None:
+    """Approve a call the worker holds for a person's decision (once: a pending record may
+    be written again), as an operator would with ``latch approve``."""
+    value = record.value if isinstance(record.value, dict) else {}
+    run_id, call_id = str(value.get("run_id") or record.key), value.get("call_id")
+    if not isinstance(call_id, str) or (run_id, call_id) in tally.approved:
+        return
+    tally.approved.add((run_id, call_id))
+    publisher.approve(run_id, call_id, by=APPROVER, reason="shown by the demo")
+    publisher.flush()
+    say(indented(f"(approved {run_id} {call_id} on the control topic, as `latch approve "
+                 f"RUN CALL --by '{APPROVER}'` does; it commits next)"))
 
 
 def _outcome_count(final: tail.Record) -> int:
@@ -494,6 +519,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             denied = tally.reasons["policy_denied"]
             say(f"policy enforce: {denied} call{'s' * (denied != 1)} denied (policy_denied), "
                 "not committed")
+        if tally.approved:
+            held = len(tally.approved)
+            say(f"approvals: {held} call{'s' * (held != 1)} waited for a person "
+                f"(tool.calls.pending) and {'were' if held != 1 else 'was'} approved, "
+                "then committed")
         say(f"again: latch tail --from-beginning --run {prefix} --timeout 5")
         status = EXIT_OK
     except (DemoError, PublishError, tail.TailError, KafkaException) as exc:

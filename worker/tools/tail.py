@@ -13,10 +13,12 @@ Lines (times are the records' timestamps, local time)::
     14:02:07 dlq <key> unknown_run no run.start for this run
     14:02:07 progress r1 call_abc read_file 128 bytes
     14:02:07 audit r1 call_abc read_file committed policy=log_only:deny(forbid-rm) 16 bytes
+    14:02:07 pending r1 call_abc delete_file waits for approval {"path": "/tmp/a"}
 
 ``--json`` prints ``{"topic", "key", "value"}`` lines instead, the shape ``latch assemble``
 writes, with ``topic`` the logical name (``committed``, ``errors``, ...). ``--topics`` takes
-logical names: the six output topics, and ``events`` / ``control`` for the inputs.
+logical names: the six output topics, ``pending`` (calls waiting for approval), and
+``events`` / ``control`` for the inputs.
 
 The consumer is assigned its partitions directly and never commits, so a tail leaves no
 consumer group behind and never moves the worker's offsets. It stops after ``--max``
@@ -62,8 +64,8 @@ __all__ = [
 ]
 
 #: Every logical topic name ``--topics`` accepts, outputs first.
-LOGICAL_TOPICS = ("committed", "errors", "final", "progress", "dlq", "audit", "events",
-                  "control")
+LOGICAL_TOPICS = ("committed", "errors", "final", "progress", "dlq", "audit", "pending",
+                  "events", "control")
 DEFAULT_TOPICS = ("committed", "errors", "final", "dlq")
 #: Argument JSON longer than this is cut in readable lines (``--json`` prints it whole).
 MAX_ARGUMENTS_CHARS = 200
@@ -115,6 +117,11 @@ def _committed(run_id: str, _key: str | None, v: dict[str, Any]) -> list[str]:
     if len(arguments) > MAX_ARGUMENTS_CHARS:
         arguments = arguments[: MAX_ARGUMENTS_CHARS - 3] + "..."
     return [run_id, _s(v.get("call_id")), _s(v.get("name")), arguments]
+
+
+def _pending(run_id: str, key: str | None, v: dict[str, Any]) -> list[str]:
+    words = _committed(run_id, key, v)
+    return [*words[:3], "waits for approval", words[3]]
 
 
 def _errors(run_id: str, _key: str | None, v: dict[str, Any]) -> list[str]:
@@ -188,6 +195,7 @@ _FORMATTERS = {
     "dlq": _dlq,
     "progress": _progress,
     "audit": _audit,
+    "pending": _pending,
     "events": _events,
     "control": _control,
 }

@@ -115,6 +115,15 @@ def check_outcomes(out: str) -> str:
                      r"\(1 cancelled, 1 invalid_json, 1 policy_denied, 1 stream_error\), "
                      r"0 dead letters", out), out
     assert "policy enforce: 1 call denied (policy_denied), not committed" in out
+    # one call waits for a person (demo.cedar's @approval), the demo approves it, it commits
+    pending = re.search(rf"pending {p}chat-parallel (call_\w+) get_stock_price waits for "
+                        r"approval", out)
+    assert pending, out
+    approved = out.index(f"(approved {prefix.group(1)}chat-parallel {pending.group(1)}")
+    committed = out.index(f"committed {prefix.group(1)}chat-parallel {pending.group(1)}")
+    assert out.index(pending.group(0)) < approved < committed, out
+    assert ("approvals: 1 call waited for a person (tool.calls.pending) and was approved, "
+            "then committed") in out
     return prefix.group(1)
 
 

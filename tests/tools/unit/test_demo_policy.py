@@ -1,6 +1,7 @@
 """``latch demo``'s policy: the shipped ``examples/demo.cedar`` in ``enforce`` by default,
 denying exactly one call of ``examples/demo.jsonl`` (issue 25: "``latch demo`` shows one
-denied call"), and left alone when asked or when the configuration has its own."""
+denied call") and holding exactly one for approval (issue 26: "one call waiting for approval
+and approved"), and left alone when asked or when the configuration has its own."""
 
 from __future__ import annotations
 
@@ -32,10 +33,12 @@ def test_the_demo_enforces_the_shipped_policy_unless_told_otherwise() -> None:
     assert demo.demo_policy(parse([]), own) is None
 
 
-def test_the_shipped_policy_denies_exactly_one_demo_call() -> None:
+def test_the_shipped_policy_denies_one_demo_call_and_holds_one() -> None:
     """The demo's envelopes through the latch with ``demo.cedar`` in ``enforce``: the one
     ``glob_search`` (of ``**/*cursor*``, not under ``/srv/``) gets ``policy_denied`` naming
-    ``glob-only-under-srv`` and is not committed; every other call ends as without a policy."""
+    ``glob-only-under-srv`` and is not committed; the one ``get_stock_price`` waits on the
+    pending topic (offline no one decides, so its run stays open: the demo approves it live);
+    every other call ends as without a policy."""
     env = {**os.environ, "LATCH_POLICY__MODE": "enforce",
            "LATCH_POLICY__FILE": str(demo.example_policy())}
     out = subprocess.run(
@@ -49,7 +52,9 @@ def test_the_shipped_policy_denies_exactly_one_demo_call() -> None:
     assert "glob-only-under-srv" in denied[0]["content"]
     assert "cursor" not in denied[0]["content"]  # never argument text
     assert "glob_search" not in committed
-    assert sorted(committed) == ["GetWeatherArgs", "get_capital", "get_stock_price",
-                                 "get_weather", "writeItems"]
+    assert sorted(committed) == ["GetWeatherArgs", "get_capital", "get_weather", "writeItems"]
+    pending = [r["value"] for r in records if r["topic"] == "pending"]
+    assert [(v["run_id"], v["name"]) for v in pending] == [("chat-parallel", "get_stock_price")]
+    assert "chat-parallel" not in {r["key"] for r in records if r["topic"] == "final"}
     assert sorted(v["reason"] for v in errors.values()) == [
         "cancelled", "invalid_json", "policy_denied", "stream_error"]
