@@ -52,7 +52,7 @@ class _Index:
     def add(self, policy_id: str, scope: Any) -> None:
         op = scope.get("op") if isinstance(scope, dict) else None
         entity = _entity(scope.get("entity")) if op == "==" else None
-        if entity is not None and "slot" not in scope:
+        if entity is not None:  # (a slot, ``?principal``, has no ``entity``)
             self.by_entity.setdefault(entity, set()).add(policy_id)
         elif op == "is" and isinstance(scope.get("entity_type"), str):
             self.by_type.setdefault(scope["entity_type"], set()).add(policy_id)
