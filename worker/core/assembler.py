@@ -185,6 +185,9 @@ class Assembler:
         self._validators = validators or shared_validators(SchemaLimits(
             self.settings.max_schema_nodes, self.settings.max_schema_validation_steps))
         self._clock = 0
+        #: Runs opened so far: a record that leaves it as it was opened no run (the worker's
+        #: per-record check, an attribute read, not two ``is_open`` lookups).
+        self.runs_opened = 0
         #: Where a run that names a registry toolset gets its tools (None: no registry, such
         #: a run fails every call ``unknown_toolset``).
         self.toolsets: ToolsetLookup | None = None
@@ -443,6 +446,7 @@ class Assembler:
         run.nbytes = cost
         self._ledger.held += cost
         self._runs[start.run_id] = run
+        self.runs_opened += 1
         self.stats["runs_started"] += 1
         early = self._remembered.early_cancel(start.run_id, now_ms)
         if early is not None:  # cancelled before it started: it ends as a cancel right after

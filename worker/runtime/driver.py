@@ -204,40 +204,80 @@ class Driver:
 
     def apply(self, state: PartitionState, record: Record, headers: Any = None
               ) -> Applied | None:
-        """Apply ``record``, the partition's next; None if it needs nothing more (no output,
-        not a tick), else what the engine must do (module doc, step 1). ``headers``: the
-        record's Kafka headers, or a function returning them (called only when the record
-        opens a run)."""
-        key = record.key
-        if key == POLICY_MARKER:
-            self.policy_marker(state, record)
-            return None
-        run_id = key.decode("utf-8", "replace") if key else ""
-        assembler = state.assembler
-        was_open = assembler.is_open(run_id)
-        # PartitionState.apply inlined (one call less per record; test_engine_hooks.py holds
-        # them equal): the partition's clock, then the core's one step
-        now = record.time_ms
-        if now is not None and now > state.clock_ms:
-            state.clock_ms = now
-        emits = step(assembler, record)
-        opened = not was_open and assembler.is_open(run_id)
+        """Apply ``record``, the partition's next (the faust engine's per-event entry: it
+        moves the partition's offset itself, once the outputs are confirmed): None if it needs
+        nothing more (no output, not a tick), else what the engine must do (module doc, step
+        1). ``headers``: the record's Kafka headers, or a function returning them (called only
+        when the record opens a run). One record of :meth:`apply_all`."""
+        for _, _, applied in self.apply_all({record.source.partition: state}, (record,),
+                                            (headers,), advance=False):
+            return applied
+        return None
+
+    def apply_all(self, partitions: Mapping[int, PartitionState], records: Sequence[Record],
+                  headers: Sequence[Any] | None = None, advance: bool = True
+                  ) -> Iterator[tuple[PartitionState, Record, Applied | None]]:
+        """Apply ``records`` in order, each its partition's next (``partitions``: the owned
+        states by number): the one hot path of both engines (the kafka engine hands over
+        one ``consume`` call's events records at a time).
+
+        Most records (a text delta) need nothing more: they are counted, and (``advance``)
+        their partition's ``next_offset`` moves past them. Each other record is yielded
+        with its state and what the engine must still do (None: nothing to send, but it
+        wrote a head, e.g. a run's ``start``): the engine sends it and writes the heads
+        before it asks for the next record, which moves the offset on. A record is yielded
+        when it emitted, opened its run, ended a call (its argument sizes to count), ended a
+        traced run, found a cancel waiting for its run, or is a tick or a policy marker.
+        ``headers``: each record's Kafka headers (or a function returning them), read only
+        for a record that opens a run."""
         hooks = self.hooks
-        tracing = hooks.tracing
-        if not emits and not opened and not assembler.sizes and not tracing.ended:
-            # most records (a text delta): only counted, nothing to trace (the same as the
-            # two calls below would do, without their cost; RunTracer.idle, read inline)
-            hooks.metrics.records += 1
-        else:
-            hooks.metrics.record(emits, assembler.sizes)
-            if opened and callable(headers):
-                headers = headers()
-            tracing.on_record(record.source.partition, run_id, opened, headers, emits)
-            if emits:
-                hooks.traced(emits)
-        if opened or (not emits and assembler.early_cancels_waiting):
+        tracing, metrics = hooks.tracing, hooks.metrics
+        quiet = 0
+        try:
+            for i, record in enumerate(records):
+                key, _, now, source = record
+                state = partitions[source.partition]
+                if key == POLICY_MARKER:
+                    self.policy_marker(state, record)
+                    yield state, record, None
+                else:
+                    assembler = state.assembler
+                    opened_before = assembler.runs_opened
+                    # PartitionState.apply inlined (test_engine_hooks.py holds them equal):
+                    # the partition's clock, then the core's one step
+                    if now is not None and now > state.clock_ms:
+                        state.clock_ms = now
+                    emits = step(assembler, record)
+                    if (emits or assembler.runs_opened != opened_before or assembler.sizes
+                            or tracing.ended or assembler.early_cancels_waiting
+                            or key == TICK):
+                        # A record opens at most its own run: the counter moved; is it open?
+                        opened = assembler.runs_opened != opened_before and assembler.is_open(
+                            key.decode("utf-8", "replace") if key else "")
+                        yield state, record, self._traced(
+                            state, record, emits, opened, None if headers is None else headers[i])
+                    else:
+                        quiet += 1
+                if advance:
+                    state.next_offset = source.offset + 1
+        finally:
+            metrics.records += quiet
+
+    def _traced(self, state: PartitionState, record: Record, emits: list[Emit],
+                opened: bool, headers: Any) -> Applied | None:
+        """:meth:`apply` for a record that emitted, opened its run or ended a call: counted,
+        traced, its heads written; what the engine must still do."""
+        key, source = record.key, record.source
+        hooks = self.hooks
+        hooks.metrics.record(emits, state.assembler.sizes)
+        if opened and callable(headers):
+            headers = headers()
+        run_id = key.decode("utf-8", "replace") if key else ""
+        hooks.tracing.on_record(source.partition, run_id, opened, headers, emits)
+        if emits:
+            hooks.traced(emits)
+        if opened or (not emits and state.assembler.early_cancels_waiting):
             # (Heads.applied writes a head only then: a run's start, a waiting cancel's)
-            source = record.source
             self.heads.applied(state, key, source.partition, source.offset, opened, emits)
         if emits:
             return Applied(emits, finished_runs(emits), key == TICK)

@@ -61,17 +61,17 @@ def record(key: bytes | None, value: bytes, time_ms: int | None, topic: str, par
 def step(assembler: Assembler, record: Record) -> list[Emit]:
     """What the worker publishes for one events record, in order: the one step of both
     engines (through :meth:`worker.runtime.partition.PartitionState.apply`) and of replay."""
-    key = record.key
+    key, value, time_ms, source = record  # (one unpacking: cheaper than four names read)
     if key is None:  # a tick or a bad record (every envelope but a tick has a key)
         emits = keyless(record)
         if emits is not None:
             return emits
     try:
-        emits = assembler.feed_record(key, record.value, record.time_ms, record.source)
+        emits = assembler.feed_record(key, value, time_ms, source)
     except Exception as exc:  # a bug in Latch must not stop the partition
         return failed(record, exc)
     if emits:  # (most records emit nothing)
-        located(emits, record.source)
+        located(emits, source)
     return emits
 
 

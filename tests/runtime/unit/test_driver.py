@@ -24,7 +24,6 @@ from worker.runtime.partition import TICK, Heads, PartitionState, decode_head, e
 from worker.runtime.step import Record
 
 
-
 class ChangelogTable(dict[bytes, Any]):
     """A heads table as its changelog holds it (the faust engine's): each key set is written
     as bytes then, and read back decoded, so a head changed in place after it was set is not
@@ -37,7 +36,7 @@ class ChangelogTable(dict[bytes, Any]):
         return decode_head(super().__getitem__(key))
 
     def get(self, key: bytes, default: Any = None) -> Any:  # type: ignore[override]
-        return self[key] if key in self else default
+        return self[key] if key in self else default  # noqa: SIM401 (decoded, as __getitem__)
 
     def items(self) -> list[tuple[bytes, Any]]:  # type: ignore[override]
         return [(k, decode_head(v)) for k, v in super().items()]
@@ -264,7 +263,8 @@ def test_outputs_published_again_after_a_rebuild_carry_the_same_audit_content() 
 
 
 @pytest.mark.parametrize("kind", [dict, ChangelogTable], ids=["dict", "changelog"])
-def test_a_decision_read_again_after_a_takeover_is_a_repeat_not_a_second_decision(kind: type) -> None:
+def test_a_decision_read_again_after_a_takeover_is_a_repeat_not_a_second_decision(
+        kind: type) -> None:
     """Issue 26 (found by ``latch chaos --approvals`` on the faust engine): a run finished by an
     ``approve`` whose offset was not committed before its partition moved. The ``done`` head
     records the offset the run was read to (``"o"``); the new owner, reading the decision again
@@ -301,7 +301,8 @@ def test_a_decision_read_again_after_a_takeover_is_a_repeat_not_a_second_decisio
 
 
 @pytest.mark.parametrize("kind", [dict, ChangelogTable], ids=["dict", "changelog"])
-def test_a_decision_forwarded_twice_is_a_repeat_while_waiting_and_after_a_takeover(kind: type) -> None:
+def test_a_decision_forwarded_twice_is_a_repeat_while_waiting_and_after_a_takeover(
+        kind: type) -> None:
     """Issue 26 (``latch chaos --approvals`` on the faust engine, which forwards control
     records at least once): one control record's decision forwarded twice lands at two events
     offsets. The second copy is a repeat, not a second decision: counted, nothing emitted,

@@ -127,6 +127,15 @@ def test_the_transactional_producer_retries_quickly_unless_configured_otherwise(
     assert producer_settings(config, "i")["retry.backoff.ms"] == "50"
 
 
+def test_the_consumer_fetches_8_mib_a_partition_unless_configured_otherwise() -> None:
+    """The group consumer asks for up to 8 MiB a partition a fetch (librdkafka's 1 MiB held
+    the engine back under a backlog, issue 24); a ``kafka:`` setting still overrides it."""
+    settings = consumer_settings(load_config(None, env={}))
+    assert settings["max.partition.fetch.bytes"] == 8 * 1024 * 1024
+    config = load_config(None, env={"LATCH_KAFKA__MAX_PARTITION_FETCH_BYTES": "1048576"})
+    assert consumer_settings(config)["max.partition.fetch.bytes"] == "1048576"
+
+
 class _Message:
     """A consumed events record, as confluent-kafka hands it over."""
 
@@ -479,32 +488,37 @@ def _watched_engine(max_records: int) -> tuple[KafkaEngine, _SlowCommits, _Watch
     return engine, producer, consumer
 
 
-def test_a_drained_batch_commits_before_the_loop_consumes_again() -> None:
-    """Under a paced load (each ``consume`` drains what was fetched) the loop waits for the
-    batch's commit before it consumes again: the records that arrive meanwhile all go into
-    the next transaction, which begins at once. (Overlapping this commit with the next
-    batch cut that batch at its first record and left the records behind it for one commit
-    more.) Fails on the loop that overlapped every commit."""
-    engine, producer, consumer = _watched_engine(10_000)
-    first, second = _deltas(engine, 0, 3), _deltas(engine, 3, 2)
-    consumer.script = [first[:1], first[1:], [], second[:1], second[1:]]
+def test_a_drained_batch_commits_while_the_loop_takes_the_records_that_arrive() -> None:
+    """Under a paced load (each ``consume`` drains what was fetched) a drained batch commits
+    in its thread and the loop goes on consuming: the records that arrive meanwhile are
+    applied and held, none is cut into a transaction of its own, and they all commit in the
+    next transaction, begun once this commit returns (seen one short poll later at most).
+    Fails on the loop that waited for the commit before consuming again (issue 24: a sync
+    wait under a backlog, each time ``consume`` found the fetched records used up), and on
+    the one that committed the held batch at its first drained turn (cut at its first
+    record, which waited for this commit while the records behind it waited for one more)."""
+    engine, producer, consumer = _held_engine(10_000)
+    first, second = _deltas(engine, 0, 3), _deltas(engine, 3, 3)
+    consumer.script = [first[:1], first[1:], second[:1], second[1:2], second[2:], []]
+    consumer.release_at = 4
     engine._loop()
-    assert [in_flight for _, _, in_flight in consumer.calls] == [False] * len(consumer.calls)
-    assert [timeout for _, timeout, _ in consumer.calls] == [0.1, 0.0, 0.1, 0.1, 0.0, 0.1]
+    assert consumer.calls == [(1, 0.1, False), (1000, 0.0, False), (1, 0.005, True),
+                              (1000, 0.001, True), (1000, 0.001, True), (1000, 0.0, False),
+                              (1, 0.1, False)]
     assert producer.calls == ["begin 0", "offsets [3]", "commit 1",
-                              "begin 1", "offsets [5]", "commit 1"]
-    assert engine.txn.committing is None and engine.txn.batch is None
+                              "begin 1", "offsets [6]", "commit 1"]
 
 
 def test_under_a_backlog_a_batch_commits_while_the_next_is_applied() -> None:
     """While ``consume`` returns all it was asked (a backlog), a batch ended by its bounds
     commits in its thread while the loop consumes and applies the next one; the last,
-    drained batch commits before the loop consumes again. Offsets commit in order."""
+    drained batch commits the same way. Offsets commit in order."""
     engine, producer, consumer = _watched_engine(4)
     consumer.script = [_deltas(engine, 0, 10)]
     engine._loop()
     assert [in_flight for _, _, in_flight in consumer.calls] == [
-        False, False, True, False, True, False, False]
+        False, False, True, False, True, False, True]
+    engine._commit()  # (as the worker does when it stops)
     assert [call for call in producer.calls if not call.startswith("begin")] == [
         "offsets [4]", "commit 1", "offsets [8]", "commit 1", "offsets [10]", "commit 1"]
     assert engine.txn.committing is None and engine.txn.batch is None
@@ -535,17 +549,25 @@ class _ReleasingConsumer(_WatchingConsumer):
         return _scripted(self.engine, self.script, num_messages)
 
 
+def _held_engine(max_records: int
+                 ) -> tuple[KafkaEngine, _HeldCommits, _ReleasingConsumer]:
+    """:func:`_watched_engine` whose first commit returns only at the consume call
+    ``consumer.release_at``."""
+    engine, _, _ = _watched_engine(max_records)
+    producer = _HeldCommits()
+    engine.txn.producer = producer  # type: ignore[assignment]
+    consumer = _ReleasingConsumer(engine, producer, [])
+    engine.consumer = consumer  # type: ignore[assignment]
+    return engine, producer, consumer
+
+
 def test_a_batch_due_while_the_commit_is_in_flight_takes_records_until_it_returns() -> None:
     """Under a backlog, a batch that reaches its bounds while the previous batch's commit is
     still in flight does not stop the loop (issue 24: on a 402,666-envelope backlog the loop
     waited for commits as long as it applied records): it takes records, a full
     ``consume`` call at a time, until that commit returns, then commits everything it took.
     Offsets commit in order. Fails on the loop that waited for the commit once due."""
-    engine, producer, _ = _watched_engine(4)
-    producer = _HeldCommits()
-    engine.txn.producer = producer  # type: ignore[assignment]
-    consumer = _ReleasingConsumer(engine, producer, [])  # type: ignore[arg-type]
-    engine.consumer = consumer  # type: ignore[assignment]
+    engine, producer, consumer = _held_engine(4)
     records = _deltas(engine, 0, 12)
     consumer.script = [records[:1], records[1:4], records[4:5], records[5:8], records[8:10],
                        records[10:]]
@@ -554,8 +576,7 @@ def test_a_batch_due_while_the_commit_is_in_flight_takes_records_until_it_return
     engine._loop()
     assert time.monotonic() - began < 2  # never waited out the held commit
     assert [(want, in_flight) for want, _, in_flight in consumer.calls] == [
-        (1, False), (3, False), (1, True), (3, True), (1000, True), (1, False), (3, False),
-        (1, False)]
+        (1, False), (3, False), (1, True), (3, True), (1000, True), (1000, False), (1, False)]
     assert [call for call in producer.calls if not call.startswith("begin")] == [
-        "offsets [4]", "commit 1", "offsets [10]", "commit 1", "offsets [12]", "commit 1"]
+        "offsets [4]", "commit 1", "offsets [12]", "commit 1"]
     assert engine.txn.committing is None and engine.txn.batch is None

@@ -13,34 +13,30 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   forwarded cancels, and (``send_offsets_to_transaction`` with the consumer's group metadata,
   KIP-447) the next offsets of the events and control partitions the batch consumed.
 * **A batch commits as soon as its input is drained** (decision 0011): with no transaction
-  open the loop waits for one record; then it takes, without waiting, what the consumer has
-  fetched already (``consume`` with a zero time-out, at most ``_CONSUME_MAX`` a call) and
-  commits once a call returns fewer records than asked, i.e. nothing more is at hand. Under a
-  paced load a transaction holds what arrived during the previous commit (small and quick:
-  an outcome waits for about one commit, not ``worker.batch_max_ms``); under a backlog the
+  open the loop waits for one record; then it takes what the consumer has fetched already
+  (at most ``_CONSUME_MAX`` a call) and commits once a call returns fewer records than
+  asked. Under a paced load a transaction holds what arrived during the previous commit (an
+  outcome waits for about one commit, not ``worker.batch_max_ms``); under a backlog the
   calls keep returning full and the batch ends at its bounds, ``worker.batch_max_records``
-  records or ``worker.batch_max_ms`` after it began, whichever comes first (the bounds are
-  upper bounds only, but for a batch due while the previous commit is in flight: below). A
-  batch opened by a tick or a cancel commits the same way: the worker never waits for its
-  own uncommitted ticks or cancels, which its ``read_committed`` consumer sees once the
-  batch commits.
-* **Under a backlog, a batch commits while the next one is applied.** A batch ended by its
-  bounds (the input not drained) commits in a thread of its own (``send_offsets_to_transaction``
-  and ``commit_transaction``, ``transaction.Commit``); meanwhile the loop applies the next
-  records, holding their output and heads records (the producer has one transaction at a
-  time) until the commit returns: then it begins their transaction and sends them, in order.
-  If the commit fails, the next batch is dropped with it (its offsets are past the aborted
-  ones) and the partitions rewind as below. One commit is in flight at a time: a batch due
-  before it returns takes records until it does (at most ``_HELD_MAX_BATCHES`` batches'
-  worth), so a slow commit never stops the loop. The
-  transaction, from begin to settled or aborted, is an object of its own
-  (``transaction.py``): it returns what happened and the engine acts on it (rewinds after
-  an abort). **A drained batch commits
-  before the loop consumes again** (the same thread, waited for): overlapped there, the
-  next batch was cut at its first record, which waited for this commit while the records
-  behind it waited for one more; waiting lets everything that arrives meanwhile into the
-  next transaction, which begins at once (docs/benchmarks.md, "The kafka engine's
-  latency: a drained batch's commit waited for").
+  records or ``worker.batch_max_ms`` after it began (upper bounds, but for a batch due
+  while the previous commit is in flight: below). A batch opened by a tick or a cancel
+  commits the same way: the worker never waits for its own uncommitted ticks or cancels.
+* **Every commit is overlapped with the records that follow.** A batch commits in a thread
+  of its own (``send_offsets_to_transaction`` and ``commit_transaction``,
+  ``transaction.Commit``; one in flight at a time) while the loop goes on consuming and
+  applying, holding the next records' outputs and heads (the producer has one transaction
+  at a time) until the commit returns: then it begins their transaction and sends them, in
+  order. While a commit is in flight the next batch is never cut: it commits at the first
+  turn after that commit returns where it is drained or due, so under a paced load it
+  holds everything that arrived meanwhile (cutting it at its first drained turn left the
+  records behind its first for one commit more; waiting for the commit before consuming
+  again stood the loop still under a backlog, each time ``consume`` found the fetched
+  records used up). Under a backlog a batch due before the commit returns takes records
+  until it does, at most ``_HELD_MAX_BATCHES`` batches' worth (the first commits of a
+  fresh transactional id took 0.3 to 0.7 s on the local broker). If the commit fails, the
+  held batch is dropped with it (its offsets are past the aborted ones) and the partitions
+  rewind as below. The transaction, from begin to settled or aborted, is an object of its
+  own (``transaction.py``): it returns what happened and the engine acts on it.
 * **Rebuild on assignment.** For each events partition it gets, the worker restores the
   partition's heads from the changelog (read to its end), then feeds the open runs' records
   from the earliest open ``start`` up to the committed offset to a fresh assembler (outputs
@@ -101,6 +97,7 @@ from worker.runtime.kafka_engine.settings import consumer_settings, producer_set
 from worker.runtime.kafka_engine.transaction import (
     CLIENT_TIMEOUT_S,
     Aborted,
+    Batch,
     Fatal,
     Outcome,
     Settled,
@@ -112,6 +109,7 @@ from worker.runtime.observability.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.registry import POLICY_MARKER
 from worker.runtime.registry_io import RegistryError, RegistryReader
+from worker.runtime.step import Record
 
 _T = TypeVar("_T")
 
@@ -133,9 +131,12 @@ _LAGS_EVERY_S = 1.0
 #: Under a backlog, a batch due while the previous one's commit is in flight goes on taking
 #: records until that commit returns, up to this many times ``worker.batch_max_records``
 #: (then the loop waits for it): the loop never stands still for a commit it can overlap.
-_HELD_MAX_BATCHES = 5
+_HELD_MAX_BATCHES = 20
 #: How long the loop waits for a first record while a commit is in flight.
 _COMMIT_POLL_S = 0.005
+#: How long a ``consume`` call waits for more records while a commit is in flight and the
+#: next batch holds records: it commits once that commit returns, seen at the next turn.
+_HELD_POLL_S = 0.001
 #: librdkafka's default ``batch.size``.
 _BATCH_SIZE = 1_000_000
 
@@ -270,7 +271,8 @@ class KafkaEngine:
             else:  # take what is fetched already, without waiting
                 left = worker.batch_max_records - batch.records
                 want = min(left, _CONSUME_MAX) if left > 0 else _CONSUME_MAX
-                wait = 0.0
+                # (while a commit is in flight, briefly: this batch commits once it settles)
+                wait = 0.0 if txn.committing is None else _HELD_POLL_S
             msgs = consume(want, timeout=wait)
             if msgs:
                 idle_trim.active = True  # (IdleTrim.busy, inline)
@@ -283,8 +285,9 @@ class KafkaEngine:
             batch = txn.batch
             if batch is None:
                 continue
-            if len(msgs) < want:  # drained: commit at once, and wait for it (module doc)
-                self._commit()
+            if len(msgs) < want:  # drained: commit, overlapped (module doc)
+                if txn.committing is None:
+                    self._commit(wait=False)
             elif batch.due(now, worker.batch_max_records, max_s) and (
                     txn.committing is None or batch.records >= held_max):
                 self._commit(wait=False)  # a backlog: overlap it (module doc)
@@ -292,23 +295,18 @@ class KafkaEngine:
     # -- records ----------------------------------------------------------------------
 
     def _apply_events(self, msgs: Sequence[Message]) -> None:
-        """Apply one ``consume`` call's records, in order: events records here, the others
-        (errors, control records) through :meth:`_handle`."""
-        # The hot path (every envelope), with what it reads bound once per call: the driver
-        # says what a record needs (worker/runtime/driver.py; None for most records); the
-        # outputs and heads are touched only when it needs them.
-        events, partitions, driver, record_at = (self.events, self.partitions, self.driver,
-                                                 reader.record_at)
-        apply, table, txn = driver.apply, self.table, self.txn
-        publish, write_heads = self.sends.publish, self.sends.write_heads
-        batch = txn.batch
-        # the batch's records and offsets are noted once, at the end: two writes less a record
-        before, applied_n = {p: state.next_offset for p, state in partitions.items()}, 0
-        self.applying = True  # (a hold may commit the batch: _before_hold)
+        """Apply one ``consume`` call's records, in order: the events records through the
+        driver (:meth:`Driver.apply_all`, the hot path), the others (errors, control
+        records) through :meth:`_handle`."""
+        events, partitions, txn, table = self.events, self.partitions, self.txn, self.table
+        record_at = reader.record_at
+        # 1. The events records of owned partitions, not read before (a repeat after a
+        # rewind), as the core takes them
+        records: list[Record] = []
+        headers: list[Callable[[], Any]] = []
         for msg in msgs:
             if msg.error() is not None or msg.topic() != events:
                 self._handle(msg)
-                batch = txn.batch
                 continue
             # (reader.where's assertion, without its cost: both are set on a consumed record)
             partition: int = msg.partition()  # type: ignore[assignment]
@@ -316,31 +314,55 @@ class KafkaEngine:
             state = partitions.get(partition)
             if state is None or offset < state.next_offset:  # not ours (any more), a repeat
                 continue
-            if batch is None:
-                batch = txn.begin()
-            record = record_at(msg, events, partition, offset)
-            applied = apply(state, record, msg.headers)
-            if txn.batch is not batch:  # the registry's hold committed it (_before_hold)
-                if self.held_abort is not None:  # aborted: rebuild, this record included
-                    aborted, self.held_abort = self.held_abort, None
-                    self.applying = False
-                    self._after(aborted, rewind=True)
-                    return
-                batch = txn.begin()
-            if applied is not None:  # a transaction holds outputs and heads together
-                if applied.emits:
-                    publish(record.key, applied.emits, record.time_ms, record.source)
-                driver.recorded(state, partition, applied, offset)
-            if table.pending:
-                write_heads()
-            state.next_offset = offset + 1
-            applied_n += 1
+            records.append(record_at(msg, events, partition, offset))
+            headers.append(msg.headers)
+        if not records:
+            return
+        # 2. Applied by the driver; it hands back only the records that need more: their
+        # outputs and heads go into the transaction before the next record is applied
+        before = {p: state.next_offset for p, state in partitions.items()}
+        batch = txn.begin()
+        publish, write_heads, recorded = (self.sends.publish, self.sends.write_heads,
+                                          self.driver.recorded)
+        self.applying = True  # (a hold may commit the batch: _before_hold)
+        try:
+            for state, record, applied in self.driver.apply_all(partitions, records, headers):
+                if txn.batch is not batch:  # the registry's hold committed it (_before_hold)
+                    held = self._after_hold()
+                    if held is None:
+                        return
+                    batch = held
+                source = record.source
+                if applied is not None:  # a transaction holds outputs and heads together
+                    if applied.emits:
+                        publish(record.key, applied.emits, record.time_ms, source)
+                    recorded(state, source.partition, applied, source.offset)
+                if table.pending:
+                    write_heads()
+        finally:
+            self.applying = False
+        if txn.batch is not batch:  # (a hold during a record that needed nothing more)
+            held = self._after_hold()
+            if held is None:
+                return
+            batch = held
+        # the batch's records and offsets are noted once, here: two writes less a record
+        batch.records += len(records)
+        for partition, state in partitions.items():
+            if state.next_offset != before.get(partition, state.next_offset):
+                batch.events[partition] = state.next_offset
+
+    def _after_hold(self) -> Batch | None:
+        """The registry's hold committed the open batch (:meth:`_before_hold`): the batch
+        that follows it; None if that commit aborted (every partition is rebuilt, the record
+        being applied included, and the rest of the ``consume`` call's records are dropped:
+        they are read again)."""
+        if self.held_abort is None:
+            return self.txn.begin()
+        aborted, self.held_abort = self.held_abort, None
         self.applying = False
-        if applied_n and batch is not None:
-            batch.records += applied_n
-            for partition, state in partitions.items():
-                if state.next_offset != before.get(partition, state.next_offset):
-                    batch.events[partition] = state.next_offset
+        self._after(aborted, rewind=True)
+        return None
 
     def _before_hold(self) -> None:
         """The registry is about to hold the loop for a toolset version not read yet
