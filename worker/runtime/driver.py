@@ -5,13 +5,14 @@ pyproject.toml). An engine (faust's :mod:`worker.runtime.faust_engine.engine`, t
 :mod:`worker.runtime.kafka_engine.loop`) reads records and writes what the driver says; the
 driver decides everything between:
 
-1. :meth:`Driver.apply` feeds one events record to its partition (the partition's clock,
-   then the core's step, :func:`worker.runtime.step.step`), counts it and carries its run's trace on
-   (:mod:`worker.runtime.hooks`), writes the heads that need no delivery first (a run's
-   ``start``; the head of a cancel that waits for its run: :meth:`Heads.applied`), and returns
-   what the engine must still do: None for most records (nothing to send, confirm or record),
-   else an :class:`Applied` with the outputs to publish, in order, the runs they finish and
-   whether the record is a tick.
+1. :meth:`Driver.apply_all` feeds events records to their partitions in order (the kafka
+   engine hands it one ``consume`` call's; :meth:`Driver.apply`, the faust engine's entry,
+   one): the partition's clock, then the core's step (:func:`worker.runtime.step.step`); it
+   counts each record and carries its run's trace on (:mod:`worker.runtime.hooks`), writes
+   the heads that need no delivery first (a run's ``start``; the head of a cancel that waits
+   for its run: :meth:`Heads.applied`), and says what the engine must still do: nothing for
+   most records (nothing to send, confirm or record), else an :class:`Applied` with the
+   outputs to publish, in order, the runs they finish and whether the record is a tick.
 2. The engine publishes ``Applied.emits``. A run's ``done`` head is written only once its
    outputs are delivered: faust confirms its sends first (``Applied.confirm``), the kafka
    engine's transaction holds both. Then :meth:`Driver.recorded` writes the ``done`` heads
