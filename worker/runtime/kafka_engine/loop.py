@@ -268,10 +268,10 @@ class KafkaEngine:
                 # (while a commit is in flight, briefly: its outcome is counted at the next
                 # turn)
                 want, wait = 1, _COMMIT_POLL_S if txn.committing else min(max_s, 0.5)
-            else:  # take what is fetched already, without waiting
+            else:  # take what is fetched already (while a commit is in flight, wait
+                # briefly for more: this batch commits at the first turn after it returns)
                 left = worker.batch_max_records - batch.records
                 want = min(left, _CONSUME_MAX) if left > 0 else _CONSUME_MAX
-                # (while a commit is in flight, briefly: this batch commits once it settles)
                 wait = 0.0 if txn.committing is None else _HELD_POLL_S
             msgs = consume(want, timeout=wait)
             if msgs:
