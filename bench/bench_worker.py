@@ -884,7 +884,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(c.name.endswith("-enforce") for c in chosen):
         # The enforce contenders must do the same work with one more step: the policy permits
         # every call of the backlog (checked offline), so their outputs equal the others'.
-        from worker.runtime.policy import load_policy
+        from worker.runtime.governance.policy import load_policy
 
         offline = Assembler(AssembleSettings())
         offline.policy = load_policy("enforce", str(args.policy))

@@ -87,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
 _LAZY = [
     ("worker", "worker.runtime.engine:main", "run the Kafka worker"),
     ("topics", "worker.runtime.admin:main", "provision the topics (topics create)"),
-    ("registry", "worker.runtime.registry_io:main",
+    ("registry", "worker.runtime.governance.registry_io:main",
      "toolsets and policy sets by version: put, list, show"),
     ("broker", "worker.tools.broker:main", "a local Kafka broker: start, stop, status"),
     ("publish", "worker.client.publisher:main", "publish JSON-Lines envelopes"),
@@ -148,8 +148,8 @@ def _assemble(args: argparse.Namespace) -> int:
 def _registry_toolsets(config: Any) -> Callable[[str, int, int], Any]:
     """``latch assemble --registry``: the registry topic read whole now; a run naming a
     toolset gets any version read (offline there is no record time to wait from)."""
-    from worker.runtime.registry import TOOLSET
-    from worker.runtime.registry_io import RegistryError, read_whole
+    from worker.runtime.governance.registry import TOOLSET
+    from worker.runtime.governance.registry_io import RegistryError, read_whole
 
     try:
         state = read_whole(config)

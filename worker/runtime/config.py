@@ -227,7 +227,7 @@ class SigningSettings:
 @dataclass(frozen=True, slots=True)
 class PolicySettings:
     """The ``policy`` section: whether and how calls are decided by Cedar policies
-    (:mod:`worker.runtime.policy`; README, *Policies*)."""
+    (:mod:`worker.runtime.governance.policy`; README, *Policies*)."""
 
     mode: str = "off"
     file: str | None = None
@@ -236,7 +236,7 @@ class PolicySettings:
 
 @dataclass(frozen=True, slots=True)
 class RegistrySettings:
-    """The ``registry`` section: toolsets and policy sets by version (runtime/registry.py)."""
+    """The ``registry`` section: toolsets and policy sets by version (runtime/governance/registry.py)."""
 
     wait_s: float = 10.0
 
@@ -312,10 +312,10 @@ def _record_problems(settings: AssembleSettings) -> list[str]:
 
 def assembler_policy(config: Config) -> Policy | None:
     """The policy the configuration puts in force (``Assembler.policy``), None when
-    ``policy.mode`` is off; loaded once per process (``worker.runtime.policy.policy_for``)."""
+    ``policy.mode`` is off; loaded once per process (``worker.runtime.governance.policy.policy_for``)."""
     if config.policy.mode == "off":
         return None
-    from worker.runtime.policy import policy_for
+    from worker.runtime.governance.policy import policy_for
 
     return policy_for(config.policy)
 
@@ -324,7 +324,7 @@ def _policy_problems(settings: PolicySettings) -> list[str]:
     """Why the ``policy`` section's file cannot be used (file, line, column), if it cannot."""
     if settings.mode == "off":
         return []
-    from worker.runtime.policy import policy_for  # (cedarpy: only when policies are on)
+    from worker.runtime.governance.policy import policy_for  # (cedarpy: only when policies are on)
 
     try:
         policy_for(settings)

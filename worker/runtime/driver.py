@@ -24,7 +24,7 @@ driver decides everything between:
    (:class:`TickRule`); the engine says how far its control partitions are read.
 5. :meth:`Driver.takeover` and :meth:`Driver.rebuilt` rebuild a partition taken over from its
    heads and the records of its open runs, which the engine reads from the log.
-6. The registry (:mod:`worker.runtime.registry`): a run naming a toolset gets it from
+6. The registry (:mod:`worker.runtime.governance.registry`): a run naming a toolset gets it from
    :attr:`Driver.registry`; a policy marker sets the policy set in force
    (:meth:`Driver.policy_marker`), and :meth:`Driver.markers` says which markers the engine
    writes beside its ticks.
@@ -53,8 +53,8 @@ from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
 from worker.runtime.observability.tracing import Headers
 from worker.runtime.partition import TICK, Heads, PartitionState, finished_runs
-from worker.runtime.policy_source import PolicySource
-from worker.runtime.registry import (
+from worker.runtime.governance.policy_source import PolicySource
+from worker.runtime.governance.registry import (
     POLICY_HISTORY,
     POLICY_MARKER,
     in_force,

@@ -15,7 +15,7 @@ a version in the registry (``--policy-version``); the tools are a file (``--tool
 array of tool definitions in a provider's format or MCP ``tools/list`` entries, or a
 ``tools/list`` result) or a toolset version in the registry (``--toolset NAME@VERSION``). The
 registry is the topic ``topics.registry`` of ``--config``, read whole once (:func:`main` takes
-a :class:`~worker.runtime.registry.RegistryState` instead, for tests).
+a :class:`~worker.runtime.governance.registry.RegistryState` instead, for tests).
 
 Exit 0: the policy set is fine, the call allowed, the schema printed; 1: problems found, the
 call denied; 2: a usage error, or a file, registry or version that cannot be read.
@@ -34,8 +34,8 @@ import orjson
 from worker.core.envelope import PROVIDERS
 from worker.core.policy import ENFORCE, LOG_ONLY, PolicyRequest
 from worker.core.tools import client_tools, tool_attributes
-from worker.runtime import policy as cedar
-from worker.runtime.registry import POLICY, TOOLSET, RegistryState
+from worker.runtime.governance import policy as cedar
+from worker.runtime.governance.registry import POLICY, TOOLSET, RegistryState
 
 #: The tools' format when ``--provider`` is not given and it reads them.
 DEFAULT_PROVIDER = "openai.chat"
@@ -121,7 +121,7 @@ class _Sources:
             from confluent_kafka import KafkaException
 
             from worker.runtime.config import ConfigError, load_config
-            from worker.runtime.registry_io import RegistryError, read_whole
+            from worker.runtime.governance.registry_io import RegistryError, read_whole
             try:
                 config = load_config(self.args.config)
             except ConfigError as exc:

@@ -72,9 +72,9 @@ from tqdm import tqdm
 from worker.core import Assembler, Emit, Topic
 from worker.runtime import admin
 from worker.runtime.config import Config, ConfigError, load_config
-from worker.runtime.policy_source import PolicySource
-from worker.runtime.registry import POLICY_MARKER, RegistryState, marker_version
-from worker.runtime.registry_io import RegistryError, read_whole
+from worker.runtime.governance.policy_source import PolicySource
+from worker.runtime.governance.registry import POLICY_MARKER, RegistryState, marker_version
+from worker.runtime.governance.registry_io import RegistryError, read_whole
 from worker.runtime.step import out_key, out_value, record, step
 
 __all__ = ["Bound", "ReplayError", "Span", "build_parser", "main", "parse_time", "resolve"]

@@ -1078,7 +1078,7 @@ class TestReasonMissingIdOrName:
 
 class TestReasonUnknownToolset:
     """``unknown_toolset``: the run names a registry toolset version its lookup does not give
-    (worker/runtime/registry.py: not registered within ``registry.wait_s``)."""
+    (worker/runtime/governance/registry.py: not registered within ``registry.wait_s``)."""
 
     def test_every_call_fails_and_a_known_version_commits(self) -> None:
         """Without the version every call fails ``unknown_toolset`` (one error result per call
@@ -1615,7 +1615,7 @@ def scenarios() -> dict[Reason, tuple[dict[str, Any], list[dict[str, Any]]]]:
             chat_run("r1", tools_for(CHAT, {"any": {"type": "object"}}), chat_calls([(
                 "c1", "any", fill('{"p": "@", "n": [0' + ",1e15" * 3_500_000 + "]}"))]))),
         Reason.POLICY_DENIED: ({"policy": Forbidding()}, chat([("c1", "read_file", good)])),
-        # a registry toolset the assembler has no lookup for (worker/runtime/registry.py)
+        # a registry toolset the assembler has no lookup for (worker/runtime/governance/registry.py)
         Reason.UNKNOWN_TOOLSET: ({}, chat_run("r1", {"toolset": "files", "version": 1},  # type: ignore[arg-type]
                                               chat_calls([("c1", "read_file", good)]))),
         Reason.APPROVAL_DENIED: ({"approvals": GATED}, [*chat([("c1", "read_file", good)]),

@@ -33,8 +33,8 @@ from worker_harness import (
     tools,
 )
 
-from worker.runtime import registry_io
-from worker.runtime.registry import POLICY, POLICY_MARKER, TOOLSET, marker_version
+from worker.runtime.governance import registry_io
+from worker.runtime.governance.registry import POLICY, POLICY_MARKER, TOOLSET, marker_version
 
 
 @pytest.fixture(params=ENGINES)

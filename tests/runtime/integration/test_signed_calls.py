@@ -26,7 +26,7 @@ from worker_harness import (
 )
 
 from worker.client.runner import Runner
-from worker.runtime.signing import KEY_ID_HEADER, SIGNATURE_HEADER, Signer
+from worker.runtime.governance.signing import KEY_ID_HEADER, SIGNATURE_HEADER, Signer
 
 KEY = "integration-signing-key-0123456789abcdef"
 FORGER_KEY = b"a-key-the-worker-does-not-hold-0123456789"

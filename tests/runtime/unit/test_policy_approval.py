@@ -8,7 +8,7 @@ from builders import CHAT, PATH_SCHEMA, feed, provider_run, values
 
 from worker.core import Assembler, Topic
 from worker.core.policy import LOG_ONLY, PolicyRequest
-from worker.runtime.policy import CedarPolicy
+from worker.runtime.governance.policy import CedarPolicy
 
 POLICIES = """\
 @id("reads")

@@ -1,4 +1,4 @@
-"""Scope pruning of Cedar policy sets (worker/runtime/policy_scope.py): for every policy file
+"""Scope pruning of Cedar policy sets (worker/runtime/governance/policy_scope.py): for every policy file
 we ship and one written to exercise every scope form, the decision of the policies a request's
 scope may match equals the decision of the whole set (allow, determining policies, errors),
 and the subsets are smaller than the whole (issue 25's cost per decision)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from worker.core.policy import PolicyRequest
-from worker.runtime.policy import CedarPolicy
+from worker.runtime.governance.policy import CedarPolicy
 
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = [ROOT / "bench" / "policies20.cedar", ROOT / "examples" / "demo.cedar",
@@ -113,7 +113,7 @@ def test_a_wrong_subset_is_caught() -> None:
 
 def test_subsets_are_shared_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tenants no policy names share one subset; past MAX_SUBSETS the whole set is used."""
-    from worker.runtime import policy_scope
+    from worker.runtime.governance import policy_scope
 
     policy = CedarPolicy(SHIPPED[0].read_text())
     scoped = policy.scoped

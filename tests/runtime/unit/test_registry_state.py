@@ -1,4 +1,4 @@
-"""The registry (worker/runtime/registry.py, issue 25 item 3): versions are immutable (the
+"""The registry (worker/runtime/governance/registry.py, issue 25 item 3): versions are immutable (the
 record read first wins, a later different one is a conflict), the toolset wait rule, a run
 naming a toolset in the core, and the policy markers in the driver, live and in a rebuild."""
 
@@ -13,12 +13,13 @@ from builders import chat_calls, chat_run, chat_tool
 from worker.core import Assembler, Topic
 from worker.core.envelope import RunStart, decode
 from worker.core.policy import Policy
-from worker.runtime import registry, step
+from worker.runtime import step
+from worker.runtime.governance import registry
 from worker.runtime.config import load_config
 from worker.runtime.driver import Driver
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.partition import Heads, PartitionState
-from worker.runtime.registry import (
+from worker.runtime.governance.registry import (
     POLICY_MARKER,
     TOOLSET,
     Invalid,
@@ -141,7 +142,7 @@ def test_a_policy_sees_the_toolset_a_tool_came_from() -> None:
     """A tool of a run that named a registry toolset has the attribute ``toolset`` (its name,
     README *Policies*): a permit conditioned on it commits that run's call, while the same call
     with its tools inline (no ``toolset``) is denied, with no evaluation error."""
-    from worker.runtime.policy import CedarPolicy
+    from worker.runtime.governance.policy import CedarPolicy
 
     state = RegistryState()
     _put(state, 0, 1_000)

@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
-from worker.runtime import registry_io
-from worker.runtime.registry import POLICY, TOOLSET, RegistryState, encode
+from worker.runtime.governance import registry_io
+from worker.runtime.governance.registry import POLICY, TOOLSET, RegistryState, encode
 from worker.tools import policy as tool
 
 PATH = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}

@@ -107,8 +107,8 @@ from worker.runtime.kafka_engine.transaction import (
 from worker.runtime.observability import logs
 from worker.runtime.observability.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
-from worker.runtime.registry import POLICY_MARKER
-from worker.runtime.registry_io import RegistryError, RegistryReader
+from worker.runtime.governance.registry import POLICY_MARKER
+from worker.runtime.governance.registry_io import RegistryError, RegistryReader
 from worker.runtime.step import Record
 
 _T = TypeVar("_T")

@@ -359,7 +359,7 @@ class Metrics:
 
     @staticmethod
     def _policy_decisions(options: CallbackOptions) -> list[Observation]:
-        from worker.runtime.policy import DECISIONS  # (cedarpy: read at collection only)
+        from worker.runtime.governance.policy import DECISIONS  # (cedarpy: read at collection only)
 
         return [Observation(n, {"mode": mode, "result": result})
                 for (mode, result), n in list(DECISIONS.items())]

@@ -47,7 +47,7 @@ import orjson
 
 from worker.core.policy import ENFORCE, LOG_ONLY, MODES, OFF, PolicyDecision, PolicyRequest
 from worker.core.tools import MCP_HINTS, client_tools
-from worker.runtime.policy_scope import ScopedSets
+from worker.runtime.governance.policy_scope import ScopedSets
 
 if TYPE_CHECKING:
     from worker.runtime.config import PolicySettings
@@ -506,7 +506,7 @@ def read_tools(path: str) -> Any:
 def load_policy(mode: str, file: str | None, tools_file: str | None = None,
                 provider: str = "openai.chat") -> CedarPolicy | None:
     """The policy in force for ``policy:`` settings (None for mode ``off``, and without a
-    file: then the registry's policy sets decide, :mod:`worker.runtime.policy_source`); raises
+    file: then the registry's policy sets decide, :mod:`worker.runtime.governance.policy_source`); raises
     :class:`PolicyFileError` (file, line, column) for a file that does not parse or does not
     validate against the schema generated from ``tools_file``, ValueError for the rest."""
     if mode not in MODES:

@@ -13,7 +13,7 @@ One place for the live worker (:class:`worker.runtime.driver.Driver`), a rebuild
   would-deny in ``log_only``) with an error that says which, never committed unchecked
   (fail closed).
 
-Engine-neutral: cedarpy is imported only when a policy is built (:mod:`worker.runtime.policy`).
+Engine-neutral: cedarpy is imported only when a policy is built (:mod:`worker.runtime.governance.policy`).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class PolicySource:
             # (not cached: the reader may read it later; a rebuild then decides with it)
             return NoPolicySet(self.mode, version,
                                f"policy set version {version} was not read from the registry")
-        from worker.runtime.policy import CedarPolicy
+        from worker.runtime.governance.policy import CedarPolicy
 
         try:
             policy: Policy = CedarPolicy(source, self.mode, f"registry policy {version}",
