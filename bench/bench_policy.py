@@ -4,7 +4,7 @@ Times ``CedarPolicy.decide`` in one process over the calls of ``bench/bench_work
 backlog shape (tenant t1 calling ``write_file`` with ``{path, content}``), and over calls of
 other tenants and tools, with a policy file (default ``bench/policies20.cedar``) in pairs of
 passes, back to back: the **whole set** (``ScopedSets.pruned`` off: Cedar evaluates every
-policy, as before issue 25's pruning) and the **scoped** subsets (worker/runtime/governance/policy_scope.py).
+policy, as before issue 25's pruning) and the **scoped** subsets (governance/policy_scope.py).
 The **floor** of each pair is Cedar on an empty policy set (the request's own cost: building
 it, the context, the answer). Headline: the median over pairs of scoped / whole, and each in
 µs per decision and as a multiple of the floor. Then what the arguments' size costs: the same

@@ -123,7 +123,8 @@ def test_every_package_ships_in_the_wheel() -> None:
 
 @pytest.mark.parametrize(("module", "library"), [
     ("runtime/hooks.py", "faust"), ("runtime/config.py", "aiokafka"),
-    ("runtime/observability/metrics.py", "confluent_kafka"), ("runtime/governance/signing.py", "mode"),
+    ("runtime/observability/metrics.py", "confluent_kafka"),
+    ("runtime/governance/signing.py", "mode"),
 ])
 def test_a_kafka_client_in_a_neutral_module_breaks_its_neutrality(copy_of_the_package: Path,
                                                                  module: str,

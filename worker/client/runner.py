@@ -3,7 +3,7 @@
 A runner consumes the committed topic (``tool.calls.committed``), and for each record:
 
 1. refuses anything that is not a committed call (not JSON, or the committed-call schema
-   fails) and, when it holds signing keys (``signing.keys``, :mod:`worker.runtime.governance.signing`),
+   fails) and, when it holds signing keys (``signing.keys``, :mod:`~.governance.signing`),
    anything the worker did not sign with one of them: nothing runs,
    ``tool_execute_rejected_not_committed_total{reason}`` counts it, and the record is
    skipped (a runner must never execute what the worker did not commit);
@@ -71,8 +71,8 @@ from confluent_kafka import (
 )
 from opentelemetry import trace
 
-from worker.runtime.governance import signing
 from worker.runtime.config import Config
+from worker.runtime.governance import signing
 from worker.runtime.observability import logs, tracing
 from worker.runtime.observability.metrics import Metrics
 from worker.runtime.schemas import validator

@@ -136,7 +136,7 @@ except ImportError:  # pure Python (setup.py): no C extension
 #: The registry's tools of a toolset version for a run.start at a record time:
 #: ``toolsets(name, version, now_ms)``, None when that version does not count for the run
 #: (never registered, or registered later than ``registry.wait_s`` after ``now_ms``:
-#: worker/runtime/governance/registry.py). Pure for the core: the worker's lookup has read far enough.
+#: runtime/governance/registry.py). Pure for the core: the worker's lookup has read far enough.
 ToolsetLookup = Callable[[str, int, int], Any]
 #: What ``feed_record`` reads a record that is not a JSON object as (never changed).
 _NOT_AN_OBJECT: dict[str, Any] = {}

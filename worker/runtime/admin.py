@@ -101,7 +101,7 @@ def specs(config: Config) -> list[TopicSpec]:
     # default, 7 days, as the committed topic's) drops what no redelivery can ask about.
     journal = TopicSpec(t.journal, t.partitions, t.replication_factor,
                         (("cleanup.policy", "compact,delete"), *compacted[1:]))
-    # The registry (worker/runtime/governance/registry.py): one partition, every version kept (its keys
+    # The registry (runtime/governance/registry.py): one partition, every version kept (its keys
     # carry a content digest), broker append times for the toolset wait rule.
     registry = TopicSpec(t.registry, 1, t.replication_factor,
                          (("cleanup.policy", "compact"), LOG_APPEND_TIME))

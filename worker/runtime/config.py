@@ -236,7 +236,7 @@ class PolicySettings:
 
 @dataclass(frozen=True, slots=True)
 class RegistrySettings:
-    """The ``registry`` section: toolsets and policy sets by version (runtime/governance/registry.py)."""
+    """The ``registry`` section: toolsets and policy sets by version (governance/registry.py)."""
 
     wait_s: float = 10.0
 
@@ -312,7 +312,7 @@ def _record_problems(settings: AssembleSettings) -> list[str]:
 
 def assembler_policy(config: Config) -> Policy | None:
     """The policy the configuration puts in force (``Assembler.policy``), None when
-    ``policy.mode`` is off; loaded once per process (``worker.runtime.governance.policy.policy_for``)."""
+    ``policy.mode`` is off; loaded once per process (``governance.policy.policy_for``)."""
     if config.policy.mode == "off":
         return None
     from worker.runtime.governance.policy import policy_for

@@ -49,10 +49,6 @@ from worker.runtime import control, refusals
 from worker.runtime import partition as partition_module
 from worker.runtime.assignment import Assignment, control_behind
 from worker.runtime.config import Config
-from worker.runtime.hooks import EngineHooks
-from worker.runtime.observability import logs
-from worker.runtime.observability.tracing import Headers
-from worker.runtime.partition import TICK, Heads, PartitionState, finished_runs
 from worker.runtime.governance.policy_source import PolicySource
 from worker.runtime.governance.registry import (
     POLICY_HISTORY,
@@ -62,6 +58,10 @@ from worker.runtime.governance.registry import (
     marker_version,
     policy_head_key,
 )
+from worker.runtime.hooks import EngineHooks
+from worker.runtime.observability import logs
+from worker.runtime.observability.tracing import Headers
+from worker.runtime.partition import TICK, Heads, PartitionState, finished_runs
 from worker.runtime.step import Record, Source, out_key, out_value, step
 
 __all__ = ["TICK_DEFER_MAX_S", "Applied", "Driver", "Outgoing", "RegistryView", "Takeover",

@@ -28,8 +28,8 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 
 from worker.core import Emit, Topic
-from worker.runtime.governance import signing
 from worker.runtime.config import Config
+from worker.runtime.governance import signing
 from worker.runtime.observability.health import Health, HttpServer
 from worker.runtime.observability.metrics import PartitionView
 from worker.runtime.observability.telemetry import Telemetry

@@ -1,4 +1,4 @@
-"""Cedar policies (worker/runtime/governance/policy.py) and the latch's policy step, without a broker:
+"""Cedar policies (runtime/governance/policy.py) and the latch's policy step, without a broker:
 the JSON -> Cedar mapping, forbid beats permit, deny by default, evaluation errors deny,
 log_only commits and records a would-deny, parse errors with line and column (issue 25)."""
 
@@ -10,7 +10,13 @@ from builders import CHAT, PATH_SCHEMA, chat_calls, chat_run, tools_for
 
 from worker.core import Assembler, AssembleSettings
 from worker.core.policy import ENFORCE, LOG_ONLY, PolicyRequest
-from worker.runtime.governance.policy import CedarPolicy, PolicyFileError, cedar_schema, cedar_value, check
+from worker.runtime.governance.policy import (
+    CedarPolicy,
+    PolicyFileError,
+    cedar_schema,
+    cedar_value,
+    check,
+)
 
 POLICIES = """\
 @id("srv-reads")

@@ -1,4 +1,4 @@
-"""Scope pruning of Cedar policy sets (worker/runtime/governance/policy_scope.py): for every policy file
+"""Scope pruning of Cedar policy sets (governance/policy_scope.py): for every policy file
 we ship and one written to exercise every scope form, the decision of the policies a request's
 scope may match equals the decision of the whole set (allow, determining policies, errors),
 and the subsets are smaller than the whole (issue 25's cost per decision)."""

@@ -1,4 +1,4 @@
-"""The registry (worker/runtime/governance/registry.py, issue 25 item 3): versions are immutable (the
+"""The registry (governance/registry.py, issue 25 item 3): versions are immutable (the
 record read first wins, a later different one is a conflict), the toolset wait rule, a run
 naming a toolset in the core, and the policy markers in the driver, live and in a rebuild."""
 
@@ -14,11 +14,9 @@ from worker.core import Assembler, Topic
 from worker.core.envelope import RunStart, decode
 from worker.core.policy import Policy
 from worker.runtime import step
-from worker.runtime.governance import registry
 from worker.runtime.config import load_config
 from worker.runtime.driver import Driver
-from worker.runtime.hooks import EngineHooks
-from worker.runtime.partition import Heads, PartitionState
+from worker.runtime.governance import registry
 from worker.runtime.governance.registry import (
     POLICY_MARKER,
     TOOLSET,
@@ -27,6 +25,8 @@ from worker.runtime.governance.registry import (
     marker_value,
     policy_head_key,
 )
+from worker.runtime.hooks import EngineHooks
+from worker.runtime.partition import Heads, PartitionState
 
 TOOLS = [chat_tool("get_weather", {"type": "object", "required": ["city"]})]
 OTHER = [chat_tool("get_time", {"type": "object"})]

@@ -13,10 +13,10 @@ from worker_harness import provider_run
 
 from worker.client.runner import Runner
 from worker.core import Assembler, Topic
-from worker.runtime.governance import signing
 from worker.runtime.config import Config, ConfigError, SigningSettings, load_config
-from worker.runtime.hooks import EngineHooks
+from worker.runtime.governance import signing
 from worker.runtime.governance.signing import KEY_ID_HEADER, SIGNATURE_HEADER, Signer, Verifier
+from worker.runtime.hooks import EngineHooks
 
 OLD = b"old-key-0123456789abcdef0123456789abcdef"
 NEW = b"new-key-fedcba9876543210fedcba9876543210"

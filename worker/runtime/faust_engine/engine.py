@@ -53,13 +53,13 @@ from worker.runtime.faust_engine.gaps import StallWatch
 from worker.runtime.faust_engine.heads import FaustHeadsMap, FaustHeadsTable
 from worker.runtime.faust_engine.sends import Sends
 from worker.runtime.faust_engine.settings import LeanMonitor, app_settings
+from worker.runtime.governance.registry import POLICY_MARKER
+from worker.runtime.governance.registry_io import RegistryError, RegistryReader
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
 from worker.runtime.observability.health import loop_heartbeat
 from worker.runtime.observability.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
-from worker.runtime.governance.registry import POLICY_MARKER
-from worker.runtime.governance.registry_io import RegistryError, RegistryReader
 from worker.runtime.step import Record
 
 log = logging.getLogger("latch.worker")

@@ -506,7 +506,7 @@ def read_tools(path: str) -> Any:
 def load_policy(mode: str, file: str | None, tools_file: str | None = None,
                 provider: str = "openai.chat") -> CedarPolicy | None:
     """The policy in force for ``policy:`` settings (None for mode ``off``, and without a
-    file: then the registry's policy sets decide, :mod:`worker.runtime.governance.policy_source`); raises
+    file: then the registry's policy sets decide, :mod:`.policy_source`); raises
     :class:`PolicyFileError` (file, line, column) for a file that does not parse or does not
     validate against the schema generated from ``tools_file``, ValueError for the rest."""
     if mode not in MODES:

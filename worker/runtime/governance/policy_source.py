@@ -13,7 +13,7 @@ One place for the live worker (:class:`worker.runtime.driver.Driver`), a rebuild
   would-deny in ``log_only``) with an error that says which, never committed unchecked
   (fail closed).
 
-Engine-neutral: cedarpy is imported only when a policy is built (:mod:`worker.runtime.governance.policy`).
+Engine-neutral: cedarpy is imported only when a policy is built (:mod:`.policy`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The registry: toolsets and policy sets by version, as every worker reads them.
 
-Engine-neutral and pure (no Kafka client, no clock): :mod:`worker.runtime.governance.registry_io` reads the
+Engine-neutral and pure (no Kafka client, no clock): :mod:`.registry_io` reads the
 registry topic (``topics.registry``, one compacted partition, ``LogAppendTime``) into a
 :class:`RegistryState`, and the core asks it for a toolset through a pure lookup
 (:meth:`RegistryState.toolset`, ``Assembler.toolsets``). ``docs/decisions/0014-registry.md``

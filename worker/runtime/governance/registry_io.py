@@ -42,10 +42,10 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from worker.runtime.governance import registry
 from worker.runtime.config import Config, ConfigError, load_config
-from worker.runtime.observability import logs
+from worker.runtime.governance import registry
 from worker.runtime.governance.registry import FENCE, POLICY, TOOLSET, Invalid, RegistryState
+from worker.runtime.observability import logs
 
 __all__ = ["FENCE_EVERY_S", "HOLD_MAX_S", "RegistryError", "RegistryReader", "main",
            "read_whole"]

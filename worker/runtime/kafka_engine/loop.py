@@ -89,6 +89,8 @@ from worker.core import Topic
 from worker.runtime import admin, memory
 from worker.runtime.config import Config
 from worker.runtime.driver import Driver, tick_value
+from worker.runtime.governance.registry import POLICY_MARKER
+from worker.runtime.governance.registry_io import RegistryError, RegistryReader
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import instance, reader
 from worker.runtime.kafka_engine.heads import KafkaHeadsTable
@@ -107,8 +109,6 @@ from worker.runtime.kafka_engine.transaction import (
 from worker.runtime.observability import logs
 from worker.runtime.observability.metrics import PartitionView
 from worker.runtime.partition import TICK, Heads, PartitionState
-from worker.runtime.governance.registry import POLICY_MARKER
-from worker.runtime.governance.registry_io import RegistryError, RegistryReader
 from worker.runtime.step import Record
 
 _T = TypeVar("_T")
