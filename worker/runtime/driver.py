@@ -60,6 +60,7 @@ from worker.runtime.governance.registry import (
 )
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
+from worker.runtime.observability.metrics import GovernanceView
 from worker.runtime.observability.tracing import Headers
 from worker.runtime.partition import TICK, Heads, PartitionState, finished_runs
 from worker.runtime.step import Record, Source, out_key, out_value, step
@@ -151,6 +152,8 @@ class RegistryView(Protocol):
 
     def policy_text(self, version: int) -> str | None: ...
 
+    def policy_read(self, version: int) -> str | None: ...
+
     def latest_policy(self) -> int | None: ...
 
 
@@ -200,6 +203,9 @@ class Driver:
         #: Each written topic's limit, checked before each output is sent (refusals.py):
         #: the engine reads them at start, and again after a refusal for size.
         self.limits = refusals.Limits()
+        hooks.health.reports["policy"] = self._policy_report
+        hooks.health.reports["registry"] = self._registry_report
+        hooks.metrics.watch_governance(self._governance)
 
     # -- per record ---------------------------------------------------------------------
 
@@ -407,19 +413,56 @@ class Driver:
             return False
         if version == state.policy_version:
             return False
-        self._policy(state, version)
+        return self._policy(state, version)
+
+    def _policy(self, state: PartitionState, version: int) -> bool:
+        """Put policy set ``version`` in force in ``state``; False when it cannot be built:
+        then the version in force stays (policy_source.py)."""
+        registry = self.registry
+        policy = self.policies.at(version, None if registry is None else registry.policy_text,
+                                  state.assembler.policy)
+        if version in self.policies.refused:
+            return False
+        state.policy_version = version
+        state.assembler.policy = policy
         return True
 
-    def _policy(self, state: PartitionState, version: int) -> None:
-        """Put policy set ``version`` in force in ``state``."""
-        state.policy_version = version
-        registry = self.registry
-        state.assembler.policy = self.policies.at(
-            version, None if registry is None else registry.policy_text)
+    def _reread(self, state: PartitionState) -> None:
+        """A version whose text was not read in time when its marker was applied: put it in
+        force once the reader has read it (asked without waiting)."""
+        policy, registry = state.assembler.policy, self.registry
+        if not getattr(policy, "unread", False) or registry is None \
+                or state.policy_version is None:
+            return
+        version = state.policy_version
+        if registry.policy_read(version) is not None:
+            log.info("policy set version %d read late: in force from now on", version)
+            self._policy(state, version)
+
+    def _policy_report(self) -> tuple[bool, dict[str, Any]]:
+        """``/readyz``'s ``policy``: the registry versions this worker could not build, and
+        why (ready all the same: the version in force decides)."""
+        refused = dict(self.policies.refused)
+        return True, {"refused": {str(v): why for v, why in sorted(refused.items())}}
+
+    def _registry_report(self) -> tuple[bool, dict[str, Any]]:
+        """``/readyz``'s ``registry``: not ready while a Kafka error keeps the reader from
+        following it (registry_io.py)."""
+        failure = getattr(self.registry, "failure", None)
+        return failure is None, {"following": failure is None, "error": failure}
+
+    def _governance(self) -> GovernanceView | None:
+        if self.registry is None:
+            return None
+        return GovernanceView(len(self.policies.refused),
+                              getattr(self.registry, "failure", None) is None)
 
     def markers(self, state: PartitionState, ts_ms: int) -> bytes | None:
         """The policy marker to write into ``state``'s partition beside its tick (None: the
-        registry's latest policy version is in force, or already marked since the takeover)."""
+        registry's latest policy version is in force, or already marked since the takeover).
+        First, a version in force whose text was not read in time is taken up if it is read
+        now."""
+        self._reread(state)
         latest = None if self.registry is None else self.registry.latest_policy()
         if latest is None or latest == state.policy_version or latest == state.policy_marked:
             return None

@@ -207,8 +207,8 @@ def main(argv: Sequence[str] | None = None, registry: RegistryState | None = Non
 
 
 def _source(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
+    try:  # (the bytes as they are, as `latch registry put` and policy.file read them)
+        return Path(path).read_bytes().decode("utf-8")
     except OSError as exc:
         raise _Usage(f"cannot read {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:

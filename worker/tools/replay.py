@@ -362,7 +362,8 @@ def run_spans(consumer: Consumer, topic: str, spans: Sequence[Span], config: Con
             if key == POLICY_MARKER:  # the version in force from here on, as live (driver.py)
                 version = marker_version(message.value() or b"")
                 if version is not None:
-                    assemblers[partition].policy = policies.at(version, registry.policy_text)
+                    assemblers[partition].policy = policies.at(
+                        version, registry.policy_text, assemblers[partition].policy)
                 state.advance(partition, offset + 1)
                 continue
             emits = step(assemblers[partition], record(

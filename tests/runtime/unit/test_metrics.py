@@ -17,6 +17,7 @@ from worker.runtime.observability.metrics import (
     LABEL_MAX_CHARS,
     METRIC_NAMES,
     OTHER,
+    GovernanceView,
     Metrics,
     MetricsError,
     PartitionView,
@@ -78,6 +79,7 @@ def test_every_declared_name_is_exported_once_each_instrument_has_data() -> None
     metrics.rebuilt(0.25, 40)
     metrics.rejected_not_committed("not_a_committed_call")
     metrics.watch(lambda: [PartitionView(0, 2, 100, 1000, 3, 1.5)])
+    metrics.watch_governance(lambda: GovernanceView(1, False))
     found = samples(metrics)
     missing = {name for name in METRIC_NAMES if name not in found and f"{name}_count" not in found}
     assert not missing

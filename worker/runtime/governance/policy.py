@@ -36,7 +36,6 @@ from __future__ import annotations
 import re
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import cache
 from pathlib import Path
@@ -47,13 +46,21 @@ import orjson
 
 from worker.core.policy import ENFORCE, LOG_ONLY, MODES, OFF, PolicyDecision, PolicyRequest
 from worker.core.tools import MCP_HINTS, client_tools
+from worker.runtime.governance.policy_file import (
+    PolicyFileError,
+    PolicySetText,
+    accept,
+    check,
+    read_policies,
+    validate,
+)
 from worker.runtime.governance.policy_scope import ScopedSets
 
 if TYPE_CHECKING:
     from worker.runtime.config import PolicySettings
 
 __all__ = ["DECISIONS", "CedarPolicy", "PolicyFileError", "cedar_schema", "cedar_value",
-           "load_policy", "read_tools"]
+           "check", "load_policy", "read_tools", "registry_policy"]
 
 NAMESPACE = "Latch"
 TENANT, ANONYMOUS, TOOL = f"{NAMESPACE}::Tenant", f"{NAMESPACE}::Anonymous", f"{NAMESPACE}::Tool"
@@ -132,47 +139,26 @@ def _decimal(value: float) -> str | None:
 # -- the policy --------------------------------------------------------------------------------
 
 
-class PolicyFileError(ValueError):
-    """A policy file that cannot be used: where (file, line, column) and what."""
-
-    def __init__(self, path: str, line: int, column: int, message: str) -> None:
-        super().__init__(f"{path}:{line}:{column}: {message}")
-        self.path, self.line, self.column, self.message = path, line, column, message
-
-
-@dataclass(frozen=True, slots=True)
-class _Statement:
-    """One policy of a file: its positional Cedar id, its ``@id``, where it starts."""
-
-    cedar_id: str
-    name: str
-    line: int
-    column: int
-    #: Its ``@approval("required")`` annotation: a call it permits waits for a person's
-    #: approval (README, "Approvals").
-    approval: bool = False
-
-
 class CedarPolicy:
     """A Cedar policy set in force (the :class:`~worker.core.policy.Policy` protocol): parsed
     once; :meth:`decide` is one Cedar request per call, never raising."""
 
-    def __init__(self, source: str, mode: str = ENFORCE, path: str = "<policy>",
+    def __init__(self, source: str | PolicySetText, mode: str = ENFORCE, path: str = "<policy>",
                  schema: Mapping[str, Any] | None = None, version: int | None = None) -> None:
         if mode not in (LOG_ONLY, ENFORCE):
             raise ValueError(f"a policy decides in log_only or enforce mode, not {mode!r}")
         self._mode, self._version, self.path = mode, version, path
-        self.statements = parse(source, path)
+        text = source if isinstance(source, PolicySetText) else read_policies(source, path)
+        self.statements = list(text.statements)
         self._names = {s.cedar_id: s.name for s in self.statements}
         #: Each policy's place in the file: decisions list policies and errors in file order
         #: (Cedar's own order is a hash set's, which differs between processes).
         self._order = {s.cedar_id: n for n, s in enumerate(self.statements)}
         self._approval = frozenset(s.cedar_id for s in self.statements if s.approval)
         #: The policies that can apply to each request, by scope (policy_scope.py).
-        self.scoped = ScopedSets(orjson.loads(cedarpy.policies_to_json_str(source)),
-                                  cedarpy.PolicySet.from_str(source), ACTION)
+        self.scoped = ScopedSets(text.est, text.whole, ACTION)
         if schema is not None:
-            problems = validate(source, path, self.statements, schema)
+            problems = validate(text, schema)
             if problems:
                 raise problems[0]
         #: Tool entities by (tool, attributes' JSON), parsed once (most runs share tools).
@@ -259,155 +245,6 @@ def _error_kind(message: str) -> str:
         if needle in text:
             return kind
     return "evaluation_error"
-
-
-# -- reading a policy file: where each policy is, and where an error is ------------------------
-
-_TOKEN = re.compile(r"""
-    (?P<space>\s+|//[^\n]*)
-  | (?P<string>"(?:[^"\\]|\\.)*")
-  | (?P<open_string>"(?:[^"\\]|\\.)*)
-  | (?P<word>[A-Za-z_][A-Za-z0-9_]*|\d+)
-  | (?P<op>==|!=|<=|>=|&&|\|\||::|.)
-""", re.VERBOSE | re.DOTALL)
-
-
-def _tokens(source: str) -> list[tuple[int, int, str]]:
-    """The tokens of ``source`` as (start, end, kind), comments and spaces left out."""
-    found = []
-    for match in _TOKEN.finditer(source):
-        kind = match.lastgroup or "op"
-        if kind != "space":
-            found.append((match.start(), match.end(), kind))
-    return found
-
-
-def _position(source: str, offset: int) -> tuple[int, int]:
-    """1-based line and column of ``offset``."""
-    line = source.count("\n", 0, offset) + 1
-    return line, offset - (source.rfind("\n", 0, offset) + 1) + 1
-
-
-def _parses(text: str) -> str | None:
-    """None when ``text`` is a policy set, else Cedar's message."""
-    try:
-        cedarpy.PolicySet.from_str(text)
-    except ValueError as exc:
-        return str(exc) or "cannot be parsed"
-    return None
-
-
-def _viable(text: str) -> bool:
-    """Whether ``text`` is a policy set or the beginning of one."""
-    problem = _parses(text)
-    return problem is None or problem == "unexpected end of input"
-
-
-def parse(source: str, path: str) -> list[_Statement]:
-    """The policies of ``source`` in order, with their ids and places; a source Cedar cannot
-    parse raises :class:`PolicyFileError` at the token where it stops being a policy set (the
-    Cedar parser says what, not where: the place is found by parsing prefixes, a bisection)."""
-    tokens = _tokens(source)
-    ends = [i for i, (start, _end, kind) in enumerate(tokens)
-            if kind == "op" and source[start] == ";"]
-    problem = _parses(source)
-    if problem is not None:
-        raise _locate(source, path, tokens, ends, problem)
-    try:
-        document = orjson.loads(cedarpy.policies_to_json_str(source))
-    except (ValueError, orjson.JSONDecodeError) as exc:  # not expected: it parsed
-        raise PolicyFileError(path, 1, 1, str(exc)) from exc
-    statements: list[_Statement] = []
-    begin, seen = 0, dict[str, int]()
-    policies = document.get("staticPolicies", {})
-    for n, end in enumerate(ends):
-        cedar_id = f"policy{n}"
-        line, column = _position(source, tokens[begin][0])
-        begin = end + 1
-        if cedar_id not in policies:
-            continue
-        annotations = policies[cedar_id].get("annotations") or {}
-        name = annotations.get("id") or cedar_id
-        if name in seen:
-            raise PolicyFileError(path, line, column, f"a second policy with the id {name!r} "
-                                  f"(the first is at line {seen[name]}): decisions name "
-                                  "policies by id, so each must be unique")
-        seen[name] = line
-        statements.append(_Statement(cedar_id, name, line, column,
-                                     annotations.get("approval") == "required"))
-    if document.get("templates"):
-        raise PolicyFileError(path, 1, 1, "templates (?principal, ?resource) are not supported")
-    return statements
-
-
-def _locate(source: str, path: str, tokens: list[tuple[int, int, str]], ends: list[int],
-            problem: str) -> PolicyFileError:
-    for start, _end, kind in tokens:
-        if kind == "open_string":
-            return PolicyFileError(path, *_position(source, start), "an unterminated string")
-    # The first policy (ended by ";") that does not parse with those before it.
-    low, high = 0, len(ends)  # the first `low` policies parse; find the first that does not
-    while low < high:
-        middle = (low + high + 1) // 2
-        if _parses(source[:tokens[ends[middle - 1]][1]]) is None:
-            low = middle
-        else:
-            high = middle - 1
-    first = ends[low - 1] + 1 if low else 0
-    last = ends[low] if low < len(ends) else len(tokens) - 1
-    if first > last:
-        return PolicyFileError(path, *_position(source, len(source)), problem)
-    # Within it, the first token after which the text is no longer the start of a policy set.
-    low, high = first, last + 1
-    while low < high:
-        middle = (low + high) // 2
-        if _viable(source[:tokens[middle][1]]):
-            low = middle + 1
-        else:
-            high = middle
-    named = re.search(r"`([^`]+)`", problem)
-    found = source.find(named.group(1), tokens[first][0], tokens[last][1]) if named else -1
-    if low < last or (low == last and found < 0):
-        offset = tokens[low][0]
-    elif found >= 0:  # wrong as a whole (a name, a function): where the message's name is
-        offset = found
-    elif problem == "unexpected end of input":
-        offset = tokens[last][1]
-    else:
-        offset = tokens[first][0]
-    return PolicyFileError(path, *_position(source, offset), problem)
-
-
-def validate(source: str, path: str, statements: list[_Statement],
-             schema: Mapping[str, Any]) -> list[PolicyFileError]:
-    """What is wrong with the policies of ``source`` against ``schema`` (a Cedar JSON schema),
-    each at the line and column of the policy it is in."""
-    try:
-        result = cedarpy.validate_policies(source, dict(schema))
-    except ValueError as exc:
-        return [PolicyFileError(path, 1, 1, f"the schema is not usable: {exc}")]
-    where = {s.cedar_id: s for s in statements}
-    problems = []
-    for error in result.errors:
-        at = where.get(error.policy_id)
-        message = error.error
-        if at is None:
-            problems.append(PolicyFileError(path, 1, 1, message))
-            continue
-        message = message.replace(f"for policy `{at.cedar_id}`, ", "")
-        problems.append(PolicyFileError(path, at.line, at.column,
-                                        f"policy {at.name!r}: {message}"))
-    return problems
-
-
-def check(source: str, path: str, schema: Mapping[str, Any] | None = None
-          ) -> list[PolicyFileError]:
-    """Every problem of a policy file: the first parse error, else each validation error."""
-    try:
-        statements = parse(source, path)
-    except PolicyFileError as exc:
-        return [exc]
-    return [] if schema is None else validate(source, path, statements, schema)
 
 
 # -- the schema generated from a toolset -------------------------------------------------------
@@ -515,8 +352,8 @@ def load_policy(mode: str, file: str | None, tools_file: str | None = None,
         return None
     if not file:
         return None
-    try:
-        source = Path(file).read_text(encoding="utf-8")
+    try:  # (the bytes as they are, as `latch registry put` reads them: no newline translation)
+        source = Path(file).read_bytes().decode("utf-8")
     except OSError as exc:
         raise ValueError(f"cannot read policy.file {file}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
@@ -524,6 +361,14 @@ def load_policy(mode: str, file: str | None, tools_file: str | None = None,
     schema = None if not tools_file else cedar_schema(read_tools(tools_file), provider)
     return CedarPolicy(source, mode, file, schema)
 
+
+def registry_policy(source: str, mode: str, version: int) -> CedarPolicy:
+    """The worker's build of registry policy set ``version`` (:mod:`.policy_source`), which
+    ``latch registry put`` runs too before it registers a version: the acceptance rule
+    (:func:`~.policy_file.accept`), then the policy. Raises :class:`PolicyFileError`
+    (``registry policy N:LINE:COLUMN: what``)."""
+    path = f"registry policy {version}"
+    return CedarPolicy(accept(source, path), mode, path, version=version)
 
 
 @cache

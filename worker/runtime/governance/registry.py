@@ -45,7 +45,8 @@ __all__ = ["FENCE", "POLICY", "TOOLSET", "Entry", "Invalid", "RegistryState", "c
 TOOLSET, POLICY = "toolset", "policy"
 #: The key of the readers' fence records (tombstones: compaction drops them).
 FENCE = b"fence"
-#: The longest Cedar policy text a policy set record may hold (bytes).
+#: The longest Cedar policy text a policy set record may hold (bytes; the worker's build
+#: refuses a longer one too: governance/policy_file.py).
 MAX_CEDAR_BYTES = 512 * 1024
 
 
@@ -154,20 +155,21 @@ def check_toolset(name: str, tools: Any, settings: AssembleSettings | None = Non
     return readers
 
 
-def check_policy(text: str) -> None:
-    """Check a policy set's Cedar text with the Cedar parser (``cedarpy``); raises
-    :class:`Invalid` saying why (the parser's message, which names the position)."""
-    if len(text.encode()) > MAX_CEDAR_BYTES:
-        raise Invalid(f"the policy set is larger than {MAX_CEDAR_BYTES} bytes")
-    try:
-        import cedarpy  # the policy step's engine (issue 25); optional here
+def check_policy(text: str, version: int = 1) -> None:
+    """Check a policy set's Cedar text by the worker's own build of a registry version
+    (:func:`worker.runtime.governance.policy.registry_policy`: size, Cedar's parser, no
+    template, unique ids), so that ``put`` registers exactly the sets every worker can build;
+    raises :class:`Invalid` saying why and where (``registry policy N:LINE:COLUMN``)."""
+    try:  # the policy step's engine (issue 25); optional here
+        from worker.runtime.governance.policy import registry_policy
     except ImportError as exc:
         raise Invalid("cannot check Cedar policies: cedarpy is not installed (pip install "
                       "cedarpy)") from exc
     try:
-        cedarpy.policies_to_json_str(text)
+        registry_policy(text, "enforce", version)
     except ValueError as exc:
-        raise Invalid(f"the policy set does not parse: {exc}") from exc
+        raise Invalid(f"the policy set does not parse as a set a worker can build: {exc}"
+                      ) from exc
 
 
 @dataclass

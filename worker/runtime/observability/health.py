@@ -11,8 +11,11 @@ Engine-independent. An engine keeps a :class:`Health` up to date:
   event loop runs a no-op within :data:`LOOP_TIMEOUT_S` (a loop blocked by a long step, or
   dead, makes the worker unhealthy).
 
-Ready means: a member of the group, no rebuild running, and every owned events partition
-rebuilt. A partition is rebuilt when its first record after the assignment arrives; the worker's
+Ready means: a member of the group, no rebuild running, every owned events partition
+rebuilt, and every report in :attr:`Health.reports` ok (the partition driver adds the
+registry's: its reader follows the registry; and the policy's: never unready, it lists the
+registry policy set versions this worker could not build, which it keeps out of force).
+A partition is rebuilt when its first record after the assignment arrives; the worker's
 own tick (``worker.tick_interval_s``) puts a record into every partition it owns, so each is
 rebuilt within a tick interval of the assignment even when no gateway writes to it. A worker
 that owns no partition (more workers than partitions) is ready.
@@ -69,6 +72,9 @@ class Health:
         #: Revocations so far: a rebuild that a revocation overtook rebuilt nothing.
         self.revocations = 0
         self.heartbeat: Callable[[], bool] = lambda: True
+        #: Further parts of ``/readyz`` by name: each says whether it is ok and its detail
+        #: (called on the HTTP thread: reads only).
+        self.reports: dict[str, Callable[[], tuple[bool, dict[str, Any]]]] = {}
 
     def assigned(self, partitions: Collection[int]) -> None:
         """The group assigned these events partitions (the whole assignment)."""
@@ -116,8 +122,13 @@ class Health:
             running = self.rebuilds_running
         waiting = sorted(owned - rebuilt)
         ok = member and not running and not waiting
+        reports = {}
+        for name, report in list(self.reports.items()):
+            fine, reports[name] = report()
+            ok = ok and fine
         return ok, {"status": "ready" if ok else "not ready", "member": member,
-                    "rebuilding": running, "owned": sorted(owned), "not_rebuilt": waiting}
+                    "rebuilding": running, "owned": sorted(owned), "not_rebuilt": waiting,
+                    **reports}
 
 
 class HttpServer:

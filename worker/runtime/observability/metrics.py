@@ -46,11 +46,17 @@ Prometheus names (the exporter appends ``_total`` to counters)::
     latch_rebuild_seconds                      histogram  one per takeover
     latch_rebuild_records_total                counter    records re-read by takeovers
     latch_policy_decisions_total               counter    {mode, result}  policy decisions
+    latch_policy_versions_refused_total        counter    registry policy set versions not built
+    latch_registry_following                   gauge      1 while the registry reader follows
 
 ``latch_policy_decisions_total`` counts the decisions of the policy in force (issue 25):
 ``mode`` log_only or enforce, ``result`` allow, deny or error (an evaluation error, which
 denies); in log_only, ``deny`` and ``error`` are the would-deny counts to watch before enforcing
 (docs/operations.md). Decisions a takeover's rebuild makes again are counted again.
+``latch_policy_versions_refused_total`` counts the registry policy set versions this worker
+could not build (kept out of force: the version in force stays; governance/policy_source.py);
+``latch_registry_following`` is 0 while a Kafka error keeps the registry reader from following
+(both from :meth:`Metrics.watch_governance`; no point without a registry reader).
 """
 
 from __future__ import annotations
@@ -71,7 +77,8 @@ from worker.core.envelope import PROVIDERS
 from worker.core.model import DlqReason, Emit, Reason, Topic
 from worker.core.run import NAME_CHECKED_REASONS
 
-__all__ = ["LABEL_MAX_CHARS", "METRIC_NAMES", "Metrics", "MetricsError", "PartitionView"]
+__all__ = ["LABEL_MAX_CHARS", "METRIC_NAMES", "GovernanceView", "Metrics", "MetricsError",
+           "PartitionView"]
 
 #: Every metric family the worker exports, as Prometheus names it (dashboards and alerts may
 #: query these and nothing else: tests/runtime/unit/test_deploy.py holds them to it).
@@ -83,6 +90,7 @@ METRIC_NAMES: frozenset[str] = frozenset({
     "latch_send_failures_total", "latch_runs_open", "latch_buffered_bytes",
     "latch_buffered_bytes_budget", "latch_consumer_lag_records", "latch_consumer_lag_seconds",
     "latch_rebuild_seconds", "latch_rebuild_records_total",
+    "latch_policy_versions_refused_total", "latch_registry_following",
 })
 
 #: Why a runner refuses a record (``tool_execute_rejected_not_committed_total{reason}``):
@@ -101,6 +109,16 @@ LABEL_MAX_CHARS = 64
 _BYTES_BUCKETS = (0, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 _SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _REBUILD_BUCKETS = (0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+@dataclass(frozen=True, slots=True)
+class GovernanceView:
+    """What the partition driver says about the registry, at collection time."""
+
+    #: Registry policy set versions this worker could not build.
+    policy_versions_refused: int
+    #: Whether the registry reader follows the registry now.
+    registry_following: bool
 
 
 class MetricsError(RuntimeError):
@@ -199,6 +217,7 @@ class Metrics:
         self.rejected: Counter[str] = Counter(dict.fromkeys(REJECT_REASONS, 0))
         self.rebuild_records = 0
         self._partitions: Callable[[], Iterable[PartitionView]] = tuple
+        self._governance: Callable[[], GovernanceView | None] = lambda: None
 
         views = [
             View(instrument_name="tool_assemble_args_bytes",
@@ -239,6 +258,11 @@ class Metrics:
                 description="Records re-read from the log by takeovers")
         counter("latch_policy_decisions", [self._policy_decisions],
                 description="Policy decisions by mode and result (allow, deny, error)")
+        counter("latch_policy_versions_refused", [self._refused],
+                description="Registry policy set versions this worker could not build")
+        gauge("latch_registry_following", [self._following],
+              description="1 while the registry reader follows the registry, 0 after a "
+              "Kafka error until a new consumer resumes")
         gauge("latch_runs_open", [self._gauge("runs_open")], description="Open runs")
         gauge("latch_buffered_bytes", [self._gauge("buffered_bytes")],
               description="Argument bytes held by open runs")
@@ -314,6 +338,11 @@ class Metrics:
         """Describe the owned partitions at each collection (called from any thread)."""
         self._partitions = partitions
 
+    def watch_governance(self, view: Callable[[], GovernanceView | None]) -> None:
+        """Describe the policy versions refused and the registry reader at each collection
+        (called from any thread; None: no registry reader)."""
+        self._governance = view
+
     def exposition(self) -> bytes:
         """The Prometheus text of every metric (empty without a Prometheus registry)."""
         if self.registry is None:
@@ -363,6 +392,14 @@ class Metrics:
 
         return [Observation(n, {"mode": mode, "result": result})
                 for (mode, result), n in list(DECISIONS.items())]
+
+    def _refused(self, options: CallbackOptions) -> list[Observation]:
+        view = self._governance()
+        return [] if view is None else [Observation(view.policy_versions_refused)]
+
+    def _following(self, options: CallbackOptions) -> list[Observation]:
+        view = self._governance()
+        return [] if view is None else [Observation(int(view.registry_following))]
 
     def _rejected(self, options: CallbackOptions) -> list[Observation]:
         return self._by(self.rejected, "reason")
