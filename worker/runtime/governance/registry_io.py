@@ -3,7 +3,9 @@
 :class:`RegistryReader` is a thread with its own confluent-kafka consumer (assigned the
 registry's one partition, from the start, in no group) that reads the registry whole before
 the worker reports ready (:meth:`RegistryReader.start`), then follows it live, like a Kafka
-Streams GlobalKTable. Both engines use it the same way: the core's toolset lookup
+Streams GlobalKTable. A Kafka error that ends its consumer is reported (:attr:`failure`: a log
+line, ``/readyz`` not ready, ``latch_registry_following`` 0) and a new consumer resumes where
+it stopped. Both engines use it the same way: the core's toolset lookup
 (:meth:`RegistryReader.toolsets`) and the policy text of a marker (:meth:`policy_text`).
 
 **The hold.** A lookup whose answer is not final yet (:meth:`RegistryState.settled`) blocks
@@ -22,6 +24,7 @@ refuses a version that exists already, or whose content does not validate.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import threading
@@ -47,13 +50,15 @@ from worker.runtime.governance import registry
 from worker.runtime.governance.registry import FENCE, POLICY, TOOLSET, Invalid, RegistryState
 from worker.runtime.observability import logs
 
-__all__ = ["FENCE_EVERY_S", "HOLD_MAX_S", "RegistryError", "RegistryReader", "main",
-           "read_whole"]
+__all__ = ["FENCE_EVERY_S", "HOLD_MAX_S", "RESUME_AFTER_S", "RegistryError", "RegistryReader",
+           "main", "read_whole"]
 
 log = logging.getLogger("latch.worker")
 
 #: How often a waiting reader probes the broker's clock with a fence record.
 FENCE_EVERY_S = 0.5
+#: How long the follower waits before a new consumer resumes after a Kafka error.
+RESUME_AFTER_S = 1.0
 #: How long past ``registry.wait_s`` a hold may last when the registry cannot be read.
 HOLD_MAX_S = 60.0
 _TIMEOUT_S = 30.0
@@ -147,6 +152,9 @@ class RegistryReader:
         #: there, so that no transaction stays open through the hold; decision 0014).
         self.before_hold: Callable[[], None] | None = None
         self._consumer: Any = None  # made by start(): no client before the worker runs
+        #: Why the reader is not following the registry now (None: it is): a Kafka error
+        #: ended its consumer and a new one has not read yet (:meth:`_follow`).
+        self.failure: str | None = None
         self._producer: Producer | None = None
         self._thread = threading.Thread(target=self._follow, name="latch-registry",
                                         daemon=True)
@@ -167,11 +175,16 @@ class RegistryReader:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         if self._consumer is not None:
-            self._consumer.close()
+            with contextlib.suppress(KafkaException, RuntimeError):  # (closed after a failure)
+                self._consumer.close()
         if self._producer is not None:
             self._producer.flush(5)
 
     def _follow(self) -> None:
+        """Follow the registry until :meth:`stop`. A Kafka error that ends the consumer (an
+        exception from ``poll``, a fatal error) does not end the following: it is logged,
+        recorded in :attr:`failure` (``/readyz`` and ``latch_registry_following`` report
+        it) and a new consumer resumes at the next offset after :data:`RESUME_AFTER_S`."""
         fenced = 0.0
         while not self._stopping:
             if self._fence_wanted and time.monotonic() - fenced >= FENCE_EVERY_S:
@@ -180,13 +193,46 @@ class RegistryReader:
             try:
                 msg = self._consumer.poll(0.1)
             except (KafkaException, RuntimeError) as exc:  # closed, or a fatal error
-                log.warning("registry reader: %s", exc)
-                return
-            if msg is None or msg.error() is not None:
+                if self._stopping:
+                    return
+                self._failed(str(exc))
+                continue
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                if error.fatal():
+                    self._failed(error.str())
                 continue
             with self.changed:
                 self.state.apply(msg.key(), msg.value(), msg.offset() or 0, _time(msg))
                 self.changed.notify_all()
+            if self.failure is not None:
+                log.info("registry reader: following %s again", self.topic)
+                self.failure = None
+
+    def _failed(self, why: str) -> None:
+        """The consumer failed: say so, then resume with a new one at the next offset."""
+        if self.failure is None:
+            log.error("registry reader: %s; not following %s until a new consumer resumes "
+                      "(every %g s)", why, self.topic, RESUME_AFTER_S)
+        self.failure = why
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._consumer.close()
+        deadline = time.monotonic() + RESUME_AFTER_S
+        while not self._stopping and time.monotonic() < deadline:
+            time.sleep(0.05)  # (interruptible: stop() ends the wait within 50 ms)
+        if self._stopping:
+            return
+        try:
+            self._consumer = _consumer(self.config)
+            self._consumer.assign([TopicPartition(self.topic, 0, self.state.next_offset)])
+        except (KafkaException, RuntimeError) as exc:
+            self.failure = str(exc)
+
+    def policy_read(self, version: int) -> str | None:
+        """The Cedar text of policy set ``version`` if it is read, without waiting."""
+        return self.state.policy_text(version)
 
     def _fence(self) -> None:
         """A tombstone whose append time tells how far the broker's clock is."""
@@ -280,7 +326,7 @@ def put(config: Config, kind: str, name: str, version: int, content: Any) -> str
         readers = registry.check_toolset(name, content, config.assemble)
         what = f"toolset {name} version {version} ({', '.join(readers)} format)"
     else:
-        registry.check_policy(content)
+        registry.check_policy(content, version)
         what = f"policy set version {version}"
     state = read_whole(config)
     existing = state.get(kind, name, version)
