@@ -227,3 +227,29 @@ def test_a_line_or_a_method_too_many_breaks_the_sizes(copy_of_the_package: Path)
                                      "runtime/grown.py": MAX_MODULE_LINES + 1}
     assert large_classes(package) == {**large_classes(REPO / "worker"),
                                       "tools/grown.py:Grown": MAX_CLASS_METHODS + 1}
+
+
+def test_config_imports_no_governance_so_there_is_no_import_circle() -> None:
+    """The configuration is plain data (issue 32): ``worker.runtime.config`` imports nothing
+    of ``worker.runtime.governance``, not even lazily inside a function (which import-linter
+    sees as well), while governance reads the configuration: no config <-> policy circle."""
+    tree = ast.parse((REPO / "worker" / "runtime" / "config.py").read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom)}
+    assert not {name for name in imported
+                if name.startswith(("worker.runtime.governance", "cedarpy"))}
+
+
+def test_config_importing_the_policy_breaks_the_plain_config(copy_of_the_package: Path
+                                                             ) -> None:
+    """A lazy import of the policy module inside a function of config.py (how the circle
+    was made before issue 32) is named as a broken ``plain-config`` contract."""
+    add_import(copy_of_the_package / "worker" / "runtime" / "config.py",
+               "def _policy():\n    from worker.runtime.governance import policy  # noqa\n"
+               "    return policy")
+    result = lint_imports(copy_of_the_package)
+    assert result.returncode != 0
+    assert "The configuration is plain data" in result.stdout and "BROKEN" in result.stdout
+    assert "worker.runtime.config -> worker.runtime.governance.policy" in result.stdout

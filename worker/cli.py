@@ -119,14 +119,16 @@ def _lazy(target: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _assemble(args: argparse.Namespace) -> int:
-    from worker.runtime.config import ConfigError, assembler_policy, load_config
+    from worker.runtime.config import ConfigError, load_config
+    from worker.runtime.governance.policy_source import assembler_policy
 
     try:
         config = load_config(args.config)
-    except ConfigError as exc:
+        policy = assembler_policy(config)
+    except (ConfigError, ValueError) as exc:  # (a PolicyFileError is a ValueError)
         raise CliError(str(exc)) from exc
     assembler = Assembler(config.assemble)
-    assembler.policy = assembler_policy(config)
+    assembler.policy = policy
     if args.registry:
         assembler.toolsets = _registry_toolsets(config)
     out = sys.stdout.buffer

@@ -17,6 +17,12 @@ holds the two equal. The steps of :func:`load_config`:
    record size (``worker.core.settings.largest_records``): the error names the keys to
    lower and the bound.
 
+Plain data and its own validation only: the ``policy`` section names a Cedar file, which the
+governance package reads and builds (``assembler_policy`` in governance/policy_source.py) in
+the commands that decide calls (``latch worker``, ``latch assemble``, ``latch replay``), each
+stopping with the file's ``FILE:LINE:COLUMN`` when it cannot be used. This module imports
+nothing of governance (an import-linter contract in pyproject.toml).
+
 Errors::
 
     ValueError
@@ -43,7 +49,6 @@ from typing import Any, NoReturn
 
 import yaml
 
-from worker.core.policy import Policy
 from worker.core.settings import (
     MAX_RECORD_BYTES,
     OUTPUT_RECORD_BYTES,
@@ -291,7 +296,7 @@ def load_config(
     if problems:
         raise ConfigError(source, problems)
     config = _build(data, source)
-    problems = _record_problems(config.assemble) or _policy_problems(config.policy)
+    problems = _record_problems(config.assemble)
     if problems:
         raise ConfigError(source, problems)
     return config
@@ -308,29 +313,6 @@ def _record_problems(settings: AssembleSettings) -> list[str]:
         f"{'it' if len(keys) == 1 else 'one of them'}"
         for what, size, keys in largest_records(settings) if size > MAX_RECORD_BYTES
     ]
-
-
-def assembler_policy(config: Config) -> Policy | None:
-    """The policy the configuration puts in force (``Assembler.policy``), None when
-    ``policy.mode`` is off; loaded once per process (``governance.policy.policy_for``)."""
-    if config.policy.mode == "off":
-        return None
-    from worker.runtime.governance.policy import policy_for
-
-    return policy_for(config.policy)
-
-
-def _policy_problems(settings: PolicySettings) -> list[str]:
-    """Why the ``policy`` section's file cannot be used (file, line, column), if it cannot."""
-    if settings.mode == "off":
-        return []
-    from worker.runtime.governance.policy import policy_for  # (cedarpy: only when policies are on)
-
-    try:
-        policy_for(settings)
-    except ValueError as exc:
-        return [f"policy: {exc}"]
-    return []
 
 
 def _resolve(path: str | os.PathLike[str] | None) -> Path | None:

@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient
 
 from worker.runtime import admin
 from worker.runtime.config import Config, ConfigError, load_config
+from worker.runtime.governance.policy_source import assembler_policy
 from worker.runtime.observability import logs
 from worker.runtime.observability.telemetry import TelemetryError
 
@@ -40,7 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "e.g. broker_session_timeout=10")
     args = parser.parse_args(argv)
     try:
-        latch = build(load_config(args.config), args.faust_setting)
+        config = load_config(args.config)
+        assembler_policy(config)  # (a policy.file that cannot be used stops here, with its place)
+        latch = build(config, args.faust_setting)
     # ValueError covers the faust engine's KafkaSetupError (an unsupported security setting)
     except (ConfigError, TelemetryError, admin.TopicsError, ValueError) as exc:
         print(f"latch worker: {exc}", file=sys.stderr)

@@ -72,7 +72,7 @@ from tqdm import tqdm
 from worker.core import Assembler, Emit, Topic
 from worker.runtime import admin
 from worker.runtime.config import Config, ConfigError, load_config
-from worker.runtime.governance.policy_source import PolicySource
+from worker.runtime.governance.policy_source import PolicySource, assembler_policy
 from worker.runtime.governance.registry import POLICY_MARKER, RegistryState, marker_version
 from worker.runtime.governance.registry_io import RegistryError, read_whole
 from worker.runtime.step import out_key, out_value, record, step
@@ -444,7 +444,8 @@ def replay(args: argparse.Namespace) -> str:
     check_range(args.start, args.stop)
     try:
         config = load_config(args.config)
-    except ConfigError as exc:
+        assembler_policy(config)  # (a policy.file that cannot be used stops the replay here)
+    except (ConfigError, ValueError) as exc:  # (a PolicyFileError is a ValueError)
         raise ReplayError(str(exc)) from exc
     app_id, topic = config.worker.app_id, config.topics.events
     group = args.group_id or default_group(app_id)

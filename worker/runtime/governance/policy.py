@@ -373,8 +373,8 @@ def registry_policy(source: str, mode: str, version: int) -> CedarPolicy:
 
 @cache
 def policy_for(settings: PolicySettings) -> CedarPolicy | None:
-    """The policy of a ``policy:`` section, loaded once per process (``load_config`` loads it
-    first, so that a bad policy file stops every command that reads the configuration, with
-    the file, line and column; the worker, ``latch assemble`` and ``latch replay`` then give
-    it to each assembler: ``Assembler.policy``)."""
+    """The policy of a ``policy:`` section, loaded once per process (the worker, ``latch
+    assemble`` and ``latch replay`` load it first, through ``policy_source.assembler_policy``,
+    so that a bad policy file stops them with the file, line and column; then they give it to
+    each assembler: ``Assembler.policy``)."""
     return load_policy(settings.mode, settings.file, settings.schema)

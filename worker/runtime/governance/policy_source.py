@@ -36,11 +36,24 @@ import logging
 from collections.abc import Callable
 
 from worker.core.policy import OFF, Policy, PolicyDecision, PolicyRequest
-from worker.runtime.config import Config, assembler_policy
+from worker.runtime.config import Config
 
-__all__ = ["NoPolicySet", "PolicySource"]
+__all__ = ["NoPolicySet", "PolicySource", "assembler_policy"]
 
 log = logging.getLogger("latch.worker")
+
+
+def assembler_policy(config: Config) -> Policy | None:
+    """The policy the configuration's ``policy.file`` puts in force (``Assembler.policy``),
+    None when ``policy.mode`` is off or the registry decides; loaded once per process
+    (``governance.policy.policy_for``). Raises :class:`~.policy_file.PolicyFileError` (file,
+    line, column) or ValueError for a file that cannot be used: the commands that decide
+    calls call it first and stop with the message."""
+    if config.policy.mode == OFF:
+        return None
+    from worker.runtime.governance.policy import policy_for  # (cedarpy: only when policies are on)
+
+    return policy_for(config.policy)
 
 
 class NoPolicySet:

@@ -44,7 +44,8 @@ import orjson
 
 from worker.core import Assembler, Emit, Topic, decode
 from worker.core.envelope import TICK_KEY, Rejected
-from worker.runtime.config import Config, assembler_policy
+from worker.runtime.config import Config
+from worker.runtime.governance.policy_source import assembler_policy
 
 PROVIDERS = ("openai.chat", "anthropic.messages", "openai.responses")
 
