@@ -168,8 +168,8 @@ def check_policy(text: str, version: int = 1) -> None:
     try:
         registry_policy(text, "enforce", version)
     except ValueError as exc:
-        raise Invalid(f"the policy set does not parse as a set a worker can build: {exc}"
-                      ) from exc
+        raise Invalid(f"no worker can build this policy set (it does not parse, or Latch "
+                      f"refuses it): {exc}") from exc
 
 
 @dataclass
