@@ -26,8 +26,10 @@ driver decides everything between:
    heads and the records of its open runs, which the engine reads from the log.
 6. The registry (:mod:`worker.runtime.governance.registry`): a run naming a toolset gets it from
    :attr:`Driver.registry`; a policy marker sets the policy set in force
-   (:meth:`Driver.policy_marker`), and :meth:`Driver.markers` says which markers the engine
-   writes beside its ticks.
+   (:meth:`Driver.policy_marker`; a version that cannot be built changes nothing:
+   governance/policy_source.py), and :meth:`Driver.markers` says which markers the engine
+   writes beside its ticks (and takes up a version whose text was read late). The driver
+   adds the registry's and the policy's parts of ``/readyz`` and their metrics.
 
 It also keeps what both engines know of their assignment (:mod:`worker.runtime.assignment`:
 the owned partitions' states, the control partitions' forwarded offsets, the partition

@@ -2,7 +2,9 @@
 
 One room for the rooms that answer "may this run?" and "who said so?":
 
-- :mod:`.policy` -- Cedar policies: the file, the Cedar schema built from the tools, decisions.
+- :mod:`.policy` -- Cedar policies: the Cedar schema built from the tools, decisions.
+- :mod:`.policy_file` -- reading a policy set (ids and annotations from Cedar), and the one
+  acceptance rule that ``latch registry put`` and the worker share.
 - :mod:`.policy_scope` -- which policies of a set can match a request (scope pruning).
 - :mod:`.policy_source` -- which policy set is in force for a partition (config or registry).
 - :mod:`.registry` -- toolsets and policy sets by version: the records and their state.

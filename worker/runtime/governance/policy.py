@@ -1,8 +1,9 @@
 """Cedar policies at the latch: the :class:`~worker.core.policy.Policy` the worker gives its
 assemblers (issue 25; docs/decisions/0013-cedar-policies.md; README, *Policies*).
 
-A policy set is a ``.cedar`` file, parsed once (:class:`CedarPolicy`); each call the latch
-decides is one Cedar request, evaluated by the Cedar engine through ``cedarpy``:
+A policy set is a ``.cedar`` file, read once by Cedar (:mod:`.policy_file`: ids and
+annotations from Cedar's own parser) into a :class:`CedarPolicy`; each call the latch decides
+is one Cedar request, evaluated by the Cedar engine through ``cedarpy``:
 
 * principal ``Latch::Tenant::"<tenant>"``, or ``Latch::Anonymous::"anonymous"`` for a run that
   names no tenant (never a tenant, not even ``""``: ``principal is Latch::Tenant`` excludes it);
