@@ -1,0 +1,170 @@
+"""One tool identity: the name and kind every reader of a call sees (issue 32, item 1).
+
+Inside the core a run's tool is found by its *key* (:func:`worker.core.tools.client_tools`).
+A function tool's key is its name; the Responses tools whose items a client answers register
+under a key that holds their item kind (``custom:<name>``, ``computer_call:``,
+``local_shell_call:``, ``mcp_approval_request:<server_label>``; decision 0004), so that a call
+of one kind never finds a tool of another (a function call named ``shell`` does not find a
+custom tool ``shell``). The key is for that lookup only. Everything else sees one **name**,
+the one the committed record carries: the policy's resource ``Latch::Tool::"<name>"``,
+``approvals.require_approval``, the ``tool`` metric label, the committed, pending, error and
+audit records, and the runner. The policy's resource also has the tool's **kind**, what type
+the run declared it as, so that a policy can target kinds (``resource.kind == "custom"``):
+
+====================================================  ==========================  ===========
+declared as                                           name                        kind
+====================================================  ==========================  ===========
+a function tool, any provider's format                its name                    function
+an MCP ``tools/list`` entry (``inputSchema``)         its name                    mcp
+Responses ``{"type": "custom", "name": N}``           N                           custom
+Responses ``computer_use_preview`` / ``computer``     ``computer``                computer
+Responses ``local_shell``                             ``local_shell``             local_shell
+Responses ``{"type": "mcp", "server_label": L}``      each approval request's     mcp (and
+                                                      MCP tool name               server_label L)
+Anthropic ``<type>_<YYYYMMDD>`` (``bash_20250124``)   its name                    <type> (bash,
+                                                                                  text_editor,
+                                                                                  computer...)
+====================================================  ==========================  ===========
+
+A kind for a later item type (Responses ``shell``, ``apply_patch``) is one more row: its
+declaration's type, the name its committed record carries, and the kind.
+
+Who sends what. The declarations come from the run's ``run.start`` (the gateway, for its
+tenant) or from an operator's registry toolset: trusted to say which tools the run has, not to
+make one name mean two tools. A call's name and item kind come from the model's stream, which
+is trusted for nothing: it only picks among the declared tools, by key.
+
+**Two tools that would share a name are an ambiguity, refused, never guessed.** When two
+entries of one run's tools have one name, or one key (two functions ``dup``; a function and a
+custom tool ``shell``; a function named ``custom:shell`` beside a custom tool ``shell``), every
+call of that name or key fails ``ambiguous_tool``; so does an MCP server's approval request
+whose tool name is also a declared tool's. Only those calls are refused, not the run: the rest
+of its tools are unambiguous and their calls go on, and each refused call still gets its one
+error result (as a tool with a broken schema fails only its own calls, ``schema_invalid``).
+Refusing the run instead would need an outcome for a ``run.start`` that is well formed, and
+would take down calls nothing is wrong with. Picking one of the two (the first, as the tool map
+alone would) is the guess this refuses: the policy, the approvals and the runner would each
+have to assume the same one. Two approval requests of two MCP servers with one tool name are
+not refused: each carries its ``server_label``, in its arguments and as a resource attribute.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from worker.core.tools import client_entries
+
+__all__ = ["FUNCTION", "KINDS", "MCP", "NO_IDENTITIES", "RESPONSES_ITEM_NAMES", "Identities",
+           "ToolIdentity", "identities"]
+
+#: The kinds a tool's resource has (``resource.kind``), besides Anthropic's dated tool types.
+FUNCTION, CUSTOM, COMPUTER, LOCAL_SHELL, MCP = (
+    "function", "custom", "computer", "local_shell", "mcp")
+KINDS = (FUNCTION, CUSTOM, COMPUTER, LOCAL_SHELL, MCP)
+#: The name a committed ``computer_call`` or ``local_shell_call`` carries (its item has none).
+RESPONSES_ITEM_NAMES = {"computer_call": "computer", "local_shell_call": "local_shell"}
+#: Responses tool types whose items a client answers without a name: their name and kind.
+_RESPONSES_NAMELESS = {"computer_use_preview": ("computer", COMPUTER),
+                       "computer": ("computer", COMPUTER),
+                       "local_shell": ("local_shell", LOCAL_SHELL)}
+#: An Anthropic-defined tool type: the kind, then the version date.
+_DATED = re.compile(r"([a-z][a-z0-9_]*?)_(\d{8})")
+#: The call kind (``ops.CALL_KINDS``) of an MCP server's approval request.
+_APPROVAL_CALL = "mcp_approval_request"
+
+
+class ToolIdentity(NamedTuple):
+    """What a registered tool is, beyond its key."""
+
+    #: Its name (None: an MCP server's, whose tools are named by each approval request).
+    name: str | None
+    kind: str
+    #: The MCP server of a Responses ``mcp`` tool.
+    server_label: str | None = None
+
+
+class Identities:
+    """The identities of one run's tools (module docstring): only those that are not a
+    function named by its key are kept, and most runs have none (:data:`NO_IDENTITIES`)."""
+
+    __slots__ = ("ambiguous", "names", "others")
+
+    def __init__(self, others: dict[str, ToolIdentity], ambiguous: frozenset[str]) -> None:
+        #: By key, the tools that are not a function named by their key.
+        self.others = others
+        #: The names and keys two of the run's tools share: their calls are refused.
+        self.ambiguous = ambiguous
+        #: The names of :attr:`others` (a function's name is its key in the run's tools).
+        self.names = frozenset(i.name for i in others.values() if i.name is not None)
+
+    def refuses(self, key: str, name: str, call_kind: str, tools: Mapping[str, Any]) -> bool:
+        """Whether a call of ``name``, found under ``key``, is ambiguous (``tools``: the run's
+        tools by key)."""
+        if key in self.ambiguous or name in self.ambiguous:
+            return True
+        if call_kind != _APPROVAL_CALL:
+            return False
+        # An approval request's name is no key: is it a declared tool's name?
+        return name in self.names or (name in tools and name not in self.others)
+
+    def attributes(self, key: str, given: Mapping[str, Any]) -> dict[str, Any]:
+        """A tool's attributes as a policy sees them: ``given`` (its annotations and toolset,
+        ``tools.tool_attributes``), its ``kind`` and, for an MCP server, ``server_label``."""
+        identity = self.others.get(key)
+        if identity is None:
+            return {**given, "kind": FUNCTION}
+        found = {**given, "kind": identity.kind}
+        if identity.server_label is not None:
+            found["server_label"] = identity.server_label
+        return found
+
+
+NO_IDENTITIES = Identities({}, frozenset())
+
+
+def identity(provider: str, key: str, entry: Mapping[str, Any]) -> ToolIdentity:
+    """The identity of the tool ``entry`` declares, registered under ``key``."""
+    kind = entry.get("type")
+    if "inputSchema" in entry:  # an MCP tools/list entry, in any provider's list
+        return ToolIdentity(key, MCP)
+    if provider == "openai.responses" and kind != "function":
+        if kind == "custom":
+            return ToolIdentity(entry["name"], CUSTOM)
+        if kind == "mcp":
+            return ToolIdentity(None, MCP, entry["server_label"])
+        name, nameless = _RESPONSES_NAMELESS[kind]
+        return ToolIdentity(name, nameless)
+    if provider == "anthropic.messages" and isinstance(kind, str) and kind != "custom":
+        dated = _DATED.fullmatch(kind)
+        return ToolIdentity(key, dated.group(1) if dated else kind)
+    return ToolIdentity(key, FUNCTION)
+
+
+def identities(provider: str, tools: Any) -> Identities:
+    """The identities of the client tools of ``tools`` (``run.start``'s, in ``provider``'s
+    format or MCP entries), and the names and keys that two of them share."""
+    others: dict[str, ToolIdentity] = {}
+    keys: dict[str, list[str | None]] = {}
+    names: dict[str, list[str]] = {}
+    for key, _, entry in client_entries(provider, tools):
+        found = identity(provider, key, entry)
+        keys.setdefault(key, []).append(found.name)
+        if found.name is not None:
+            names.setdefault(found.name, []).append(key)
+        if (found.name != key or found.kind != FUNCTION) and key not in others:
+            others[sys.intern(key)] = found
+    ambiguous: set[str] = set()
+    for key, named in keys.items():
+        if len(named) > 1:
+            ambiguous.add(key)
+            ambiguous.update(n for n in named if n is not None)
+    for name, keyed in names.items():
+        if len(keyed) > 1:
+            ambiguous.add(name)
+            ambiguous.update(keyed)
+    if not others and not ambiguous:
+        return NO_IDENTITIES
+    return Identities(others, frozenset(ambiguous))
