@@ -251,12 +251,19 @@ _NO_ATTRIBUTES: dict[str, Any] = {}
 
 def denial(decision: PolicyDecision) -> str:
     """Why a call was denied, by policy id and error kind only (the detail of its
-    ``policy_denied`` error)."""
+    ``policy_denied`` error): the determining policies and the errors, each in the file's
+    order (as the decision lists them), the forbids first."""
+    policies = ", ".join(decision.policies)
+    errors = "a policy could not be evaluated, which denies the call: " + ", ".join(
+        decision.errors)
+    if decision.errors and decision.policies and not decision.forbidden:
+        return f"{errors} (permitted by policy {policies} otherwise)"
+    if decision.errors and decision.policies:
+        return f"forbidden by policy {policies}; {errors}"
     if decision.errors:
-        return ("a policy could not be evaluated, which denies the call: "
-                + ", ".join(decision.errors))
+        return errors
     if decision.policies:
-        return "forbidden by policy " + ", ".join(decision.policies)
+        return "forbidden by policy " + policies
     return "no policy permits this call"
 
 

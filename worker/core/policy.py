@@ -60,6 +60,9 @@ class PolicyDecision(NamedTuple):
     #: Whether a determining permit asks for a person's approval first (a Cedar
     #: ``@approval("required")`` annotation; README, "Approvals").
     approval: bool = False
+    #: Whether the determining policies are satisfied ``forbid`` policies (else, when there are
+    #: any, they are the permits that allowed the call, perhaps beside an error).
+    forbidden: bool = False
 
 
 class Policy(Protocol):

@@ -225,7 +225,10 @@ class CedarPolicy:
         allow = result.allowed and not errors
         # (when allowed, the determining policies are the permits: one marked asks a person)
         approval = allow and any(p in self._approval for p in reasons)
-        return PolicyDecision(self._mode, allow, ids, errors, self._version, approval=approval)
+        # (when Cedar denies, the determining policies are the satisfied forbids)
+        forbidden = not result.allowed and bool(reasons)
+        return PolicyDecision(self._mode, allow, ids, errors, self._version, approval=approval,
+                              forbidden=forbidden)
 
     def _tool(self, tool: str, attributes: Mapping[str, Any]) -> cedarpy.Entities:
         try:  # (the attributes are JSON values: a run's tool definition)
