@@ -110,6 +110,13 @@ class Identities:
         # An approval request's name is no key: is it a declared tool's name?
         return name in self.names or (name in tools and name not in self.others)
 
+    def key_of(self, name: str, tools: Mapping[str, Any]) -> str | None:
+        """The key of the run's tool named ``name`` (``tools``: the run's tools by key); None
+        when none is (or only an MCP server's approval requests may be)."""
+        if name in tools and name not in self.others:
+            return name
+        return next((k for k, i in self.others.items() if i.name == name), None)
+
     def attributes(self, key: str, given: Mapping[str, Any]) -> dict[str, Any]:
         """A tool's attributes as a policy sees them: ``given`` (its annotations and toolset,
         ``tools.tool_attributes``), its ``kind`` and, for an MCP server, ``server_label``."""
