@@ -32,7 +32,9 @@ declaration's type, the name its committed record carries, and the kind.
 Who sends what. The declarations come from the run's ``run.start`` (the gateway, for its
 tenant) or from an operator's registry toolset: trusted to say which tools the run has, not to
 make one name mean two tools. A call's name and item kind come from the model's stream, which
-is trusted for nothing: it only picks among the declared tools, by key.
+is trusted for nothing: it only picks among the declared tools, by key, and a key finds a tool
+only when the tool was declared as the call's kind (:meth:`Identities.declared_as`: a function
+named ``custom:shell`` is no custom tool ``shell``, nor the reverse).
 
 **Two tools that would share a name are an ambiguity, refused, never guessed.** When two
 entries of one run's tools have one name, or one key (two functions ``dup``; a function and a
@@ -74,6 +76,9 @@ _RESPONSES_NAMELESS = {"computer_use_preview": ("computer", COMPUTER),
 _DATED = re.compile(r"([a-z][a-z0-9_]*?)_(\d{8})")
 #: The call kind (``ops.CALL_KINDS``) of an MCP server's approval request.
 _APPROVAL_CALL = "mcp_approval_request"
+#: The tool kind each call kind of a Responses item a client answers must find.
+_ITEM_KINDS = {"custom": CUSTOM, "computer_call": COMPUTER, "local_shell_call": LOCAL_SHELL,
+               _APPROVAL_CALL: MCP}
 
 
 class ToolIdentity(NamedTuple):
@@ -109,6 +114,18 @@ class Identities:
             return False
         # An approval request's name is no key: is it a declared tool's name?
         return name in self.names or (name in tools and name not in self.others)
+
+    def declared_as(self, key: str, call_kind: str) -> bool:
+        """Whether the tool registered under ``key`` was declared as a tool that a call of
+        ``call_kind`` calls: a function call, a tool named by its key (a function, an MCP
+        entry, an Anthropic client tool); any other, a tool of the kind its item answers. A key
+        alone never decides it: a function may be named ``custom:shell``."""
+        identity = self.others.get(key)
+        expected = _ITEM_KINDS.get(call_kind)
+        if expected is None:
+            return identity is None or identity.name == key
+        return (identity is not None and identity.kind == expected
+                and (identity.name is None) == (call_kind == _APPROVAL_CALL))
 
     def key_of(self, name: str, tools: Mapping[str, Any]) -> str | None:
         """The key of the run's tool named ``name`` (``tools``: the run's tools by key); None

@@ -180,6 +180,8 @@ class Latch:
             return Reason.AMBIGUOUS_TOOL, ("two of the run's tools have this name: it is not "
                                            "guessed which one the call means")
         tool = self.tools.get(key)
+        if tool is not None and not self.identities.declared_as(key, call.kind):
+            tool = None  # (a tool of another kind under the same key: not this call's)
         if tool is None:
             if self.unknown is not None:
                 return self.unknown

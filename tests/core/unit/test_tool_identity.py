@@ -281,3 +281,19 @@ def test_a_call_of_another_kind_never_finds_a_tool() -> None:
     custom = custom_events(0, "call_c", "shell", "ls")
     assert [e["reason"] for e in errors(responses([responses_tool("shell", {})], custom))
             ] == ["unknown_tool"]
+
+
+def test_a_key_never_finds_a_tool_declared_as_another_kind() -> None:
+    """A call finds a tool only when the tool was declared as the call's kind: a function
+    call named ``custom:shell`` does not find the custom tool ``shell`` registered under that
+    key, and a custom call ``shell`` does not find an MCP entry (or a function) named
+    ``custom:shell``; each fails ``unknown_tool``."""
+    fn = responses_fn(0, "call_f", "custom:shell", "{}")
+    assert [e["reason"] for e in errors(responses([{"type": "custom", "name": "shell"}], fn))
+            ] == ["unknown_tool"]
+    custom = custom_events(0, "call_c", "shell", "ls")
+    for declared in ({"name": "custom:shell", "inputSchema": {}},
+                     responses_tool("custom:shell", {})):
+        emits = responses([declared], custom)
+        assert committed(emits) == [] and [e["reason"] for e in errors(emits)] == [
+            "unknown_tool"]
