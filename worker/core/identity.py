@@ -171,24 +171,44 @@ def identities(provider: str, tools: Any) -> Identities:
     """The identities of the client tools of ``tools`` (``run.start``'s, in ``provider``'s
     format or MCP entries), and the names and keys that two of them share."""
     others: dict[str, ToolIdentity] = {}
-    keys: dict[str, list[str | None]] = {}
-    names: dict[str, list[str]] = {}
+    #: Each entry's (key, name): most are a function's (key, key), decided without a call.
+    pairs: list[tuple[str, str | None]] = []
+    plain = provider not in ("openai.responses", "anthropic.messages")
     for key, _, entry in client_entries(provider, tools):
+        if plain and "inputSchema" not in entry:
+            pairs.append((key, key))
+            continue
         found = identity(provider, key, entry)
-        keys.setdefault(key, []).append(found.name)
-        if found.name is not None:
-            names.setdefault(found.name, []).append(key)
+        pairs.append((key, found.name))
         if (found.name != key or found.kind != FUNCTION) and key not in others:
             others[sys.intern(key)] = found
-    ambiguous: set[str] = set()
-    for key, named in keys.items():
-        if len(named) > 1:
-            ambiguous.add(key)
-            ambiguous.update(n for n in named if n is not None)
-    for name, keyed in names.items():
-        if len(keyed) > 1:
-            ambiguous.add(name)
-            ambiguous.update(keyed)
+    ambiguous = _shared(pairs)
     if not others and not ambiguous:
         return NO_IDENTITIES
-    return Identities(others, frozenset(ambiguous))
+    return Identities(others, ambiguous)
+
+
+def _shared(pairs: list[tuple[str, str | None]]) -> frozenset[str]:
+    """The keys and names that two of ``pairs`` (key, name) share, with the names and keys
+    of the pairs that share them."""
+    keys = {key for key, _ in pairs}
+    names = [name for _, name in pairs if name is not None]
+    if len(keys) == len(pairs) and len(set(names)) == len(names):
+        return _NONE_SHARED  # (nearly every run: no key nor name twice)
+    key_count: dict[str, int] = {}
+    name_count: dict[str, int] = {}
+    for key, name in pairs:
+        key_count[key] = key_count.get(key, 0) + 1
+        if name is not None:
+            name_count[name] = name_count.get(name, 0) + 1
+    shared = {k for k, n in key_count.items() if n > 1} | {
+        k for k, n in name_count.items() if n > 1}
+    for key, name in pairs:  # a pair with a shared key or name shares both
+        if key in shared or name in shared:
+            shared.add(key)
+            if name is not None:
+                shared.add(name)
+    return frozenset(shared)
+
+
+_NONE_SHARED: frozenset[str] = frozenset()
