@@ -159,8 +159,10 @@ def identity(provider: str, key: str, entry: Mapping[str, Any]) -> ToolIdentity:
             return ToolIdentity(entry["name"], CUSTOM)
         if kind == "mcp":
             return ToolIdentity(None, MCP, entry["server_label"])
-        name, nameless = _RESPONSES_NAMELESS[kind]
-        return ToolIdentity(name, nameless)
+        row = _RESPONSES_NAMELESS.get(kind) if isinstance(kind, str) else None
+        if row is None:  # not expected (tests/core/unit/test_tool_identity.py): its key, then
+            return ToolIdentity(key, str(kind))
+        return ToolIdentity(*row)
     if provider == "anthropic.messages" and isinstance(kind, str) and kind != "custom":
         dated = _DATED.fullmatch(kind)
         return ToolIdentity(key, dated.group(1) if dated else kind)

@@ -297,3 +297,15 @@ def test_a_key_never_finds_a_tool_declared_as_another_kind() -> None:
         emits = responses([declared], custom)
         assert committed(emits) == [] and [e["reason"] for e in errors(emits)] == [
             "unknown_tool"]
+
+
+def test_every_responses_client_tool_type_has_its_identity() -> None:
+    """Each Responses tool type that ``tools.client_tools`` registers has its row in
+    ``identity``: a name that is no key, and a kind that is not ``function``."""
+    from worker.core.identity import identity
+    from worker.core.tools import RESPONSES_CLIENT_TOOLS, client_tools
+
+    for kind in RESPONSES_CLIENT_TOOLS:
+        [key] = client_tools(RESPONSES, [{"type": kind}])
+        found = identity(RESPONSES, key, {"type": kind})
+        assert found.name != key and found.kind not in ("function", kind + "_call")
