@@ -160,7 +160,7 @@ def identity(provider: str, key: str, entry: Mapping[str, Any]) -> ToolIdentity:
         if kind == "mcp":
             return ToolIdentity(None, MCP, entry["server_label"])
         row = _RESPONSES_NAMELESS.get(kind) if isinstance(kind, str) else None
-        if row is None:  # not expected (tests/core/unit/test_tool_identity.py): its key, then
+        if row is None:  # not expected (tests/core/unit/test_identity.py): its key, then
             return ToolIdentity(key, str(kind))
         return ToolIdentity(*row)
     if provider == "anthropic.messages" and isinstance(kind, str) and kind != "custom":

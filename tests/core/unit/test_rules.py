@@ -1562,7 +1562,7 @@ class TestReasonApprovalTimeout:
 
 class TestReasonAmbiguousTool:
     """``ambiguous_tool``: two of the run's tools would share the call's name
-    (tests/core/unit/test_tool_identity.py has each way to get there)."""
+    (tests/core/unit/test_identity.py has each way to get there)."""
 
     def test_a_name_declared_twice_is_refused_and_the_others_commit(self) -> None:
         """``read_file`` declared twice: its call fails, not checked against either schema;
