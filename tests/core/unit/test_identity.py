@@ -309,3 +309,19 @@ def test_every_responses_client_tool_type_has_its_identity() -> None:
         [key] = client_tools(RESPONSES, [{"type": kind}])
         found = identity(RESPONSES, key, {"type": kind})
         assert found.name != key and found.kind not in ("function", kind + "_call")
+
+
+def test_a_declaration_cannot_choose_its_own_kind_or_server() -> None:
+    """The kind comes from the declaration's type, never from a member it adds: an MCP entry
+    with a top-level ``kind`` and a ``kind`` annotation is kind ``mcp`` with no such
+    annotation, and a custom tool with a ``server_label`` has none."""
+    spy = Spy()
+    tools = [{"name": "lookup", "inputSchema": {}, "kind": "function",
+              "server_label": "gh", "annotations": {"kind": "function", "readOnlyHint": True}},
+             {"type": "custom", "name": "shell", "kind": "function", "server_label": "gh"}]
+    events = [*responses_fn(0, "call_l", "lookup", "{}"),
+              *custom_events(1, "call_c", "shell", "ls")]
+    emits = responses(tools, events, spy)
+    assert [c["name"] for c in committed(emits)] == ["lookup", "shell"]
+    assert [r.attributes for r in spy.requests] == [
+        {"annotations": {"readOnlyHint": True}, "kind": "mcp"}, {"kind": "custom"}]
