@@ -30,7 +30,8 @@ from setuptools.command.build_ext import build_ext
 #: settings.py (AssembleSettings is built by worker.runtime.config from YAML, deep-copied and
 #: pickled, which a compiled frozen dataclass does not survive), tools.py and schemacheck.py
 #: (jsonschema's keyword callables and the tests' spies replace their functions at run time,
-#: which compiled callers would not see; they are not on the per-event path), _mypyc.py (the
+#: which compiled callers would not see; they are not on the per-event path), identity.py
+#: (asked once at a run's start and once per decided call, never per event), _mypyc.py (the
 #: decorator shim).
 COMPILED = [
     "worker/core/__init__.py",

@@ -103,6 +103,7 @@ from worker.core.envelope import (
     decode,
     undecodable,
 )
+from worker.core.identity import identities
 from worker.core.latch import Latch
 from worker.core.model import DlqReason, Emit, Reason, RunStatus
 from worker.core.policy import Policy
@@ -436,7 +437,8 @@ class Assembler:
         latch = Latch(self.settings, tools, budget, adapter.parse_arguments
                       if adapter.parses_own_arguments else strictjson.parse,
                       (start.tenant, start.provider, start.run_id),
-                      tool_attributes(given, tools, start.toolset))
+                      tool_attributes(given, tools, start.toolset),
+                      identities(start.provider, given))
         if start.toolset is not None and not tools:
             latch.unknown = _unknown_toolset(start.toolset, tools is _UNKNOWN_TOOLSET,
                                              self.toolsets is not None)

@@ -7,7 +7,8 @@ only when all of these hold, checked in this order, the first failure naming the
 1. the message was not truncated (``truncated``, rule 5);
 2. it has a non-empty id and name (``missing_id_or_name``);
 3. no other call of the run claims the same id, its ``tool_call_id`` (``duplicate_call_id``);
-4. the name is a client tool registered by ``run.start`` (``unknown_tool``);
+4. the name is a client tool registered by ``run.start`` (``unknown_tool``), and only one of
+   its tools has that name (``ambiguous_tool``: :mod:`worker.core.identity`);
 5. its text is strict JSON (``invalid_json``, rule 1), empty text meaning ``{}`` (rule 3);
 6. the value is an object (``arguments_not_object``) when ``arguments_must_be_object``;
 7. the value is valid against the tool's JSON Schema (``schema_invalid``);
@@ -18,7 +19,7 @@ only when all of these hold, checked in this order, the first failure naming the
 10. the run's call budget has room (``budget_exceeded``, rule 7, counted at enqueue).
 
 A call that passes every step commits, unless it needs a person's approval first (README,
-"Approvals"): its tool is in ``approvals.require_approval``, or its MCP annotations say
+"Approvals"): its tool's name is in ``approvals.require_approval``, or its MCP annotations say
 ``destructiveHint: true`` with ``approvals.destructive``, or the policy's determining permit
 asks for it (``PolicyDecision.approval``, in ``enforce`` mode only: in ``log_only`` the call
 commits, its decision recorded). Such a call is held (``PENDING_APPROVAL``), keeps
@@ -31,7 +32,10 @@ step. A ``custom`` call (Responses ``custom_tool_call``) takes 1 to 4 against th
 the run registered, then 8 (its ``arguments`` the input text), 9 and 10: its text is
 free-form input, committed as text, never parsed (a ``grammar`` format is not enforced). The
 Responses items a client answers take every step against the tool of their type
-(``tools.client_tools``), whose schema is empty.
+(``tools.client_tools``), whose schema is empty. Whatever its kind, a call is found among the
+run's tools by its key, and is known everywhere else (the policy's resource, the approval
+lists, the records) by its name, the one its committed record carries; the policy also sees
+the tool's kind (:mod:`worker.core.identity`).
 
 Limits that can be known earlier fail the call earlier, while its text streams in:
 ``arguments_exceed_max_bytes`` (the buffer is dropped at once) and ``too_many_tool_calls``
@@ -49,6 +53,7 @@ from typing import Any
 
 from worker.core import strictjson
 from worker.core.call import Call, utf8_len
+from worker.core.identity import NO_IDENTITIES, Identities
 from worker.core.model import CallEvent, Reason
 from worker.core.ops import CUSTOM, FUNCTION
 from worker.core.policy import ENFORCE, OFF, Policy, PolicyDecision, PolicyRequest
@@ -73,14 +78,15 @@ APPROVAL_CAUSES = (REQUIRE_APPROVAL, DESTRUCTIVE, POLICY)
 class Latch:
     """The checks of the completion latch for one run (see the module docstring)."""
 
-    __slots__ = ("attributes", "budget", "committed", "parse", "provider", "run_id", "settings",
-                 "tenant", "tools", "unknown")
+    __slots__ = ("attributes", "budget", "committed", "identities", "parse", "provider",
+                 "run_id", "settings", "tenant", "tools", "unknown")
 
     def __init__(self, settings: AssembleSettings, tools: dict[str, ToolSchema],
                  budget: int,
                  parse: Callable[[str], Any | strictjson.ParseError] = strictjson.parse,
                  run: tuple[str | None, str, str] = (None, "", ""),
-                 attributes: dict[str, dict[str, Any]] | None = None) -> None:
+                 attributes: dict[str, dict[str, Any]] | None = None,
+                 identities: Identities = NO_IDENTITIES) -> None:
         self.settings = settings
         self.tools = tools
         self.budget = budget
@@ -95,6 +101,9 @@ class Latch:
         #: Why the run has no tools at all when that is not the model's fault (the registry
         #: toolset it names is unknown): every call fails with it instead of ``unknown_tool``.
         self.unknown: tuple[Reason, str] | None = None
+        #: What each tool is called and what kind it is, and which names two tools share
+        #: (``identity.identities`` of the run's tools).
+        self.identities = identities
 
     def decide(self, call: Call, truncated: bool, duplicate: bool,
                measure: Callable[[Call], int] | None = None,
@@ -123,7 +132,7 @@ class Latch:
         rules = self.settings.approvals
         key = (call.name if call.tool is None else call.tool) or ""
         causes = []
-        if key in rules.require_approval:
+        if call.name in rules.require_approval:  # (by name, whatever the tool's kind)
             causes.append(REQUIRE_APPROVAL)
         if rules.destructive and self.attributes.get(key, _NO_ATTRIBUTES).get(
                 "annotations", _NO_ATTRIBUTES).get("destructiveHint") is True:
@@ -167,7 +176,12 @@ class Latch:
         if duplicate:
             return Reason.DUPLICATE_CALL_ID, "another call of this run has the same id"
         key = call.name if call.tool is None else call.tool
+        if self.identities.refuses(key, call.name, call.kind, self.tools):
+            return Reason.AMBIGUOUS_TOOL, ("two of the run's tools have this name: it is not "
+                                           "guessed which one the call means")
         tool = self.tools.get(key)
+        if tool is not None and not self.identities.declared_as(key, call.kind):
+            tool = None  # (a tool of another kind under the same key: not this call's)
         if tool is None:
             if self.unknown is not None:
                 return self.unknown
@@ -190,9 +204,9 @@ class Latch:
         ``enforce`` mode a call it does not allow fails ``policy_denied``, naming the
         determining policies (never argument text)."""
         arguments = call.arguments if call.parsed else text  # a custom call: its input text
+        attributes = self.identities.attributes(key, self.attributes.get(key, _NO_ATTRIBUTES))
         decision = policy.decide(PolicyRequest(
-            self.tenant, key, self.attributes.get(key, _NO_ATTRIBUTES), arguments,
-            self.provider, self.run_id))
+            self.tenant, call.name or key, attributes, arguments, self.provider, self.run_id))
         call.decision = decision
         if decision.allow or policy.mode != ENFORCE:
             return None
@@ -239,12 +253,19 @@ _NO_ATTRIBUTES: dict[str, Any] = {}
 
 def denial(decision: PolicyDecision) -> str:
     """Why a call was denied, by policy id and error kind only (the detail of its
-    ``policy_denied`` error)."""
+    ``policy_denied`` error): the determining policies and the errors, each in the file's
+    order (as the decision lists them), the forbids first."""
+    policies = ", ".join(decision.policies)
+    errors = "a policy could not be evaluated, which denies the call: " + ", ".join(
+        decision.errors)
+    if decision.errors and decision.policies and not decision.forbidden:
+        return f"{errors} (permitted by policy {policies} otherwise)"
+    if decision.errors and decision.policies:
+        return f"forbidden by policy {policies}; {errors}"
     if decision.errors:
-        return ("a policy could not be evaluated, which denies the call: "
-                + ", ".join(decision.errors))
+        return errors
     if decision.policies:
-        return "forbidden by policy " + ", ".join(decision.policies)
+        return "forbidden by policy " + policies
     return "no policy permits this call"
 
 

@@ -177,6 +177,9 @@ class Reason(StrEnum):
     APPROVAL_DENIED = "approval_denied"
     #: No decision came for the call within ``approvals.approval_timeout_s`` of record time.
     APPROVAL_TIMEOUT = "approval_timeout"
+    #: Two of the run's tools would share the call's name (or key): which one it means is not
+    #: guessed (``worker/core/identity.py``).
+    AMBIGUOUS_TOOL = "ambiguous_tool"
 
 
 class DlqReason(StrEnum):

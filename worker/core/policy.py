@@ -32,9 +32,11 @@ class PolicyRequest(NamedTuple):
 
     #: The run's tenant (None: the run named none).
     tenant: str | None
-    #: The tool's name as the run registered it.
+    #: The tool's name: the one its committed record carries, whatever type the run declared
+    #: it as (``worker/core/identity.py``).
     tool: str
-    #: The tool's attributes: its toolset and MCP annotations, when given.
+    #: The tool's attributes: its ``kind``; its toolset and MCP annotations, when given; an MCP
+    #: server's ``server_label``.
     attributes: dict[str, Any]
     #: The committed arguments (the parsed value).
     arguments: Any
@@ -58,6 +60,9 @@ class PolicyDecision(NamedTuple):
     #: Whether a determining permit asks for a person's approval first (a Cedar
     #: ``@approval("required")`` annotation; README, "Approvals").
     approval: bool = False
+    #: Whether the determining policies are satisfied ``forbid`` policies (else, when there are
+    #: any, they are the permits that allowed the call, perhaps beside an error).
+    forbidden: bool = False
 
 
 class Policy(Protocol):

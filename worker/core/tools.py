@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -298,20 +298,30 @@ ANTHROPIC_SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_", "tool_
 
 
 def client_tools(provider: str, tools: Any) -> dict[str, Any]:
-    """Map each client tool's name to its parameter schema; ignore anything else."""
+    """Map each client tool's name to its parameter schema; ignore anything else. Of two
+    entries with one key the first is here; the latch refuses the calls of both
+    (``worker/core/identity.py``, ``ambiguous_tool``)."""
     found: dict[str, Any] = {}
+    for key, schema, _ in client_entries(provider, tools):
+        if key not in found:
+            # interned: a call of the tool keeps its name as this one string (Assembler._open)
+            found[sys.intern(key)] = schema
+    return found
+
+
+def client_entries(provider: str, tools: Any) -> Iterator[tuple[str, Any, Mapping[str, Any]]]:
+    """Each client tool of ``tools`` in order, repeats included: the key it registers under,
+    its parameter schema, and the entry that declared it."""
     if not isinstance(tools, list):
-        return found
+        return
     if provider == "google.gemini":
         tools = _gemini_declarations(tools)
     for tool in tools:
         if not isinstance(tool, Mapping):
             continue
         entry = _mcp_tool(tool) if MCP_INPUT_SCHEMA in tool else _client_tool(provider, tool)
-        if entry is not None and entry[0] not in found:
-            # interned: a call of the tool keeps its name as this one string (Assembler._open)
-            found[sys.intern(entry[0])] = entry[1]
-    return found
+        if entry is not None:
+            yield entry[0], entry[1], tool
 
 
 def _client_tool(provider: str, tool: Mapping[str, Any]) -> tuple[str, Any] | None:

@@ -4,18 +4,23 @@
 
     latch policy check (FILE | --policy-version N) [--tools FILE | --toolset NAME@VERSION]
     latch policy test (--policy FILE | --policy-version N) --tenant T --tool NAME
-                      --arguments FILE [--tools FILE | --toolset NAME@VERSION] [--mode M]
+                      [--server-label LABEL] --arguments FILE
+                      [--tools FILE | --toolset NAME@VERSION] [--mode M]
     latch policy schema (--tools FILE | --toolset NAME@VERSION)
 
 ``check`` parses a policy set and, given tools, validates it against the Cedar schema Latch
 generates from them (``schema`` prints it); each problem is one line ``FILE:LINE:COLUMN: what``.
-``test`` decides one call as the worker would (the tool's MCP annotations come from the tools)
-and prints the decision and the determining policies. The policy set is a ``.cedar`` file or
-a version in the registry (``--policy-version``); the tools are a file (``--tools``: a JSON
-array of tool definitions in a provider's format or MCP ``tools/list`` entries, or a
-``tools/list`` result) or a toolset version in the registry (``--toolset NAME@VERSION``). The
-registry is the topic ``topics.registry`` of ``--config``, read whole once (:func:`main` takes
-a :class:`~worker.runtime.governance.registry.RegistryState` instead, for tests).
+``test`` decides one call as the worker would and prints the decision and the determining
+policies: the resource is the tool's name, with the attributes the worker gives it from the
+tools (its ``kind``, its MCP annotations, the ``--toolset``'s name; ``--server-label`` for an
+approval request of a Responses MCP server, whose tool names are not declared). A name two of
+the tools share is denied as the worker refuses it (``ambiguous_tool``), before any policy.
+The policy set is a ``.cedar`` file or a version in the registry (``--policy-version``); the
+tools are a file (``--tools``: a JSON array of tool definitions in a provider's format or MCP
+``tools/list`` entries, or a ``tools/list`` result) or a toolset version in the registry
+(``--toolset NAME@VERSION``). The registry is the topic ``topics.registry`` of ``--config``,
+read whole once (:func:`main` takes a :class:`~worker.runtime.governance.registry.RegistryState`
+instead, for tests).
 
 Exit 0: the policy set is fine, the call allowed, the schema printed; 1: problems found, the
 call denied; 2: a usage error, or a file, registry or version that cannot be read.
@@ -32,8 +37,10 @@ from typing import Any
 import orjson
 
 from worker.core.envelope import PROVIDERS
+from worker.core.identity import MCP, identities
+from worker.core.ops import FUNCTION
 from worker.core.policy import ENFORCE, LOG_ONLY, PolicyRequest
-from worker.core.tools import client_tools, tool_attributes
+from worker.core.tools import client_tools, responses_tool_key, tool_attributes
 from worker.runtime.governance import policy as cedar
 from worker.runtime.governance.registry import POLICY, TOOLSET, RegistryState
 
@@ -87,7 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("--tenant", metavar="T",
                       help="the run's tenant (default: none, the principal "
                            "Latch::Anonymous::\"anonymous\")")
-    test.add_argument("--tool", required=True, metavar="NAME", help="the tool's name")
+    test.add_argument("--tool", required=True, metavar="NAME",
+                      help="the tool's name, as its committed record carries it (a Responses "
+                           "custom tool: its name; computer use: computer)")
+    test.add_argument("--server-label", metavar="LABEL",
+                      help="the call is an approval request of the Responses MCP server LABEL "
+                           "(--tool: the MCP tool's name)")
     test.add_argument("--arguments", required=True, metavar="FILE",
                       help="the call's arguments (a JSON file, - for stdin)")
     test.add_argument("--run-id", default="policy-test", metavar="ID",
@@ -241,13 +253,26 @@ def _test(args: argparse.Namespace, sources: _Sources) -> int:
         raise _Usage(f"cannot read {args.arguments}: {exc.strerror}") from exc
     except orjson.JSONDecodeError as exc:
         raise _Usage(f"{args.arguments} is not JSON: {exc}") from exc
-    if named is not None and args.tool not in client_tools(provider, tools):
+    registered, ids = client_tools(provider, tools), identities(provider, tools)
+    kind, key = FUNCTION, ids.key_of(args.tool, registered)
+    if args.server_label is not None:
+        kind, key = "mcp_approval_request", responses_tool_key(
+            "mcp_approval_request", args.server_label)
+    if named is not None and ids.refuses(key or args.tool, args.tool, kind, registered):
+        print("decision: deny (ambiguous_tool: two of the tools have this name, and the "
+              "worker refuses its calls before any policy)")
+        return 1
+    if named is not None and key not in registered:
         print(f"note: {args.tool} is not among the tools of {named} (the call would fail "
               "unknown_tool before any policy)", file=sys.stderr)
+    toolset = None if args.toolset is None else toolset_name(args.toolset)
+    given = tool_attributes(tools, registered, toolset).get(key or args.tool, {})
+    attributes = ids.attributes(key or args.tool, given)
+    if args.server_label is not None:  # (as the worker's, declared or not)
+        attributes.update(kind=MCP, server_label=args.server_label)
     policy = cedar.CedarPolicy(source, args.mode, where, version=version)
     decision = policy.decide(PolicyRequest(
-        args.tenant, args.tool, tool_attributes(tools).get(args.tool, {}), arguments,
-        provider, args.run_id))
+        args.tenant, args.tool, attributes, arguments, provider, args.run_id))
     verdict = "allow" if decision.allow else "deny"
     print(f"decision: {verdict} ({decision.mode})")
     print("determining policies: " + (", ".join(decision.policies) or "none"))

@@ -1560,6 +1560,24 @@ class TestReasonApprovalTimeout:
         assert reasons(emits) == ["approval_timeout"]
 
 
+class TestReasonAmbiguousTool:
+    """``ambiguous_tool``: two of the run's tools would share the call's name
+    (tests/core/unit/test_identity.py has each way to get there)."""
+
+    def test_a_name_declared_twice_is_refused_and_the_others_commit(self) -> None:
+        """``read_file`` declared twice: its call fails, not checked against either schema;
+        a call of the run's other tool commits."""
+        settings, envs = SCENARIOS[Reason.AMBIGUOUS_TOOL]
+        emits = feed(assembler(**settings), envs)
+        check_outputs(emits)
+        assert reasons(emits) == ["ambiguous_tool"]
+        tools = tools_for(CHAT, {**TOOLS, "other": {}}) + tools_for(CHAT, {"read_file": {}})
+        emits = feed(assembler(), chat_run("r1", tools, chat_calls(
+            [("c1", "read_file", "{}"), ("c2", "other", "{}")])))
+        assert reasons(emits) == ["ambiguous_tool"]
+        assert [c["call_id"] for c in committed(emits)] == ["c2"]
+
+
 # ===========================================================================================
 # Across all reasons: shape, secrecy, redelivery, order and determinism.
 # ===========================================================================================
@@ -1622,6 +1640,9 @@ def scenarios() -> dict[Reason, tuple[dict[str, Any], list[dict[str, Any]]]]:
                                                         decision("r1", "deny", "c1")]),
         Reason.APPROVAL_TIMEOUT: ({"approvals": GATED}, [*chat([("c1", "read_file", good)], ts=0),
                                                          tick(30_000)]),
+        # two declarations of read_file (worker/core/identity.py)
+        Reason.AMBIGUOUS_TOOL: ({}, chat_run("r1", tools + tools_for(CHAT, {"read_file": {}}),
+                                             chat_calls([("c1", "read_file", good)]))),
     }
 
 

@@ -49,6 +49,8 @@ CONTRACT_REASONS = [
     "policy_denied", "unknown_toolset",
     # issue 26: a person denied a call waiting for approval, or did not decide in time
     "approval_denied", "approval_timeout",
+    # issue 32: two of the run's tools would share the call's name
+    "ambiguous_tool",
 ]  # fmt: skip
 
 PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages", "bedrock.converse",

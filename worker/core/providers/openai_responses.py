@@ -51,6 +51,7 @@ import orjson
 
 from worker.core import keys, strictjson
 from worker.core import ops as op
+from worker.core.identity import RESPONSES_ITEM_NAMES
 from worker.core.tools import responses_tool_key
 
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
@@ -329,8 +330,9 @@ class OpenAIResponses(op.Adapter):
         return {**self._response, "output": output}, None
 
 
-#: The name a committed ``computer_call`` or ``local_shell_call`` carries (its item has none).
-_CLIENT_ITEM_NAMES = {"computer_call": "computer", "local_shell_call": "local_shell"}
+#: The name a committed ``computer_call`` or ``local_shell_call`` carries (its item has none):
+#: the tool's name everywhere (``worker/core/identity.py``).
+_CLIENT_ITEM_NAMES = RESPONSES_ITEM_NAMES
 
 
 def _kept(item: dict[str, Any]) -> dict[str, Any]:

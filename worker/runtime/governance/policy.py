@@ -8,9 +8,13 @@ is one Cedar request, evaluated by the Cedar engine through ``cedarpy``:
 * principal ``Latch::Tenant::"<tenant>"``, or ``Latch::Anonymous::"anonymous"`` for a run that
   names no tenant (never a tenant, not even ``""``: ``principal is Latch::Tenant`` excludes it);
 * action ``Latch::Action::"call"``;
-* resource ``Latch::Tool::"<the key the tool is registered under>"``, an entity whose attributes
-  are ``annotations`` (the MCP hints the run gave, :func:`worker.core.tools.tool_attributes`;
-  empty otherwise) and ``toolset`` when the tool came from one;
+* resource ``Latch::Tool::"<name>"``, the tool's name as its committed record carries it
+  (``worker/core/identity.py``: one name, whatever type the run declared the tool as), an
+  entity whose attributes are ``kind`` (``function``, ``custom``, ``computer``,
+  ``local_shell``, ``mcp``, an Anthropic tool type such as ``bash``), ``annotations`` (the MCP
+  hints the run gave, :func:`worker.core.tools.tool_attributes`; empty otherwise),
+  ``toolset`` when the tool came from one, and ``server_label`` for an MCP server's approval
+  request;
 * context ``{arguments, provider, run_id}``: the committed arguments mapped by
   :func:`cedar_value`.
 
@@ -208,7 +212,10 @@ class CedarPolicy:
         allow = result.allowed and not errors
         # (when allowed, the determining policies are the permits: one marked asks a person)
         approval = allow and any(p in self._approval for p in reasons)
-        return PolicyDecision(self._mode, allow, ids, errors, self._version, approval=approval)
+        # (when Cedar denies, the determining policies are the satisfied forbids)
+        forbidden = not result.allowed and bool(reasons)
+        return PolicyDecision(self._mode, allow, ids, errors, self._version, approval=approval,
+                              forbidden=forbidden)
 
     def _tool(self, tool: str, attributes: Mapping[str, Any]) -> cedarpy.Entities:
         try:  # (the attributes are JSON values: a run's tool definition)
@@ -281,8 +288,10 @@ def cedar_schema(tools: Any, provider: str = "openai.chat") -> dict[str, Any]:
         "entityTypes": {
             "Tenant": {}, "Anonymous": {},
             "Tool": {"shape": {"type": "Record", "attributes": {
+                "kind": {"type": "String"},
                 "annotations": {"type": "Record", "attributes": hints},
-                "toolset": {"type": "String", "required": False}}}},
+                "toolset": {"type": "String", "required": False},
+                "server_label": {"type": "String", "required": False}}}},
         },
         "actions": {"call": {"appliesTo": {
             "principalTypes": ["Tenant", "Anonymous"], "resourceTypes": ["Tool"],
