@@ -120,6 +120,7 @@ def _lazy(target: str) -> Callable[[argparse.Namespace], int]:
 
 def _assemble(args: argparse.Namespace) -> int:
     from worker.runtime.config import ConfigError, assembler_policy, load_config
+    from worker.runtime.governance.approvers import approvers as approvers_for
 
     try:
         config = load_config(args.config)
@@ -127,6 +128,7 @@ def _assemble(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from exc
     assembler = Assembler(config.assemble)
     assembler.policy = assembler_policy(config)
+    assembler.approvals.approvers = approvers_for(config)
     if args.registry:
         assembler.toolsets = _registry_toolsets(config)
     out = sys.stdout.buffer

@@ -49,6 +49,7 @@ from worker.runtime import control, refusals
 from worker.runtime import partition as partition_module
 from worker.runtime.assignment import Assignment, control_behind
 from worker.runtime.config import Config
+from worker.runtime.governance.approvers import approvers as approvers_for
 from worker.runtime.governance.policy_source import PolicySource
 from worker.runtime.governance.registry import (
     POLICY_HISTORY,
@@ -195,6 +196,8 @@ class Driver:
         self.registry: RegistryView | None = None
         #: The policy in force for a version a marker names (:mod:`policy_source`).
         self.policies = PolicySource(config)
+        #: Whose signed decisions count (governance/approvers.py; None: unsigned ones do).
+        self.approvers = approvers_for(config)
         #: The partitions this worker owns, their states and gauges (assignment.py).
         self.owned = Assignment(hooks)
         #: Each written topic's limit, checked before each output is sent (refusals.py):
@@ -354,6 +357,7 @@ class Driver:
         from the heads, its open runs' records to read from :attr:`Takeover.start`."""
         assembler = Assembler(self.config.assemble)
         assembler.policy = self.policies.initial()
+        assembler.approvals.approvers = self.approvers
         state = PartitionState(assembler, next_offset=resume)
         takeover = Takeover(state, partition, resume, self.heads.load(state, partition),
                             self._set_policy)
