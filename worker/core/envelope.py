@@ -334,7 +334,7 @@ def _signature(value: Any) -> Signature | str | None:
     key, ts, mac = value.get("key"), value.get("ts"), value.get("mac")
     if not isinstance(key, str) or not 0 < len(key) <= _MAX_KEY_ID:
         return f"signature.key is not a string of 1 to {_MAX_KEY_ID} characters"
-    if not _is_count(ts):
+    if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
         return "signature.ts is not a non-negative integer"
     if not isinstance(mac, str) or len(mac) != 64 or not _HEX.issuperset(mac):
         return "signature.mac is not 64 hex characters"

@@ -138,3 +138,22 @@ def test_the_approvers_section_gives_keys_owners_and_a_signer(tmp_path: Path) ->
     path.write_text("approvers:\n  keys: {x-1: 'env:X'}\n")
     with pytest.raises(ConfigError, match="x-1 has no owner"):
         approvers(load_config(path), {"X": "x" * 40})
+
+
+def test_the_forward_carries_the_signature_and_it_still_verifies() -> None:
+    """The worker forwards a signed decision from the control topic into the events log with
+    its ``signature`` unchanged (checked where it is applied, not here); the forwarded marker
+    verifies against the approvers' keys, and a malformed signature is an
+    ``invalid_envelope`` DLQ record at the forward, never a decision."""
+    from worker.core.envelope import Source, decode
+    from worker.runtime.control import route
+    from worker.runtime.step import Record
+
+    source = Source("llm.stream.control", 0, 9)
+    env = _signed(decision("r1", "approve", "c2", by="alice"), "alice-1")
+    key, value = route(Record(b"r1", orjson.dumps(env), None, source))  # type: ignore[misc]
+    forwarded = decode(key, value)
+    assert Approvers(KEYS, GROUPS).refusal(forwarded) is None  # type: ignore[arg-type]
+    bad = {**env, "signature": {**env["signature"], "mac": "X" * 64}}
+    refused = route(Record(b"r1", orjson.dumps(bad), None, source))
+    assert refused.value["reason"] == "invalid_envelope"  # type: ignore[union-attr]
