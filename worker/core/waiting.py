@@ -38,25 +38,29 @@ class Waiting:
         #: The control records whose decisions each run applied (``Remembered.decided``).
         self.decided = decided
         #: The approvers' keys: a decision counts only signed by one (None: unsigned
-        #: decisions count, no approver is checked; ``Assembler.approvers``).
+        #: decisions count, no approver is checked; ``Assembler.approvals``).
         self.approvers: Approvers | None = None
 
     def decision(self, run: Run, decision: Decision, raw: Any) -> list[Emit]:
         """A person's decision on one of ``run``'s held calls: its outcome, or a DLQ record
         naming why not. A decision whose control record the run already applied or refused
         (forwarded twice: the faust engine forwards at least once) is a repeat: counted,
-        nothing emitted. With :attr:`approvers` set, a decision counts only when it is signed
-        by an approver's key and the policy in force allows that approver to make it
-        (core/approvers.py: who may send it, and what is trusted); otherwise it goes to the
-        DLQ and the call stays held."""
+        nothing emitted (a forgery, refused for its signature, is not remembered: its
+        ``control`` is the writer's to choose). With :attr:`approvers` set, a decision counts
+        only when it is signed by an approver's key and the policy in force allows that
+        approver to make it (core/approvers.py: who may send it, and what is trusted);
+        otherwise it goes to the DLQ and the call stays held."""
         control = decision.control
         if control is not None and control in self.decided.get(run.run_id, ()):
             self.ledger.stats["duplicates"] += 1
             return []
-        refused = self._refusal(run, decision)
-        if refused is None:
-            if control is not None:  # (applied or refused below: either way, once)
+        approvers = self.approvers
+        refused = None if approvers is None else approvers.refusal(decision)
+        if refused is None:  # (an approver's decision: applied or refused below, once)
+            if control is not None:
                 self.decided.setdefault(run.run_id, set()).add(control)
+            refused = self._not_allowed(run, decision)
+        if refused is None:
             done = run.decision(decision.decision, decision.tool_call_id, decision.by,
                                 decision.reason, decision.arguments)
             if not isinstance(done, tuple):
@@ -65,18 +69,15 @@ class Waiting:
         reason, detail = refused
         return [self.ledger.reject(Rejected(reason, detail, run.run_id), *raw_or_empty(raw))]
 
-    def _refusal(self, run: Run, decision: Decision) -> tuple[DlqReason, str] | None:
-        """Why a decision does not count (unsigned, badly signed, an approver the policy in
-        force does not allow), or None. The decision is recorded on the held call it decides
-        (its audit record names the approver)."""
-        approvers = self.approvers
-        refused = None if approvers is None else approvers.refusal(decision)
-        if refused is not None:
-            return refused
+    def _not_allowed(self, run: Run, decision: Decision) -> tuple[DlqReason, str] | None:
+        """Why the policy in force does not let a (verified) approver make ``decision``, or
+        None; the decision is then recorded on the held call it decides (its audit record
+        names the approver). A call not held is left to ``Run.decision`` to say why."""
         call = next((c for c in run.calls.values() if c.state is CallState.PENDING_APPROVAL
                      and c.tool_call_id == decision.tool_call_id), None)
-        if call is None:  # (run.decision says why: unknown, not pending, decided)
+        if call is None:
             return None
+        approvers = self.approvers
         if approvers is not None:
             latch = run.latch
             key = (call.name if call.tool is None else call.tool) or ""

@@ -219,3 +219,27 @@ class TestRepeats:
         again = feed(a, [early])
         assert again == [] and a.waiting_runs == 1
         assert a.stats["duplicates"] == 1
+
+
+class TestRepeatsOfSignedDecisions:
+    def test_a_signed_decision_refused_by_the_policy_stays_refused_when_forwarded_again(
+            self) -> None:
+        """A signed approve the policy in force refuses (``approver_not_allowed``), forwarded
+        again after the policy changed to allow it, is a repeat: one control record, one
+        answer. A forgery carrying the same ``control`` is refused and not remembered, so it
+        cannot pre-empt a real decision's control record."""
+        class Approvers_(Allow):
+            allowed = False
+
+            def decide_approver(self, request: Any) -> PolicyDecision:
+                return PolicyDecision(ENFORCE, self.allowed, ("approvers",), version=2)
+
+        policy = Approvers_()
+        a = asm(policy)
+        feed(a, held_run())
+        forged = {**decision("r1", "approve", "c2", by="alice"), "control": [0, 9]}
+        assert [d["reason"] for d in dlq(feed(a, [forged]))] == ["approval_unsigned"]
+        real = {**signed(decision("r1", "approve", "c2", by="alice")), "control": [0, 9]}
+        assert [d["reason"] for d in dlq(feed(a, [real]))] == ["approver_not_allowed"]
+        policy.allowed = True
+        assert feed(a, [real]) == [] and a.waiting_runs == 1
