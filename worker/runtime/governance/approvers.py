@@ -21,7 +21,7 @@ __all__ = ["DecisionSigner", "approvers", "decision_signer"]
 
 
 def approvers(config: Config, env: Mapping[str, str] | None = None) -> Approvers | None:
-    """The worker's approvers (``Assembler.approvers``): None when ``approvers.keys`` is
+    """The worker's approvers (``Assembler.approvals.approvers``): None when ``approvers.keys`` is
     empty (decisions are not signed). Raises :class:`ConfigError` for a key that cannot be
     read or has no owner."""
     settings = config.approvers
