@@ -2,7 +2,7 @@
 
 Who sends what: a decision reaches a run as a marker in its events partition, put there by
 whoever may write the control topic (the gateway writes cancels there) or the events topic
-(the gateway). With approvers configured (``Assembler.approvers``), only a decision signed
+(the gateway). With approvers configured (``Assembler.approvals.approvers``), only a decision signed
 by an approver's key counts; each test below sends a decision from someone who is not the
 approver (no signature, another key, a signature made for something else) and shows that
 it changes nothing but one DLQ record, the call staying held. Then: an approve is decided

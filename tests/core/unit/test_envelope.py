@@ -234,8 +234,8 @@ def test_late_event_is_summed_up(setup: Setup, key: bytes | None, value: bytes) 
 #: or when Kafka refuses an output record (``worker.runtime.refusals``): the core must never
 #: produce them, so no input may reach them through ``feed_record``.
 WORKER_ONLY = {DlqReason.INTERNAL_ERROR, DlqReason.OUTPUT_REFUSED}
-#: Reasons given only with approvers configured (``Assembler.approvals.approvers``): each is reached in
-#: tests/core/unit/test_approvers.py and tests/runtime/unit/test_approver_policy.py.
+#: Reasons given only with approvers configured (``Assembler.approvals.approvers``): each is
+#: reached in tests/core/unit/test_approvers.py and tests/runtime/unit/test_approver_policy.py.
 SIGNED_ONLY = {DlqReason.APPROVAL_UNSIGNED, DlqReason.APPROVER_UNKNOWN_KEY,
                DlqReason.APPROVAL_BAD_SIGNATURE, DlqReason.APPROVER_NOT_ALLOWED}
 
