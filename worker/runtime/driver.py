@@ -198,6 +198,12 @@ class Driver:
         self.policies = PolicySource(config)
         #: Whose signed decisions count (governance/approvers.py; None: unsigned ones do).
         self.approvers = approvers_for(config)
+        if self.approvers is None and (config.approvals.require_approval
+                                       or config.approvals.destructive
+                                       or config.policy.mode == "enforce"):
+            log.warning("approvers.keys is empty: decisions on held calls are not signed, and "
+                        "any writer of the control or events topic can approve (README, "
+                        "Approvals)")
         #: The partitions this worker owns, their states and gauges (assignment.py).
         self.owned = Assignment(hooks)
         #: Each written topic's limit, checked before each output is sent (refusals.py):
