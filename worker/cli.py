@@ -120,6 +120,7 @@ def _lazy(target: str) -> Callable[[argparse.Namespace], int]:
 
 def _assemble(args: argparse.Namespace) -> int:
     from worker.runtime.config import ConfigError, load_config
+    from worker.runtime.governance.approvers import approvers as approvers_for
     from worker.runtime.governance.policy_source import assembler_policy
 
     try:
@@ -129,6 +130,7 @@ def _assemble(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from exc
     assembler = Assembler(config.assemble)
     assembler.policy = policy
+    assembler.approvals.approvers = approvers_for(config)
     if args.registry:
         assembler.toolsets = _registry_toolsets(config)
     out = sys.stdout.buffer

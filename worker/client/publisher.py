@@ -239,7 +239,19 @@ class Publisher:
                                "tool_call_id": tool_call_id, "by": by, "reason": reason}
         if arguments is not None:
             doc["arguments"] = arguments
+        signer = self._decision_signer()
+        if signer is not None:  # (approvers.key_id: the decision counts only signed)
+            doc = signer.sign(doc, _now_ms() if self._clock is None else self._clock())
         self.send_envelope(doc)
+
+    def _decision_signer(self) -> Any:
+        """The approver's signer (``approvers.key_id``; None: decisions go unsigned), read
+        once. Raises :class:`~worker.runtime.config.ConfigError`."""
+        if not hasattr(self, "_signer"):
+            from worker.runtime.governance.approvers import decision_signer
+
+            self._signer = decision_signer(self.config)
+        return self._signer
 
     def send_envelope(self, envelope: Mapping[str, Any]) -> str:
         """Send one envelope as it is (plus ``ts`` when it has none); return the topic.

@@ -182,6 +182,10 @@ class Assembler:
         self.decided = self._remembered.decided
         self._approvals = Waiting(self._runs, self._unpeeked, self._ledger, self.decided)
         self._waiting = self._approvals.runs
+        #: The partition's approvals (core/waiting.py): set ``approvals.approvers`` to the
+        #: approvers' keys (core/approvers.py) and a decision counts only when an approver
+        #: signed it and the policy in force allows that approver (None: unsigned ones count).
+        self.approvals = self._approvals
         self._ledger.park = self._approvals.park
         self._validators = validators or shared_validators(SchemaLimits(
             self.settings.max_schema_nodes, self.settings.max_schema_validation_steps))

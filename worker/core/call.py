@@ -33,7 +33,7 @@ class Call:
     state, rather than a dataclass: compiled, a dataclass is still built by the interpreter.)
     """
 
-    __slots__ = ("announced", "arguments", "call_id", "choice", "decision", "detail",
+    __slots__ = ("announced", "approval", "arguments", "call_id", "choice", "decision", "detail",
                  "emitted", "folded", "held", "held_ms", "index", "key", "kind", "name",
                  "nbytes", "order", "parent", "parsed", "parts", "reason", "refused", "state",
                  "text", "tool")
@@ -79,6 +79,9 @@ class Call:
         #: record has been emitted.
         self.held_ms = 0
         self.announced = False
+        #: The decision that decided it once held, and by whom: (``approve``/``deny``/``edit``,
+        #: the approver, the id of the key that signed it or None); its audit record names it.
+        self.approval: tuple[str, str, str | None] | None = None
 
     def __repr__(self) -> str:  # never the text: it may hold a secret
         return f"Call({self.key!r}, {self.call_id!r}, {self.name!r}, {self.state})"

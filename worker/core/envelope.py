@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from worker.core.approvers import Signature
 from worker.core.model import DlqReason
 from worker.core.settings import MAX_ID_CHARACTERS as _MAX_CALL_ID
 from worker.core.strictjson import MAX_DEPTH, nested_deeper
@@ -130,6 +131,8 @@ class Decision(NamedTuple):
     #: The control record it was forwarded from, (partition, offset) (None: not forwarded by a
     #: worker): a decision whose control record its run already applied is a repeat.
     control: tuple[int, int] | None = None
+    #: The approver's signature (``core/approvers.py``; None: unsigned).
+    signature: Signature | None = None
 
 
 class Source(NamedTuple):
@@ -315,8 +318,32 @@ def _decision(doc: dict[str, Any], kind: str, run_id: str, ts: int | None
             return Rejected(DlqReason.INVALID_ENVELOPE, "control is not [partition, offset] of "
                             "non-negative integers", run_id)
         control = (control[0], control[1])
+    signature = _signature(doc.get("signature"))
+    if isinstance(signature, str):
+        return Rejected(DlqReason.INVALID_ENVELOPE, signature, run_id)
     return Decision(run_id, ts, kind, call_id, by, reason,
-                    arguments if kind == EDIT else None, control)
+                    arguments if kind == EDIT else None, control, signature)
+
+
+def _signature(value: Any) -> Signature | str | None:
+    """A decision's ``signature`` object (None: absent), or what is wrong with it."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return "signature is not an object"
+    key, ts, mac = value.get("key"), value.get("ts"), value.get("mac")
+    if not isinstance(key, str) or not 0 < len(key) <= _MAX_KEY_ID:
+        return f"signature.key is not a string of 1 to {_MAX_KEY_ID} characters"
+    if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
+        return "signature.ts is not a non-negative integer"
+    if not isinstance(mac, str) or len(mac) != 64 or not _HEX.issuperset(mac):
+        return "signature.mac is not 64 hex characters"
+    return Signature(key, ts, mac)
+
+
+_HEX = frozenset("0123456789abcdef")
+#: The longest approver key id accepted (``approvers.keys``: 64 characters).
+_MAX_KEY_ID = 64
 
 
 def _is_count(value: Any) -> bool:

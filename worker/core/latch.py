@@ -143,6 +143,19 @@ class Latch:
             causes.append(POLICY)
         return tuple(causes)
 
+    def approve(self, call: Call, policy: Policy | None) -> None:
+        """A person approved the held ``call``: it commits, unless the policy in force now
+        (which may differ from the one that held it) forbids it; then it fails
+        ``policy_denied`` and gives its place in the budget back. Never committed unchecked."""
+        if policy is not None and policy.mode != OFF:
+            key = (call.name if call.tool is None else call.tool) or ""
+            failure = self._check_policy(call, key, call.text or "", policy)
+            if failure is not None:
+                call.fail(*failure)
+                self.release()
+                return
+        call.step(CallEvent.APPROVE)
+
     def release(self) -> None:
         """A held call failed (denied, timed out): it gives its place in the budget back."""
         self.committed -= 1

@@ -205,6 +205,14 @@ class DlqReason(StrEnum):
     CALL_NOT_PENDING = "call_not_pending"
     #: An approval decision names a call that already has its outcome (decided, timed out).
     CALL_ALREADY_DECIDED = "call_already_decided"
+    #: Approvers are configured and a decision carries no signature (core/approvers.py).
+    APPROVAL_UNSIGNED = "approval_unsigned"
+    #: A decision signed with a key id the worker does not know, or one of another approver.
+    APPROVER_UNKNOWN_KEY = "approver_unknown_key"
+    #: A decision whose signature does not verify (altered, or signed for something else).
+    APPROVAL_BAD_SIGNATURE = "approval_bad_signature"
+    #: A signed decision whose approver the policy in force does not allow to make it.
+    APPROVER_NOT_ALLOWED = "approver_not_allowed"
 
 
 class RunStatus(StrEnum):

@@ -142,6 +142,9 @@ class Outputs:
                   "arguments": argument_digest(call, value if committed else None),
                   "trace_id": None, "source": None,
                   "idempotency_key": value["idempotency_key"]}
+        if call.approval is not None:  # (a person's decision decided it: who, and which)
+            kind, by, key = call.approval
+            record["approval"] = {"decision": kind, "by": by, "key": key}
         return Emit(Topic.AUDIT, self._run_id, record)
 
     def _where(self, call: Call) -> dict[str, Any]:

@@ -489,8 +489,8 @@ class Run:
             state = next(c.state for c in found if c.state is not _OPEN)
             return DlqReason.CALL_ALREADY_DECIDED, f"the call is already {state}"
         stats = self.ledger.stats
-        if kind == "approve":
-            call.step(CallEvent.APPROVE)
+        if kind == "approve":  # (decided against the policy in force now: Latch.approve)
+            self.latch.approve(call, self.ledger.policy)
         elif kind == "edit":
             before = call.nbytes
             self.latch.edit(call, arguments or "", self.out.committed_size, self.ledger.policy)

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+from worker.core.approvers import ApproverRequest, Approvers, approver_refusal
 from worker.core.envelope import Cancel, Decision, Envelope, Rejected, RunStart, StreamEnd, Tick
 from worker.core.ledger import Ledger
-from worker.core.model import DlqReason, Emit, Reason, RunStatus
+from worker.core.model import CallState, DlqReason, Emit, Reason, RunStatus
 from worker.core.remembered import raw_or_empty
 from worker.core.run import Run
 
@@ -28,7 +29,7 @@ class Waiting:
     ``unpeeked``: the keys of those whose records skip the peek; ``ledger``: the partition's
     counters and DLQ records."""
 
-    __slots__ = ("decided", "ledger", "runs", "streaming", "unpeeked")
+    __slots__ = ("approvers", "decided", "ledger", "runs", "streaming", "unpeeked")
 
     def __init__(self, streaming: OrderedDict[str, Run], unpeeked: set[bytes],
                  ledger: Ledger, decided: dict[str, set[tuple[int, int]]]) -> None:
@@ -36,25 +37,60 @@ class Waiting:
         self.runs: OrderedDict[str, Run] = OrderedDict()
         #: The control records whose decisions each run applied (``Remembered.decided``).
         self.decided = decided
+        #: The approvers' keys: a decision counts only signed by one (None: unsigned
+        #: decisions count, no approver is checked; ``Assembler.approvals``).
+        self.approvers: Approvers | None = None
 
     def decision(self, run: Run, decision: Decision, raw: Any) -> list[Emit]:
         """A person's decision on one of ``run``'s held calls: its outcome, or a DLQ record
-        naming why not (no such call, not waiting, already decided). A decision whose control
-        record the run already applied (forwarded twice: the faust engine forwards at least
-        once) is a repeat: counted, nothing emitted."""
+        naming why not. A decision whose control record the run already applied or refused
+        (forwarded twice: the faust engine forwards at least once) is a repeat: counted,
+        nothing emitted (a forgery, refused for its signature, is not remembered: its
+        ``control`` is the writer's to choose). With :attr:`approvers` set, a decision counts
+        only when it is signed by an approver's key and the policy in force allows that
+        approver to make it (core/approvers.py: who may send it, and what is trusted);
+        otherwise it goes to the DLQ and the call stays held."""
         control = decision.control
         if control is not None and control in self.decided.get(run.run_id, ()):
             self.ledger.stats["duplicates"] += 1
             return []
-        done = run.decision(decision.decision, decision.tool_call_id, decision.by,
-                            decision.reason, decision.arguments)
-        if isinstance(done, tuple):
-            reason, detail = done
-            return [self.ledger.reject(Rejected(reason, detail, run.run_id),
-                                       *raw_or_empty(raw))]
-        if control is not None:
-            self.decided.setdefault(run.run_id, set()).add(control)
-        return done
+        approvers = self.approvers
+        refused = None if approvers is None else approvers.refusal(decision)
+        if refused is None:  # (an approver's decision: applied or refused below, once)
+            if control is not None:
+                self.decided.setdefault(run.run_id, set()).add(control)
+            refused = self._not_allowed(run, decision)
+        if refused is None:
+            done = run.decision(decision.decision, decision.tool_call_id, decision.by,
+                                decision.reason, decision.arguments)
+            if not isinstance(done, tuple):
+                return done
+            refused = done
+        reason, detail = refused
+        return [self.ledger.reject(Rejected(reason, detail, run.run_id), *raw_or_empty(raw))]
+
+    def _not_allowed(self, run: Run, decision: Decision) -> tuple[DlqReason, str] | None:
+        """Why the policy in force does not let a (verified) approver make ``decision``, or
+        None; the decision is then recorded on the held call it decides (its audit record
+        names the approver). A call not held is left to ``Run.decision`` to say why."""
+        call = next((c for c in run.calls.values() if c.state is CallState.PENDING_APPROVAL
+                     and c.tool_call_id == decision.tool_call_id), None)
+        if call is None:
+            return None
+        approvers = self.approvers
+        if approvers is not None:
+            latch = run.latch
+            key = (call.name if call.tool is None else call.tool) or ""
+            refused = approver_refusal(self.ledger.policy, ApproverRequest(
+                decision.by, approvers.groups.get(decision.by, ()), decision.decision,
+                latch.tenant, key, latch.attributes.get(key, {}),
+                call.arguments if call.parsed else call.text, latch.provider, run.run_id))
+            if refused is not None:
+                return refused
+        signature = decision.signature
+        call.approval = (decision.decision, decision.by,
+                         None if signature is None or approvers is None else signature.key)
+        return None
 
     def envelope(self, run: Run, envelope: Envelope, now_ms: int, raw: Any) -> list[Emit]:
         """An envelope of a run whose stream ended and whose calls wait for approval: a

@@ -60,6 +60,7 @@ from worker.runtime.schemas import load_schema, validator
 
 __all__ = [
     "DEFAULT_PATH",
+    "ApproverSettings",
     "Config",
     "ConfigError",
     "KafkaSettings",
@@ -78,7 +79,7 @@ _ENV_PREFIX = "LATCH_"
 _KAFKA_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 _SECRET_KEY = re.compile(
     r"password|passwd|secret|token|credential|jaas|pem|ssl_key|keystore|private|oauthbearer"
-    r"|^signing\.keys")
+    r"|^signing\.keys|^approvers\.keys")
 #: A quoted part of a YAML error message longer than one character (``'!hunter2'``).
 _QUOTED = re.compile(r"'[^']{2,}'|\"[^\"]{2,}\"")
 _REDACTED = "***"
@@ -230,6 +231,25 @@ class SigningSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ApproverSettings:
+    """The ``approvers`` section: who may decide a held call (core/approvers.py; README,
+    *Approvals*). The worker reads ``keys`` (key id -> ``file:PATH`` or ``env:NAME``, as
+    ``signing.keys``), ``owners`` (key id -> the approver it proves) and ``groups`` (approver
+    -> its groups); an approval tool signs with ``key_id``. No keys: decisions are unsigned."""
+
+    key_id: str | None = None
+    keys: Mapping[str, str] = field(default_factory=dict, hash=False)
+    owners: Mapping[str, str] = field(default_factory=dict, hash=False)
+    groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keys", _FrozenDict(self.keys))
+        object.__setattr__(self, "owners", _FrozenDict(self.owners))
+        groups = {k: tuple(v) for k, v in self.groups.items()}
+        object.__setattr__(self, "groups", _FrozenDict(groups))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
 class PolicySettings:
     """The ``policy`` section: whether and how calls are decided by Cedar policies
     (:mod:`worker.runtime.governance.policy`; README, *Policies*)."""
@@ -258,6 +278,7 @@ class Config:
     policy: PolicySettings = field(default_factory=PolicySettings)
     registry: RegistrySettings = field(default_factory=RegistrySettings)
     approvals: ApprovalSettings = field(default_factory=ApprovalSettings)
+    approvers: ApproverSettings = field(default_factory=ApproverSettings)
     source: Path | None = None
 
 
@@ -272,6 +293,7 @@ _SECTIONS: Mapping[str, tuple[type[Any], str]] = MappingProxyType(
         "policy": (PolicySettings, "policy"),
         "registry": (RegistrySettings, "registry"),
         "approvals": (ApprovalSettings, "approvals"),
+        "approvers": (ApproverSettings, "approvers"),
     }
 )
 

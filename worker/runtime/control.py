@@ -34,6 +34,8 @@ def route(record: Record) -> Forward | Emit:
                     "reason": envelope.reason}
         if envelope.arguments is not None:
             decision["arguments"] = envelope.arguments
+        if envelope.signature is not None:  # (checked where it is applied: core/approvers.py)
+            decision["signature"] = envelope.signature._asdict()
         if source is not None:  # (a repeat of this forward is known by it: envelope.py)
             decision["control"] = [source.partition, source.offset]
         return envelope.run_id.encode(), orjson.dumps(decision)

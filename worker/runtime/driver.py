@@ -51,6 +51,7 @@ from worker.runtime import control, refusals
 from worker.runtime import partition as partition_module
 from worker.runtime.assignment import Assignment, control_behind
 from worker.runtime.config import Config
+from worker.runtime.governance.approvers import approvers as approvers_for
 from worker.runtime.governance.policy_source import PolicySource
 from worker.runtime.governance.registry import (
     POLICY_HISTORY,
@@ -200,6 +201,14 @@ class Driver:
         self.registry: RegistryView | None = None
         #: The policy in force for a version a marker names (:mod:`policy_source`).
         self.policies = PolicySource(config)
+        #: Whose signed decisions count (governance/approvers.py; None: unsigned ones do).
+        self.approvers = approvers_for(config)
+        if self.approvers is None and (config.approvals.require_approval
+                                       or config.approvals.destructive
+                                       or config.policy.mode == "enforce"):
+            log.warning("approvers.keys is empty: decisions on held calls are not signed, and "
+                        "any writer of the control or events topic can approve (README, "
+                        "Approvals)")
         #: The partitions this worker owns, their states and gauges (assignment.py).
         self.owned = Assignment(hooks)
         #: Each written topic's limit, checked before each output is sent (refusals.py):
@@ -362,6 +371,7 @@ class Driver:
         from the heads, its open runs' records to read from :attr:`Takeover.start`."""
         assembler = Assembler(self.config.assemble)
         assembler.policy = self.policies.initial()
+        assembler.approvals.approvers = self.approvers
         state = PartitionState(assembler, next_offset=resume)
         takeover = Takeover(state, partition, resume, self.heads.load(state, partition),
                             self._set_policy)

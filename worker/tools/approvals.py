@@ -6,6 +6,10 @@ or already decided: ``latch tail`` shows it).
 
 ``latch edit RUN CALL --arguments FILE`` gives the call new arguments (the file's JSON text,
 ``-`` for stdin), which the worker's latch checks again before it commits or fails them.
+
+With ``approvers.key_id`` in the configuration, the decision is signed with that key (its
+owner must be ``--by``); a worker that lists approvers' keys counts only signed decisions
+by an approver the policy in force allows (README, "Approvals"; decision 0019).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ def _parser(kind: str) -> argparse.ArgumentParser:
     parser.add_argument("run_id", metavar="RUN")
     parser.add_argument("tool_call_id", metavar="CALL", help="the call's id (its pending "
                         "record's call_id)")
-    parser.add_argument("--by", required=True, help="who decides")
+    parser.add_argument("--by", required=True, help="who decides: the approver id that owns "
+                        "approvers.key_id when decisions are signed")
     parser.add_argument("--reason", default="", help="why")
     parser.add_argument("--config", help="latch.yaml (default: ./latch.yaml if present)")
     if kind == "edit":

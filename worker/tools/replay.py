@@ -72,6 +72,7 @@ from tqdm import tqdm
 from worker.core import Assembler, Emit, Topic
 from worker.runtime import admin
 from worker.runtime.config import Config, ConfigError, load_config
+from worker.runtime.governance.approvers import approvers as approvers_for
 from worker.runtime.governance.policy_source import PolicySource, assembler_policy
 from worker.runtime.governance.registry import POLICY_MARKER, RegistryState, marker_version
 from worker.runtime.governance.registry_io import RegistryError, read_whole
@@ -344,8 +345,10 @@ def run_spans(consumer: Consumer, topic: str, spans: Sequence[Span], config: Con
     state = _Progress(consumer, topic, spans, bar)
     assemblers = {p: Assembler(config.assemble) for p in state.active}
     policies = PolicySource(config)  # decided as the live worker decides
+    approvers = approvers_for(config)  # (whose signed decisions count, as live)
     for assembler in assemblers.values():
         assembler.policy = policies.initial()
+        assembler.approvals.approvers = approvers
     wait_ms = int(config.registry.wait_s * 1000)
     for assembler in assemblers.values():
         assembler.toolsets = lambda name, version, at_ms: registry.toolset(

@@ -13,6 +13,7 @@ import pytest
 
 from worker.core.settings import ApprovalSettings, AssembleSettings
 from worker.runtime.config import (
+    ApproverSettings,
     Config,
     ConfigError,
     KafkaSettings,
@@ -36,6 +37,7 @@ SECTIONS: dict[str, Any] = {
     "policy": PolicySettings,
     "registry": RegistrySettings,
     "approvals": ApprovalSettings,
+    "approvers": ApproverSettings,
 }
 
 

@@ -348,7 +348,7 @@ def test_plan_with_a_policy_means_some_calls_to_be_denied_and_the_verifier_holds
 
 def _approvals_plan() -> Plan:
     stack = chaos.Stack("127.0.0.1:1", "chaos-unit", 3, 5.0, 1.0, approval_timeout_s=7.0)
-    return build_plan(seed=7, runs=160, config=stack.config())
+    return build_plan(seed=7, runs=160, config=stack.config(), env=stack.env())
 
 
 @pytest.mark.parametrize("reason", ["approval_denied", "approval_timeout", "schema_invalid",
@@ -429,3 +429,30 @@ def test_runner_verifier_counts_executions_and_fails_a_repeat_after_commit() -> 
     assert not again.ok and again.unexplained == 1
     assert verify_runners(records[:-1], log).missing == 1
     assert verify_runners([*records, rec("results", "a", 1)], log).duplicates == 1
+
+
+def test_the_chaos_approver_signs_and_an_unsigned_copy_does_not_count() -> None:
+    """``latch chaos --approvals`` (issue 32): the workers verify approvers' keys and the
+    chaos approver signs every planned decision with its own (``approvers.key_id``); the
+    offline core, given the same keys, agrees with every meant outcome (build_plan raises
+    otherwise), and the same decision without its signature goes to the DLQ
+    (``approval_unsigned``) instead of deciding the call."""
+    from worker.core import Assembler
+    from worker.runtime.config import load_config
+    from worker.runtime.governance.approvers import approvers
+
+    stack = chaos.Stack("127.0.0.1:1", "chaos-unit", 3, 5.0, 1.0, approval_timeout_s=7.0)
+    env = stack.env()
+    assert env["LATCH_APPROVERS__KEY_ID"] == "chaos-approver-1"
+    assert stack.approver_key not in repr(stack)
+    plan = _approvals_plan()
+    decided = [(r, v) for r in plan.runs for v in r.decisions.values()]
+    assert decided and all("signature" in orjson.loads(v) for _, v in decided)
+    run, value = decided[0]
+    assembler = Assembler(load_config(None, env=env).assemble)
+    assembler.approvals.approvers = approvers(load_config(None, env=env), env)
+    for envelope in run.envelopes:
+        assembler.feed_record(None, envelope)
+    unsigned = {k: v for k, v in orjson.loads(value).items() if k != "signature"}
+    refused = assembler.feed_record(None, orjson.dumps(unsigned))
+    assert [e.value["reason"] for e in refused] == ["approval_unsigned"]

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import cedarpy
 import orjson
 
+from worker.core.approvers import ApproverRequest
 from worker.core.policy import ENFORCE, LOG_ONLY, MODES, OFF, PolicyDecision, PolicyRequest
 from worker.core.tools import MCP_HINTS, client_tools
 from worker.runtime.governance.policy_file import (
@@ -70,6 +71,8 @@ __all__ = ["DECISIONS", "CedarPolicy", "PolicyFileError", "cedar_schema", "cedar
 NAMESPACE = "Latch"
 TENANT, ANONYMOUS, TOOL = f"{NAMESPACE}::Tenant", f"{NAMESPACE}::Anonymous", f"{NAMESPACE}::Tool"
 ACTION = {"type": f"{NAMESPACE}::Action", "id": "call"}
+#: An approver deciding a held call (core/approvers.py), and the groups it belongs to.
+APPROVER, APPROVER_GROUP = f"{NAMESPACE}::Approver", f"{NAMESPACE}::ApproverGroup"
 #: The principal of a run that names no tenant.
 ANONYMOUS_PRINCIPAL = {"type": ANONYMOUS, "id": "anonymous"}
 
@@ -217,6 +220,21 @@ class CedarPolicy:
         return PolicyDecision(self._mode, allow, ids, errors, self._version, approval=approval,
                               forbidden=forbidden)
 
+    def decide_approver(self, request: ApproverRequest) -> PolicyDecision:
+        """Whether the approver may make this decision (:func:`approver_request`): one Cedar
+        request against the whole set, never raising; an evaluation error denies."""
+        try:
+            query, entities = approver_request(request)
+            result = cedarpy.is_authorized(query, self.scoped.whole, entities)
+        except Exception as exc:  # (a request Cedar refuses denies)
+            return PolicyDecision(self._mode, False, (), (f"request: {type(exc).__name__}",),
+                                  self._version)
+        order = self._order
+        reasons = sorted(result.diagnostics.reasons, key=lambda p: order.get(p, len(order)))
+        errors = tuple(e for _, e in sorted(self._error(e) for e in result.diagnostics.errors))
+        return PolicyDecision(self._mode, result.allowed and not errors,
+                              tuple(self.name(p) for p in reasons), errors, self._version)
+
     def _tool(self, tool: str, attributes: Mapping[str, Any]) -> cedarpy.Entities:
         try:  # (the attributes are JSON values: a run's tool definition)
             key = (tool, orjson.dumps(attributes, option=orjson.OPT_SORT_KEYS))
@@ -240,6 +258,31 @@ class CedarPolicy:
         where = self.name(found.group(1)) if found else "request"
         place = self._order.get(found.group(1), -1) if found else -1
         return place, f"{where}: {_error_kind(message)}"
+
+
+def approver_request(request: ApproverRequest) -> tuple[dict[str, Any], str]:
+    """The Cedar request and entities of an approver's decision (README, *Approvals*):
+    principal ``Latch::Approver::"<id>"``, a member of each ``Latch::ApproverGroup`` of
+    ``approvers.groups``; action ``Latch::Action::"approve"``, ``"deny"`` or ``"edit"``;
+    resource the call's tool, as the call's own request has it; context ``{tenant,
+    arguments, provider, run_id}`` (``tenant`` absent for a run that names none: test it with
+    ``context has tenant``; ``arguments`` the held call's, mapped by :func:`cedar_value`)."""
+    principal = {"type": APPROVER, "id": request.approver}
+    groups = [{"type": APPROVER_GROUP, "id": g} for g in request.groups]
+    tool = cedar_value(dict(request.attributes))
+    tool.setdefault("annotations", {})
+    entities = [{"uid": principal, "attrs": {}, "parents": groups},
+                *({"uid": g, "attrs": {}, "parents": []} for g in groups),
+                {"uid": {"type": TOOL, "id": request.tool}, "attrs": tool, "parents": []}]
+    context: dict[str, Any] = {"provider": request.provider, "run_id": request.run_id}
+    if request.tenant is not None:
+        context["tenant"] = request.tenant
+    arguments = cedar_value(request.arguments)
+    context["arguments"] = {} if arguments is _OMIT else arguments
+    query = {"principal": principal, "action": {"type": ACTION["type"], "id": request.action},
+             "resource": {"type": TOOL, "id": request.tool},
+             "context": orjson.dumps(context).decode()}
+    return query, orjson.dumps(entities).decode()
 
 
 def _error_kind(message: str) -> str:

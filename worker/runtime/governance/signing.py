@@ -114,15 +114,17 @@ class Verifier:
 
 
 def load_keys(settings: SigningSettings, source: Path | None = None,
-              env: Mapping[str, str] | None = None) -> dict[str, bytes]:
+              env: Mapping[str, str] | None = None, section: str = "signing"
+              ) -> dict[str, bytes]:
     """Every key of ``settings.keys``, read from its file or variable. Raises
-    :class:`ConfigError` naming the key id and where it was looked for, never its bytes."""
+    :class:`ConfigError` naming the key id (as ``<section>.keys.<id>``) and where it was
+    looked for, never its bytes."""
     env = os.environ if env is None else env
     keys: dict[str, bytes] = {}
     problems: list[str] = []
     for key_id, where in settings.keys.items():
         kind, _, name = where.partition(":")
-        at = f"signing.keys.{key_id}"
+        at = f"{section}.keys.{key_id}"
         if kind == "file":
             try:
                 key = Path(name).read_bytes().strip()

@@ -36,15 +36,18 @@ from __future__ import annotations
 import itertools
 import random
 import string
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from worker.core import Assembler, Emit, Topic, decode
+from worker.core.approvers import Approvers
 from worker.core.envelope import TICK_KEY, Rejected
 from worker.runtime.config import Config
+from worker.runtime.governance.approvers import approvers as approvers_for
+from worker.runtime.governance.approvers import decision_signer
 from worker.runtime.governance.policy_source import assembler_policy
 
 PROVIDERS = ("openai.chat", "anthropic.messages", "openai.responses")
@@ -98,6 +101,13 @@ DENIABLE = frozenset({"ok", "parallel", "large", "mixed", "early"})
 DENIED_PREFIX = "/denied/"
 #: The tool whose calls wait for approval with ``--approvals`` (``approvals.require_approval``).
 GATED = "delete_file"
+#: The chaos approver (``latch chaos --approvals``): it signs every decision with its key
+#: (``approvers.key_id``), and ``chaos.cedar`` lets its group decide the chaos tenant's calls.
+APPROVER, APPROVER_KEY_ID, APPROVER_GROUP = "chaos-approver", "chaos-approver-1", "oncall"
+#: The variable holding the chaos approver's key (random per chaos run: Stack.approver_key).
+APPROVER_KEY_VAR = "LATCH_CHAOS_APPROVER_KEY"
+#: When the plan's decisions are signed (fixed, so that one seed gives one plan).
+SIGNED_AT = 1
 #: What the approver does with a held call, how often, and the outcome each is meant to get
 #: (``commit``: with the call's own arguments, or the edit's).
 DECISIONS: dict[str, tuple[int, str]] = {
@@ -184,9 +194,11 @@ class PlanError(Exception):
 
 
 def build_plan(seed: int, runs: int, config: Config, tag: str = "",
-               exclude: Collection[str] = ()) -> Plan:
+               exclude: Collection[str] = (), env: Mapping[str, str] | None = None) -> Plan:
     """M runs and a few bad inputs, each with the outcome the offline core gives it;
-    ``exclude`` leaves kinds out."""
+    ``exclude`` leaves kinds out. With ``approvers`` configured, the approver signs each
+    decision (``approvers.key_id``; its key read from ``env``, default the process's) and
+    the offline core counts only signed ones, as the workers do."""
     rng = random.Random(seed)
     gated = GATED in config.approvals.require_approval
     table = {**KINDS, **dict([APPROVAL_KIND])} if gated else KINDS
@@ -197,8 +209,13 @@ def build_plan(seed: int, runs: int, config: Config, tag: str = "",
     deny = config.policy.mode == "enforce"
     plans = [_run(rng, f"{prefix}-{n:05d}", PROVIDERS[n % 3], rng.choices(kinds, weights)[0],
                   early, deny, gated) for n in range(runs)]
+    signer = decision_signer(config, env) if gated else None
+    keys = approvers_for(config, env)
     for run in plans:
-        run.expected = expected_emits(run, config)
+        if signer is not None:  # (signed at a fixed time: the plan stays one per seed)
+            run.decisions = {cid: orjson.dumps(signer.sign(orjson.loads(value), SIGNED_AT))
+                             for cid, value in run.decisions.items()}
+        run.expected = expected_emits(run, config, keys)
         check_intent(run)
     return Plan(seed, plans, _bad_inputs(rng, prefix, max(BAD_VARIANTS, runs // 150), config))
 
@@ -282,7 +299,7 @@ def decision_envelope(run_id: str, call: CallSpec) -> bytes | None:
         return None
     kind = "edit" if call.decision.startswith("edit") else call.decision
     doc: dict[str, Any] = {"v": 1, "run_id": run_id, "type": kind, "tool_call_id": call.call_id,
-                           "by": "chaos-approver", "reason": f"chaos plan: {call.decision}"}
+                           "by": APPROVER, "reason": f"chaos plan: {call.decision}"}
     if call.edit is not None:
         doc["arguments"] = call.edit
     return orjson.dumps(doc)
@@ -505,13 +522,14 @@ PROVIDER_EVENTS: dict[str, Callable[[random.Random, Sequence[CallSpec], bool], l
 }
 
 
-def expected_emits(run: RunPlan, config: Config) -> list[Emit]:
+def expected_emits(run: RunPlan, config: Config, keys: Approvers | None = None) -> list[Emit]:
     """What the offline core emits for the run's bytes (progress aside): its envelopes, then
     its cancel, its approval decisions (each where the approver sends it: after the call's
     pending record); an idle run gets one tick past the idle timeout, a run with a call left
     undecided one tick past the approval timeout."""
     assembler = Assembler(config.assemble)
     assembler.policy = assembler_policy(config)
+    assembler.approvals.approvers = keys
     emits = [e for value in run.envelopes for e in assembler.feed_record(None, value)]
     if run.cancel is not None:
         emits += assembler.feed_record(None, run.cancel)

@@ -50,6 +50,7 @@ import logging
 import os
 import random
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -68,7 +69,18 @@ import orjson
 from worker.client.publisher import PublishError
 from worker.runtime.config import Config, load_config
 from worker.tools import broker as broker_tool
-from worker.tools.chaos.plan import EARLY_SETTINGS, GATED, Plan, PlanError, RunPlan, build_plan
+from worker.tools.chaos.plan import (
+    APPROVER,
+    APPROVER_GROUP,
+    APPROVER_KEY_ID,
+    APPROVER_KEY_VAR,
+    EARLY_SETTINGS,
+    GATED,
+    Plan,
+    PlanError,
+    RunPlan,
+    build_plan,
+)
 from worker.tools.chaos.verify import (
     OutRecord,
     RunnerVerdict,
@@ -123,6 +135,8 @@ class Stack:
     #: Approvals (``--approvals``): calls of the plan's gated tool wait this long (record
     #: time) for a decision; None: approvals off.
     approval_timeout_s: float | None = None
+    #: The chaos approver's key (hex), which signs its decisions (``--approvals``).
+    approver_key: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
 
     def topic(self, role: str) -> str:
         return f"{self.app_id}.{role}"
@@ -144,8 +158,17 @@ class Stack:
              } | ({"LATCH_POLICY__MODE": "enforce", "LATCH_POLICY__FILE": self.policy}
                   if self.policy else {}
              ) | ({"LATCH_APPROVALS__REQUIRE_APPROVAL": GATED,
-                   "LATCH_APPROVALS__APPROVAL_TIMEOUT_S": str(self.approval_timeout_s)}
+                   "LATCH_APPROVALS__APPROVAL_TIMEOUT_S": str(self.approval_timeout_s),
+                   **self._approvers()}
                   if self.approval_timeout_s is not None else {})
+
+    def _approvers(self) -> dict[str, str]:
+        """The chaos approver's key and identity (workers verify, the driver signs)."""
+        return {"LATCH_APPROVERS__KEYS": f"{{{APPROVER_KEY_ID}: 'env:{APPROVER_KEY_VAR}'}}",
+                "LATCH_APPROVERS__OWNERS": f"{{{APPROVER_KEY_ID}: {APPROVER}}}",
+                "LATCH_APPROVERS__GROUPS": f"{{{APPROVER}: [{APPROVER_GROUP}]}}",
+                "LATCH_APPROVERS__KEY_ID": APPROVER_KEY_ID,
+                APPROVER_KEY_VAR: self.approver_key}
 
     def config(self, **kafka: str) -> Config:
         extra = {f"LATCH_KAFKA__{k.upper()}": v for k, v in kafka.items()}
@@ -911,7 +934,8 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
                   approval_timeout_s=options.approval_timeout_s)
     if isinstance(broker, ClusterBroker):
         broker.watch_topic = stack.topic("events")
-    plan = build_plan(options.seed, options.runs, stack.config(), tag, options.exclude)
+    plan = build_plan(options.seed, options.runs, stack.config(), tag, options.exclude,
+                      os.environ | stack.env())
     durations["plan"] = time.monotonic() - began
     _say(f"{len(plan.runs)} runs, {plan.calls} calls, {len(plan.bad)} bad inputs, "
          f"{plan.events} records; app {stack.app_id}; work dir {work_dir}")
