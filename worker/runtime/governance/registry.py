@@ -248,8 +248,9 @@ class RegistryState:
 #: The key of the policy markers in the events topic.
 POLICY_MARKER_KEY = "__latch_policy__"
 POLICY_MARKER = POLICY_MARKER_KEY.encode()
-#: How many markers a partition's policy head remembers (a rebuild starts from the version
-#: in force at its first record: the latest marker before it).
+#: How many markers a partition's policy head remembers (a rebuild starts with the version
+#: its first run's head names, ``partition.POLICY_AT``; these decide only for a head that
+#: names none, and at the committed offset when there is nothing to read).
 POLICY_HISTORY = 16
 
 
