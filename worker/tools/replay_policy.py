@@ -11,32 +11,46 @@ in proportion to how far back the latest marker is, however many rollouts ago it
 
 Who writes what is read: the markers (key ``__latch_policy__``) are written into the events
 log by the partition's owner; the gateway, which may also write the events topic, could write
-one too, and the live worker would have applied it the same way, so a replay that deciding as
-live does applies it too (a version that is not a version is ignored, as live). Nothing else
-of the records read here is used: their keys are compared, only a marker's value is parsed,
-and no record content reaches the notes.
+one too, and the live worker would have applied it the same way, so a replay, deciding as
+live does, applies it too (a value that names no version is ignored, as live). The heads
+changelog is written by the workers alone. Nothing else of the records read here is used:
+their keys are compared, only a marker's or the policy head's value is parsed, and no record
+content reaches the notes.
 
-Where no marker is found before the start (none was ever written, or retention removed it:
-the log starts later than it), the partition starts with no version in force, as a live
-partition does: every call is denied in ``enforce``; a note says so.
+Where retention removed what preceded the log (its first offset is not 0) and no marker is
+left before the start, the partition's policy head in the heads changelog decides (its last
+16 markers with their offsets, as a takeover reads them, :func:`policy_history`: read whole,
+one value kept). Where neither knows (no marker was ever written; or more than 16 rollouts
+since the start and the marker before it removed), the partition starts with no version in
+force, as a live partition that never had one: every call is denied in ``enforce``; a note
+says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from worker.core.policy import Policy
+from worker.runtime.admin import heads_changelog
 from worker.runtime.config import Config
 from worker.runtime.governance.policy_source import PolicySource
-from worker.runtime.governance.registry import POLICY_MARKER, RegistryState, marker_version
+from worker.runtime.governance.registry import (
+    POLICY_MARKER,
+    RegistryState,
+    in_force,
+    marker_version,
+    policy_head_key,
+)
+from worker.runtime.partition import decode_head
 
 __all__ = ["FIRST_WINDOW", "MAX_WINDOW", "Found", "ScanError", "Scanner", "Start",
-           "marker_before", "policy_at", "versions_at"]
+           "marker_before", "policy_at", "policy_history", "versions_at"]
 
 #: The first window read back from a range's start (offsets); each next one is 4 times
 #: larger, up to :data:`MAX_WINDOW`.
@@ -87,31 +101,40 @@ def _last_marker(consumer: Scanner, topic: str, partition: int, start: int, stop
     """The last marker naming a version among the offsets ``start`` to ``stop`` (excluded).
     (read_committed: an aborted marker never happened, as for the worker.)"""
     found: Found | None = None
+    with contextlib.closing(_records(consumer, topic, partition, start)) as records:
+        for message in records:
+            at = message.offset()
+            if at is None or at >= stop:
+                break
+            if message.key() == POLICY_MARKER:
+                version = marker_version(message.value() or b"")
+                if version is not None:
+                    found = Found(version, at)
+            if at == stop - 1:
+                break
+    return found
+
+
+def _records(consumer: Scanner, topic: str, partition: int, start: int
+             ) -> Generator[Any, None, None]:
+    """The records of ``partition`` from ``start`` to its end, one at a time; raises
+    :class:`ScanError` when none comes for :data:`STALL_S`, or the consumer fails."""
     consumer.assign([TopicPartition(topic, partition, start)])
     try:
         stalled = time.monotonic() + STALL_S
         while True:
             messages = consumer.consume(500, timeout=0.5)
             if not messages and time.monotonic() > stalled:
-                raise ScanError(f"partition {partition}: no record within {STALL_S:.0f} s")
+                raise ScanError(f"{topic} [{partition}]: no record within {STALL_S:.0f} s")
             for message in messages:
                 stalled = time.monotonic() + STALL_S
                 error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        return found
-                    if error.fatal():
-                        raise ScanError(f"the consumer failed: {error.str()}")
-                    continue
-                at = message.offset()
-                if at is None or at >= stop:
-                    return found
-                if message.key() == POLICY_MARKER:
-                    version = marker_version(message.value() or b"")
-                    if version is not None:
-                        found = Found(version, at)
-                if at == stop - 1:
-                    return found
+                if error is None:
+                    yield message
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    return
+                elif error.fatal():
+                    raise ScanError(f"the consumer failed: {error.str()}")
     finally:
         consumer.unassign()
 
@@ -146,15 +169,33 @@ def versions_at(config: Config, client: Mapping[str, Any], topic: str,
             low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition),
                                                     timeout=STALL_S, cached=False)
             found = marker_before(consumer, topic, partition, int(low), start)
-            if found is not None:
-                versions[partition] = found.version
+            version = found.version if found is not None else None
+            if version is None and low > 0:  # retention removed what preceded the log
+                version = in_force(policy_history(consumer, heads_changelog(config),
+                                                  partition), start)
+            if version is not None:
+                versions[partition] = version
             elif start > 0:
                 notes.append(f"partition {partition}: no policy marker before offset {start} "
-                             f"(the log starts at {low}): no policy set version is in force "
-                             "there, as on a live partition that never had one")
+                             f"(the log starts at {low}) nor in its policy head: it starts "
+                             "with no policy set version in force (enforce denies every call)")
     finally:
         consumer.close()
     return versions
+
+
+def policy_history(consumer: Scanner, changelog: str, partition: int) -> Any:
+    """The policy head of events ``partition`` (its last markers, ``[[offset, version],
+    ...]``) as the heads changelog holds it now (None: none): read whole, only that key's
+    latest value kept. Written by the workers alone (decision 0001), as a takeover trusts it."""
+    key, history = policy_head_key(partition), None
+    with contextlib.closing(_records(consumer, changelog, partition, OFFSET_BEGINNING)) as read:
+        for message in read:
+            if message.key() == key:
+                value = message.value()
+                head = None if value is None else decode_head(value)
+                history = None if head is None else head.get("policy")
+    return history
 
 
 def policy_at(policies: PolicySource, registry: RegistryState, version: int | None

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from worker_harness import (
     ENGINES,
     OUTPUTS,
@@ -158,6 +159,33 @@ def test_a_replay_from_a_time_or_an_offset_decides_with_the_version_then_in_forc
                                ("--from-offset", str(start_offset)))):
         replayed, stderr = _replay(stack, tmp_path / f"out{n}.jsonl", *start)
         assert _outcomes(replayed) == live, stderr
+
+
+def test_a_replay_of_a_log_whose_marker_retention_removed_asks_the_policy_head(
+        enforcing: Stack, tmp_path: Path) -> None:
+    """v1 is marked, runs commit; then the records before them (the marker among them) are
+    deleted, as retention does. ``latch replay --from-beginning`` takes the version from the
+    partition's policy head in the heads changelog: the runs commit as live (before: no
+    policy set version in force, every call ``policy_denied``)."""
+    stack = enforcing
+    with running_worker(stack, tmp_path / "worker.log"):
+        reader = Reader(stack)
+        try:
+            _roll_out(stack, 1, PERMIT_ALL)
+            start_offset = _end(stack)
+            ids, envelopes = _reads("v1", 2)
+            publish_envelopes(stack.bootstrap, stack.topic("events"), envelopes)
+            reader.collect(finished(ids), timeout=90)
+        finally:
+            reader.close()
+    live = _outcomes([o.value for o in reader.of("committed") + reader.of("errors")])
+    assert [reason for _, _, reason in live] == [None] * 2
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
+    for future in admin.delete_records(
+            [TopicPartition(stack.topic("events"), 0, start_offset)]).values():
+        future.result(timeout=30)
+    replayed, stderr = _replay(stack, tmp_path / "out.jsonl", "--from-beginning")
+    assert _outcomes(replayed) == live, stderr
 
 
 @pytest.fixture(params=ENGINES)
