@@ -135,3 +135,12 @@ def test_a_successor_whose_registry_reader_lags_marks_no_older_version() -> None
     ahead = _driver(table, latest=6)
     marker = ahead.markers(ahead.takeover(0, 10).state, 0)
     assert marker is not None and marker_version(marker) == 6
+
+
+def test_a_policy_head_with_entries_that_are_no_markers_is_read_without_a_crash() -> None:
+    """A policy head whose history holds entries Latch never writes (a number, a triple, a
+    string version, a version 0) is read past them (each skipped), not with an exception:
+    the takeover starts with the version of the last well-formed marker before its start."""
+    table: dict[bytes, Any] = {policy_head_key(0): {"p": 0, "policy": [
+        [2, 1], 5, [3, 2, 9], [4, "3"], [5, 0], [30, 4]]}}
+    assert _driver(table).takeover(0, 20).state.policy_version == 1
