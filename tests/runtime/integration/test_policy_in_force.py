@@ -122,13 +122,14 @@ def _replay(stack: Stack, out: Path, *start: str) -> tuple[list[dict[str, Any]],
         done.stderr
 
 
-@pytest.fixture
+@pytest.fixture(params=ENGINES)
 def enforcing(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stack]:
     """One events partition, the registry's policy sets enforced (no ``policy.file``); the
-    replay tool is the same for both engines: the kafka engine writes the log here."""
+    replay tool is one for both engines, each engine writes the log it reads once."""
     pytest.importorskip("cedarpy")
-    with make_stack(kafka_bootstrap, request.node.name, partitions=1, worker__engine="kafka",
-                    registry__wait_s="2", policy__mode="enforce") as made:
+    with make_stack(kafka_bootstrap, request.node.name, partitions=1,
+                    worker__engine=request.param, registry__wait_s="2",
+                    policy__mode="enforce") as made:
         yield made
 
 
