@@ -402,8 +402,9 @@ class Driver:
 
     def policy_marker(self, state: PartitionState, record: Record) -> None:
         """A policy marker, live: the version in force from here on, recorded in the
-        partition's policy head so that a rebuild starts with the version in force at its
-        first record."""
+        partition's policy head (its last ``POLICY_HISTORY`` markers: the version at the
+        committed offset for a rebuild with nothing to read, and at a start whose run's head
+        names none; the heads of the runs opened from here on name it themselves)."""
         source = record.source
         if not self._set_policy(state, record) or state.policy_version is None:
             return
