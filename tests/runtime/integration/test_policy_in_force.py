@@ -36,6 +36,7 @@ from worker_harness import (
 )
 
 from worker.client.publisher import Publisher
+from worker.core.envelope import TICK_KEY
 from worker.runtime.governance import registry
 from worker.runtime.governance.registry import POLICY, POLICY_HISTORY, POLICY_MARKER
 
@@ -242,3 +243,64 @@ def test_a_takeover_after_17_rollouts_re_decides_no_call_waiting_for_approval(
     assert sorted(r.value["call_id"] for r in reader.of("committed")) == sorted([
         "call_read", delete])
     assert [r.value["status"] for r in reader.of("final")] == ["completed"]
+
+
+#: A successor whose registry reader lags: it has read only the registry's first record (v1)
+#: and reads no more; a policy text it has not read is given up after 1 s past the wait.
+LAGGING_READER = """
+import worker.runtime.governance.registry_io as registry_io
+registry_io.HOLD_MAX_S = 1.0
+registry_io._end = lambda consumer, topic: 1
+registry_io.RegistryReader._follow = lambda self: None
+"""
+
+
+def _ticks_after(stack: Stack, offset: int) -> int:
+    """How many committed ticks events partition 0 holds from ``offset`` on."""
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "policy-in-force",
+                         "enable.partition.eof": True, "isolation.level": "read_committed"})
+    count = 0
+    try:
+        consumer.assign([TopicPartition(stack.topic("events"), 0, offset)])
+        while (msg := consumer.poll(5)) is not None:
+            if msg.error() is not None:
+                break
+            count += msg.key() == TICK_KEY.encode()
+    finally:
+        consumer.close()
+    return count
+
+
+def test_a_successor_whose_registry_reader_lags_puts_no_older_version_in_force(
+        enforcing: Stack, tmp_path: Path) -> None:
+    """v1 (permit all), then v2 (no reads) are marked; the worker is killed; its successor's
+    reader has read only v1. It takes over with v2 in force (its text unread: every call is
+    denied, fail closed) and writes no marker for v1 (before: a marker naming v1 at its first
+    tick, which put the permissive older version back in force, and a read that v2 forbids
+    committed). A read run published after three of its ticks is ``policy_denied``."""
+    stack = enforcing
+    first = WorkerProcess(stack, tmp_path / "w1.log")
+    try:
+        first.wait_ready()
+        _roll_out(stack, 1, PERMIT_ALL)
+        _roll_out(stack, 2, FORBID_READS)
+    finally:
+        first.kill()
+    taken_from = _end(stack)
+    second = WorkerProcess(stack, tmp_path / "w2.log", prelude=LAGGING_READER)
+    reader = Reader(stack)
+    try:
+        second.wait_ready()
+        deadline = time.monotonic() + 90
+        while _ticks_after(stack, taken_from) < 3:
+            assert time.monotonic() < deadline, "the successor wrote no ticks"
+            time.sleep(0.5)
+        ids, envelopes = _reads("after", 1)
+        publish_envelopes(stack.bootstrap, stack.topic("events"), envelopes)
+        reader.collect(finished(ids), timeout=90)
+    finally:
+        reader.close()
+        second.kill()
+    assert [r.value["call_id"] for r in reader.of("committed")] == []
+    assert [r.value["reason"] for r in reader.of("errors")] == ["policy_denied"]
+    assert [version for _, version in _markers(stack)] == [1, 2]
