@@ -1,8 +1,9 @@
 """The policy set version in force, whatever the history (issue 32 item 6), on the real
 broker: ``latch replay --from-time`` / ``--from-offset`` starts each partition with the
-version the live worker had in force there (read back from the events log), and a takeover
-after more rollouts than the policy head remembers (17) re-decides nothing of a call that
-waits for approval, on both engines.
+version the live worker had in force there (read back from the events log, or from the
+policy head where retention removed it); a takeover after more rollouts than the policy head
+remembers (17) re-decides nothing of a call that waits for approval; a successor whose
+registry reader lags puts no older version in force. Each on a log written by each engine.
 
 Who writes what: the policy texts are an operator's (the registry, written here as
 ``latch registry put`` writes them), the markers the worker's, the runs the gateway's
