@@ -65,7 +65,7 @@ from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
 from worker.runtime.observability.metrics import GovernanceView
 from worker.runtime.observability.tracing import Headers
-from worker.runtime.partition import TICK, Heads, PartitionState, finished_runs
+from worker.runtime.partition import TICK, Heads, PartitionState, finished_runs, head_policy
 from worker.runtime.step import Record, Source, out_key, out_value, step
 
 __all__ = ["TICK_DEFER_MAX_S", "Applied", "Driver", "Outgoing", "RegistryView", "Takeover",
@@ -380,11 +380,27 @@ class Driver:
         head = self.heads.table.get(policy_head_key(partition))
         history = head.get("policy") if isinstance(head, dict) else None
         state.policy_history = list(history) if isinstance(history, list) else []
-        version = in_force(state.policy_history,
-                           resume if takeover.start is None else takeover.start)
+        version = self._in_force_at(takeover)
         if version is not None:
             self._policy(state, version)
         return takeover
+
+    def _in_force_at(self, takeover: Takeover) -> int | None:
+        """The policy set version in force at the rebuild's first record: the one the head of
+        the run that starts there names (``partition.POLICY_AT``: however many markers ago
+        it was put in force), else the latest marker before it that the partition's policy
+        head remembers (a head written before heads named it; nothing to read: at
+        ``resume``). Both are the previous owner's heads, which this worker trusts as its
+        own (the changelog only workers write, decision 0001)."""
+        start = takeover.start
+        if start is not None:
+            for key, at in takeover.open_runs.items():
+                if at == start:
+                    version = head_policy(self.heads.table.get(key))
+                    if version is not None:
+                        return version
+        return in_force(takeover.state.policy_history,
+                        takeover.resume if start is None else start)
 
     def rebuilt(self, takeover: Takeover, topic: str) -> list[Emit]:
         """The rebuild is read: log it; return the outputs of runs that finished during it
@@ -404,8 +420,9 @@ class Driver:
 
     def policy_marker(self, state: PartitionState, record: Record) -> None:
         """A policy marker, live: the version in force from here on, recorded in the
-        partition's policy head so that a rebuild starts with the version in force at its
-        first record."""
+        partition's policy head (its last ``POLICY_HISTORY`` markers: the version at the
+        committed offset for a rebuild with nothing to read, and at a start whose run's head
+        names none; the heads of the runs opened from here on name it themselves)."""
         source = record.source
         if not self._set_policy(state, record) or state.policy_version is None:
             return
@@ -471,12 +488,16 @@ class Driver:
 
     def markers(self, state: PartitionState, ts_ms: int) -> bytes | None:
         """The policy marker to write into ``state``'s partition beside its tick (None: the
-        registry's latest policy version is in force, or already marked since the takeover).
-        First, a version in force whose text was not read in time is taken up if it is read
-        now."""
+        registry's latest policy version is in force, or a newer one is, or it is already
+        marked since the takeover). First, a version in force whose text was not read in time is
+        taken up if it is read now."""
         self._reread(state)
         latest = None if self.registry is None else self.registry.latest_policy()
-        if latest is None or latest == state.policy_version or latest == state.policy_marked:
+        if latest is None or latest == state.policy_marked:
+            return None
+        if state.policy_version is not None and latest <= state.policy_version:
+            # in force already, or newer than what this worker's reader has read (a successor
+            # whose reader lags): never mark an older version (versions only go forward)
             return None
         state.policy_marked = latest
         return marker_value(latest, ts_ms)

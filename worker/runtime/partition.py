@@ -6,14 +6,16 @@ mapping that the engine persists (faust's changelog-backed table).
 
 * :class:`PartitionState`: the partition's :class:`~worker.core.Assembler`, the offset of the
   next record to apply, the sends not yet confirmed, and the latest record time.
-* :class:`Heads`: per run, ``{"p", "start"}`` (the offset of its ``run.start``) while it is
-  open, and ``{"p", "done", "seq", "status", "at"}`` once it has finished; done heads are
+* :class:`Heads`: per run, ``{"p", "start"}`` (the offset of its ``run.start``; with
+  ``"pv"``, the registry policy set version in force there, when one is) while it is open,
+  and ``{"p", "done", "seq", "status", "at"}`` once it has finished; done heads are
   tombstoned after ``finished_run_retention_s`` of record time. A cancel that reached the log
   before its run's ``run.start`` (the core remembers it, ``remember_early_cancels``) gets
-  ``{"p", "start", "cancel": true}`` at the cancel's offset, so that a rebuild on any worker
-  reads from there and the run is still cancelled as it starts; that head is replaced when
-  the run starts (by its ``start`` or, cancelled at once, its ``done`` head) and tombstoned
-  at the first tick after the core let the cancel go (expired in record time, or forgotten).
+  ``{"p", "start", "cancel": true}`` (and ``"pv"``) at the cancel's offset, so that a
+  rebuild on any worker reads from there and the run is still cancelled as it starts; that
+  head is replaced when the run starts (by its ``start`` or, cancelled at once, its ``done``
+  head) and tombstoned at the first tick after the core let the cancel go (expired in record
+  time, or forgotten).
 * :func:`replay`: one record of a rebuild (the log read back from the earliest head's start
   up to the committed offset), fed only when it is a tick, or belongs to a run with a head
   that starts at or before it.
@@ -35,9 +37,9 @@ from worker.core.envelope import TICK_KEY
 from worker.runtime import step
 from worker.runtime.step import Record
 
-__all__ = ["TICK", "Heads", "PartitionState", "StoredHead", "decode_head", "encode_head",
-           "finished_runs", "head_partition", "pack_head", "refinished", "replay",
-           "unpack_head"]
+__all__ = ["POLICY_AT", "TICK", "Heads", "PartitionState", "StoredHead", "decode_head",
+           "encode_head", "finished_runs", "head_partition", "head_policy", "pack_head",
+           "refinished", "replay", "unpack_head"]
 
 log = logging.getLogger("latch.worker")
 
@@ -47,20 +49,40 @@ TICK = TICK_KEY.encode()
 
 #: A head as an engine's table keeps it in memory: an open run's ``{"p": partition, "start":
 #: offset}`` as the tuple ``(partition, offset)`` (56 bytes against a dict's 184: one per open
-#: run, bench/bench_memory.py), any other head as its dict. Read, a head is always its dict.
-StoredHead = dict[str, Any] | tuple[int, int]
+#: run, bench/bench_memory.py), with ``"pv"`` (:data:`POLICY_AT`) as ``(partition, offset,
+#: version)``, any other head as its dict. Read, a head is always its dict.
+StoredHead = dict[str, Any] | tuple[int, int] | tuple[int, int, int]
+
+#: An open run's head key naming the registry policy set version in force at its ``start``:
+#: a rebuild from that start begins with it, however many markers ago it was put in force
+#: (the partition's policy head keeps only the last ``POLICY_HISTORY``; issue 32 item 6).
+POLICY_AT = "pv"
 
 
 def pack_head(head: dict[str, Any]) -> StoredHead:
     """A head as a table keeps it."""
-    if len(head) == 2 and type(head.get("p")) is int and type(head.get("start")) is int:
-        return head["p"], head["start"]
+    if type(head.get("p")) is int and type(head.get("start")) is int:
+        if len(head) == 2:
+            return head["p"], head["start"]
+        if len(head) == 3 and type(head.get(POLICY_AT)) is int:
+            return head["p"], head["start"], head[POLICY_AT]
     return head
 
 
 def unpack_head(stored: StoredHead) -> dict[str, Any]:
     """A kept head as its dict."""
-    return {"p": stored[0], "start": stored[1]} if isinstance(stored, tuple) else stored
+    if isinstance(stored, tuple):
+        if len(stored) == 3:
+            return {"p": stored[0], "start": stored[1], POLICY_AT: stored[2]}
+        return {"p": stored[0], "start": stored[1]}
+    return stored
+
+
+def head_policy(head: Any) -> int | None:
+    """The policy set version an open run's head names as in force at its start (None: none
+    was, or a head written before heads named it; a value that is no version is ignored)."""
+    version = head.get(POLICY_AT) if isinstance(head, dict) else None
+    return version if type(version) is int and version >= 1 else None
 
 
 def head_partition(stored: StoredHead) -> Any:
@@ -159,11 +181,16 @@ class Heads:
         self.table = table
         self.retention_ms = retention_s * 1000
 
-    def opened(self, key: bytes, partition: int, offset: int) -> None:
-        """A run opened at ``offset``: a rebuild starts reading there. (It replaces the head of
-        a cancel that waited for it: a run that opens did not take that cancel, which the
-        core let go, so its rebuild must not read it again.)"""
-        self.table[key] = {"p": partition, "start": offset}
+    def opened(self, key: bytes, partition: int, offset: int, policy: int | None = None
+               ) -> None:
+        """A run opened at ``offset``: a rebuild starts reading there, with policy set version
+        ``policy`` in force (None: none). (It replaces the head of a cancel that waited for
+        it: a run that opens did not take that cancel, which the core let go, so its rebuild
+        must not read it again.)"""
+        head: dict[str, Any] = {"p": partition, "start": offset}
+        if policy is not None:
+            head[POLICY_AT] = policy
+        self.table[key] = head
 
     def applied(self, state: PartitionState, key: bytes | None, partition: int, offset: int,
                 opened: bool, emits: Sequence[Emit]) -> None:
@@ -173,7 +200,7 @@ class Heads:
         head already, a finished one, keeps it). Per record otherwise: a test of ``emits``
         and of the core's count of such cancels, which is 0 almost always."""
         if opened and key is not None:  # (a run that opens has a key)
-            self.opened(key, partition, offset)
+            self.opened(key, partition, offset, state.policy_version)
             state.waiting.discard(key)
             return
         if emits or not state.assembler.early_cancels_waiting or key is None or key == TICK \
@@ -182,7 +209,10 @@ class Heads:
         if state.assembler.early_cancel_pending(key.decode("utf-8", "replace")):
             state.waiting.add(key)
             if self.table.get(key) is None:
-                self.table[key] = {"p": partition, "start": offset, "cancel": True}
+                head: dict[str, Any] = {"p": partition, "start": offset, "cancel": True}
+                if state.policy_version is not None:
+                    head[POLICY_AT] = state.policy_version
+                self.table[key] = head
 
     def finished(self, state: PartitionState, partition: int, run_ids: Sequence[str],
                  read_to: int | None = None) -> None:

@@ -69,14 +69,14 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from tqdm import tqdm
 
-from worker.core import Assembler, Emit, Topic
+from worker.core import Emit, Topic
 from worker.runtime import admin
 from worker.runtime.config import Config, ConfigError, load_config
-from worker.runtime.governance.approvers import approvers as approvers_for
 from worker.runtime.governance.policy_source import PolicySource, assembler_policy
 from worker.runtime.governance.registry import POLICY_MARKER, RegistryState, marker_version
 from worker.runtime.governance.registry_io import RegistryError, read_whole
 from worker.runtime.step import out_key, out_value, record, step
+from worker.tools.replay_policy import ScanError, assemblers_for, versions_at
 
 __all__ = ["Bound", "ReplayError", "Span", "build_parser", "main", "parse_time", "resolve"]
 
@@ -335,24 +335,15 @@ def summary(tally: Tally, spans: Sequence[Span], topic: str, open_runs: int,
 
 
 def run_spans(consumer: Consumer, topic: str, spans: Sequence[Span], config: Config,
-              sink: Sink, bar: Any, registry: RegistryState | None = None
-              ) -> tuple[Tally, int]:
-    """Feed every record of ``spans`` to its partition's assembler; write what it emits.
-    Return the tally and the number of runs still open at the end. ``registry``: the
-    registry as read whole (:func:`read_registry`; None: an empty one)."""
-    if registry is None:
-        registry = RegistryState()
+              sink: Sink, bar: Any, registry: RegistryState | None = None,
+              starting: Mapping[int, int] | None = None) -> tuple[Tally, int]:
+    """Feed every record of ``spans`` to its partition's assembler; write what it emits; return
+    the tally and how many runs are open at the end. ``registry``: as read whole (None: empty);
+    ``starting``: the policy set version in force at each span's start (:func:`versions_at`)."""
+    registry = registry or RegistryState()
     state = _Progress(consumer, topic, spans, bar)
-    assemblers = {p: Assembler(config.assemble) for p in state.active}
     policies = PolicySource(config)  # decided as the live worker decides
-    approvers = approvers_for(config)  # (whose signed decisions count, as live)
-    for assembler in assemblers.values():
-        assembler.policy = policies.initial()
-        assembler.approvals.approvers = approvers
-    wait_ms = int(config.registry.wait_s * 1000)
-    for assembler in assemblers.values():
-        assembler.toolsets = lambda name, version, at_ms: registry.toolset(
-            name, version, at_ms, wait_ms)
+    assemblers = assemblers_for(config, policies, registry, state.active, starting or {})
     tally = Tally()
     consumer.assign([TopicPartition(topic, s.partition, s.start) for s in state.active.values()])
     while state.active:
@@ -431,7 +422,7 @@ def _ms(stamp: tuple[int, int]) -> int | None:
     return None if kind == TIMESTAMP_NOT_AVAILABLE else int(value)
 
 
-def _describe(exc: KafkaException) -> str:
+def _describe(exc: Exception) -> str:
     first = exc.args[0] if exc.args else None
     return first.str() if isinstance(first, KafkaError) else str(exc)
 
@@ -463,7 +454,7 @@ def replay(args: argparse.Namespace) -> str:
                          "isolation.level": "read_committed"})
     try:
         return _replay(args, config, consumer, topic, group)
-    except KafkaException as exc:
+    except (KafkaException, ScanError) as exc:
         raise ReplayError(f"Kafka error: {_describe(exc)}") from exc
     finally:
         consumer.close()
@@ -486,6 +477,7 @@ def _replay(args: argparse.Namespace, config: Config, consumer: Consumer, topic:
         raise ReplayError(f"{topic} has partitions 0-{live[topic] - 1}; no partition "
                           f"{', '.join(map(str, unknown))}")
     spans, notes = resolve(args.start, args.stop, partitions, _KafkaOffsets(consumer, topic))
+    starting = versions_at(config, _client_config(config), topic, spans, notes)
     for note in notes:
         print(f"latch replay: {note}", file=sys.stderr)
     sink: Sink
@@ -504,7 +496,7 @@ def _replay(args: argparse.Namespace, config: Config, consumer: Consumer, topic:
         with tqdm(total=total, unit="rec", desc="replay", file=sys.stderr, mininterval=0.5,
                   disable=None if args.progress is None else not args.progress) as bar:
             tally, open_runs = run_spans(consumer, topic, spans, config, sink, bar,
-                                         read_registry(config))
+                                         read_registry(config), starting)
     except BaseException:
         with contextlib.suppress(ReplayError):  # keep what was written; report the cause
             sink.close()

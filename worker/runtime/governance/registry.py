@@ -250,8 +250,9 @@ class RegistryState:
 #: The key of the policy markers in the events topic.
 POLICY_MARKER_KEY = "__latch_policy__"
 POLICY_MARKER = POLICY_MARKER_KEY.encode()
-#: How many markers a partition's policy head remembers (a rebuild starts from the version
-#: in force at its first record: the latest marker before it).
+#: How many markers a partition's policy head remembers (a rebuild starts with the version
+#: its first run's head names, ``partition.POLICY_AT``; these decide only for a head that
+#: names none, and at the committed offset when there is nothing to read).
 POLICY_HISTORY = 16
 
 
@@ -281,9 +282,11 @@ def policy_head_key(partition: int) -> bytes:
 
 def in_force(history: Any, offset: int) -> int | None:
     """The version in force at ``offset`` after the markers ``history`` ([[offset, version]],
-    oldest first): the latest one before it (None: none, or too old to be remembered)."""
+    oldest first): the latest one before it (None: none, or too old to be remembered). An
+    entry that is not ``[offset, version]`` (never written by Latch) is skipped."""
     version = None
-    for at, named in history if isinstance(history, list) else []:
-        if at < offset:
-            version = named
+    for entry in history if isinstance(history, list) else []:
+        if (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int
+                and type(entry[1]) is int and entry[1] >= 1 and entry[0] < offset):
+            version = entry[1]
     return version
