@@ -126,7 +126,8 @@ class ApproverRequest(NamedTuple):
     action: str
     #: The run's tenant (None: the run named none).
     tenant: str | None
-    #: The tool's key, and its attributes (as the call's own request has them).
+    #: The tool's one name, and its attributes with its kind (as the call's own request
+    #: has them: worker.core.identity).
     tool: str
     attributes: dict[str, Any]
     #: The held call's arguments (the parsed value; a custom call's input text).

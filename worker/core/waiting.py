@@ -81,9 +81,11 @@ class Waiting:
         if approvers is not None:
             latch = run.latch
             key = (call.name if call.tool is None else call.tool) or ""
+            # the tool as the call's own request has it: its one name, its kind (identity.py)
+            attributes = latch.identities.attributes(key, latch.attributes.get(key, {}))
             refused = approver_refusal(self.ledger.policy, ApproverRequest(
                 decision.by, approvers.groups.get(decision.by, ()), decision.decision,
-                latch.tenant, key, latch.attributes.get(key, {}),
+                latch.tenant, call.name or key, attributes,
                 call.arguments if call.parsed else call.text, latch.provider, run.run_id))
             if refused is not None:
                 return refused
