@@ -57,6 +57,7 @@ from worker.runtime.governance.registry import (
     POLICY_HISTORY,
     POLICY_MARKER,
     in_force,
+    marker_refusal,
     marker_value,
     marker_version,
     policy_head_key,
@@ -156,6 +157,8 @@ class RegistryView(Protocol):
     def policy_text(self, version: int) -> str | None: ...
 
     def policy_read(self, version: int) -> str | None: ...
+
+    def policy_registered(self, version: int, at_ms: int) -> bool | None: ...
 
     def latest_policy(self) -> int | None: ...
 
@@ -441,6 +444,15 @@ class Driver:
                                          record.source.offset))
             return False
         if version == state.policy_version:
+            return False
+        registry, at_ms = self.registry, record.time_ms
+        registered = (None if registry is None or at_ms is None
+                      else registry.policy_registered(version, at_ms))
+        refused = marker_refusal(version, state.policy_version, registered)
+        if refused is not None:  # (never one this worker wrote: registry.py, who writes what)
+            log.warning("ignoring a policy marker: %s", refused,
+                        extra=logs.where(record.source.topic, record.source.partition,
+                                         record.source.offset))
             return False
         return self._policy(state, version)
 

@@ -73,10 +73,10 @@ from worker.core import Emit, Topic
 from worker.runtime import admin
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.governance.policy_source import PolicySource, assembler_policy
-from worker.runtime.governance.registry import POLICY_MARKER, RegistryState, marker_version
+from worker.runtime.governance.registry import POLICY_MARKER, RegistryState
 from worker.runtime.governance.registry_io import RegistryError, read_whole
 from worker.runtime.step import out_key, out_value, record, step
-from worker.tools.replay_policy import ScanError, assemblers_for, versions_at
+from worker.tools.replay_policy import Markers, ScanError, assemblers_for, versions_at
 
 __all__ = ["Bound", "ReplayError", "Span", "build_parser", "main", "parse_time", "resolve"]
 
@@ -344,6 +344,7 @@ def run_spans(consumer: Consumer, topic: str, spans: Sequence[Span], config: Con
     state = _Progress(consumer, topic, spans, bar)
     policies = PolicySource(config)  # decided as the live worker decides
     assemblers = assemblers_for(config, policies, registry, state.active, starting or {})
+    markers = Markers(config, policies, registry, assemblers, starting or {})
     tally = Tally()
     consumer.assign([TopicPartition(topic, s.partition, s.start) for s in state.active.values()])
     while state.active:
@@ -354,10 +355,7 @@ def run_spans(consumer: Consumer, topic: str, spans: Sequence[Span], config: Con
                 continue
             key = message.key()
             if key == POLICY_MARKER:  # the version in force from here on, as live (driver.py)
-                version = marker_version(message.value() or b"")
-                if version is not None:
-                    assemblers[partition].policy = policies.at(
-                        version, registry.policy_text, assemblers[partition].policy)
+                markers.apply(partition, message.value() or b"", _ms(message.timestamp()))
                 state.advance(partition, offset + 1)
                 continue
             emits = step(assemblers[partition], record(

@@ -46,6 +46,7 @@ from worker.runtime.governance.registry import (
     POLICY_MARKER,
     RegistryState,
     in_force,
+    marker_refusal,
     marker_version,
     policy_head_key,
 )
@@ -224,3 +225,31 @@ def assemblers_for(config: Config, policies: PolicySource, registry: RegistrySta
         assembler.toolsets = lambda name, version, at_ms: registry.toolset(
             name, version, at_ms, wait_ms)
     return assemblers
+
+
+class Markers:
+    """The policy markers of the replayed spans, applied as the live driver applies them
+    (``Driver._set_policy``): a repeat, an older version or one the registry did not hold by
+    the marker's time changes nothing (``registry.marker_refusal``); a version no worker can
+    build leaves the one in force (``PolicySource.at``)."""
+
+    def __init__(self, config: Config, policies: PolicySource, registry: RegistryState,
+                 assemblers: Mapping[int, Assembler], starting: Mapping[int, int]) -> None:
+        self.policies, self.registry, self.assemblers = policies, registry, assemblers
+        self.versions: dict[int, int] = dict(starting)
+        self.wait_ms = int(config.registry.wait_s * 1000)
+
+    def apply(self, partition: int, value: bytes, at_ms: int | None) -> None:
+        """The marker ``value`` read in ``partition`` at record time ``at_ms``."""
+        version, in_force = marker_version(value), self.versions.get(partition)
+        if version is None or version == in_force:
+            return
+        registered = (None if at_ms is None
+                      else self.registry.policy_registered(version, at_ms, self.wait_ms))
+        if marker_refusal(version, in_force, registered) is not None:
+            return
+        assembler = self.assemblers[partition]
+        assembler.policy = self.policies.at(version, self.registry.policy_text,
+                                            assembler.policy)
+        if version not in self.policies.refused:
+            self.versions[partition] = version

@@ -170,6 +170,9 @@ class _Registry:
     def policy_read(self, version: int) -> str | None:
         return self.texts.get(version)
 
+    def policy_registered(self, version: int, at_ms: int) -> bool | None:
+        return True if version in self.texts else None
+
     def latest_policy(self) -> int | None:
         return max(self.texts) if self.texts else None
 

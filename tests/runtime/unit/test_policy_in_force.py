@@ -43,6 +43,9 @@ class _Registry:
     def policy_text(self, version: int) -> str | None:
         return f'@id("v{version}")\npermit(principal, action, resource);'
 
+    def policy_registered(self, version: int, at_ms: int) -> bool | None:
+        return None  # (unknown: the marker's version goes in force, as before)
+
     def latest_policy(self) -> int | None:
         return self.latest
 

@@ -171,6 +171,9 @@ class _Registry:
         return f'@id("v{version}")\npermit(principal, action, resource);'
 
 
+    def policy_registered(self, version: int, at_ms: int) -> bool | None:
+        return None  # (unknown: the marker's version goes in force, as before)
+
     def latest_policy(self) -> int | None:
         return self.latest
 

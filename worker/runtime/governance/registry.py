@@ -230,6 +230,16 @@ class RegistryState:
         entry = self.policy(version)
         return None if entry is None else str(entry.content)
 
+    def policy_registered(self, version: int, at_ms: int, wait_ms: int) -> bool | None:
+        """Whether policy set ``version`` was registered by ``at_ms + wait_ms`` (its record's
+        append time), so that a marker at record time ``at_ms`` may name it: True or False
+        once final, None while the registry is not read far enough to say (the toolset wait
+        rule, for markers: :func:`marker_refusal`)."""
+        entry = self.policy(version)
+        if entry is not None:
+            return entry.time_ms <= at_ms + wait_ms
+        return False if self.read_ms > at_ms + wait_ms else None
+
     def latest_policy(self) -> int | None:
         """The highest policy set version read (None: none)."""
         versions = [v for (kind, _, v) in self.entries if kind == POLICY]
@@ -246,6 +256,14 @@ class RegistryState:
 # events partition it owns (beside its ticks); the driver puts the version in force when it
 # applies the marker, so live and replay change policy at the same log position. A marker
 # written twice (by a worker that died and by its successor) is harmless: same version.
+#
+# Who writes what: the worker that owns the partition writes markers, only for a version newer
+# than the one in force that its reader has read. But whoever may write the events topic (the
+# gateway) can write a record with the marker's key too, so a marker is trusted for no more
+# than the worker would do itself (:func:`marker_refusal`): it never puts an older version back
+# in force (a forged marker naming a permissive old set), and never a version the registry did
+# not hold by the marker's time (a forged marker naming a version nobody registered would deny
+# every call of the partition, and hold the engine while the reader looks for it).
 
 #: The key of the policy markers in the events topic.
 POLICY_MARKER_KEY = "__latch_policy__"
@@ -273,6 +291,20 @@ def marker_version(value: bytes) -> int | None:
     if type(version) is not int or version < 1:
         return None
     return version
+
+
+def marker_refusal(version: int, in_force: int | None, registered: bool | None) -> str | None:
+    """Why a policy marker naming ``version`` changes nothing (None: it puts ``version`` in
+    force). ``in_force``: the version in force in the partition; ``registered``:
+    :meth:`RegistryState.policy_registered` at the marker's record time (None: unknown, as
+    when a reader could not read far enough within its hold: then the version goes in force,
+    unread, and denies every call until its text is read: fail closed)."""
+    if in_force is not None and version < in_force:
+        return (f"it names policy set version {version}, older than version {in_force} in "
+                "force (versions only go forward)")
+    if registered is False:
+        return f"the registry held no policy set version {version} by the marker's time"
+    return None
 
 
 def policy_head_key(partition: int) -> bytes:

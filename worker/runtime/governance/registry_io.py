@@ -309,6 +309,15 @@ class RegistryReader:
             self._hold(lambda: state.policy(version) is not None)
         return state.policy_text(version)
 
+    def policy_registered(self, version: int, at_ms: int) -> bool | None:
+        """Whether policy set ``version`` was registered by a marker at record time ``at_ms``
+        (``RegistryState.policy_registered``), held until the answer is final, within the
+        bound (then None: unknown)."""
+        state = self.state
+        if state.policy_registered(version, at_ms, self.wait_ms) is None:
+            self._hold(lambda: state.policy_registered(version, at_ms, self.wait_ms) is not None)
+        return state.policy_registered(version, at_ms, self.wait_ms)
+
     def latest_policy(self) -> int | None:
         return self.state.latest_policy()
 
