@@ -203,7 +203,7 @@ class Run:
         emits: list[Emit] = []
         for item in ops:
             emits += self._apply(item)
-            if self.status is not None:
+            if self.status is not None or self.waiting is not None:  # ended, or it waits
                 break
         return emits
 
@@ -214,7 +214,7 @@ class Run:
         emits: list[Emit] = []
         for item in self.adapter.end():  # a stop reason decided at the stream's end
             emits += self._apply(item)
-            if self.status is not None:
+            if self.status is not None or self.waiting is not None:  # ended, or it waits
                 return emits
         if self.adapter.completes_on_stream_end:
             status = RunStatus.TRUNCATED if self.truncated else RunStatus.COMPLETED
