@@ -20,17 +20,21 @@ One assembler (one events partition in the worker) holds a bounded amount of sta
 happens at each bound is an outcome, never a silent drop or a refused run:
 
 * **Open runs** (``max_open_runs``). Open runs are kept in least-recently-active order: a run
-  moves to the back each time one of its envelopes is applied (re-deliveries do not count), so
-  the order depends only on the input order. A ``run.start`` that finds the limit reached is
-  accepted, and the least recently active run is ended first: its uncommitted calls fail
-  ``budget_exceeded``, its final message has status ``failed``.
+  moves to the back each time its ``run.start`` or one of its stream's envelopes is applied
+  (re-deliveries do not count; decisions and cancels are not its stream), so the order
+  depends only on the input order. A run parked on approval (``core/waiting.py``) keeps its
+  place: its last activity is the envelope that ended its stream. A ``run.start`` that finds
+  the limit reached is accepted, and the least recently active run, streaming or parked, is
+  ended first: its uncommitted calls, held ones included, fail ``budget_exceeded``, its final
+  message has status ``failed``.
 * **Buffered bytes** (``max_buffered_bytes``): the UTF-8 argument text held by all open runs,
   their tools' schema text, and the text their adapters keep for the final messages
   (assistant text, thinking, content blocks, output items: the bytes each adapter reports in
   ``Adapter.kept``, UTF-8 for text and the JSON text of a kept value), kept as a running total
   (added on append, released when a buffer is dropped or replaced and when its run ends). A
-  fragment, or an event whose kept text, would cross the budget ends the least recently
-  active runs that hold bytes, other than the receiving run, the same way, until it fits.
+  fragment, an event whose kept text, or a ``run.start`` whose tool schemas would cross the
+  budget ends the least recently active runs that hold bytes (parked ones in their place),
+  other than the receiving run, the same way, until it fits.
   When the receiving run alone would cross it, nobody else is ended: for an argument
   fragment the receiving call fails ``budget_exceeded`` and its buffer is dropped, and the
   run goes on; for kept text (which a final message in the making cannot drop) the receiving
@@ -190,6 +194,10 @@ class Assembler:
         self._validators = validators or shared_validators(SchemaLimits(
             self.settings.max_schema_nodes, self.settings.max_schema_validation_steps))
         self._clock = 0
+        #: The ``run.start`` and stream envelopes applied so far: each gives its run's
+        #: ``Run.active`` the next number, so that streaming and parked runs are put in one
+        #: "least recently active" order (the records' order only, never their times).
+        self._entered = 0
         #: Runs opened so far: a record that leaves it as it was opened no run (the worker's
         #: per-record check, an attribute read, not two ``is_open`` lookups).
         self.runs_opened = 0
@@ -293,6 +301,7 @@ class Assembler:
         """An envelope ``seq`` of ``run``, in order, is applied at ``now_ms``: the run's last
         one, and the run becomes the most recently active."""
         run.last_seq, run.last_ms = seq, now_ms
+        self._entered = run.active = self._entered + 1
         self._move_to_end(run.run_id)
 
     def _feed_general(self, key: bytes | None, value: bytes, now_ms: int | None,
@@ -428,8 +437,7 @@ class Assembler:
         while self.open_runs and self.open_runs >= limit:
             detail = (f"the worker's open-run budget ({limit} runs) was exhausted; the least "
                       "recently active run was ended")
-            victim = next(iter((self._runs or self._waiting).values()))
-            emits += self._evict(victim, detail, "evicted_open_runs")
+            emits += self._evict(self._approvals.least_active(), detail, "evicted_open_runs")
         given = self._given_tools(start, now_ms)
         tools, cost, emits_ = self._tools(start, given)
         emits += emits_
@@ -452,6 +460,7 @@ class Assembler:
         run.nbytes = cost
         self._ledger.held += cost
         self._runs[start.run_id] = run
+        self._entered = run.active = self._entered + 1
         self.runs_opened += 1
         self.stats["runs_started"] += 1
         early = self._remembered.early_cancel(start.run_id, now_ms)
@@ -494,7 +503,7 @@ class Assembler:
             detail = (f"the worker's argument byte budget ({budget} bytes) was exhausted; the "
                       "least recently active run was ended")
             emits: list[Emit] = []
-            for victim in [r for r in self._runs.values() if r.nbytes]:
+            for victim in [r for r in self._approvals.by_activity() if r.nbytes]:
                 if self._ledger.held + cost <= budget:
                     break
                 emits += self._evict(victim, detail, "evicted_buffered_bytes")
@@ -511,8 +520,7 @@ class Assembler:
         detail = (f"the worker's argument byte budget ({budget} bytes) was exhausted; the least "
                   "recently active run was ended")
         emits: list[Emit] = []
-        holders = [r for r in (*self._waiting.values(), *self._runs.values())
-                   if r.nbytes and r is not run]
+        holders = [r for r in self._approvals.by_activity() if r.nbytes and r is not run]
         for victim in holders:  # least recently active first
             if ledger.held + growth <= budget:
                 break

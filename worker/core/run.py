@@ -73,9 +73,9 @@ _NONE_TRUNCATED: frozenset[int | None] = frozenset()
 class Run:
     """The state of one open run, and what it does with each provider event."""
 
-    __slots__ = ("adapter", "broken", "calls", "ended", "first", "held", "key", "last_ms",
-                 "last_seq", "latch", "ledger", "nbytes", "out", "rules", "run_id", "status",
-                 "text_bytes", "truncated", "waiting")
+    __slots__ = ("active", "adapter", "broken", "calls", "ended", "first", "held", "key",
+                 "last_ms", "last_seq", "latch", "ledger", "nbytes", "out", "rules", "run_id",
+                 "status", "text_bytes", "truncated", "waiting")
 
     def __init__(self, start: RunStart, adapter: op.Adapter, latch: Latch, now_ms: int,
                  key: bytes | None, ledger: Ledger, rules: Rules) -> None:
@@ -90,8 +90,8 @@ class Run:
         self.ledger = ledger
         self.rules = rules
         self.out = Outputs(start, rules.drop_invalid, start.tenant in rules.echo_tenants)
-        self.last_seq = start.seq
-        self.last_ms = now_ms
+        #: Its last stream envelope: seq, record time, number among the partition's records.
+        self.last_seq, self.last_ms, self.active = start.seq, now_ms, 0
         self.calls: dict[str, Call] = {}
         #: The choices cut short (None: the whole message); a shared empty set until one is.
         self.truncated: frozenset[int | None] = _NONE_TRUNCATED
@@ -203,7 +203,7 @@ class Run:
         emits: list[Emit] = []
         for item in ops:
             emits += self._apply(item)
-            if self.status is not None:
+            if self.status is not None or self.waiting is not None:  # ended, or it waits
                 break
         return emits
 
@@ -214,7 +214,7 @@ class Run:
         emits: list[Emit] = []
         for item in self.adapter.end():  # a stop reason decided at the stream's end
             emits += self._apply(item)
-            if self.status is not None:
+            if self.status is not None or self.waiting is not None:  # ended, or it waits
                 return emits
         if self.adapter.completes_on_stream_end:
             status = RunStatus.TRUNCATED if self.truncated else RunStatus.COMPLETED

@@ -90,8 +90,9 @@ class AssembleSettings:
     #: Order of a run's outcomes; ``provider_index`` is the only order in v1.
     finalize_order: str = "provider_index"
     #: Open runs one assembler (one events partition) holds. A ``run.start`` beyond it is
-    #: accepted, and the least recently active open run is ended first: its uncommitted calls
-    #: fail ``budget_exceeded``, its final message has status ``failed``.
+    #: accepted, and the least recently active open run (streaming or parked on approval) is
+    #: ended first: its uncommitted calls fail ``budget_exceeded``, its final message
+    #: ``failed``.
     max_open_runs: int = 100_000
     #: Bytes that all open runs of one assembler may hold together: argument text (UTF-8),
     #: tool schema text, and the text kept for final messages. A fragment or event that would

@@ -5,12 +5,15 @@ A call that passes the latch and needs approval is held by its run (``Run.decisi
 it). A run whose stream ended while calls of it are held leaves the streaming runs and waits
 (:meth:`Waiting.park`, the ledger's ``park``): no provider event reaches it any more, and its
 final message waits for the last decision. :meth:`Waiting.envelope` says what an envelope of
-such a run comes to.
+such a run comes to. A parked run keeps its place in the partition's "least recently active"
+order, which the budgets end runs by (:meth:`Waiting.by_activity`): parking holds no slot.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from heapq import merge
+from operator import attrgetter
 from typing import Any
 
 from worker.core.approvers import ApproverRequest, Approvers, approver_refusal
@@ -21,6 +24,9 @@ from worker.core.remembered import raw_or_empty
 from worker.core.run import Run
 
 __all__ = ["Waiting"]
+
+#: A run's number in the partition's "least recently active" order (``Run.active``).
+_ACTIVE = attrgetter("active")
 
 
 class Waiting:
@@ -122,3 +128,27 @@ class Waiting:
         del self.streaming[run.run_id]
         self.unpeeked.discard(run.key)
         self.runs[run.run_id] = run
+
+    # -- the budgets' order (assembler's module docstring, "Memory budgets") ----------------
+
+    def least_active(self) -> Run:
+        """The least recently active open run (there must be one, streaming or parked): the
+        first streaming run or the first parked one, whichever's last stream envelope came
+        first (``Run.active``). A parked run keeps its place: parking spares it nothing."""
+        streaming = next(iter(self.streaming.values()), None)
+        if not self.runs:  # nearly always
+            assert streaming is not None
+            return streaming
+        parked = next(iter(self.runs.values()))
+        if streaming is not None and streaming.active < parked.active:
+            return streaming
+        return parked
+
+    def by_activity(self) -> list[Run]:
+        """The open runs, least recently active first. The streaming runs are in that order,
+        and so are the parked ones: a run parks at the envelope that ends its stream (its
+        last), and nothing makes it active again (a decision or a cancel is not its stream),
+        so the two are merged by ``Run.active``."""
+        if not self.runs:
+            return list(self.streaming.values())
+        return list(merge(self.runs.values(), self.streaming.values(), key=_ACTIVE))
