@@ -27,7 +27,11 @@ driver decides everything between:
 6. The registry (:mod:`worker.runtime.governance.registry`): a run naming a toolset gets it from
    :attr:`Driver.registry`; a policy marker sets the policy set in force
    (:meth:`Driver.policy_marker`), and :meth:`Driver.markers` says which markers the engine
-   writes beside its ticks.
+   writes beside its ticks. A run whose toolset answer is not final yet is held
+   (:mod:`worker.runtime.hold`): :meth:`Driver.apply_all` parks its records and yields the
+   other runs' as they come; once the answer is final it yields the parked records, in
+   order, before the partition's next (their offsets are behind the partition's: the engine
+   moves no offset for them). The core's lookup then never waits in the engine's loop.
 
 It also keeps what both engines know of their assignment (:mod:`worker.runtime.assignment`:
 the owned partitions' states, the control partitions' forwarded offsets, the partition
@@ -39,7 +43,7 @@ destination; :func:`tick_value`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import orjson
@@ -58,6 +62,7 @@ from worker.runtime.governance.registry import (
     marker_version,
     policy_head_key,
 )
+from worker.runtime.hold import HOLD_REFUSED, HOLD_WAIT, Holds
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
 from worker.runtime.observability.tracing import Headers
@@ -149,6 +154,10 @@ class RegistryView(Protocol):
 
     def toolsets(self, name: str, version: int, at_ms: int) -> Any: ...
 
+    def unsettled(self, value: bytes, at_ms: int | None) -> tuple[str, int, int] | None: ...
+
+    def ready(self, name: str, version: int, at_ms: int) -> bool: ...
+
     def policy_text(self, version: int) -> str | None: ...
 
     def latest_policy(self) -> int | None: ...
@@ -177,11 +186,21 @@ class Takeover:
         """One record of the rebuild (:func:`partition.replay`: its outputs are kept only to
         find the runs that finished during it; a policy marker changes the policy in force)."""
         self.count += 1
-        if record.key == POLICY_MARKER:
+        key, state = record.key, self.state
+        if key == POLICY_MARKER:
             if self.marker is not None:
-                self.marker(self.state, record)
+                self.marker(state, record)
             return
-        self.replayed += partition_module.replay(self.state, self.open_runs, record)
+        holds = state.holds
+        if key is not None and key in holds.runs:  # held when the offset was committed
+            if record.source.offset >= self.open_runs.get(key, 0):
+                holds.park(key, record, None, state.policy_version, state.assembler.policy)
+            return
+        holds.refusing = key is not None and key in holds.refused
+        try:
+            self.replayed += partition_module.replay(state, self.open_runs, record)
+        finally:
+            holds.refusing = False
 
 
 class Driver:
@@ -209,7 +228,9 @@ class Driver:
         moves the partition's offset itself, once the outputs are confirmed): None if it needs
         nothing more (no output, not a tick), else what the engine must do (module doc, step
         1). ``headers``: the record's Kafka headers, or a function returning them (called only
-        when the record opens a run). One record of :meth:`apply_all`."""
+        when the record opens a run). One record of :meth:`apply_all`, for a record that can
+        neither begin a hold nor meet one (no held run in the partition, no ``"toolset"`` in
+        its value): else :meth:`apply_all` may yield more than once."""
         for _, _, applied in self.apply_all({record.source.partition: state}, (record,),
                                             (headers,), advance=False):
             return applied
@@ -228,19 +249,24 @@ class Driver:
         wrote a head, e.g. a run's ``start``): the engine sends it and writes the heads
         before it asks for the next record, which moves the offset on. A record is yielded
         when it emitted, opened its run, ended a call (its argument sizes to count), ended a
-        traced run, found a cancel waiting for its run, or is a tick or a policy marker.
-        ``headers``: each record's Kafka headers (or a function returning them), read only
-        for a record that opens a run."""
+        traced run, found a cancel waiting for its run, or is a tick or a policy marker, or
+        began its run's hold; a held run's records, once its hold ends, are yielded as they
+        are applied, before the record that ended it (:meth:`_held`: their offsets are behind
+        the partition's, which they do not move). ``headers``: each record's Kafka headers
+        (or a function returning them), read only for a record that opens a run."""
         hooks = self.hooks
         tracing, metrics = hooks.tracing, hooks.metrics
         quiet = 0
         try:
             for i, record in enumerate(records):
-                key, _, now, source = record
+                key, value, now, source = record
                 state = partitions[source.partition]
                 if key == POLICY_MARKER:
                     self.policy_marker(state, record)
                     yield state, record, None
+                elif (state.holds.runs or b'"toolset"' in value) and (yield from self._held(
+                        state, record, None if headers is None else headers[i])):
+                    pass  # parked: its run is held (hold.py)
                 else:
                     assembler = state.assembler
                     opened_before = assembler.runs_opened
@@ -289,9 +315,9 @@ class Driver:
         """After the record's outputs are delivered (or held by the same transaction): the
         ``done`` heads of the runs it finished (``offset``: the record's); at a tick, forget
         what is over."""
-        if applied.finished:
+        if applied.finished:  # (a held run's record is behind the partition's next offset)
             self.heads.finished(state, partition, applied.finished,
-                                None if offset is None else offset + 1)
+                                None if offset is None else max(offset + 1, state.next_offset))
         if applied.tick:  # by record time, so the same on every worker
             self.heads.forget_finished(state)
 
@@ -347,6 +373,99 @@ class Driver:
         """Whether to write the tick that fell due now (:class:`TickRule`)."""
         return self.ticks.due(now, behind)
 
+    # -- runs held for a registry toolset version (hold.py) ------------------------------
+
+    def _held(self, state: PartitionState, record: Record, headers: Any
+              ) -> Generator[tuple[PartitionState, Record, Applied | None], None, bool]:
+        """:meth:`apply_all` for a record of a partition with held runs, or naming a toolset:
+        first the held runs whose answer is final now are applied; then the record is parked
+        (True) if its run is held or its ``run.start`` begins a hold, else left to the caller
+        to apply (False). A hold that passes the partition's bounds ends for the run with the
+        most bytes (:meth:`_release`, refused)."""
+        holds, key = state.holds, record.key
+        if holds.refusing:  # (a refused run's records: applied as they are)
+            return False
+        if holds.runs and holds.due(key, key == TICK, record.time_ms):
+            yield from self._release_ready(state)
+        if key is None or key == TICK:
+            return False
+        if key in holds.runs:
+            holds.park(key, record, headers, state.policy_version, state.assembler.policy)
+        elif not self._holds(state, record):
+            return False
+        else:  # its head says it is held: a takeover parks its records again
+            yield state, record, None
+        while holds.over():
+            yield from self._release(state, holds.largest(), refuse=True)
+        return True
+
+    def _holds(self, state: PartitionState, record: Record) -> bool:
+        """Whether ``record`` is a ``run.start`` naming a toolset whose answer is not final,
+        of a run neither open nor finished (a run that exists is never held): if so its
+        hold begins, the record parked, its head written (``"hold": "wait"``)."""
+        registry, key = self.registry, record.key
+        wanted = None if registry is None else registry.unsettled(record.value, record.time_ms)
+        if wanted is None or key is None:
+            return False
+        head = self.heads.table.get(key)
+        if (head is not None and "start" not in head) or state.assembler.is_open(
+                key.decode("utf-8", "replace")):
+            return False
+        source, holds = record.source, state.holds
+        holds.hold(key, wanted)
+        holds.park(key, record, None, state.policy_version, state.assembler.policy)
+        # (a cancel that waits for the run keeps its head's start: a rebuild reads it too)
+        base = head if head is not None else {"p": source.partition, "start": source.offset}
+        self.heads.table[key] = {**base, "hold": HOLD_WAIT}
+        return True
+
+    def _release_ready(self, state: PartitionState
+                       ) -> Iterator[tuple[PartitionState, Record, Applied | None]]:
+        """Apply the held runs whose registry answer is final now (or was never asked)."""
+        registry = self.registry
+        for key in [key for key, run in state.holds.runs.items()
+                    if run.toolset is None or registry is None or registry.ready(*run.toolset)]:
+            yield from self._release(state, key, refuse=False)
+
+    def _release(self, state: PartitionState, key: bytes, refuse: bool
+                 ) -> Iterator[tuple[PartitionState, Record, Applied | None]]:
+        """End run ``key``'s hold: apply its parked records in order, each with the policy set
+        in force at its position; ``refuse``: its toolset counts as unknown (the bounds),
+        which its head keeps for a rebuild. Then its head: no hold left."""
+        holds = state.holds
+        run = holds.release(key)
+        if not run.records:
+            return
+        last = run.records[-1].record
+        partitions = {last.source.partition: state}
+        in_force = state.policy_version, state.assembler.policy
+        for parked in run.records:
+            state.policy_version, state.assembler.policy = parked.policy_version, parked.policy
+            holds.refusing = refuse
+            try:
+                yield from self.apply_all(partitions, (parked.record,), (parked.headers,),
+                                          advance=False)
+            finally:
+                holds.refusing = False
+                state.policy_version, state.assembler.policy = in_force
+        table = self.heads.table
+        head = table.get(key)
+        if head is not None and head.get("hold") == HOLD_WAIT:  # the run did not open
+            rest = {k: v for k, v in head.items() if k != "hold"}
+            if rest.get("cancel"):
+                table[key] = rest
+            else:
+                del table[key]
+        elif refuse and head is not None and "start" in head:
+            table[key] = {**head, "hold": HOLD_REFUSED}
+        if refuse:
+            log.warning("partition %d: a run held for its toolset passed the hold's bounds "
+                        "(registry.hold_max_records, hold_max_bytes); its calls fail "
+                        "unknown_toolset", last.source.partition,
+                        extra=logs.where(last.source.topic, last.source.partition,
+                                         last.source.offset))
+        yield state, last, None  # (the engine writes the heads)
+
     # -- takeover -----------------------------------------------------------------------
 
     def takeover(self, partition: int, resume: int) -> Takeover:
@@ -355,10 +474,12 @@ class Driver:
         assembler = Assembler(self.config.assemble)
         assembler.policy = self.policies.initial()
         state = PartitionState(assembler, next_offset=resume)
+        bounds = self.config.registry
+        state.holds = Holds(bounds.hold_max_records, bounds.hold_max_bytes)
         takeover = Takeover(state, partition, resume, self.heads.load(state, partition),
                             self._set_policy)
         if self.registry is not None:
-            state.assembler.toolsets = self.registry.toolsets
+            state.assembler.toolsets = _refusable(state.holds, self.registry.toolsets)
         head = self.heads.table.get(policy_head_key(partition))
         history = head.get("policy") if isinstance(head, dict) else None
         state.policy_history = list(history) if isinstance(history, list) else []
@@ -372,6 +493,7 @@ class Driver:
         """The rebuild is read: log it; return the outputs of runs that finished during it
         (they lost their ``done`` head: published again, then :meth:`refinished`)."""
         partition, resume = takeover.partition, takeover.resume
+        takeover.state.holds.refused.clear()  # (only the rebuild applies them again)
         log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
                  partition, resume, takeover.count, takeover.state.assembler.open_runs,
                  extra=logs.where(topic, partition, resume))
@@ -425,3 +547,12 @@ class Driver:
             return None
         state.policy_marked = latest
         return marker_value(latest, ts_ms)
+
+
+def _refusable(holds: Holds, lookup: Callable[[str, int, int], Any]
+               ) -> Callable[[str, int, int], Any]:
+    """The partition's toolset lookup: the registry's, but "unknown" (None) while the driver
+    applies a run whose hold was refused (:attr:`Holds.refusing`)."""
+    def toolsets(name: str, version: int, at_ms: int) -> Any:
+        return None if holds.refusing else lookup(name, version, at_ms)
+    return toolsets

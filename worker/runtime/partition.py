@@ -33,6 +33,7 @@ import orjson
 from worker.core import Assembler, Emit, RunStatus, Topic
 from worker.core.envelope import TICK_KEY
 from worker.runtime import step
+from worker.runtime.hold import HOLD_REFUSED, HOLD_WAIT, Holds
 from worker.runtime.step import Record
 
 __all__ = ["TICK", "Heads", "PartitionState", "StoredHead", "decode_head", "encode_head",
@@ -104,6 +105,8 @@ class PartitionState:
     policy_version: int | None = None
     policy_history: list[list[int]] = field(default_factory=list)
     policy_marked: int | None = None
+    #: The runs held for a registry toolset version, their records parked (hold.py).
+    holds: Holds = field(default_factory=Holds)
 
     def apply(self, record: Record) -> list[Emit]:
         """The emits of the partition's next record, in order (its time moves the clock):
@@ -235,6 +238,11 @@ class Heads:
                 open_runs[key] = head["start"]
                 if head.get("cancel"):  # a cancel waiting for its run: replayed from there
                     state.waiting.add(key)
+                hold = head.get("hold")  # a run held for its toolset (hold.py)
+                if hold == HOLD_WAIT:  # its records are parked again, not applied
+                    state.holds.hold(key, None)
+                elif hold == HOLD_REFUSED:  # applied again without its toolset
+                    state.holds.refused.add(key)
             elif head.get("seq") is not None:
                 read_to = head.get("o")
                 state.assembler.remember_finished(
