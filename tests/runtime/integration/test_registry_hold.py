@@ -138,3 +138,40 @@ def test_a_held_run_past_the_bounds_fails_unknown_toolset_at_once(
                                        ("call_flood_b", "unknown_toolset")]
     for run_id in others:
         assert _calls(reader, run_id) == [(f"call_{run_id}", None)]
+
+
+@pytest.fixture(params=ENGINES)
+def patient(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """``registry.wait_s`` 120: long enough for two workers to start one after the other."""
+    with make_stack(kafka_bootstrap, request.node.name, partitions=1,
+                    worker__engine=request.param, registry__wait_s="120") as made:
+        yield made
+
+
+def test_a_takeover_finds_the_hold_in_the_log(patient: Stack, tmp_path: Path) -> None:
+    """A worker holds a run (its records read, their offsets committed past: another run's
+    call after them commits) and stops; the next worker takes the partition over, finds the
+    hold in the run's head and parks the run's records again rather than applying them with
+    their outputs thrown away; once the version is put, the held run's calls commit, exactly
+    once each, in order."""
+    stack = patient
+    with running_worker(stack, tmp_path / "first.log"):
+        reader = Reader(stack)
+        try:
+            publish_envelopes(stack.bootstrap, stack.topic("events"),
+                              _held("held") + _inline("after"))
+            reader.collect(finished(["after"]), timeout=OTHERS_WITHIN_S)
+            assert _calls(reader, "held") == []
+        finally:
+            reader.close()
+    with running_worker(stack, tmp_path / "second.log") as second:
+        reader = Reader(stack)
+        try:
+            second.wait_for("rebuilt before offset")
+            registry_io.put(stack.config(), TOOLSET, "files", 1,
+                            tools("openai.chat", ["read_file"]))
+            reader.collect(finished(["held"]), timeout=60)
+        finally:
+            reader.close()
+    assert _calls(reader, "held") == [("call_held_a", None), ("call_held_b", None)]
+    assert _calls(reader, "after") == [("call_after", None)]
