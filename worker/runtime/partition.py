@@ -14,6 +14,9 @@ mapping that the engine persists (faust's changelog-backed table).
   reads from there and the run is still cancelled as it starts; that head is replaced when
   the run starts (by its ``start`` or, cancelled at once, its ``done`` head) and tombstoned
   at the first tick after the core let the cancel go (expired in record time, or forgotten).
+  A run held for its registry toolset (:mod:`worker.runtime.hold`) has ``"hold": "wait"`` in
+  its head (a rebuild parks its records again), and ``"hold": "refused"`` once the hold's
+  bounds ended it (a rebuild applies it without its toolset again).
 * :func:`replay`: one record of a rebuild (the log read back from the earliest head's start
   up to the committed offset), fed only when it is a tick, or belongs to a run with a head
   that starts at or before it.

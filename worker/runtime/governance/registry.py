@@ -21,9 +21,10 @@ with another digest is a *conflict*: ignored, and reported by ``latch registry l
 its registry record's broker append time is at most the run.start record's time (also the
 broker's: the events topic is ``LogAppendTime``) plus ``registry.wait_s``. Otherwise every
 call of the run fails ``unknown_toolset``. Whether it counts depends on the two logs only, so
-replay decides as the live worker did; live, the worker holds the run.start until its reader
-has read the version, or has read a record appended after that deadline (:meth:`settled`),
-probing with a ``fence`` tombstone when the registry is quiet.
+replay decides as the live worker did; live, the worker holds that run (its records parked:
+:mod:`worker.runtime.hold`) until its reader has read the version, or has read a record
+appended after that deadline (:meth:`settled`), probing with a ``fence`` tombstone when the
+registry is quiet.
 """
 
 from __future__ import annotations
