@@ -385,8 +385,11 @@ class Driver:
         holds, key = state.holds, record.key
         if holds.refusing:  # (a refused run's records: applied as they are)
             return False
-        if holds.runs and holds.due(key, key == TICK, record.time_ms):
-            yield from self._release_ready(state)
+        if holds.runs:  # (its own run's record asks for that run only: O(1) a record)
+            if holds.due(key == TICK, record.time_ms):
+                yield from self._release_ready(state, list(holds.runs))
+            elif key in holds.runs:
+                yield from self._release_ready(state, [key])
         if key is None or key == TICK:
             return False
         if key in holds.runs:
@@ -419,13 +422,19 @@ class Driver:
         self.heads.table[key] = {**base, "hold": HOLD_WAIT}
         return True
 
-    def _release_ready(self, state: PartitionState
+    def _release_ready(self, state: PartitionState, keys: list[bytes]
                        ) -> Iterator[tuple[PartitionState, Record, Applied | None]]:
-        """Apply the held runs whose registry answer is final now (or was never asked)."""
-        registry = self.registry
-        for key in [key for key, run in state.holds.runs.items()
-                    if run.toolset is None or registry is None or registry.ready(*run.toolset)]:
-            yield from self._release(state, key, refuse=False)
+        """Apply those of the held runs ``keys`` whose registry answer is final now (or was
+        never asked), in the order their holds began."""
+        registry, runs = self.registry, state.holds.runs
+        ready = []
+        for key in keys:
+            toolset = runs[key].toolset
+            if toolset is None or registry is None or registry.ready(*toolset):
+                ready.append(key)
+        for key in ready:
+            if key in runs:  # (not ended meanwhile)
+                yield from self._release(state, key, refuse=False)
 
     def _release(self, state: PartitionState, key: bytes, refuse: bool
                  ) -> Iterator[tuple[PartitionState, Record, Applied | None]]:

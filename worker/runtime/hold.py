@@ -35,6 +35,7 @@ made), and the new owner releases them when the answer is final.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -78,8 +79,8 @@ class HeldRun:
 class Holds:
     """The held runs of one events partition (module doc)."""
 
-    __slots__ = ("bytes", "checked_ms", "max_bytes", "max_records", "records", "refused",
-                 "refusing", "runs")
+    __slots__ = ("_parks", "_sizes", "bytes", "checked_ms", "max_bytes", "max_records",
+                 "records", "refused", "refusing", "runs")
 
     def __init__(self, max_records: int = 10_000, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.max_records, self.max_bytes = max_records, max_bytes
@@ -95,6 +96,9 @@ class Holds:
         #: Set while the driver applies a refused run's records: the toolset lookup answers
         #: "unknown" (:meth:`Driver.toolsets`).
         self.refusing = False
+        #: (-size, park count, key) per park: :meth:`largest` in O(log n), stale ones skipped.
+        self._sizes: list[tuple[int, int, bytes]] = []
+        self._parks = 0
 
     def hold(self, key: bytes, toolset: tuple[str, int, int] | None) -> HeldRun:
         """Begin holding run ``key`` (or the run held already)."""
@@ -117,14 +121,25 @@ class Holds:
         run.size += size
         self.records += 1
         self.bytes += size
+        self._parks += 1
+        if len(self._sizes) > 2 * self.records + 64:  # mostly stale: keep it in bounds
+            self._sizes = [(-r.size, 0, k) for k, r in self.runs.items()]
+            heapq.heapify(self._sizes)
+        heapq.heappush(self._sizes, (-run.size, self._parks, key))
 
     def over(self) -> bool:
         """Whether the parked records pass a bound."""
         return self.records > self.max_records or self.bytes > self.max_bytes
 
     def largest(self) -> bytes:
-        """The held run with the most parked bytes (the first such, in hold order)."""
-        return max(self.runs, key=lambda key: self.runs[key].size)
+        """The held run with the most parked bytes (a run held: the bounds are passed)."""
+        sizes = self._sizes
+        while True:
+            size, _, key = sizes[0]
+            run = self.runs.get(key)
+            if run is not None and run.size == -size:
+                return key
+            heapq.heappop(sizes)  # a run released, or grown since
 
     def release(self, key: bytes) -> HeldRun:
         """Stop holding run ``key``: its parked records, for the driver to apply."""
@@ -133,11 +148,11 @@ class Holds:
         self.bytes -= run.size
         return run
 
-    def due(self, key: bytes | None, tick: bool, now_ms: int | None) -> bool:
-        """Whether to ask now if a hold can end: at a tick, at a record of a held run, and
-        at most every :data:`CHECK_EVERY_MS` of record time otherwise (a dict lookup per
-        held run each time)."""
-        if tick or key in self.runs:
+    def due(self, tick: bool, now_ms: int | None) -> bool:
+        """Whether to ask now if the holds can end: at a tick, and at most every
+        :data:`CHECK_EVERY_MS` of record time otherwise (a dict lookup per held run each
+        time; a record of a held run asks for its own run only: :meth:`Driver._held`)."""
+        if tick:
             return True
         if now_ms is not None and now_ms - self.checked_ms >= CHECK_EVERY_MS:
             self.checked_ms = now_ms

@@ -238,3 +238,48 @@ def test_holds_count_what_they_park_and_pick_the_largest_run() -> None:
     run = holds.release(b"b")
     assert len(run.records) == 3 and holds.records == 1 and not holds.over()
     assert holds.bytes == holds.runs[b"s"].size
+
+
+class CountingRegistry(Registry):
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    def ready(self, name: str, version: int, at_ms: int) -> bool:
+        self.asked += 1
+        return super().ready(name, version, at_ms)
+
+
+def test_a_held_runs_own_records_ask_for_its_own_run_only() -> None:
+    """Many held runs and a flood of one held run's records (all at one record time, no
+    tick): each of its records asks the registry about its own run only, so the work per
+    record stays O(1) whatever the number of held runs (asking about every held run at each
+    record made a flood of n records against n held runs cost n * n lookups)."""
+    config = load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0"})
+    driver = Driver(config, EngineHooks(config), Heads({}, 3600))
+    registry = CountingRegistry()
+    driver.registry = registry
+    state = driver.takeover(0, 0).state
+    starts = [_run(f"h{n}", True, end=False)[0] for n in range(200)]
+    flood = _run("h0", True, calls=60, end=False)[1:]
+    records = [step.record(e["run_id"].encode(), orjson.dumps(e), 1_000, "ev", 0, n)
+               for n, e in enumerate(starts + flood)]
+    list(_apply(driver, state, records))
+    assert len(state.holds.runs) == 200 and registry.asked <= len(records) + 200
+
+
+def test_the_largest_held_run_follows_its_growth() -> None:
+    """:meth:`Holds.largest` is the run with the most bytes now, not when it was first seen."""
+    holds = Holds()
+    a, b = _records(_run("a", True, calls=2)), _records(_run("b", True, calls=2))
+    holds.hold(b"a", None)
+    holds.hold(b"b", None)
+    for record in a[:3]:
+        holds.park(b"a", record, None, None, None)
+    holds.park(b"b", b[0], None, None, None)
+    assert holds.largest() == b"a"
+    for record in b[1:6]:
+        holds.park(b"b", record, None, None, None)
+    assert holds.largest() == b"b"
+    holds.release(b"b")
+    assert holds.largest() == b"a"
