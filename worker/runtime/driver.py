@@ -43,13 +43,13 @@ destination; :func:`tick_value`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import orjson
 
 from worker.core import Assembler, Emit, Topic
-from worker.runtime import control, refusals
+from worker.runtime import control, hold, refusals
 from worker.runtime import partition as partition_module
 from worker.runtime.assignment import Assignment, control_behind
 from worker.runtime.config import Config
@@ -62,7 +62,7 @@ from worker.runtime.governance.registry import (
     marker_version,
     policy_head_key,
 )
-from worker.runtime.hold import HOLD_REFUSED, HOLD_WAIT, Holds
+from worker.runtime.hold import Holds
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
 from worker.runtime.observability.tracing import Headers
@@ -251,7 +251,7 @@ class Driver:
         when it emitted, opened its run, ended a call (its argument sizes to count), ended a
         traced run, found a cancel waiting for its run, or is a tick or a policy marker, or
         began its run's hold; a held run's records, once its hold ends, are yielded as they
-        are applied, before the record that ended it (:meth:`_held`: their offsets are behind
+        are applied, before the record that ended it (:func:`hold.held`: their offsets are behind
         the partition's, which they do not move). ``headers``: each record's Kafka headers
         (or a function returning them), read only for a record that opens a run."""
         hooks = self.hooks
@@ -264,8 +264,8 @@ class Driver:
                 if key == POLICY_MARKER:
                     self.policy_marker(state, record)
                     yield state, record, None
-                elif (state.holds.runs or b'"toolset"' in value) and (yield from self._held(
-                        state, record, None if headers is None else headers[i])):
+                elif (state.holds.runs or b'"toolset"' in value) and (yield from hold.held(
+                        self, state, record, None if headers is None else headers[i])):
                     pass  # parked: its run is held (hold.py)
                 else:
                     assembler = state.assembler
@@ -373,108 +373,6 @@ class Driver:
         """Whether to write the tick that fell due now (:class:`TickRule`)."""
         return self.ticks.due(now, behind)
 
-    # -- runs held for a registry toolset version (hold.py) ------------------------------
-
-    def _held(self, state: PartitionState, record: Record, headers: Any
-              ) -> Generator[tuple[PartitionState, Record, Applied | None], None, bool]:
-        """:meth:`apply_all` for a record of a partition with held runs, or naming a toolset:
-        first the held runs whose answer is final now are applied; then the record is parked
-        (True) if its run is held or its ``run.start`` begins a hold, else left to the caller
-        to apply (False). A hold that passes the partition's bounds ends for the run with the
-        most bytes (:meth:`_release`, refused)."""
-        holds, key = state.holds, record.key
-        if holds.refusing:  # (a refused run's records: applied as they are)
-            return False
-        if holds.runs:  # (its own run's record asks for that run only: O(1) a record)
-            if holds.due(key == TICK, record.time_ms):
-                yield from self._release_ready(state, list(holds.runs))
-            elif key in holds.runs:
-                yield from self._release_ready(state, [key])
-        if key is None or key == TICK:
-            return False
-        if key in holds.runs:
-            holds.park(key, record, headers, state.policy_version, state.assembler.policy)
-        elif not self._holds(state, record):
-            return False
-        else:  # its head says it is held: a takeover parks its records again
-            yield state, record, None
-        while holds.over():
-            yield from self._release(state, holds.largest(), refuse=True)
-        return True
-
-    def _holds(self, state: PartitionState, record: Record) -> bool:
-        """Whether ``record`` is a ``run.start`` naming a toolset whose answer is not final,
-        of a run neither open nor finished (a run that exists is never held): if so its
-        hold begins, the record parked, its head written (``"hold": "wait"``)."""
-        registry, key = self.registry, record.key
-        wanted = None if registry is None else registry.unsettled(record.value, record.time_ms)
-        if wanted is None or key is None:
-            return False
-        head = self.heads.table.get(key)
-        if (head is not None and "start" not in head) or state.assembler.is_open(
-                key.decode("utf-8", "replace")):
-            return False
-        source, holds = record.source, state.holds
-        holds.hold(key, wanted)
-        holds.park(key, record, None, state.policy_version, state.assembler.policy)
-        # (a cancel that waits for the run keeps its head's start: a rebuild reads it too)
-        base = head if head is not None else {"p": source.partition, "start": source.offset}
-        self.heads.table[key] = {**base, "hold": HOLD_WAIT}
-        return True
-
-    def _release_ready(self, state: PartitionState, keys: list[bytes]
-                       ) -> Iterator[tuple[PartitionState, Record, Applied | None]]:
-        """Apply those of the held runs ``keys`` whose registry answer is final now (or was
-        never asked), in the order their holds began."""
-        registry, runs = self.registry, state.holds.runs
-        ready = []
-        for key in keys:
-            toolset = runs[key].toolset
-            if toolset is None or registry is None or registry.ready(*toolset):
-                ready.append(key)
-        for key in ready:
-            if key in runs:  # (not ended meanwhile)
-                yield from self._release(state, key, refuse=False)
-
-    def _release(self, state: PartitionState, key: bytes, refuse: bool
-                 ) -> Iterator[tuple[PartitionState, Record, Applied | None]]:
-        """End run ``key``'s hold: apply its parked records in order, each with the policy set
-        in force at its position; ``refuse``: its toolset counts as unknown (the bounds),
-        which its head keeps for a rebuild. Then its head: no hold left."""
-        holds = state.holds
-        run = holds.release(key)
-        if not run.records:
-            return
-        last = run.records[-1].record
-        partitions = {last.source.partition: state}
-        in_force = state.policy_version, state.assembler.policy
-        for parked in run.records:
-            state.policy_version, state.assembler.policy = parked.policy_version, parked.policy
-            holds.refusing = refuse
-            try:
-                yield from self.apply_all(partitions, (parked.record,), (parked.headers,),
-                                          advance=False)
-            finally:
-                holds.refusing = False
-                state.policy_version, state.assembler.policy = in_force
-        table = self.heads.table
-        head = table.get(key)
-        if head is not None and head.get("hold") == HOLD_WAIT:  # the run did not open
-            rest = {k: v for k, v in head.items() if k != "hold"}
-            if rest.get("cancel"):
-                table[key] = rest
-            else:
-                del table[key]
-        elif refuse and head is not None and "start" in head:
-            table[key] = {**head, "hold": HOLD_REFUSED}
-        if refuse:
-            log.warning("partition %d: a run held for its toolset passed the hold's bounds "
-                        "(registry.hold_max_records, hold_max_bytes); its calls fail "
-                        "unknown_toolset", last.source.partition,
-                        extra=logs.where(last.source.topic, last.source.partition,
-                                         last.source.offset))
-        yield state, last, None  # (the engine writes the heads)
-
     # -- takeover -----------------------------------------------------------------------
 
     def takeover(self, partition: int, resume: int) -> Takeover:
@@ -488,7 +386,7 @@ class Driver:
         takeover = Takeover(state, partition, resume, self.heads.load(state, partition),
                             self._set_policy)
         if self.registry is not None:
-            state.assembler.toolsets = _refusable(state.holds, self.registry.toolsets)
+            state.assembler.toolsets = hold.refusable(state.holds, self.registry.toolsets)
         head = self.heads.table.get(policy_head_key(partition))
         history = head.get("policy") if isinstance(head, dict) else None
         state.policy_history = list(history) if isinstance(history, list) else []
@@ -557,11 +455,3 @@ class Driver:
         state.policy_marked = latest
         return marker_value(latest, ts_ms)
 
-
-def _refusable(holds: Holds, lookup: Callable[[str, int, int], Any]
-               ) -> Callable[[str, int, int], Any]:
-    """The partition's toolset lookup: the registry's, but "unknown" (None) while the driver
-    applies a run whose hold was refused (:attr:`Holds.refusing`)."""
-    def toolsets(name: str, version: int, at_ms: int) -> Any:
-        return None if holds.refusing else lookup(name, version, at_ms)
-    return toolsets

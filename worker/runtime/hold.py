@@ -27,6 +27,10 @@ flooding one, not its neighbours): that run is applied at once as if its toolset
 had not come in time, so every call of it fails ``unknown_toolset`` (one error result
 each) and the run's head says so (``"hold": "refused"``) for a rebuild to decide the same.
 
+The rules live here too, as functions of the driver (:func:`held`, called by
+:meth:`Driver.apply_all` for a record of a partition with held runs or naming a toolset):
+what begins a hold, when one ends, what a bound does.
+
 The events log stays the history: a held run's head is ``{"p", "start", "hold": "wait"}``,
 committed with the offsets past its records; a takeover reads the run's records from its
 ``start`` again and parks them here rather than applying them (their outputs were never
@@ -36,14 +40,30 @@ made), and the new owner releases them when the answer is final.
 from __future__ import annotations
 
 import heapq
+import logging
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
+from worker.core.envelope import TICK_KEY
+from worker.runtime.observability import logs
 from worker.runtime.step import Record
 
-__all__ = ["HOLD_REFUSED", "HOLD_WAIT", "OVERHEAD", "HeldRun", "Holds", "Parked", "toolset_of"]
+if TYPE_CHECKING:  # (the driver imports this module: its types only)
+    from worker.runtime.driver import Applied, Driver
+    from worker.runtime.partition import PartitionState
+
+    #: What :meth:`Driver.apply_all` yields: a record applied, with what it still needs.
+    Yielded = tuple[PartitionState, Record, Applied | None]
+
+__all__ = ["HOLD_REFUSED", "HOLD_WAIT", "OVERHEAD", "HeldRun", "Holds", "Parked", "held",
+           "refusable", "toolset_of"]
+
+log = logging.getLogger("latch.worker")
+
+TICK = TICK_KEY.encode()
 
 #: The ``"hold"`` of a held run's head: its records are parked.
 HOLD_WAIT = "wait"
@@ -179,3 +199,119 @@ def toolset_of(value: bytes) -> tuple[str, int] | None:
     if not isinstance(name, str) or type(version) is not int:
         return None
     return name, version
+
+
+# -- the driver's rules for held runs (Driver.apply_all) ----------------------------------
+
+
+def held(driver: Driver, state: PartitionState, record: Record, headers: Any
+         ) -> Generator[Yielded, None, bool]:
+    """:meth:`Driver.apply_all` for a record of a partition with held runs, or naming a toolset:
+    first the held runs whose answer is final now are applied; then the record is parked
+    (True) if its run is held or its ``run.start`` begins a hold, else left to the caller
+    to apply (False). A hold that passes the partition's bounds ends for the run with the
+    most bytes (:func:`_release`, refused)."""
+    holds, key = state.holds, record.key
+    if holds.refusing:  # (a refused run's records: applied as they are)
+        return False
+    if holds.runs:  # (its own run's record asks for that run only: O(1) a record)
+        if holds.due(key == TICK, record.time_ms):
+            yield from _release_ready(driver, state, list(holds.runs))
+        elif key in holds.runs:
+            yield from _release_ready(driver, state, [key])
+    if key is None or key == TICK:
+        return False
+    if key in holds.runs:
+        holds.park(key, record, headers, state.policy_version, state.assembler.policy)
+    elif not _begins(driver, state, record):
+        return False
+    else:  # its head says it is held: a takeover parks its records again
+        yield state, record, None
+    while holds.over():
+        yield from _release(driver, state, holds.largest(), refuse=True)
+    return True
+
+
+def _begins(driver: Driver, state: PartitionState, record: Record) -> bool:
+    """Whether ``record`` is a ``run.start`` naming a toolset whose answer is not final,
+    of a run neither open nor finished (a run that exists is never held): if so its
+    hold begins, the record parked, its head written (``"hold": "wait"``)."""
+    registry, key = driver.registry, record.key
+    wanted = None if registry is None else registry.unsettled(record.value, record.time_ms)
+    if wanted is None or key is None:
+        return False
+    head = driver.heads.table.get(key)
+    if (head is not None and "start" not in head) or state.assembler.is_open(
+            key.decode("utf-8", "replace")):
+        return False
+    source, holds = record.source, state.holds
+    holds.hold(key, wanted)
+    holds.park(key, record, None, state.policy_version, state.assembler.policy)
+    # (a cancel that waits for the run keeps its head's start: a rebuild reads it too)
+    base = head if head is not None else {"p": source.partition, "start": source.offset}
+    driver.heads.table[key] = {**base, "hold": HOLD_WAIT}
+    return True
+
+
+def _release_ready(driver: Driver, state: PartitionState, keys: list[bytes]
+                   ) -> Iterator[Yielded]:
+    """Apply those of the held runs ``keys`` whose registry answer is final now (or was
+    never asked), in the order their holds began."""
+    registry, runs = driver.registry, state.holds.runs
+    ready = []
+    for key in keys:
+        toolset = runs[key].toolset
+        if toolset is None or registry is None or registry.ready(*toolset):
+            ready.append(key)
+    for key in ready:
+        if key in runs:  # (not ended meanwhile)
+            yield from _release(driver, state, key, refuse=False)
+
+
+def _release(driver: Driver, state: PartitionState, key: bytes, refuse: bool
+             ) -> Iterator[Yielded]:
+    """End run ``key``'s hold: apply its parked records in order, each with the policy set
+    in force at its position; ``refuse``: its toolset counts as unknown (the bounds),
+    which its head keeps for a rebuild. Then its head: no hold left."""
+    holds = state.holds
+    run = holds.release(key)
+    if not run.records:
+        return
+    last = run.records[-1].record
+    partitions = {last.source.partition: state}
+    in_force = state.policy_version, state.assembler.policy
+    for parked in run.records:
+        state.policy_version, state.assembler.policy = parked.policy_version, parked.policy
+        holds.refusing = refuse
+        try:
+            yield from driver.apply_all(partitions, (parked.record,), (parked.headers,),
+                                      advance=False)
+        finally:
+            holds.refusing = False
+            state.policy_version, state.assembler.policy = in_force
+    table = driver.heads.table
+    head = table.get(key)
+    if head is not None and head.get("hold") == HOLD_WAIT:  # the run did not open
+        rest = {k: v for k, v in head.items() if k != "hold"}
+        if rest.get("cancel"):
+            table[key] = rest
+        else:
+            del table[key]
+    elif refuse and head is not None and "start" in head:
+        table[key] = {**head, "hold": HOLD_REFUSED}
+    if refuse:
+        log.warning("partition %d: a run held for its toolset passed the hold's bounds "
+                    "(registry.hold_max_records, hold_max_bytes); its calls fail "
+                    "unknown_toolset", last.source.partition,
+                    extra=logs.where(last.source.topic, last.source.partition,
+                                     last.source.offset))
+    yield state, last, None  # (the engine writes the heads)
+
+
+def refusable(holds: Holds, lookup: Callable[[str, int, int], Any]
+              ) -> Callable[[str, int, int], Any]:
+    """The partition's toolset lookup: the registry's, but "unknown" (None) while the driver
+    applies a run whose hold was refused (:attr:`Holds.refusing`)."""
+    def toolsets(name: str, version: int, at_ms: int) -> Any:
+        return None if holds.refusing else lookup(name, version, at_ms)
+    return toolsets
