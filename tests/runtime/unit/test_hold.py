@@ -283,3 +283,47 @@ def test_the_largest_held_run_follows_its_growth() -> None:
     assert holds.largest() == b"b"
     holds.release(b"b")
     assert holds.largest() == b"a"
+
+
+class Fixed:
+    """A policy set that allows every call, or none (enforce)."""
+
+    def __init__(self, version: int, allow: bool) -> None:
+        self.version, self.allow, self.mode = version, allow, "enforce"
+
+    def decide(self, request: Any) -> Any:
+        from worker.core.policy import PolicyDecision
+        return PolicyDecision("enforce", self.allow, (f"v{self.version}",), (), self.version)
+
+
+def test_a_parked_record_is_decided_by_the_policy_in_force_at_its_position() -> None:
+    """A held run's call whose records came while policy set version 1 (allow) was in force
+    is decided by version 1 when it is released after a marker put version 2 (deny) in
+    force, as replay (the log in order) decides it; a run after the marker is denied; the
+    partition's policy afterwards is still version 2."""
+    table: dict[bytes, Any] = {}
+    driver, registry = _driver(table)
+    state = driver.takeover(0, 0).state
+    allow, deny = Fixed(1, True), Fixed(2, False)
+    state.policy_version, state.assembler.policy = 1, allow
+    held = _records(_run("held", True))
+    list(_apply(driver, state, held))
+    state.policy_version, state.assembler.policy = 2, deny  # (what a marker does)
+    after = _records(_run("after", False), first=len(held))
+    registry.put()
+    results = list(_apply(driver, state, [*after, _tick(len(held) + len(after))]))
+    assert _calls(results) == [("after_c0", "errors"), ("held_c0", "committed")]
+    assert (state.policy_version, state.assembler.policy) == (2, deny)
+
+
+def test_the_byte_bound_counts_keys_values_and_overhead() -> None:
+    """``registry.hold_max_bytes``: one run's records past it pass the bound."""
+    holds = Holds(max_records=1_000, max_bytes=2_000)
+    records = _records(_run("b", True, calls=3))
+    holds.hold(b"b", None)
+    total = 0
+    for record in records:
+        holds.park(b"b", record, None, None, None)
+        total += len(record.value) + 1 + 200
+        assert holds.bytes == total and holds.over() == (total > 2_000)
+    assert holds.over()
