@@ -151,6 +151,8 @@ class RegistryReader:
         self._awaited: dict[tuple[str, int, int], float] = {}
         #: Answers given up on after the bound (:meth:`ready`): their lookup does not block.
         self._given_up: set[tuple[str, int, int]] = set()
+        #: Policy set versions given up on after the bound (:meth:`policy_text`).
+        self._policies_given_up: set[int] = set()
         self._consumer: Any = None  # made by start(): no client before the worker runs
         self._producer: Producer | None = None
         self._thread = threading.Thread(target=self._follow, name="latch-registry",
@@ -275,10 +277,13 @@ class RegistryReader:
 
     def policy_text(self, version: int) -> str | None:
         """The Cedar text of policy set ``version`` (a marker names only versions the
-        registry holds: waits until it is read, within the bound)."""
+        registry holds: waits until it is read, within the bound; once only for a version
+        never read, e.g. a marker someone else wrote: then None at once)."""
         state = self.state
-        if state.policy(version) is None:
-            self._hold(lambda: state.policy(version) is not None)
+        if state.policy(version) is None and version not in self._policies_given_up and \
+                not self._hold(lambda: state.policy(version) is not None):
+            log.error("registry: policy set version %d still unread after the hold", version)
+            self._policies_given_up.add(version)
         return state.policy_text(version)
 
     def latest_policy(self) -> int | None:

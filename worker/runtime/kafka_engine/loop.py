@@ -341,8 +341,11 @@ class KafkaEngine:
         """Before a ``consume`` call's records are applied: for each policy marker naming a
         version the registry reader has not read, commit the open transaction (its records
         are all applied: their offsets are noted), then wait for the version (the reader's
-        bounded hold), so that no transaction stays open through it (decision 0014). False
-        if that commit aborted: the partitions are rebuilt and the records read again."""
+        bounded hold), so that no transaction stays open through it (decision 0014); only
+        where the registry's policy sets decide. False if that commit aborted: the
+        partitions are rebuilt and the records read again."""
+        if not self.driver.policies.registry:  # (markers change nothing: nothing to wait for)
+            return True
         for record in records:
             if record.key != POLICY_MARKER:
                 continue
