@@ -327,3 +327,47 @@ def test_the_byte_bound_counts_keys_values_and_overhead() -> None:
         total += len(record.value) + 1 + 200
         assert holds.bytes == total and holds.over() == (total > 2_000)
     assert holds.over()
+
+
+def test_a_cancel_of_a_held_run_waits_with_its_records_and_keeps_its_place() -> None:
+    """A cancel forwarded into the events log for a held run (the gateway's or an operator's)
+    is parked behind the run's earlier records: at the release the run starts, then is
+    cancelled at that place, so its call (whose records came after the cancel) never
+    commits, as in replay."""
+    from builders import cancel
+
+    table: dict[bytes, Any] = {}
+    driver, registry = _driver(table)
+    state = driver.takeover(0, 0).state
+    run = _run("held", True)
+    records = _records([run[0], cancel("held"), *run[1:]])
+    assert _calls(_apply(driver, state, records)) == []
+    assert len(state.holds.runs[b"held"].records) == len(records)
+    registry.put()
+    results = list(_apply(driver, state, [_tick(len(records))]))
+    finals = [e.value for _, a in results if a is not None for e in a.emits
+              if e.topic is Topic.FINAL]
+    assert [f["status"] for f in finals] == ["cancelled"]
+    assert ("held_c0", "committed") not in _calls(results)
+
+
+def test_the_reader_gives_an_answer_up_once_past_the_bound(monkeypatch: Any) -> None:
+    """``RegistryReader.ready`` never blocks: False while the answer is awaited (the reader
+    fences meanwhile), True once ``registry.wait_s`` plus ``HOLD_MAX_S`` passed since it
+    was first asked (given up, logged); the core's lookup of a given-up answer then answers
+    at once (None: ``unknown_toolset``) instead of holding the loop again."""
+    import time
+
+    from worker.runtime.governance import registry_io
+
+    monkeypatch.setattr(registry_io, "HOLD_MAX_S", 0.2)
+    reader = registry_io.RegistryReader(load_config(None, env={"LATCH_REGISTRY__WAIT_S": "0"}))
+    began = time.monotonic()
+    assert reader.ready("files", 1, 1_000) is False and reader._awaiting()
+    while not reader.ready("files", 1, 1_000):
+        assert time.monotonic() - began < 5
+    assert time.monotonic() - began >= 0.2
+    assert reader.unsettled(orjson.dumps({"v": 1, "type": "run.start", "tools": {
+        "toolset": "files", "version": 1}}), 1_000) is None
+    began = time.monotonic()
+    assert reader.toolsets("files", 1, 1_000) is None and time.monotonic() - began < 0.1
