@@ -16,7 +16,7 @@ Who sends what:
   whoever sends it); a record that is not a ``run.start`` never opens one (the tenant's
   text cannot: in JSON, a quote inside a string is escaped, so ``"toolset"`` appears only as a
   key or a whole string, and the envelope is parsed before it counts).
-* Many ``run.start``\ s naming missing versions (a tenant's, or a flood) make as many held
+* Many run.starts naming missing versions (a tenant's, or a flood) make as many held
   runs, within the bounds below; past them the run holding the most bytes is refused (with
   runs of one record each, the first held of them): a flood ends its own holds first, and
   can at worst end other runs' holds early, never stall the partition.
