@@ -400,9 +400,11 @@ class Driver:
         """The rebuild is read: log it; return the outputs of runs that finished during it
         (they lost their ``done`` head: published again, then :meth:`refinished`)."""
         partition, resume = takeover.partition, takeover.resume
-        takeover.state.holds.refused.clear()  # (only the rebuild applies them again)
-        log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
+        holds = takeover.state.holds
+        holds.refused.clear()  # (only the rebuild applies them again)
+        log.info("partition %d: rebuilt before offset %d from %d records; %d runs open%s",
                  partition, resume, takeover.count, takeover.state.assembler.open_runs,
+                 f", {len(holds.runs)} held for their toolset" if holds.runs else "",
                  extra=logs.where(topic, partition, resume))
         return partition_module.refinished(partition, takeover.replayed)
 

@@ -167,7 +167,7 @@ def test_a_takeover_finds_the_hold_in_the_log(patient: Stack, tmp_path: Path) ->
     with running_worker(stack, tmp_path / "second.log") as second:
         reader = Reader(stack)
         try:
-            second.wait_for("rebuilt before offset")
+            second.wait_for("rebuilt before offset .*; 0 runs open, 1 held for their toolset")
             registry_io.put(stack.config(), TOOLSET, "files", 1,
                             tools("openai.chat", ["read_file"]))
             reader.collect(finished(["held"]), timeout=60)
