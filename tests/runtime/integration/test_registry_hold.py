@@ -10,15 +10,18 @@ run's records wait in the worker, in order; the other runs' go on; the version's
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from worker_harness import (
     ENGINES,
     Reader,
     Stack,
+    WorkerProcess,
     finished,
     make_stack,
     provider_run,
@@ -175,3 +178,60 @@ def test_a_takeover_finds_the_hold_in_the_log(patient: Stack, tmp_path: Path) ->
             reader.close()
     assert _calls(reader, "held") == [("call_held_a", None), ("call_held_b", None)]
     assert _calls(reader, "after") == [("call_after", None)]
+
+
+@pytest.fixture(params=ENGINES)
+def killable(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """``registry.wait_s`` 120; the kafka engine's transactions time out after 3 s (a killed
+    worker's open one stops blocking ``read_committed`` readers soon)."""
+    with make_stack(kafka_bootstrap, request.node.name, partitions=1,
+                    worker__engine=request.param, registry__wait_s="120",
+                    worker__transaction_timeout_s="3") as made:
+        yield made
+
+
+def _committed(stack: Stack) -> int:
+    """The worker group's committed offset of the events partition."""
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": stack.app_id,
+                         "enable.auto.commit": False})
+    try:
+        tp = TopicPartition(stack.topic("events"), 0)
+        return int(consumer.committed([tp], timeout=10)[0].offset)
+    finally:
+        consumer.close()
+
+
+def test_a_killed_worker_loses_no_held_record(killable: Stack, tmp_path: Path) -> None:
+    """The group's committed offset moves past a held run's records (another run after them
+    commits) and the worker is then killed (SIGKILL: no commit on the way out). The next
+    worker finds the hold in the run's head, reads the run's records again from its start
+    and, once the version is put, commits each of its calls exactly once."""
+    stack = killable
+    held = _held("held")
+    first = WorkerProcess(stack, tmp_path / "first.log")
+    second = None
+    try:
+        first.wait_ready()
+        publish_envelopes(stack.bootstrap, stack.topic("events"), held + _inline("after"))
+        deadline = time.monotonic() + OTHERS_WITHIN_S
+        while _committed(stack) <= len(held):  # past the held run's and the next record
+            assert time.monotonic() < deadline, "the offset did not move past the held run"
+            time.sleep(0.3)
+        first.kill()
+        second = WorkerProcess(stack, tmp_path / "second.log")
+        second.wait_ready()
+        second.wait_for("rebuilt before offset .*; 0 runs open, 1 held for their toolset",
+                        timeout=90)
+        registry_io.put(stack.config(), TOOLSET, "files", 1,
+                        tools("openai.chat", ["read_file"]))
+        reader = Reader(stack)
+        try:
+            reader.collect(finished(["held", "after"]), timeout=90)
+        finally:
+            reader.close()
+        assert _calls(reader, "held") == [("call_held_a", None), ("call_held_b", None)]
+        assert second.stop() == 0, second.tail()
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.proc.poll() is None:
+                proc.kill()
