@@ -264,6 +264,9 @@ class RegistrySettings:
     """The ``registry`` section: toolsets and policy sets by version (governance/registry.py)."""
 
     wait_s: float = 10.0
+    #: The records and bytes of held runs one events partition may park (worker/runtime/hold.py).
+    hold_max_records: int = 10_000
+    hold_max_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,12 @@ driver decides everything between:
    (:meth:`Driver.policy_marker`; a version that cannot be built changes nothing:
    governance/policy_source.py), and :meth:`Driver.markers` says which markers the engine
    writes beside its ticks (and takes up a version whose text was read late). The driver
-   adds the registry's and the policy's parts of ``/readyz`` and their metrics.
+   adds the registry's and the policy's parts of ``/readyz`` and their metrics. A run whose
+   toolset answer is not final yet is held (:mod:`worker.runtime.hold`):
+   :meth:`Driver.apply_all` parks its records and yields the other runs' as they come; once
+   the answer is final it yields the parked records, in order, before the partition's next
+   (their offsets are behind the partition's: the engine moves no offset for them). The
+   core's lookup then never waits in the engine's loop.
 
 It also keeps what both engines know of their assignment (:mod:`worker.runtime.assignment`:
 the owned partitions' states, the control partitions' forwarded offsets, the partition
@@ -47,7 +52,7 @@ from typing import Any, NamedTuple, Protocol
 import orjson
 
 from worker.core import Assembler, Emit, Topic
-from worker.runtime import control, refusals
+from worker.runtime import control, hold, refusals
 from worker.runtime import partition as partition_module
 from worker.runtime.assignment import Assignment, control_behind
 from worker.runtime.config import Config
@@ -62,6 +67,7 @@ from worker.runtime.governance.registry import (
     marker_version,
     policy_head_key,
 )
+from worker.runtime.hold import Holds
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
 from worker.runtime.observability.metrics import GovernanceView
@@ -154,6 +160,10 @@ class RegistryView(Protocol):
 
     def toolsets(self, name: str, version: int, at_ms: int) -> Any: ...
 
+    def unsettled(self, value: bytes, at_ms: int | None) -> tuple[str, int, int] | None: ...
+
+    def ready(self, name: str, version: int, at_ms: int) -> bool: ...
+
     def policy_text(self, version: int) -> str | None: ...
 
     def policy_read(self, version: int) -> str | None: ...
@@ -186,11 +196,21 @@ class Takeover:
         """One record of the rebuild (:func:`partition.replay`: its outputs are kept only to
         find the runs that finished during it; a policy marker changes the policy in force)."""
         self.count += 1
-        if record.key == POLICY_MARKER:
+        key, state = record.key, self.state
+        if key == POLICY_MARKER:
             if self.marker is not None:
-                self.marker(self.state, record)
+                self.marker(state, record)
             return
-        self.replayed += partition_module.replay(self.state, self.open_runs, record)
+        holds = state.holds
+        if key is not None and key in holds.runs:  # held when the offset was committed
+            if record.source.offset >= self.open_runs.get(key, 0):
+                holds.park(key, record, None, state.policy_version, state.assembler.policy)
+            return
+        holds.refusing = key is not None and key in holds.refused
+        try:
+            self.replayed += partition_module.replay(state, self.open_runs, record)
+        finally:
+            holds.refusing = False
 
 
 class Driver:
@@ -229,7 +249,9 @@ class Driver:
         moves the partition's offset itself, once the outputs are confirmed): None if it needs
         nothing more (no output, not a tick), else what the engine must do (module doc, step
         1). ``headers``: the record's Kafka headers, or a function returning them (called only
-        when the record opens a run). One record of :meth:`apply_all`."""
+        when the record opens a run). One record of :meth:`apply_all`, for a record that can
+        neither begin a hold nor meet one (no held run in the partition, no ``"toolset"`` in
+        its value): else :meth:`apply_all` may yield more than once."""
         for _, _, applied in self.apply_all({record.source.partition: state}, (record,),
                                             (headers,), advance=False):
             return applied
@@ -248,19 +270,24 @@ class Driver:
         wrote a head, e.g. a run's ``start``): the engine sends it and writes the heads
         before it asks for the next record, which moves the offset on. A record is yielded
         when it emitted, opened its run, ended a call (its argument sizes to count), ended a
-        traced run, found a cancel waiting for its run, or is a tick or a policy marker.
-        ``headers``: each record's Kafka headers (or a function returning them), read only
-        for a record that opens a run."""
+        traced run, found a cancel waiting for its run, or is a tick or a policy marker, or
+        began its run's hold; a held run's records, once its hold ends, are yielded as they
+        are applied, before the record that ended it (:func:`hold.held`: their offsets are behind
+        the partition's, which they do not move). ``headers``: each record's Kafka headers
+        (or a function returning them), read only for a record that opens a run."""
         hooks = self.hooks
         tracing, metrics = hooks.tracing, hooks.metrics
         quiet = 0
         try:
             for i, record in enumerate(records):
-                key, _, now, source = record
+                key, value, now, source = record
                 state = partitions[source.partition]
                 if key == POLICY_MARKER:
                     self.policy_marker(state, record)
                     yield state, record, None
+                elif (state.holds.runs or b'"toolset"' in value) and (yield from hold.held(
+                        self, state, record, None if headers is None else headers[i])):
+                    pass  # parked: its run is held (hold.py)
                 else:
                     assembler = state.assembler
                     opened_before = assembler.runs_opened
@@ -309,9 +336,9 @@ class Driver:
         """After the record's outputs are delivered (or held by the same transaction): the
         ``done`` heads of the runs it finished (``offset``: the record's); at a tick, forget
         what is over."""
-        if applied.finished:
+        if applied.finished:  # (a held run's record is behind the partition's next offset)
             self.heads.finished(state, partition, applied.finished,
-                                None if offset is None else offset + 1)
+                                None if offset is None else max(offset + 1, state.next_offset))
         if applied.tick:  # by record time, so the same on every worker
             self.heads.forget_finished(state)
 
@@ -376,10 +403,12 @@ class Driver:
         assembler.policy = self.policies.initial()
         assembler.approvals.approvers = self.approvers
         state = PartitionState(assembler, next_offset=resume)
+        bounds = self.config.registry
+        state.holds = Holds(bounds.hold_max_records, bounds.hold_max_bytes)
         takeover = Takeover(state, partition, resume, self.heads.load(state, partition),
                             self._set_policy)
         if self.registry is not None:
-            state.assembler.toolsets = self.registry.toolsets
+            state.assembler.toolsets = hold.refusable(state.holds, self.registry.toolsets)
         head = self.heads.table.get(policy_head_key(partition))
         history = head.get("policy") if isinstance(head, dict) else None
         state.policy_history = list(history) if isinstance(history, list) else []
@@ -409,8 +438,11 @@ class Driver:
         """The rebuild is read: log it; return the outputs of runs that finished during it
         (they lost their ``done`` head: published again, then :meth:`refinished`)."""
         partition, resume = takeover.partition, takeover.resume
-        log.info("partition %d: rebuilt before offset %d from %d records; %d runs open",
+        holds = takeover.state.holds
+        holds.refused.clear()  # (only the rebuild applies them again)
+        log.info("partition %d: rebuilt before offset %d from %d records; %d runs open%s",
                  partition, resume, takeover.count, takeover.state.assembler.open_runs,
+                 f", {len(holds.runs)} held for their toolset" if holds.runs else "",
                  extra=logs.where(topic, partition, resume))
         return partition_module.refinished(partition, takeover.replayed)
 
@@ -446,7 +478,7 @@ class Driver:
         if version == state.policy_version:
             return False
         registry, at_ms = self.registry, record.time_ms
-        registered = (None if registry is None or at_ms is None
+        registered = (None if registry is None or at_ms is None or not self.policies.registry
                       else registry.policy_registered(version, at_ms))
         refused = marker_refusal(version, state.policy_version, registered)
         if refused is not None:  # (never one this worker wrote: registry.py, who writes what)
@@ -513,3 +545,4 @@ class Driver:
             return None
         state.policy_marked = latest
         return marker_value(latest, ts_ms)
+

@@ -16,6 +16,9 @@ mapping that the engine persists (faust's changelog-backed table).
   head is replaced when the run starts (by its ``start`` or, cancelled at once, its ``done``
   head) and tombstoned at the first tick after the core let the cancel go (expired in record
   time, or forgotten).
+  A run held for its registry toolset (:mod:`worker.runtime.hold`) has ``"hold": "wait"`` in
+  its head (a rebuild parks its records again), and ``"hold": "refused"`` once the hold's
+  bounds ended it (a rebuild applies it without its toolset again).
 * :func:`replay`: one record of a rebuild (the log read back from the earliest head's start
   up to the committed offset), fed only when it is a tick, or belongs to a run with a head
   that starts at or before it.
@@ -35,6 +38,7 @@ import orjson
 from worker.core import Assembler, Emit, RunStatus, Topic
 from worker.core.envelope import TICK_KEY
 from worker.runtime import step
+from worker.runtime.hold import HOLD_REFUSED, HOLD_WAIT, Holds
 from worker.runtime.step import Record
 
 __all__ = ["POLICY_AT", "TICK", "Heads", "PartitionState", "StoredHead", "decode_head",
@@ -126,6 +130,8 @@ class PartitionState:
     policy_version: int | None = None
     policy_history: list[list[int]] = field(default_factory=list)
     policy_marked: int | None = None
+    #: The runs held for a registry toolset version, their records parked (hold.py).
+    holds: Holds = field(default_factory=Holds)
 
     def apply(self, record: Record) -> list[Emit]:
         """The emits of the partition's next record, in order (its time moves the clock):
@@ -265,6 +271,11 @@ class Heads:
                 open_runs[key] = head["start"]
                 if head.get("cancel"):  # a cancel waiting for its run: replayed from there
                     state.waiting.add(key)
+                hold = head.get("hold")  # a run held for its toolset (hold.py)
+                if hold == HOLD_WAIT:  # its records are parked again, not applied
+                    state.holds.hold(key, None)
+                elif hold == HOLD_REFUSED:  # applied again without its toolset
+                    state.holds.refused.add(key)
             elif head.get("seq") is not None:
                 read_to = head.get("o")
                 state.assembler.remember_finished(

@@ -344,7 +344,7 @@ def run_spans(consumer: Consumer, topic: str, spans: Sequence[Span], config: Con
     state = _Progress(consumer, topic, spans, bar)
     policies = PolicySource(config)  # decided as the live worker decides
     assemblers = assemblers_for(config, policies, registry, state.active, starting or {})
-    markers = Markers(config, policies, registry, assemblers, starting or {})
+    markers = Markers(policies, registry, assemblers, starting or {})
     tally = Tally()
     consumer.assign([TopicPartition(topic, s.partition, s.start) for s in state.active.values()])
     while state.active:

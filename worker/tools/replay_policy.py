@@ -233,19 +233,17 @@ class Markers:
     the marker's time changes nothing (``registry.marker_refusal``); a version no worker can
     build leaves the one in force (``PolicySource.at``)."""
 
-    def __init__(self, config: Config, policies: PolicySource, registry: RegistryState,
+    def __init__(self, policies: PolicySource, registry: RegistryState,
                  assemblers: Mapping[int, Assembler], starting: Mapping[int, int]) -> None:
         self.policies, self.registry, self.assemblers = policies, registry, assemblers
         self.versions: dict[int, int] = dict(starting)
-        self.wait_ms = int(config.registry.wait_s * 1000)
 
     def apply(self, partition: int, value: bytes, at_ms: int | None) -> None:
         """The marker ``value`` read in ``partition`` at record time ``at_ms``."""
         version, in_force = marker_version(value), self.versions.get(partition)
         if version is None or version == in_force:
             return
-        registered = (None if at_ms is None
-                      else self.registry.policy_registered(version, at_ms, self.wait_ms))
+        registered = None if at_ms is None else self.registry.policy_registered(version, at_ms)
         if marker_refusal(version, in_force, registered) is not None:
             return
         assembler = self.assemblers[partition]

@@ -317,9 +317,11 @@ def test_a_hold_commits_the_kafka_engines_open_transaction_first(
         slow_registry: Stack, tmp_path: Path) -> None:
     """The kafka engine consumes, in one batch, a run whose call it commits and then a
     run.start naming toolset version 1 before anyone registered it; the version is put 14 s
-    later (past the transaction timeout and the broker's sweep). The engine commits its open
-    transaction before the hold, so nothing is aborted: both calls are committed, the log has
-    no aborted transaction and the worker stops cleanly (before, the transaction stayed open
+    later (past the transaction timeout and the broker's sweep). No transaction stays open
+    through the hold (the run's records wait in the driver, decision 0014; before issue 32 the
+    engine committed its open transaction before a blocking hold), so nothing is aborted: both
+    calls are committed, the log has no aborted transaction and the worker stops cleanly
+    (before issue 25's fix, the transaction stayed open
     through the hold, the broker timed it out and fenced the producer: the worker stopped with
     "This instance has been fenced" and nothing was committed)."""
     stack = slow_registry

@@ -204,18 +204,13 @@ class FaustEngine:
         if state is None or message.offset != state.next_offset:
             return self._apply_event(message)
         record = _record(message)
-        if b'"toolset"' in record.value and self._unsettled(record):
+        if state.holds.runs or b'"toolset"' in record.value:  # (Driver.apply's condition)
             return self._process(state, record, message.headers)
         applied = self.driver.apply(state, record, message.headers)
         if applied is None and not state.unconfirmed:
             state.next_offset = message.offset + 1
             return None
         return self._finish(state, record, applied)
-
-    def _unsettled(self, record: Record) -> bool:
-        """Whether ``record`` is a ``run.start`` naming a registry toolset whose answer is not
-        final yet (:meth:`_process` waits for it off the loop)."""
-        return self.registry.unsettled(record.value, record.time_ms) is not None
 
     async def _apply_event(self, message: Any) -> None:
         state = self.partitions.get(message.partition)
@@ -294,20 +289,25 @@ class FaustEngine:
 
     async def _process(self, state: PartitionState, record: Record,
                        headers: Any = None) -> None:
-        """Feed one record to the partition's assembler; publish, then record heads. A
-        ``run.start`` naming a toolset version whose answer is not final yet waits for it in a
-        thread first (the registry's bounded hold), so that the event loop goes on (heartbeats,
-        ticks, control records, sends) while the events agent waits; the core's lookup is then
-        answered at once (decision 0014)."""
-        wanted = self.registry.unsettled(record.value, record.time_ms)
-        if wanted is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.registry.settle,
-                                                             *wanted)
-        applied = self.driver.apply(state, record, headers)
-        if applied is None and not state.unconfirmed:
-            state.next_offset = record.source.offset + 1
-            return
-        await self._finish(state, record, applied)
+        """Feed one record to the partition's assembler; publish, then record heads; then
+        move the partition's offset past it. A ``run.start`` naming a toolset version whose
+        answer is not final yet holds its run only (worker/runtime/hold.py): the driver parks
+        the run's records and hands back, at a later record of the partition (a tick at the
+        latest), the parked ones, in order, with their outputs: each is published, confirmed
+        where it finishes its run, and recorded at its own offset (decision 0014)."""
+        partition = record.source.partition
+        for _, applied_record, applied in self.driver.apply_all(
+                {partition: state}, (record,), (headers,), advance=False):
+            if applied is not None:
+                source = applied_record.source
+                await self.sends.publish(state, applied_record.key, applied.emits,
+                                         applied_record.time_ms, source)
+                if applied.confirm:  # a run's done head only after its outputs are delivered
+                    await state.confirm()
+                self.driver.recorded(state, partition, applied, source.offset)
+        # every output of the record (and of the held records it let go) is delivered first
+        await state.confirm()
+        state.next_offset = record.source.offset + 1
 
     async def _finish(self, state: PartitionState, record: Record,
                       applied: Applied | None) -> None:

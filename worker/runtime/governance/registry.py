@@ -21,9 +21,10 @@ with another digest is a *conflict*: ignored, and reported by ``latch registry l
 its registry record's broker append time is at most the run.start record's time (also the
 broker's: the events topic is ``LogAppendTime``) plus ``registry.wait_s``. Otherwise every
 call of the run fails ``unknown_toolset``. Whether it counts depends on the two logs only, so
-replay decides as the live worker did; live, the worker holds the run.start until its reader
-has read the version, or has read a record appended after that deadline (:meth:`settled`),
-probing with a ``fence`` tombstone when the registry is quiet.
+replay decides as the live worker did; live, the worker holds that run (its records parked:
+:mod:`worker.runtime.hold`) until its reader has read the version, or has read a record
+appended after that deadline (:meth:`settled`), probing with a ``fence`` tombstone when the
+registry is quiet.
 """
 
 from __future__ import annotations
@@ -230,15 +231,16 @@ class RegistryState:
         entry = self.policy(version)
         return None if entry is None else str(entry.content)
 
-    def policy_registered(self, version: int, at_ms: int, wait_ms: int) -> bool | None:
-        """Whether policy set ``version`` was registered by ``at_ms + wait_ms`` (its record's
-        append time), so that a marker at record time ``at_ms`` may name it: True or False
-        once final, None while the registry is not read far enough to say (the toolset wait
-        rule, for markers: :func:`marker_refusal`)."""
+    def policy_registered(self, version: int, at_ms: int) -> bool | None:
+        """Whether policy set ``version`` was registered (its record's append time) by
+        ``at_ms`` plus :data:`MARKER_SKEW_MS`, so that a marker at record time ``at_ms`` may
+        name it: True or False once final, None while the registry is not read far enough to
+        say (:func:`marker_refusal`). A worker marks only a version its reader has read, so
+        its marker is later than the version's record, but for the two brokers' clocks."""
         entry = self.policy(version)
         if entry is not None:
-            return entry.time_ms <= at_ms + wait_ms
-        return False if self.read_ms > at_ms + wait_ms else None
+            return entry.time_ms <= at_ms + MARKER_SKEW_MS
+        return False if self.read_ms > at_ms + MARKER_SKEW_MS else None
 
     def latest_policy(self) -> int | None:
         """The highest policy set version read (None: none)."""
@@ -265,6 +267,11 @@ class RegistryState:
 # not hold by the marker's time (a forged marker naming a version nobody registered would deny
 # every call of the partition, and hold the engine while the reader looks for it).
 
+#: How much later than a marker's record time (the events partition leader's clock) its
+#: version's registry record may be appended (the registry leader's clock): the skew allowed
+#: between two brokers' clocks. A marker naming a version not registered by then is refused,
+#: final once the reader has read that far (a fence round trip when it follows the registry).
+MARKER_SKEW_MS = 2_000
 #: The key of the policy markers in the events topic.
 POLICY_MARKER_KEY = "__latch_policy__"
 POLICY_MARKER = POLICY_MARKER_KEY.encode()

@@ -8,14 +8,16 @@ line, ``/readyz`` not ready, ``latch_registry_following`` 0) and a new consumer 
 it stopped. Both engines use it the same way: the core's toolset lookup
 (:meth:`RegistryReader.toolsets`) and the policy text of a marker (:meth:`policy_text`).
 
-**The hold.** A lookup whose answer is not final yet (:meth:`RegistryState.settled`) blocks
-the calling engine until it is: the reader has read the version, or a record appended after
-the run's deadline. While it waits, the reader writes a ``fence`` tombstone into the registry
-every :data:`FENCE_EVERY_S` and reads it back: its append time is the broker's clock. The wait
-lasts about ``registry.wait_s``; a registry that cannot be read for :data:`HOLD_MAX_S` more
-than that ends it with the answer as read (logged as an error: replay could then differ).
-Before it waits, :attr:`RegistryReader.before_hold` runs (the kafka engine commits its open
-transaction there); faust's event loop is blocked for the hold (decision 0014).
+**The hold.** A ``run.start`` whose toolset answer is not final yet
+(:meth:`RegistryState.settled`: the reader has read neither the version nor a record appended
+after the run's deadline) holds that run only: the partition driver parks its records
+(:mod:`worker.runtime.hold`) and asks :meth:`RegistryReader.ready` from time to time, which
+never blocks. While any answer is awaited, the reader writes a ``fence`` tombstone into the
+registry every :data:`FENCE_EVERY_S` and reads it back: its append time is the broker's clock.
+The wait lasts about ``registry.wait_s``; a registry that cannot be read for :data:`HOLD_MAX_S`
+more than that ends it with the answer as read (logged as an error: replay could then
+differ). A lookup that is still not final blocks (:meth:`RegistryReader.toolsets`, within the
+same bound): only a rebuild's, whose reader has not yet read as far as the previous owner's.
 
 ``latch registry put|list|show`` (:func:`main`): ``put`` reads the registry whole first and
 refuses a version that exists already, or whose content does not validate.
@@ -30,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,7 @@ from confluent_kafka import (
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.governance import registry
 from worker.runtime.governance.registry import FENCE, POLICY, TOOLSET, Invalid, RegistryState
+from worker.runtime.hold import toolset_of
 from worker.runtime.observability import logs
 
 __all__ = ["FENCE_EVERY_S", "HOLD_MAX_S", "RESUME_AFTER_S", "RegistryError", "RegistryReader",
@@ -148,9 +151,13 @@ class RegistryReader:
         self.changed = threading.Condition()
         self._fence_wanted = False
         self._stopping = False
-        #: Called once before a hold waits (the kafka engine commits its open transaction
-        #: there, so that no transaction stays open through the hold; decision 0014).
-        self.before_hold: Callable[[], None] | None = None
+        #: The answers the driver awaits (:meth:`ready`): (name, version, at_ms) -> when it
+        #: first asked (monotonic); the reader fences while one is unsettled.
+        self._awaited: dict[tuple[str, int, int], float] = {}
+        #: Answers given up on after the bound (:meth:`ready`): their lookup does not block.
+        self._given_up: set[tuple[str, int, int]] = set()
+        #: Policy set versions given up on after the bound (:meth:`policy_text`).
+        self._policies_given_up: set[int] = set()
         self._consumer: Any = None  # made by start(): no client before the worker runs
         #: Why the reader is not following the registry now (None: it is): a Kafka error
         #: ended its consumer and a new one has not read yet (:meth:`_follow`).
@@ -187,7 +194,8 @@ class RegistryReader:
         it) and a new consumer resumes at the next offset after :data:`RESUME_AFTER_S`."""
         fenced = 0.0
         while not self._stopping:
-            if self._fence_wanted and time.monotonic() - fenced >= FENCE_EVERY_S:
+            if (self._fence_wanted or self._awaiting()) and \
+                    time.monotonic() - fenced >= FENCE_EVERY_S:
                 fenced = time.monotonic()
                 self._fence()
             try:
@@ -245,14 +253,40 @@ class RegistryReader:
         except (KafkaException, BufferError) as exc:
             log.warning("registry fence: %s", exc)
 
+    def _awaiting(self) -> bool:
+        """Whether an answer :meth:`ready` was asked for is still unsettled (those settled,
+        or asked for longer ago than the bound, are forgotten)."""
+        if not self._awaited:
+            return False
+        state, bound = self.state, self.wait_ms / 1000 + HOLD_MAX_S
+        with self.changed:
+            now = time.monotonic()
+            for wanted, since in list(self._awaited.items()):
+                if state.settled(*wanted, self.wait_ms) or now - since > bound:
+                    del self._awaited[wanted]
+            return bool(self._awaited)
+
+    def ready(self, name: str, version: int, at_ms: int) -> bool:
+        """Whether the answer for toolset ``name`` ``version`` at record time ``at_ms`` is
+        final (the driver then applies the run it holds); never blocks. Until it is, the
+        reader fences; once :data:`HOLD_MAX_S` past ``registry.wait_s`` since first asked,
+        it is given up (logged as an error) and counts as final: answered as read."""
+        wanted = (name, version, at_ms)
+        if self.state.settled(name, version, at_ms, self.wait_ms) or wanted in self._given_up:
+            return True
+        now = time.monotonic()
+        with self.changed:
+            since = self._awaited.setdefault(wanted, now)
+        if now - since <= self.wait_ms / 1000 + HOLD_MAX_S:
+            return False
+        log.error("registry: toolset %r version %d still unread after the hold; the run "
+                  "fails unknown_toolset", name, version)
+        self._given_up.add(wanted)
+        return True
+
     def _hold(self, settled: Any) -> bool:
         """Wait until ``settled()`` (called under the lock) is true; False if it never
         became so within the bound."""
-        if self.before_hold is not None:
-            with self.changed:
-                if settled():
-                    return True
-            self.before_hold()
         give_up = time.monotonic() + self.wait_ms / 1000 + HOLD_MAX_S
         with self.changed:
             while not settled():
@@ -265,37 +299,23 @@ class RegistryReader:
 
     def unsettled(self, value: bytes, at_ms: int | None) -> tuple[str, int, int] | None:
         """The (name, version, record time) of the toolset a ``run.start`` envelope ``value``
-        names when its answer is not final yet (else None: not such a record, or known): an
-        engine that must not block its loop waits for :meth:`settle` elsewhere before the core
-        asks :meth:`toolsets` (the faust engine, decision 0014)."""
+        names when its answer is not final yet (else None: not such a record, or known): the
+        partition driver then holds the run (:mod:`worker.runtime.hold`) until :meth:`ready`,
+        before the core asks :meth:`toolsets`."""
         if at_ms is None or b'"toolset"' not in value:
             return None
-        try:
-            doc = orjson.loads(value)
-        except orjson.JSONDecodeError:
+        named = toolset_of(value)
+        if named is None or (*named, at_ms) in self._given_up or self.state.settled(
+                *named, at_ms, self.wait_ms):
             return None
-        tools = doc.get("tools") if isinstance(doc, dict) and doc.get(
-            "type") == "run.start" else None
-        if not isinstance(tools, dict):
-            return None
-        name, version = tools.get("toolset"), tools.get("version")
-        if not isinstance(name, str) or type(version) is not int:
-            return None
-        if self.state.settled(name, version, at_ms, self.wait_ms):
-            return None
-        return name, version, at_ms
-
-    def settle(self, name: str, version: int, at_ms: int) -> None:
-        """Block until the answer for toolset ``name`` ``version`` at record time ``at_ms`` is
-        final, within the hold's bound (run in a thread, off the engine's loop)."""
-        state = self.state
-        self._hold(lambda: state.settled(name, version, at_ms, self.wait_ms))
+        return (*named, at_ms)
 
     def toolsets(self, name: str, version: int, at_ms: int) -> Any:
         """``Assembler.toolsets``: the version's tools for a run.start at record time
         ``at_ms`` under the wait rule, held until the answer is final (module doc)."""
         state = self.state
-        if not state.settled(name, version, at_ms, self.wait_ms) and not self._hold(
+        if not state.settled(name, version, at_ms, self.wait_ms) and (
+                name, version, at_ms) not in self._given_up and not self._hold(
                 lambda: state.settled(name, version, at_ms, self.wait_ms)):
             log.error("registry: toolset %r version %d still unread after the hold; the run "
                       "fails unknown_toolset", name, version)
@@ -303,20 +323,29 @@ class RegistryReader:
 
     def policy_text(self, version: int) -> str | None:
         """The Cedar text of policy set ``version`` (a marker names only versions the
-        registry holds: waits until it is read, within the bound)."""
+        registry holds: waits until it is read, within the bound; once only for a version
+        never read, e.g. a marker someone else wrote: then None at once)."""
         state = self.state
-        if state.policy(version) is None:
-            self._hold(lambda: state.policy(version) is not None)
+        if state.policy(version) is None and version not in self._policies_given_up and \
+                not self._hold(lambda: state.policy(version) is not None):
+            log.error("registry: policy set version %d still unread after the hold", version)
+            self._policies_given_up.add(version)
         return state.policy_text(version)
 
     def policy_registered(self, version: int, at_ms: int) -> bool | None:
         """Whether policy set ``version`` was registered by a marker at record time ``at_ms``
-        (``RegistryState.policy_registered``), held until the answer is final, within the
-        bound (then None: unknown)."""
+        (``RegistryState.policy_registered``), held until the answer is final: at most a
+        fence round trip past ``at_ms`` plus the clock skew allowed when the reader follows
+        the registry; None (unknown) if the reader could not say within the bound, once only
+        for a version (as :meth:`policy_text`: then None at once)."""
         state = self.state
-        if state.policy_registered(version, at_ms, self.wait_ms) is None:
-            self._hold(lambda: state.policy_registered(version, at_ms, self.wait_ms) is not None)
-        return state.policy_registered(version, at_ms, self.wait_ms)
+        if state.policy_registered(version, at_ms) is None and \
+                version not in self._policies_given_up and \
+                not self._hold(lambda: state.policy_registered(version, at_ms) is not None):
+            log.error("registry: whether policy set version %d was registered is still "
+                      "unknown after the hold", version)
+            self._policies_given_up.add(version)
+        return state.policy_registered(version, at_ms)
 
     def latest_policy(self) -> int | None:
         return self.state.latest_policy()

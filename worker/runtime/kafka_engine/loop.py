@@ -89,7 +89,7 @@ from worker.core import Topic
 from worker.runtime import admin, memory
 from worker.runtime.config import Config
 from worker.runtime.driver import Driver, tick_value
-from worker.runtime.governance.registry import POLICY_MARKER
+from worker.runtime.governance.registry import POLICY_MARKER, marker_version
 from worker.runtime.governance.registry_io import RegistryError, RegistryReader
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import instance, reader
@@ -99,7 +99,6 @@ from worker.runtime.kafka_engine.settings import consumer_settings, producer_set
 from worker.runtime.kafka_engine.transaction import (
     CLIENT_TIMEOUT_S,
     Aborted,
-    Batch,
     Fatal,
     Outcome,
     Settled,
@@ -157,11 +156,6 @@ class KafkaEngine:
         self.driver = Driver(config, self.hooks, self.heads)
         #: The registry, read whole before the consumer subscribes (registry_io.py).
         self.registry = self.driver.registry = RegistryReader(config)
-        self.registry.before_hold = self._before_hold
-        #: The transaction :meth:`_before_hold` committed aborted: acted on after the record.
-        self.held_abort: Aborted | None = None
-        #: Whether the loop is applying consumed records (not a rebuild).
-        self.applying = False
         #: The owned events partitions' states and the next offset to forward of each owned
         #: control partition: the driver's (worker/runtime/assignment.py).
         self.owned = self.driver.owned
@@ -318,74 +312,55 @@ class KafkaEngine:
             headers.append(msg.headers)
         if not records:
             return
-        # 2. Applied by the driver; it hands back only the records that need more: their
-        # outputs and heads go into the transaction before the next record is applied
+        # 2. A policy marker naming a version not read yet waits for it (the registry's
+        # bounded hold) with no transaction open: committed first
+        if not self._settle_markers(records):
+            return
+        # 3. Applied by the driver; it hands back only the records that need more: their
+        # outputs and heads go into the transaction before the next record is applied (a
+        # run held for its toolset: parked by the driver, applied when its answer is final)
         before = {p: state.next_offset for p, state in partitions.items()}
         batch = txn.begin()
         publish, write_heads, recorded = (self.sends.publish, self.sends.write_heads,
                                           self.driver.recorded)
-        self.applying = True  # (a hold may commit the batch: _before_hold)
-        try:
-            for state, record, applied in self.driver.apply_all(partitions, records, headers):
-                if txn.batch is not batch:  # the registry's hold committed it (_before_hold)
-                    held = self._after_hold()
-                    if held is None:
-                        return
-                    batch = held
-                source = record.source
-                if applied is not None:  # a transaction holds outputs and heads together
-                    if applied.emits:
-                        publish(record.key, applied.emits, record.time_ms, source)
-                    recorded(state, source.partition, applied, source.offset)
-                if table.pending:
-                    write_heads()
-        finally:
-            self.applying = False
-        if txn.batch is not batch:  # (a hold during a record that needed nothing more)
-            held = self._after_hold()
-            if held is None:
-                return
-            batch = held
+        for state, record, applied in self.driver.apply_all(partitions, records, headers):
+            source = record.source
+            if applied is not None:  # a transaction holds outputs and heads together
+                if applied.emits:
+                    publish(record.key, applied.emits, record.time_ms, source)
+                recorded(state, source.partition, applied, source.offset)
+            if table.pending:
+                write_heads()
         # the batch's records and offsets are noted once, here: two writes less a record
         batch.records += len(records)
         for partition, state in partitions.items():
             if state.next_offset != before.get(partition, state.next_offset):
                 batch.events[partition] = state.next_offset
 
-    def _after_hold(self) -> Batch | None:
-        """The registry's hold committed the open batch (:meth:`_before_hold`): the batch
-        that follows it; None if that commit aborted (every partition is rebuilt, the record
-        being applied included, and the rest of the ``consume`` call's records are dropped:
-        they are read again)."""
-        if self.held_abort is None:
-            return self.txn.begin()
-        aborted, self.held_abort = self.held_abort, None
-        self.applying = False
-        self._after(aborted, rewind=True)
-        return None
-
-    def _before_hold(self) -> None:
-        """The registry is about to hold the loop for a toolset version not read yet
-        (registry_io.py): commit the open transaction first, with the offsets of the records
-        before this one, so that none stays open through the hold (a hold may last
-        ``registry.wait_s``, as long as ``worker.transaction_timeout_s``; decision 0014). The
-        record's outputs go into a new transaction. If the commit aborts, the partitions are
-        rebuilt once the record's step returns (:meth:`_apply_events`)."""
-        txn = self.txn
-        if not self.applying or threading.current_thread() is not self.thread or (
-                txn.batch is None and txn.committing is None):
-            return
-        if txn.batch is not None:  # (_apply_events notes offsets at its end: note them now)
-            for partition, state in self.partitions.items():
-                txn.batch.events[partition] = state.next_offset
-        outcome = txn.settle()
-        if not isinstance(outcome, Aborted):
-            self._after(outcome, rewind=False)
-            outcome = txn.commit()
-        if isinstance(outcome, Aborted):
-            self.held_abort = outcome
-        else:
-            self._after(outcome, rewind=False)
+    def _settle_markers(self, records: Sequence[Record]) -> bool:
+        """Before a ``consume`` call's records are applied: for each policy marker naming a
+        version the registry reader cannot answer for yet (registry.py ``marker_refusal``: a
+        fence round trip when the reader follows the registry), commit the open transaction (its records
+        are all applied: their offsets are noted), then wait for the version (the reader's
+        bounded hold), so that no transaction stays open through it (decision 0014); only
+        where the registry's policy sets decide. False if that commit aborted: the
+        partitions are rebuilt and the records read again."""
+        if not self.driver.policies.registry:  # (markers change nothing: nothing to wait for)
+            return True
+        for record in records:
+            if record.key != POLICY_MARKER:
+                continue
+            version, at_ms = marker_version(record.value), record.time_ms
+            if version is None or at_ms is None or self.registry.state.policy_registered(
+                    version, at_ms) is not None:  # (the answer is final: nothing to wait for)
+                continue
+            for commit in (self.txn.settle, self.txn.commit):  # (the one in flight first)
+                outcome = commit()
+                self._after(outcome, rewind=True)
+                if isinstance(outcome, Aborted):
+                    return False
+            self.registry.policy_registered(version, at_ms)
+        return True
 
     def _handle(self, msg: Message) -> None:
         """A consumer error (a fatal one stops the worker), or a control record: forwarded
