@@ -340,9 +340,9 @@ class KafkaEngine:
     def _settle_markers(self, records: Sequence[Record]) -> bool:
         """Before a ``consume`` call's records are applied: for each policy marker naming a
         version the registry reader cannot answer for yet (registry.py ``marker_refusal``: a
-        fence round trip when the reader follows the registry), commit the open transaction (its records
-        are all applied: their offsets are noted), then wait for the version (the reader's
-        bounded hold), so that no transaction stays open through it (decision 0014); only
+        fence round trip when the reader follows the registry), commit the open transaction
+        (its records are all applied: their offsets are noted), then wait for the answer (the
+        reader's bounded hold), so that no transaction stays open through it (decision 0014); only
         where the registry's policy sets decide. False if that commit aborted: the
         partitions are rebuilt and the records read again."""
         if not self.driver.policies.registry:  # (markers change nothing: nothing to wait for)
