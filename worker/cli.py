@@ -120,9 +120,10 @@ def _lazy(target: str) -> Callable[[argparse.Namespace], int]:
 
 def _assemble(args: argparse.Namespace) -> int:
     from worker.runtime.config import ConfigError, assembler_policy, load_config
+    from worker.runtime.governance.signing import with_audit_key
 
     try:
-        config = load_config(args.config)
+        config = with_audit_key(load_config(args.config))  # the worker's audit digests
     except ConfigError as exc:
         raise CliError(str(exc)) from exc
     assembler = Assembler(config.assemble)

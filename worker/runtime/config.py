@@ -24,9 +24,10 @@ Errors::
                        as a dotted path and, for an override, the LATCH_ variable
 
 Secrets: ``kafka.sasl_password`` and pass-through settings whose name looks secret never
-appear in a ``repr`` or in an error message. The signing keys are not in the configuration at
-all: ``signing.keys`` says where each is (``file:``, ``env:``; :mod:`signing` reads them), and
-an invalid value there is never echoed (a key written inline by mistake).
+appear in a ``repr`` or in an error message. The signing and audit keys are not in the
+configuration at all: ``signing.keys`` and ``audit.keys`` say where each is (``file:``,
+``env:``; :mod:`signing` reads them), and an invalid value there is never echoed (a key written
+inline by mistake).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from worker.runtime.schemas import load_schema, validator
 
 __all__ = [
     "DEFAULT_PATH",
+    "AuditSettings",
     "Config",
     "ConfigError",
     "KafkaSettings",
@@ -73,7 +75,7 @@ _ENV_PREFIX = "LATCH_"
 _KAFKA_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 _SECRET_KEY = re.compile(
     r"password|passwd|secret|token|credential|jaas|pem|ssl_key|keystore|private|oauthbearer"
-    r"|^signing\.keys")
+    r"|^signing\.keys|^audit\.keys")
 #: A quoted part of a YAML error message longer than one character (``'!hunter2'``).
 _QUOTED = re.compile(r"'[^']{2,}'|\"[^\"]{2,}\"")
 _REDACTED = "***"
@@ -239,6 +241,22 @@ class RegistrySettings:
     """The ``registry`` section: toolsets and policy sets by version (governance/registry.py)."""
 
     wait_s: float = 10.0
+    #: Tenants whose runs must name a registered toolset (``"*"``: all); merged into
+    #: ``AssembleSettings.require_toolsets_for``.
+    require_toolsets_for: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AuditSettings:
+    """The ``audit`` section: where the audit digests' keys are (key id -> ``file:PATH`` or
+    ``env:NAME``), and the one the worker digests argument bytes with (``signing.audit_key``;
+    unset: the audit records carry the argument size only)."""
+
+    key_id: str | None = None
+    keys: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keys", _FrozenDict(self.keys))
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +271,7 @@ class Config:
     policy: PolicySettings = field(default_factory=PolicySettings)
     registry: RegistrySettings = field(default_factory=RegistrySettings)
     approvals: ApprovalSettings = field(default_factory=ApprovalSettings)
+    audit: AuditSettings = field(default_factory=AuditSettings)
     source: Path | None = None
 
 
@@ -267,6 +286,7 @@ _SECTIONS: Mapping[str, tuple[type[Any], str]] = MappingProxyType(
         "policy": (PolicySettings, "policy"),
         "registry": (RegistrySettings, "registry"),
         "approvals": (ApprovalSettings, "approvals"),
+        "audit": (AuditSettings, "audit"),
     }
 )
 
@@ -460,7 +480,9 @@ def _build(data: Mapping[str, Any], source: Path | None) -> Config:
             values["extra"] = extra
         built[attribute] = cls(**{k: _convert(v, props.get(k, {})) for k, v in values.items()})
     # The core reads the approvals with the rest of its settings (AssembleSettings.approvals).
-    built["assemble"] = replace(built["assemble"], approvals=built["approvals"])
+    # ...and the tenants that must name a registered toolset (registry.require_toolsets_for).
+    built["assemble"] = replace(built["assemble"], approvals=built["approvals"],
+                                require_toolsets_for=built["registry"].require_toolsets_for)
     return Config(**built, source=source)
 
 

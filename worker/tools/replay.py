@@ -75,6 +75,7 @@ from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.governance.policy_source import PolicySource
 from worker.runtime.governance.registry import POLICY_MARKER, RegistryState, marker_version
 from worker.runtime.governance.registry_io import RegistryError, read_whole
+from worker.runtime.governance.signing import with_audit_key
 from worker.runtime.step import out_key, out_value, record, step
 
 __all__ = ["Bound", "ReplayError", "Span", "build_parser", "main", "parse_time", "resolve"]
@@ -442,7 +443,7 @@ def replay(args: argparse.Namespace) -> str:
     """Run the replay the parsed command line asks for; return the summary line."""
     check_range(args.start, args.stop)
     try:
-        config = load_config(args.config)
+        config = with_audit_key(load_config(args.config))  # the worker's audit digests
     except ConfigError as exc:
         raise ReplayError(str(exc)) from exc
     app_id, topic = config.worker.app_id, config.topics.events
