@@ -177,6 +177,9 @@ class Reason(StrEnum):
     APPROVAL_DENIED = "approval_denied"
     #: No decision came for the call within ``approvals.approval_timeout_s`` of record time.
     APPROVAL_TIMEOUT = "approval_timeout"
+    #: The run's tenant must name a registered toolset (``registry.require_toolsets_for``) and
+    #: its run.start carried inline ``tools`` (the tenant's own word) instead.
+    TOOLSET_REQUIRED = "toolset_required"
 
 
 class DlqReason(StrEnum):

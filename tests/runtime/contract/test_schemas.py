@@ -49,6 +49,8 @@ CONTRACT_REASONS = [
     "policy_denied", "unknown_toolset",
     # issue 26: a person denied a call waiting for approval, or did not decide in time
     "approval_denied", "approval_timeout",
+    # issue 32: the run's tenant must name a registered toolset (registry.require_toolsets_for)
+    "toolset_required",
 ]  # fmt: skip
 
 PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages", "bedrock.converse",
