@@ -2,7 +2,8 @@
 
 The engine (``engine.py``) applies records; the driver says what each needs sent
 (:meth:`Driver.outgoing`); :class:`Sends` sends it, in order, with its run's trace headers
-(:meth:`Sends.publish`), and hands the partition the confirm of each send
+(:meth:`Sends.publish`; a record's audit records once its other outputs are confirmed, so that
+a refused outcome's says ``refused``), and hands the partition the confirm of each send
 (:class:`_Refusable`, awaited by :meth:`PartitionState.confirm` before the record is acked). A
 record the broker refuses for its own sake (worker/runtime/refusals.py) is replaced by its
 ``output_refused`` DLQ record (:meth:`Sends.refuse`); the output topics' limits are read at
