@@ -193,3 +193,27 @@ def test_the_refusals_a_driver_remembers_are_bounded() -> None:
         emit = type(committed)(committed.topic, f"r{n}", committed.value)
         driver.refused(emit, "t", None, 10, "INVALID_RECORD", None, None)
     assert len(driver._refused) <= 1024
+
+
+def test_latch_assemble_digests_as_the_worker_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``latch assemble`` reads the audit key as the worker does (its audit records are the
+    worker's), and stops with the key's id, not a traceback, when the key is missing."""
+    from worker import cli
+
+    for name, value in keyed_env().items():
+        monkeypatch.setenv(name, value)
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(orjson.dumps(e) for e in chat_run(
+        "r1", [chat_tool("get_weather", {"type": "object"})],
+        chat_calls([("c1", "get_weather", '{"city": "Oslo"}')]))))
+    assert cli.main(["assemble", str(path)]) == 0
+    lines = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    [audit] = [line["value"] for line in lines if line["topic"] == "audit"]
+    data = orjson.dumps({"city": "Oslo"})
+    assert audit["arguments"] == {"bytes": len(data), "hmac": keyed_digest(KEY.encode(), data),
+                                  "key_id": "a2"}
+    monkeypatch.delenv("AUDIT_KEY")
+    assert cli.main(["assemble", str(path)]) == 2
+    assert "audit.keys.a2: the variable AUDIT_KEY is not set" in capsys.readouterr().err
