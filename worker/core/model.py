@@ -178,7 +178,7 @@ class Reason(StrEnum):
     #: No decision came for the call within ``approvals.approval_timeout_s`` of record time.
     APPROVAL_TIMEOUT = "approval_timeout"
     #: The run's tenant must name a registered toolset (``registry.require_toolsets_for``) and
-    #: its run.start carried inline ``tools`` (the tenant's own word) instead.
+    #: its run.start named none (its inline ``tools``, the tenant's own word, are not used).
     TOOLSET_REQUIRED = "toolset_required"
 
 

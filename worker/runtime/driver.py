@@ -338,10 +338,14 @@ class Driver:
         headers_of, over = self.hooks.headers, self.limits.over
         for emit in emits:
             topic = emit.topic
-            if topic is Topic.AUDIT and self._refused:
-                error = self._refused.pop((emit.key, emit.value["idempotency_key"]), None)
-                if error is not None:
-                    emit = refused_audit(emit, error)
+            if self._refused and (topic is Topic.AUDIT or topic in _AUDITED):
+                noted = (emit.key, str(emit.value["idempotency_key"]))
+                if topic is Topic.AUDIT:
+                    error = self._refused.pop(noted, None)
+                    if error is not None:
+                        emit = refused_audit(emit, error)
+                else:  # the outcome sent again (a transaction's retry): refused anew, or not
+                    self._refused.pop(noted, None)
             name = names[topic]
             emit_key, value = out_key(emit, key), out_value(emit)
             headers = headers_of(emit, value)

@@ -217,3 +217,17 @@ def test_latch_assemble_digests_as_the_worker_does(
     monkeypatch.delenv("AUDIT_KEY")
     assert cli.main(["assemble", str(path)]) == 2
     assert "audit.keys.a2: the variable AUDIT_KEY is not set" in capsys.readouterr().err
+
+
+def test_an_outcome_sent_again_and_not_refused_is_audited_as_it_is() -> None:
+    """A refusal noted in a try that did not end (the kafka engine's transaction aborted for
+    another reason before the audit record went) does not stick: when the outcome is sent
+    again (the retry) and its topic takes it, its audit record says ``committed``."""
+    driver, state = keyed_driver()
+    emits = applied(driver, state)
+    committed = next(e for e in emits if e.topic is Topic.COMMITTED)
+    driver.refused(committed, _NAMES[Topic.COMMITTED], b"r1", 5_000, "MSG_SIZE_TOO_LARGE",
+                   b"r1", None)  # the first try, aborted before its audit record
+    sent = list(driver.outgoing(b"r1", emits, _NAMES))  # the retry: the topic takes it
+    audit = orjson.loads(next(o.value for o in sent if o.topic is Topic.AUDIT))
+    assert (audit["outcome"], audit["reason"]) == ("committed", None)
