@@ -122,9 +122,10 @@ def _assemble(args: argparse.Namespace) -> int:
     from worker.runtime.config import ConfigError, load_config
     from worker.runtime.governance.approvers import approvers as approvers_for
     from worker.runtime.governance.policy_source import assembler_policy
+    from worker.runtime.governance.signing import with_audit_key
 
     try:
-        config = load_config(args.config)
+        config = with_audit_key(load_config(args.config))  # the worker's audit digests
         policy = assembler_policy(config)
     except (ConfigError, ValueError) as exc:  # (a PolicyFileError is a ValueError)
         raise CliError(str(exc)) from exc

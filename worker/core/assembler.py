@@ -206,6 +206,9 @@ class Assembler:
         self.toolsets: ToolsetLookup | None = None
         #: The policy set in force (None: no policy decides; set by the worker's driver).
         self.policy: Policy | None = None
+        #: Tenants whose runs must name a registered toolset (:func:`_toolset_required`).
+        self._require_toolsets: frozenset[str | None] = frozenset(
+            self.settings.require_toolsets_for)
 
     @property
     def policy(self) -> Policy | None:
@@ -438,8 +441,10 @@ class Assembler:
             detail = (f"the worker's open-run budget ({limit} runs) was exhausted; the least "
                       "recently active run was ended")
             emits += self._evict(self._approvals.least_active(), detail, "evicted_open_runs")
-        given = self._given_tools(start, now_ms)
-        tools, cost, emits_ = self._tools(start, given)
+        required = start.toolset is None and _toolset_required(self._require_toolsets,
+                                                               start.tenant)
+        given = None if required else self._given_tools(start, now_ms)
+        tools, cost, emits_ = (_UNKNOWN_TOOLSET, 0, []) if required else self._tools(start, given)
         emits += emits_
         budget = self.settings.max_tool_calls_per_run
         if start.max_tool_calls is not None:
@@ -451,7 +456,9 @@ class Assembler:
                       (start.tenant, start.provider, start.run_id),
                       tool_attributes(given, tools, start.toolset),
                       identities(start.provider, given))
-        if start.toolset is not None and not tools:
+        if required:
+            latch.unknown = _TOOLSET_REQUIRED
+        elif start.toolset is not None and not tools:
             latch.unknown = _unknown_toolset(start.toolset, tools is _UNKNOWN_TOOLSET,
                                              self.toolsets is not None)
         run = self._new_run(start, adapter, latch, now_ms, raw[0] if raw is not None else None)
@@ -548,8 +555,20 @@ class Assembler:
         return self._ledger.reject(rejected, key, value, source)
 
 
+def _toolset_required(required: frozenset[str | None], tenant: str | None) -> bool:
+    """Whether a run of ``tenant`` must name a registered toolset (``required``:
+    ``require_toolsets_for``; ``*``: every run). ``tenant`` is the gateway's word (it writes
+    the envelope); the tools a run.start carries inline are the tenant's, MCP annotations
+    included, so such a run gets none (``toolset_required``)."""
+    return bool(required) and ("*" in required or tenant in required)
+
+
 #: The tool map of a run whose registry toolset is unknown (never changed).
 _UNKNOWN_TOOLSET: dict[str, ToolSchema] = {}
+#: Why every call fails of a run that must name a registered toolset and did not.
+_TOOLSET_REQUIRED = (Reason.TOOLSET_REQUIRED, "the run's tenant must name a registered "
+                     "toolset (registry.require_toolsets_for) and its run.start named none: "
+                     "tools given inline are not used")
 
 
 def _unknown_toolset(toolset: tuple[str, int], unknown: bool, registry: bool = True

@@ -13,9 +13,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from worker.core.envelope import RecordSource, Rejected
+from worker.core.envelope import RecordSource, Rejected, RunStart
 from worker.core.model import Emit
-from worker.core.outputs import dlq_record
+from worker.core.outputs import Outputs, dlq_record
 from worker.core.policy import Policy
 from worker.core.settings import DROP_WITH_PROTOCOL_REPAIR, AssembleSettings
 
@@ -64,8 +64,9 @@ class Rules:
     """The settings a run reads, copied out of :class:`AssembleSettings` once per partition
     (read for every fragment: compiled, a setting is an attribute of a Python object)."""
 
-    __slots__ = ("argument_bytes", "choices", "drop_invalid", "early", "echo_tenants",
-                 "in_flight", "partial_args", "pipelined", "progress", "text_bytes")
+    __slots__ = ("argument_bytes", "audit_key", "choices", "drop_invalid", "early",
+                 "echo_tenants", "in_flight", "partial_args", "pipelined", "progress",
+                 "text_bytes")
 
     def __init__(self, settings: AssembleSettings) -> None:
         self.argument_bytes = settings.max_tool_argument_bytes
@@ -80,3 +81,10 @@ class Rules:
         self.drop_invalid = settings.on_invalid_json == DROP_WITH_PROTOCOL_REPAIR
         #: Tenants whose ``invalid_json`` error results echo the text sent (None never is).
         self.echo_tenants: frozenset[str | None] = frozenset(settings.echo_invalid_input_tenants)
+        #: The key of the audit records' argument digests (None: size only).
+        self.audit_key = settings.audit_key
+
+    def outputs(self, start: RunStart) -> Outputs:
+        """The builder of the output records of the run ``start`` opens, under these rules."""
+        return Outputs(start, self.drop_invalid, start.tenant in self.echo_tenants,
+                       self.audit_key)

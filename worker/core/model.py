@@ -180,6 +180,9 @@ class Reason(StrEnum):
     #: Two of the run's tools would share the call's name (or key): which one it means is not
     #: guessed (``worker/core/identity.py``).
     AMBIGUOUS_TOOL = "ambiguous_tool"
+    #: The run's tenant must name a registered toolset (``registry.require_toolsets_for``) and
+    #: its run.start named none (its inline ``tools``, the tenant's own word, are not used).
+    TOOLSET_REQUIRED = "toolset_required"
 
 
 class DlqReason(StrEnum):

@@ -26,17 +26,23 @@ it dropped in ``dropped`` (:meth:`Outputs.bounded`).
 
 Each outcome (a committed call or an error result) is followed by its audit record
 (:meth:`Outputs.audit`, ``schemas/audit.schema.json``): the run, tenant, call id, tool name and
-provider, the outcome and reason, the policy's decision, and the size and SHA-256 of the
-argument bytes, never the bytes themselves. It has the outcome's ``idempotency_key``. Where the
+provider, the outcome and reason, the policy's decision, and the size of the argument bytes
+with, when the operator gave an audit key (``AssembleSettings.audit_key``), their HMAC-SHA256
+under it and the key's id; never the bytes themselves, and never an unkeyed hash of them (a
+short secret, a PIN or a door code, is found again from its SHA-256 by trying every value:
+:func:`argument_digest`). It has the outcome's ``idempotency_key``. Where the
 record was read (``source``) and the run's ``trace_id`` are not the core's to know: it writes
 them null, and the worker fills them in (``worker.runtime.step.located``,
-``worker.runtime.hooks.EngineHooks.traced``).
+``worker.runtime.hooks.EngineHooks.traced``). When Kafka refuses the outcome's record for its
+own sake (``worker/runtime/refusals.py``: an ``output_refused`` DLQ record goes in its place),
+the worker sends the audit record as :func:`refused_audit` makes it: outcome ``refused``.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -48,7 +54,7 @@ from worker.core.model import CallState, Emit, Reason, RunStatus, Topic
 from worker.core.ops import CUSTOM, FUNCTION, Adapter, CallView
 from worker.core.policy import OFF
 from worker.core.providers.gemini_args import is_records
-from worker.core.settings import MAX_RECORD_BYTES
+from worker.core.settings import MAX_RECORD_BYTES, AuditKey
 
 #: Characters of an error's detail written in its ``content``; a longer one (a schema path
 #: through long property names) is cut, and ends with "...".
@@ -80,9 +86,10 @@ def id_counts(calls: Iterable[Call]) -> dict[str, int]:
 class Outputs:
     """Builds the output records of one run."""
 
-    __slots__ = ("_drop", "_echo", "_provider", "_run_id", "_tenant")
+    __slots__ = ("_audit_key", "_drop", "_echo", "_provider", "_run_id", "_tenant")
 
-    def __init__(self, start: RunStart, drop: bool = False, echo: bool = False) -> None:
+    def __init__(self, start: RunStart, drop: bool = False, echo: bool = False,
+                 audit_key: AuditKey | None = None) -> None:
         # (the head of every record is made when one is: an open run holds no dict for it)
         self._run_id = start.run_id
         self._tenant = start.tenant
@@ -91,6 +98,8 @@ class Outputs:
         self._drop = drop
         #: The run's tenant is listed in ``echo_invalid_input_tenants``.
         self._echo = echo
+        #: The key of the audit records' argument digests (None: size only).
+        self._audit_key = audit_key
 
     def dropped(self, call: Call) -> bool:
         """Whether ``call`` is left out of the final message: it failed ``invalid_json`` and
@@ -128,8 +137,9 @@ class Outputs:
     def audit(self, call: Call, outcome: Emit) -> Emit:
         """The audit record of ``call``'s ``outcome`` (its committed call or error result):
         the same identity, name and key, the outcome and reason, the policy's decision
-        (``{"mode": "off"}`` when no policy decided), and the digest of its argument bytes
-        (:func:`argument_digest`). ``source`` and ``trace_id`` are null here (module doc)."""
+        (``{"mode": "off"}`` when no policy decided), and the size and keyed digest of its
+        argument bytes (:func:`argument_digest`). ``source`` and ``trace_id`` are null here
+        (module doc)."""
         value = outcome.value
         committed = outcome.topic is Topic.COMMITTED
         decision = call.decision
@@ -139,7 +149,8 @@ class Outputs:
         record = {**self._head(), "tool_call_id": call.tool_call_id, "name": value["name"],
                   "outcome": "committed" if committed else "error",
                   "reason": None if committed else value["reason"], "policy": policy,
-                  "arguments": argument_digest(call, value if committed else None),
+                  "arguments": argument_digest(call, value if committed else None,
+                                               self._audit_key),
                   "trace_id": None, "source": None,
                   "idempotency_key": value["idempotency_key"]}
         if call.approval is not None:  # (a person's decision decided it: who, and which)
@@ -299,13 +310,20 @@ def echoed(text: str) -> str:
     return note + "\n" + dumps({"INVALID_JSON": shown}).decode()
 
 
-def argument_digest(call: Call, committed: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``{"bytes", "sha256"}`` of a call's argument bytes: for a committed call (its record's
-    value ``committed``), the bytes its record carries: the JSON text of ``arguments`` as
-    written in it (compact, UTF-8: ``orjson.dumps``, which also writes the record), or the
-    UTF-8 of a custom call's ``input``; for a call that did not commit, the UTF-8 of the text
-    received. None when there is none: no text came, or it was dropped at a bound
-    (``arguments_exceed_max_bytes``, ``budget_exceeded``)."""
+def argument_digest(call: Call, committed: dict[str, Any] | None,
+                    key: AuditKey | None = None) -> dict[str, Any] | None:
+    """``{"bytes"}`` of a call's argument bytes, with ``"hmac"`` and ``"key_id"`` when an audit
+    ``key`` is given: for a committed call (its record's value ``committed``), the bytes its
+    record carries: the JSON text of ``arguments`` as written in it (compact, UTF-8:
+    ``orjson.dumps``, which also writes the record), or the UTF-8 of a custom call's ``input``;
+    for a call that did not commit, the UTF-8 of the text received. None when there is none:
+    no text came, or it was dropped at a bound (``arguments_exceed_max_bytes``,
+    ``budget_exceeded``).
+
+    Who reads it: anyone who may read the audit topic, a wider circle than the runners that
+    read the arguments. So no unkeyed hash (whoever guesses the text confirms it, and a short
+    secret is guessed by trying every value); the HMAC can be checked only by whoever holds the
+    key: the operator, against a record of the call (:func:`keyed_digest`)."""
     if committed is not None:
         data = (committed["input"].encode("utf-8", "surrogatepass") if "input" in committed
                 else dumps(committed["arguments"]))
@@ -314,7 +332,31 @@ def argument_digest(call: Call, committed: dict[str, Any] | None) -> dict[str, A
         if not text:
             return None
         data = text.encode("utf-8", "surrogatepass")
-    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    if key is None:
+        return {"bytes": len(data)}
+    return {"bytes": len(data), "hmac": keyed_digest(key.key, data), "key_id": key.key_id}
+
+
+def keyed_digest(key: bytes, data: bytes) -> str:
+    """Lowercase hex of HMAC-SHA256(``key``, ``data``): an audit record's ``arguments.hmac``."""
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+#: An audit record's outcome and reason when Kafka refused its outcome's record.
+REFUSED, OUTPUT_REFUSED = "refused", "output_refused"
+
+
+def refused_audit(audit: Emit, error: str) -> Emit:
+    """``audit``, the audit record of an outcome that Kafka refused for its own sake (too
+    large for its topic, invalid: ``worker/runtime/refusals.py``; Kafka's ``error`` name), as
+    the worker sends it instead: outcome ``refused``, reason ``output_refused``, and
+    ``refused`` saying what the outcome was (``outcome``, ``reason``) and the ``error``. The
+    same key and ``idempotency_key``: the record audits the same outcome, which never reached
+    its topic (its ``output_refused`` DLQ record did)."""
+    value = audit.value
+    refused = {"outcome": value["outcome"], "reason": value["reason"], "error": error}
+    return Emit(audit.topic, audit.key, {**value, "outcome": REFUSED, "reason": OUTPUT_REFUSED,
+                                         "refused": refused})
 
 
 def _where_read(source: RecordSource | None) -> tuple[str | None, int | None, int | None]:

@@ -43,7 +43,7 @@ from worker.core.model import (
     Reason,
     RunStatus,
 )
-from worker.core.outputs import Outputs, id_counts
+from worker.core.outputs import id_counts
 from worker.core.settings import (
     CALLS_PER_RUN_FACTOR,
     CHOICE_BYTES,
@@ -89,7 +89,7 @@ class Run:
         self.latch = latch
         self.ledger = ledger
         self.rules = rules
-        self.out = Outputs(start, rules.drop_invalid, start.tenant in rules.echo_tenants)
+        self.out = rules.outputs(start)
         #: Its last stream envelope: seq, record time, number among the partition's records.
         self.last_seq, self.last_ms, self.active = start.seq, now_ms, 0
         self.calls: dict[str, Call] = {}

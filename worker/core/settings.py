@@ -6,7 +6,7 @@ loads, validates and overrides them, then hands one instance to :class:`~worker.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: ``max.message.bytes`` of the output topics (``worker.runtime.admin`` creates them with it;
 #: the worker's producers take the same limit): no record the worker sends may be larger.
@@ -48,6 +48,18 @@ class ApprovalSettings:
     #: Record time a call may wait for its decision; then it fails ``approval_timeout``
     #: (checked at ticks, like the idle timeout).
     approval_timeout_s: float = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class AuditKey:
+    """The key that makes an audit record's argument digest (``arguments.hmac``): its id, as
+    the record names it (``audit.key_id``), and its bytes, read by the worker from the file or
+    variable ``audit.keys`` names (``worker.runtime.governance.signing.audit_key``). The bytes
+    never print (no ``repr``); a record without a key has no digest at all, only the size: an
+    unkeyed hash of a short secret (a PIN, a door code) is undone by trying every value."""
+
+    key_id: str
+    key: bytes = field(repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +141,14 @@ class AssembleSettings:
     max_choices_per_run: int = 128
     #: Which calls wait for approval (the ``approvals`` section, merged in by the config).
     approvals: ApprovalSettings = ApprovalSettings()
+    #: The key of the audit records' argument digests (None: no digest, only the size). Not a
+    #: key of this section: the worker reads it where ``audit.keys`` says (``AuditKey``).
+    audit_key: AuditKey | None = None
+    #: Tenants (``run.start`` ``tenant``, written by the gateway) whose runs must name a
+    #: registered toolset: inline ``tools`` are the tenant's own word, so every call of such a
+    #: run fails ``toolset_required``; ``"*"``: every tenant, a run without one too. From
+    #: ``registry.require_toolsets_for``, merged in by the config.
+    require_toolsets_for: tuple[str, ...] = ()
 
 
 def largest_records(settings: AssembleSettings) -> list[tuple[str, int, tuple[str, ...]]]:

@@ -30,9 +30,10 @@ Errors::
                        as a dotted path and, for an override, the LATCH_ variable
 
 Secrets: ``kafka.sasl_password`` and pass-through settings whose name looks secret never
-appear in a ``repr`` or in an error message. The signing keys are not in the configuration at
-all: ``signing.keys`` says where each is (``file:``, ``env:``; :mod:`signing` reads them), and
-an invalid value there is never echoed (a key written inline by mistake).
+appear in a ``repr`` or in an error message. The signing and audit keys are not in the
+configuration at all: ``signing.keys`` and ``audit.keys`` say where each is (``file:``,
+``env:``; :mod:`signing` reads them), and an invalid value there is never echoed (a key written
+inline by mistake).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from worker.runtime.schemas import load_schema, validator
 __all__ = [
     "DEFAULT_PATH",
     "ApproverSettings",
+    "AuditSettings",
     "Config",
     "ConfigError",
     "KafkaSettings",
@@ -79,7 +81,7 @@ _ENV_PREFIX = "LATCH_"
 _KAFKA_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 _SECRET_KEY = re.compile(
     r"password|passwd|secret|token|credential|jaas|pem|ssl_key|keystore|private|oauthbearer"
-    r"|^signing\.keys|^approvers\.keys")
+    r"|^signing\.keys|^approvers\.keys|^audit\.keys")
 #: A quoted part of a YAML error message longer than one character (``'!hunter2'``).
 _QUOTED = re.compile(r"'[^']{2,}'|\"[^\"]{2,}\"")
 _REDACTED = "***"
@@ -267,6 +269,22 @@ class RegistrySettings:
     #: The records and bytes of held runs one events partition may park (worker/runtime/hold.py).
     hold_max_records: int = 10_000
     hold_max_bytes: int = 64 * 1024 * 1024
+    #: Tenants whose runs must name a registered toolset (``"*"``: all); merged into
+    #: ``AssembleSettings.require_toolsets_for``.
+    require_toolsets_for: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AuditSettings:
+    """The ``audit`` section: where the audit digests' keys are (key id -> ``file:PATH`` or
+    ``env:NAME``), and the one the worker digests argument bytes with (``signing.audit_key``;
+    unset: the audit records carry the argument size only)."""
+
+    key_id: str | None = None
+    keys: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keys", _FrozenDict(self.keys))
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +300,7 @@ class Config:
     registry: RegistrySettings = field(default_factory=RegistrySettings)
     approvals: ApprovalSettings = field(default_factory=ApprovalSettings)
     approvers: ApproverSettings = field(default_factory=ApproverSettings)
+    audit: AuditSettings = field(default_factory=AuditSettings)
     source: Path | None = None
 
 
@@ -297,6 +316,7 @@ _SECTIONS: Mapping[str, tuple[type[Any], str]] = MappingProxyType(
         "registry": (RegistrySettings, "registry"),
         "approvals": (ApprovalSettings, "approvals"),
         "approvers": (ApproverSettings, "approvers"),
+        "audit": (AuditSettings, "audit"),
     }
 )
 
@@ -467,7 +487,9 @@ def _build(data: Mapping[str, Any], source: Path | None) -> Config:
             values["extra"] = extra
         built[attribute] = cls(**{k: _convert(v, props.get(k, {})) for k, v in values.items()})
     # The core reads the approvals with the rest of its settings (AssembleSettings.approvals).
-    built["assemble"] = replace(built["assemble"], approvals=built["approvals"])
+    # ...and the tenants that must name a registered toolset (registry.require_toolsets_for).
+    built["assemble"] = replace(built["assemble"], approvals=built["approvals"],
+                                require_toolsets_for=built["registry"].require_toolsets_for)
     return Config(**built, source=source)
 
 

@@ -52,6 +52,7 @@ from typing import Any, NamedTuple, Protocol
 import orjson
 
 from worker.core import Assembler, Emit, Topic
+from worker.core.outputs import refused_audit
 from worker.runtime import control, hold, refusals
 from worker.runtime import partition as partition_module
 from worker.runtime.assignment import Assignment, control_behind
@@ -67,6 +68,7 @@ from worker.runtime.governance.registry import (
     marker_version,
     policy_head_key,
 )
+from worker.runtime.governance.signing import with_audit_key
 from worker.runtime.hold import Holds
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
@@ -79,6 +81,12 @@ __all__ = ["TICK_DEFER_MAX_S", "Applied", "Driver", "Outgoing", "RegistryView", 
            "TickRule", "control_behind", "tick_value"]
 
 log = logging.getLogger("latch.worker")
+
+#: The topics of the outcomes that an audit record follows (``Outputs.outcomes``).
+_AUDITED = (Topic.COMMITTED, Topic.ERRORS)
+#: Refused outcomes whose audit records a driver waits for, at most (each audit record is
+#: sent right after its outcome, or once the record's outcomes are confirmed: faust).
+_REFUSED_KEPT = 1024
 
 #: Seconds a tick may wait for the control backlog (a control partition whose end is never
 #: reached, e.g. held by someone's open transaction, must not stop the clock).
@@ -219,6 +227,8 @@ class Driver:
 
     def __init__(self, config: Config, hooks: EngineHooks, heads: Heads) -> None:
         self.config, self.hooks, self.heads = config, hooks, heads
+        #: The core's settings, with the audit digests' key (``signing.with_audit_key``).
+        self.assemble = with_audit_key(config).assemble
         self.ticks = TickRule()
         #: The registry the worker follows (None: none, e.g. in unit tests).
         self.registry: RegistryView | None = None
@@ -240,6 +250,9 @@ class Driver:
         hooks.health.reports["policy"] = self._policy_report
         hooks.health.reports["registry"] = self._registry_report
         hooks.metrics.watch_governance(self._governance)
+        #: Outcomes (committed calls, error results) refused by Kafka whose audit records are
+        #: not sent yet: (run key, idempotency key) -> Kafka's error (:meth:`refused`).
+        self._refused: dict[tuple[str | None, str], str] = {}
 
     # -- per record ---------------------------------------------------------------------
 
@@ -366,10 +379,20 @@ class Driver:
         signature, :meth:`EngineHooks.headers`); a DLQ record keeps the input record's
         ``key``. ``names``: each topic's name; ``source``: where the input record was read.
         An emit over its topic's limit (:class:`refusals.Limits`) is not sent: its
-        ``output_refused`` DLQ record comes in its place (:meth:`refused`)."""
+        ``output_refused`` DLQ record comes in its place (:meth:`refused`), and the audit
+        record of a refused outcome says so (``outputs.refused_audit``): an outcome comes
+        before its audit record, and the engine refuses it before it asks for the next."""
         headers_of, over = self.hooks.headers, self.limits.over
         for emit in emits:
             topic = emit.topic
+            if self._refused and (topic is Topic.AUDIT or topic in _AUDITED):
+                noted = (emit.key, str(emit.value["idempotency_key"]))
+                if topic is Topic.AUDIT:
+                    error = self._refused.pop(noted, None)
+                    if error is not None:
+                        emit = refused_audit(emit, error)
+                else:  # the outcome sent again (a transaction's retry): refused anew, or not
+                    self._refused.pop(noted, None)
             name = names[topic]
             emit_key, value = out_key(emit, key), out_value(emit)
             headers = headers_of(emit, value)
@@ -385,7 +408,12 @@ class Driver:
         """The value of the ``output_refused`` DLQ record that replaces ``emit`` (for topic
         ``name``, ``size`` bytes, refused with ``error``: over the limit, or by the broker),
         counted and logged (:meth:`refusals.Limits.replacement`); the engine sends it to the
-        DLQ keyed by the input record's ``key``."""
+        DLQ keyed by the input record's ``key``. A refused outcome's audit record, sent
+        after, says ``refused`` (:meth:`outgoing`)."""
+        if emit.topic in _AUDITED:
+            if len(self._refused) >= _REFUSED_KEPT:  # audits never sent (a filtered list)
+                self._refused.clear()
+            self._refused[(emit.key, emit.value["idempotency_key"])] = error
         dlq = self.limits.replacement(emit, name, emit_key, size, error, key, source)
         self.hooks.metrics.dlq[str(dlq.value["reason"])] += 1
         return out_value(dlq)
@@ -399,7 +427,7 @@ class Driver:
     def takeover(self, partition: int, resume: int) -> Takeover:
         """A fresh state for ``partition`` at offset ``resume``: its finished runs registered
         from the heads, its open runs' records to read from :attr:`Takeover.start`."""
-        assembler = Assembler(self.config.assemble)
+        assembler = Assembler(self.assemble)
         assembler.policy = self.policies.initial()
         assembler.approvals.approvers = self.approvers
         state = PartitionState(assembler, next_offset=resume)

@@ -75,6 +75,7 @@ from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.governance.policy_source import PolicySource, assembler_policy
 from worker.runtime.governance.registry import POLICY_MARKER, RegistryState
 from worker.runtime.governance.registry_io import RegistryError, read_whole
+from worker.runtime.governance.signing import with_audit_key
 from worker.runtime.step import out_key, out_value, record, step
 from worker.tools.replay_policy import Markers, ScanError, assemblers_for, versions_at
 
@@ -435,7 +436,7 @@ def replay(args: argparse.Namespace) -> str:
     """Run the replay the parsed command line asks for; return the summary line."""
     check_range(args.start, args.stop)
     try:
-        config = load_config(args.config)
+        config = with_audit_key(load_config(args.config))  # the worker's audit digests
         assembler_policy(config)  # (a policy.file that cannot be used stops the replay here)
     except (ConfigError, ValueError) as exc:  # (a PolicyFileError is a ValueError)
         raise ReplayError(str(exc)) from exc

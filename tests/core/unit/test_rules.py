@@ -1547,6 +1547,20 @@ class TestReasonApprovalDenied:
         assert SECRET not in error["content"]
 
 
+class TestReasonToolsetRequired:
+    """``toolset_required``: the run's tenant is in ``require_toolsets_for`` and its run.start
+    carried inline tools (more in test_toolset_required.py)."""
+
+    def test_every_call_of_a_listed_tenant_with_inline_tools_fails(self) -> None:
+        """Every call fails ``toolset_required``; the same run of another tenant commits."""
+        envs = chat_run("r1", tools_for(CHAT, TOOLS),
+                        chat_calls([("c1", "read_file", '{"path": "/a"}'),
+                                    ("c2", "read_file", '{"path": "/b"}')]))
+        assert reasons(feed(assembler(require_toolsets_for=("t1",)), envs)) == [
+            "toolset_required", "toolset_required"]
+        assert reasons(feed(assembler(require_toolsets_for=("t2",)), envs)) == []
+
+
 class TestReasonApprovalTimeout:
     """``approval_timeout``: no decision within ``approval_timeout_s`` of record time."""
 
@@ -1643,6 +1657,9 @@ def scenarios() -> dict[Reason, tuple[dict[str, Any], list[dict[str, Any]]]]:
         # two declarations of read_file (worker/core/identity.py)
         Reason.AMBIGUOUS_TOOL: ({}, chat_run("r1", tools + tools_for(CHAT, {"read_file": {}}),
                                              chat_calls([("c1", "read_file", good)]))),
+        # the run's tenant (t1) must name a registered toolset; it sent its tools inline
+        Reason.TOOLSET_REQUIRED: ({"require_toolsets_for": ("t1",)},
+                                  chat([("c1", "read_file", good)])),
     }
 
 

@@ -51,6 +51,8 @@ CONTRACT_REASONS = [
     "approval_denied", "approval_timeout",
     # issue 32: two of the run's tools would share the call's name
     "ambiguous_tool",
+    # issue 32: the run's tenant must name a registered toolset (registry.require_toolsets_for)
+    "toolset_required",
 ]  # fmt: skip
 
 PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages", "bedrock.converse",

@@ -14,6 +14,7 @@ import pytest
 from worker.core.settings import ApprovalSettings, AssembleSettings
 from worker.runtime.config import (
     ApproverSettings,
+    AuditSettings,
     Config,
     ConfigError,
     KafkaSettings,
@@ -38,6 +39,7 @@ SECTIONS: dict[str, Any] = {
     "registry": RegistrySettings,
     "approvals": ApprovalSettings,
     "approvers": ApproverSettings,
+    "audit": AuditSettings,
 }
 
 
@@ -90,11 +92,14 @@ def test_schema_defaults_equal_dataclass_defaults() -> None:
     assert set(schema) == set(SECTIONS)
     for section, cls in SECTIONS.items():
         props = schema[section]["properties"]
-        # (AssembleSettings.approvals is the approvals section, merged in by load_config)
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "approvals"}
+        # (AssembleSettings.approvals is the approvals section, merged in by load_config, as
+        # is registry.require_toolsets_for; its audit_key is read from where audit.keys says)
+        merged = {"approvals", "audit_key"} | (
+            {"require_toolsets_for"} if section == "agent_stream_assemble" else set())
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"} - merged
         assert set(props) == names, section
         for key, value in dataclasses.asdict(cls()).items():
-            if key == "extra" or (key == "approvals" and section != "approvals"):
+            if key == "extra" or (key in merged and section != "approvals"):
                 continue
             expected = list(value) if isinstance(value, tuple) else value
             assert props[key].get("default") == expected, f"{section}.{key}"

@@ -2,7 +2,8 @@
 
 The engine (``engine.py``) applies records; the driver says what each needs sent
 (:meth:`Driver.outgoing`); :class:`Sends` sends it, in order, with its run's trace headers
-(:meth:`Sends.publish`), and hands the partition the confirm of each send
+(:meth:`Sends.publish`; a record's audit records once its other outputs are confirmed, so that
+a refused outcome's says ``refused``), and hands the partition the confirm of each send
 (:class:`_Refusable`, awaited by :meth:`PartitionState.confirm` before the record is acked). A
 record the broker refuses for its own sake (worker/runtime/refusals.py) is replaced by its
 ``output_refused`` DLQ record (:meth:`Sends.refuse`); the output topics' limits are read at
@@ -58,7 +59,21 @@ class Sends:
         ``source``: where it was read. An emit over its topic's limit is not sent, and one
         the broker refuses for its own sake is not sent again: a small ``output_refused``
         DLQ record goes in its place (worker/runtime/refusals.py, :class:`_Refusable`; over
-        the limit: the driver's, :meth:`Driver.outgoing`)."""
+        the limit: the driver's, :meth:`Driver.outgoing`).
+
+        Audit records go last, once the record's other outputs are confirmed: the broker
+        answers a send after it returns, so only then is it known whether an outcome reached
+        its topic, and a refused outcome's audit record says ``refused`` (decision 0016)."""
+        if any(emit.topic is Topic.AUDIT for emit in emits):
+            await self._send(state, key, [e for e in emits if e.topic is not Topic.AUDIT],
+                             record_ms, source)
+            await state.confirm()  # (a refusal noted by the driver: Driver.refused)
+            emits = [e for e in emits if e.topic is Topic.AUDIT]
+        await self._send(state, key, emits, record_ms, source)
+
+    async def _send(self, state: PartitionState, key: bytes | None, emits: Sequence[Emit],
+                    record_ms: int | None, source: Source | None) -> None:
+        """:meth:`publish` of ``emits``, in order; their confirms left to the partition."""
         for out in self.driver.outgoing(key, emits, self.names, source):
             emit, name, out_key, value, headers = (out.emit, out.name, out.key, out.value,
                                                    out.headers)

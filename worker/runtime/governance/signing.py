@@ -17,7 +17,10 @@ list the old and the new key, the worker switches ``key_id``, and the old key le
 runners once no record signed with it is left to consume (docs/runner.md).
 
 Keys are read from files or environment variables (``file:PATH``, ``env:NAME``), at least
-:data:`MIN_KEY_BYTES` bytes each; no ``repr``, log line or error message holds one.
+:data:`MIN_KEY_BYTES` bytes each; no ``repr``, log line or error message holds one. The audit
+records' argument digests are keyed the same way (``audit.keys``, ``audit.key_id``:
+:func:`audit_key`, :func:`with_audit_key`); the key's bytes reach the core in
+``AssembleSettings.audit_key``, never the configuration file.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ import hashlib
 import hmac
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
-from worker.runtime.config import Config, ConfigError, SigningSettings
+from worker.core.settings import AuditKey
+from worker.runtime.config import AuditSettings, Config, ConfigError, SigningSettings
 
 __all__ = ["KEY_ID_HEADER", "MIN_KEY_BYTES", "SIGNATURE_HEADER", "Signer", "Verifier",
-           "load_keys", "signer", "verifier"]
+           "audit_key", "load_keys", "signer", "verifier", "with_audit_key"]
 
 #: The header holding the id of the key that signed the record.
 KEY_ID_HEADER = "latch-signature-key"
@@ -113,12 +118,12 @@ class Verifier:
         return f"Verifier(key_ids={list(self.key_ids)!r})"
 
 
-def load_keys(settings: SigningSettings, source: Path | None = None,
+def load_keys(settings: SigningSettings | AuditSettings, source: Path | None = None,
               env: Mapping[str, str] | None = None, section: str = "signing"
               ) -> dict[str, bytes]:
-    """Every key of ``settings.keys``, read from its file or variable. Raises
-    :class:`ConfigError` naming the key id (as ``<section>.keys.<id>``) and where it was
-    looked for, never its bytes."""
+    """Every key of ``settings.keys`` (of the config's ``section``), read from its file or
+    variable. Raises :class:`ConfigError` naming the key id and where it was looked for, never
+    its bytes."""
     env = os.environ if env is None else env
     keys: dict[str, bytes] = {}
     problems: list[str] = []
@@ -167,3 +172,27 @@ def verifier(config: Config, env: Mapping[str, str] | None = None) -> Verifier:
     """A runner's verifier: every key of ``signing.keys`` (none: nothing is required).
     Raises :class:`ConfigError`."""
     return Verifier(load_keys(config.signing, config.source, env))
+
+
+def audit_key(config: Config, env: Mapping[str, str] | None = None) -> AuditKey | None:
+    """The key of the audit records' argument digests (None: ``audit.key_id`` is unset, the
+    records carry the size only). Only the active key is read. Raises :class:`ConfigError`."""
+    settings = config.audit
+    key_id = settings.key_id
+    if key_id is None:
+        return None
+    if key_id not in settings.keys:
+        raise ConfigError(config.source, [f"audit.key_id: {key_id} is not one of audit.keys"])
+    keys = load_keys(AuditSettings(key_id, {key_id: settings.keys[key_id]}), config.source,
+                     env, "audit")
+    return AuditKey(key_id, keys[key_id])
+
+
+def with_audit_key(config: Config, env: Mapping[str, str] | None = None) -> Config:
+    """``config`` with the audit key in its core settings (``assemble.audit_key``:
+    :func:`audit_key`): what every assembler that publishes or compares audit records is made
+    from (the worker's, ``latch replay``'s, ``latch assemble``'s), so that they write the same
+    digests. Raises :class:`ConfigError`."""
+    key = audit_key(config, env)
+    return config if key is None else replace(
+        config, assemble=replace(config.assemble, audit_key=key))
