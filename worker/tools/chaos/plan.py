@@ -49,6 +49,7 @@ from worker.runtime.config import Config
 from worker.runtime.governance.approvers import approvers as approvers_for
 from worker.runtime.governance.approvers import decision_signer
 from worker.runtime.governance.policy_source import assembler_policy
+from worker.runtime.governance.signing import with_audit_key
 
 PROVIDERS = ("openai.chat", "anthropic.messages", "openai.responses")
 
@@ -200,6 +201,7 @@ def build_plan(seed: int, runs: int, config: Config, tag: str = "",
     decision (``approvers.key_id``; its key read from ``env``, default the process's) and
     the offline core counts only signed ones, as the workers do."""
     rng = random.Random(seed)
+    config = with_audit_key(config, env)  # (the workers' audit digests: the same bytes)
     gated = GATED in config.approvals.require_approval
     table = {**KINDS, **dict([APPROVAL_KIND])} if gated else KINDS
     kinds, weights = zip(*((k, w) for k, w in table.items() if k not in exclude), strict=True)
