@@ -112,6 +112,11 @@ class Approvers:
             return DlqReason.APPROVAL_BAD_SIGNATURE, "the decision's signature does not verify"
         return None
 
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        """The ids of the keys a decision may be signed with (none: no decision counts)."""
+        return tuple(sorted(self._keys))
+
     def __repr__(self) -> str:
         return f"Approvers(key_ids={sorted(self._keys)!r})"
 
