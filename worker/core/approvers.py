@@ -81,7 +81,8 @@ def mac(key: bytes, message: bytes) -> str:
 class Approvers:
     """The approvers' verification keys by key id, each with the approver it belongs to
     (the worker's ``approvers.keys`` and ``approvers.owners``), and each approver's groups
-    (``approvers.groups``: the approver entity's Cedar parents). Never shows a key."""
+    (``approvers.groups``: the approver entity's Cedar parents). Never shows a key. With no
+    key (the runtime's default, ``approvers.keys`` empty), no decision counts."""
 
     __slots__ = ("_keys", "groups")
 
