@@ -688,3 +688,52 @@ def wrapper_text(*uses: tuple[str, Any]) -> str:
     """The text of OpenAI's ``multi_tool_use.parallel`` wrapper calling ``(recipient, params)``."""
     return orjson.dumps({"tool_uses": [{"recipient_name": r, "parameters": p}
                                        for r, p in uses]}).decode()
+
+
+# -- signed decisions (README, "Approvals": with no approver keys, no decision counts) ----------
+
+#: Who :func:`decision` names by default, and so the approver the signed helpers sign as.
+APPROVER = "ops@example.com"
+#: The variable prefix that holds a test approver's key (``approvers.keys``: ``env:`` refs).
+APPROVER_KEY_VAR = "LATCH_TEST_APPROVER_KEY_"
+
+
+def approver_key_id(approver: str) -> str:
+    """The id of ``approver``'s test key (``approvers.keys`` ids: ``[A-Za-z0-9._-]``)."""
+    return "test-" + "".join(c if c.isalnum() or c in "._-" else "-" for c in approver)[:59]
+
+
+def approver_key(approver: str) -> bytes:
+    """``approver``'s fixed test key: 64 hex characters derived from its id (tests only: not
+    a secret, never a deployment's)."""
+    import hashlib
+
+    return hashlib.sha256(f"latch test approver {approver}".encode()).hexdigest().encode()
+
+
+def approver_env(*approvers: str) -> dict[str, str]:
+    """The ``LATCH_`` variables by which ``load_config`` (and a worker given them) knows each
+    approver's test key: ``approvers.keys`` as ``env:`` references, ``approvers.owners``, and
+    the variables holding the keys (default: :data:`APPROVER` alone)."""
+    approvers = approvers or (APPROVER,)
+    ids = {a: approver_key_id(a) for a in approvers}
+    var = {a: APPROVER_KEY_VAR + ids[a].upper().replace("-", "_").replace(".", "_")
+           for a in approvers}
+    keys = ", ".join(f"'{ids[a]}': 'env:{var[a]}'" for a in approvers)
+    owners = ", ".join(f"'{ids[a]}': '{a}'" for a in approvers)
+    return {"LATCH_APPROVERS__KEYS": f"{{{keys}}}", "LATCH_APPROVERS__OWNERS": f"{{{owners}}}",
+            **{var[a]: approver_key(a).decode() for a in approvers}}
+
+
+def signed(doc: dict[str, Any], ts: int = 1) -> dict[str, Any]:
+    """A decision envelope signed with the test key of its ``by`` (:func:`approver_key`), as
+    an approval tool with that approver's ``approvers.key_id`` signs it."""
+    from worker.runtime.governance.approvers import DecisionSigner
+
+    by = doc["by"]
+    return DecisionSigner(approver_key_id(by), by, approver_key(by)).sign(doc, ts)
+
+
+def signed_decision(run_id: str, kind: str, tool_call_id: str, **fields: Any) -> dict[str, Any]:
+    """:func:`decision`, signed (:func:`signed`)."""
+    return signed(decision(run_id, kind, tool_call_id, **fields))

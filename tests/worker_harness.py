@@ -282,6 +282,28 @@ def publish_envelopes(bootstrap: str, topic: str, envelopes: Iterable[dict[str, 
     publish(bootstrap, topic, ((e["run_id"].encode(), orjson.dumps(e)) for e in envelopes))
 
 
+def approver_settings(*approvers: str) -> dict[str, str]:
+    """:func:`make_stack` settings by which a worker knows each approver's fixed test key
+    (``builders.approver_env``; default: ``builders.APPROVER``): with no approver keys, no
+    decision counts (README, "Approvals")."""
+    from builders import approver_env
+
+    return {name.removeprefix("LATCH_").lower(): value
+            for name, value in approver_env(*approvers).items()}
+
+
+def approver(stack: Stack, by: str) -> Any:
+    """A Publisher that signs its decisions as ``by`` with ``by``'s test key, as ``latch
+    approve`` with that approver's ``approvers.key_id`` does (the stack must list the key:
+    :func:`approver_settings`). Decide with ``by=by``."""
+    from builders import approver_key_id
+
+    from worker.client.publisher import Publisher
+
+    env = stack.env() | {"LATCH_APPROVERS__KEY_ID": approver_key_id(by)}
+    return Publisher(load_config(None, env=env), env=env)
+
+
 @dataclass(frozen=True)
 class Out:
     """One output record: where it landed, its key and its decoded value."""

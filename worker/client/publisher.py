@@ -151,7 +151,8 @@ class Publisher:
     ``on_delivery`` is called (from :meth:`poll`, :meth:`flush` and the sends, on the calling
     thread) with every acknowledged envelope. ``clock`` gives each envelope's ``ts`` in
     milliseconds; pass ``None`` to send envelopes without one. ``producer`` replaces the
-    confluent-kafka producer (tests).
+    confluent-kafka producer (tests). ``env``: where an ``env:`` reference of the approver's
+    key (``approvers.keys``) is read (default: this process's environment).
     """
 
     def __init__(
@@ -161,8 +162,10 @@ class Publisher:
         on_delivery: Callable[[Delivery], None] | None = None,
         clock: Callable[[], int] | None = _now_ms,
         producer: Producer | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
+        self._env = env
         self.events_topic = config.topics.events
         self.control_topic = config.topics.control
         self._clock = clock
@@ -214,7 +217,8 @@ class Publisher:
         self.send_envelope({"v": 1, "run_id": run_id, "type": "cancel", "reason": reason})
 
     def approve(self, run_id: str, tool_call_id: str, *, by: str, reason: str = "") -> None:
-        """Approve a call waiting for approval (README, "Approvals"): it commits as it is."""
+        """Approve a call waiting for approval (README, "Approvals"): it commits as it is.
+        Counts only signed (``approvers.key_id``): an unsigned decision goes to the DLQ."""
         self._decide("approve", run_id, tool_call_id, by, reason)
 
     def deny(self, run_id: str, tool_call_id: str, *, by: str, reason: str = "") -> None:
@@ -240,17 +244,18 @@ class Publisher:
         if arguments is not None:
             doc["arguments"] = arguments
         signer = self._decision_signer()
-        if signer is not None:  # (approvers.key_id: the decision counts only signed)
+        if signer is not None:  # (approvers.key_id: an unsigned decision never counts)
             doc = signer.sign(doc, _now_ms() if self._clock is None else self._clock())
         self.send_envelope(doc)
 
     def _decision_signer(self) -> Any:
-        """The approver's signer (``approvers.key_id``; None: decisions go unsigned), read
-        once. Raises :class:`~worker.runtime.config.ConfigError`."""
+        """The approver's signer (``approvers.key_id``; None: decisions go unsigned, and a
+        worker counts none of them), read once. Raises
+        :class:`~worker.runtime.config.ConfigError`."""
         if not hasattr(self, "_signer"):
             from worker.runtime.governance.approvers import decision_signer
 
-            self._signer = decision_signer(self.config)
+            self._signer = decision_signer(self.config, self._env)
         return self._signer
 
     def send_envelope(self, envelope: Mapping[str, Any]) -> str:

@@ -81,7 +81,8 @@ def mac(key: bytes, message: bytes) -> str:
 class Approvers:
     """The approvers' verification keys by key id, each with the approver it belongs to
     (the worker's ``approvers.keys`` and ``approvers.owners``), and each approver's groups
-    (``approvers.groups``: the approver entity's Cedar parents). Never shows a key."""
+    (``approvers.groups``: the approver entity's Cedar parents). Never shows a key. With no
+    key (the runtime's default, ``approvers.keys`` empty), no decision counts."""
 
     __slots__ = ("_keys", "groups")
 
@@ -111,6 +112,11 @@ class Approvers:
         if not hmac.compare_digest(expected, signature.mac):
             return DlqReason.APPROVAL_BAD_SIGNATURE, "the decision's signature does not verify"
         return None
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        """The ids of the keys a decision may be signed with (none: no decision counts)."""
+        return tuple(sorted(self._keys))
 
     def __repr__(self) -> str:
         return f"Approvers(key_ids={sorted(self._keys)!r})"

@@ -188,7 +188,8 @@ class Assembler:
         self._waiting = self._approvals.runs
         #: The partition's approvals (core/waiting.py): set ``approvals.approvers`` to the
         #: approvers' keys (core/approvers.py) and a decision counts only when an approver
-        #: signed it and the policy in force allows that approver (None: unsigned ones count).
+        #: signed it and the policy in force allows that approver (None, the core's "no
+        #: check" for its unit tests: unsigned ones count; the runtime never leaves it so).
         self.approvals = self._approvals
         self._ledger.park = self._approvals.park
         self._validators = validators or shared_validators(SchemaLimits(

@@ -208,7 +208,7 @@ class DlqReason(StrEnum):
     CALL_NOT_PENDING = "call_not_pending"
     #: An approval decision names a call that already has its outcome (decided, timed out).
     CALL_ALREADY_DECIDED = "call_already_decided"
-    #: Approvers are configured and a decision carries no signature (core/approvers.py).
+    #: A decision carries no signature: it never counts (core/approvers.py).
     APPROVAL_UNSIGNED = "approval_unsigned"
     #: A decision signed with a key id the worker does not know, or one of another approver.
     APPROVER_UNKNOWN_KEY = "approver_unknown_key"

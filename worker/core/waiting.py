@@ -43,8 +43,9 @@ class Waiting:
         self.runs: OrderedDict[str, Run] = OrderedDict()
         #: The control records whose decisions each run applied (``Remembered.decided``).
         self.decided = decided
-        #: The approvers' keys: a decision counts only signed by one (None: unsigned
-        #: decisions count, no approver is checked; ``Assembler.approvals``).
+        #: The approvers' keys: a decision counts only signed by one (none listed: no
+        #: decision counts). None is the pure core's "no check", for its unit tests only:
+        #: the runtime always sets an :class:`Approvers` (governance/approvers.py).
         self.approvers: Approvers | None = None
 
     def decision(self, run: Run, decision: Decision, raw: Any) -> list[Emit]:

@@ -81,6 +81,8 @@ __all__ = ["TICK_DEFER_MAX_S", "Applied", "Driver", "Outgoing", "RegistryView", 
            "TickRule", "control_behind", "tick_value"]
 
 log = logging.getLogger("latch.worker")
+#: What the worker says when it lists no approver key (its start warning, ``/readyz``).
+NO_APPROVER_KEYS = "no approver keys: no decision can count; held calls time out"
 
 #: The topics of the outcomes that an audit record follows (``Outputs.outcomes``).
 _AUDITED = (Topic.COMMITTED, Topic.ERRORS)
@@ -234,14 +236,13 @@ class Driver:
         self.registry: RegistryView | None = None
         #: The policy in force for a version a marker names (:mod:`policy_source`).
         self.policies = PolicySource(config)
-        #: Whose signed decisions count (governance/approvers.py; None: unsigned ones do).
+        #: Whose signed decisions count (governance/approvers.py): every assembler gets it;
+        #: with no keys listed, no decision counts.
         self.approvers = approvers_for(config)
-        if self.approvers is None and (config.approvals.require_approval
-                                       or config.approvals.destructive
-                                       or config.policy.mode == "enforce"):
-            log.warning("approvers.keys is empty: decisions on held calls are not signed, and "
-                        "any writer of the control or events topic can approve (README, "
-                        "Approvals)")
+        if not self.approvers.key_ids and (config.approvals.require_approval
+                                           or config.approvals.destructive
+                                           or config.policy.mode == "enforce"):
+            log.warning("%s (approvers.keys is empty; README, Approvals)", NO_APPROVER_KEYS)
         #: The partitions this worker owns, their states and gauges (assignment.py).
         self.owned = Assignment(hooks)
         #: Each written topic's limit, checked before each output is sent (refusals.py):
@@ -249,6 +250,7 @@ class Driver:
         self.limits = refusals.Limits()
         hooks.health.reports["policy"] = self._policy_report
         hooks.health.reports["registry"] = self._registry_report
+        hooks.health.reports["approvers"] = self._approvers_report
         hooks.metrics.watch_governance(self._governance)
         #: Outcomes (committed calls, error results) refused by Kafka whose audit records are
         #: not sent yet: (run key, idempotency key) -> Kafka's error (:meth:`refused`).
@@ -551,6 +553,15 @@ class Driver:
         following it (registry_io.py)."""
         failure = getattr(self.registry, "failure", None)
         return failure is None, {"following": failure is None, "error": failure}
+
+    def _approvers_report(self) -> tuple[bool, dict[str, Any]]:
+        """``/readyz``'s ``approvers``: how many approver keys this worker lists, and whether
+        a decision can count (ready all the same: a held call fails closed, at its timeout)."""
+        keys = len(self.approvers.key_ids)
+        detail: dict[str, Any] = {"keys": keys, "counts": keys > 0}
+        if not keys:
+            detail["detail"] = NO_APPROVER_KEYS
+        return True, detail
 
     def _governance(self) -> GovernanceView | None:
         if self.registry is None:

@@ -7,9 +7,10 @@ or already decided: ``latch tail`` shows it).
 ``latch edit RUN CALL --arguments FILE`` gives the call new arguments (the file's JSON text,
 ``-`` for stdin), which the worker's latch checks again before it commits or fails them.
 
-With ``approvers.key_id`` in the configuration, the decision is signed with that key (its
-owner must be ``--by``); a worker that lists approvers' keys counts only signed decisions
-by an approver the policy in force allows (README, "Approvals"; decision 0019).
+The decision is signed with the configuration's ``approvers.key_id`` (its owner must be
+``--by``): a worker counts only signed decisions by an approver the policy in force allows,
+and never an unsigned one (README, "Approvals"; decision 0019). Without ``approvers.key_id``,
+or with a key that cannot be read, the tool sends nothing and exits 2, saying why.
 """
 
 from __future__ import annotations
@@ -21,8 +22,15 @@ from pathlib import Path
 
 from worker.client.publisher import Publisher, PublishError
 from worker.runtime.config import ConfigError, load_config
+from worker.runtime.governance.approvers import decision_signer
 
 __all__ = ["approve", "deny", "edit"]
+
+#: Why nothing is sent without an approver key.
+UNSIGNED = ("approvers.key_id is not set, so this decision would go unsigned, and a worker "
+            "never counts an unsigned decision (it goes to the DLQ, approval_unsigned, and "
+            "the call stays held until approval_timeout). Set approvers.key_id to your key "
+            "(with approvers.keys and approvers.owners; README, Approvals). Nothing was sent.")
 
 
 def _parser(kind: str) -> argparse.ArgumentParser:
@@ -31,7 +39,7 @@ def _parser(kind: str) -> argparse.ArgumentParser:
     parser.add_argument("tool_call_id", metavar="CALL", help="the call's id (its pending "
                         "record's call_id)")
     parser.add_argument("--by", required=True, help="who decides: the approver id that owns "
-                        "approvers.key_id when decisions are signed")
+                        "approvers.key_id (the key the decision is signed with)")
     parser.add_argument("--reason", default="", help="why")
     parser.add_argument("--config", help="latch.yaml (default: ./latch.yaml if present)")
     if kind == "edit":
@@ -47,7 +55,12 @@ def _main(kind: str, argv: Sequence[str] | None) -> int:
         if kind == "edit":
             arguments = (sys.stdin.read() if args.arguments == "-"
                          else Path(args.arguments).read_text(encoding="utf-8"))
-        with Publisher(load_config(args.config)) as publisher:
+        config = load_config(args.config)
+        if config.approvers.key_id is None:
+            print(f"latch {kind}: {UNSIGNED}", file=sys.stderr)
+            return 2
+        decision_signer(config)  # (a key that cannot be read stops here, before any client)
+        with Publisher(config) as publisher:
             if kind == "edit":
                 assert arguments is not None
                 publisher.edit(args.run_id, args.tool_call_id, arguments, by=args.by,

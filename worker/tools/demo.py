@@ -17,7 +17,7 @@
 5. **outcomes**: print each record the worker emits for these runs (``latch tail``'s lines)
    until every run has its final message, or ``--timeout`` seconds pass. A call the policy
    holds for approval (its pending record) is approved on the control topic, as an operator
-   would with ``latch approve``, and commits.
+   would with ``latch approve``, signed (:mod:`worker.tools.demo_approver`), and commits.
 
 The worker runs with ``policy.mode`` ``enforce`` and the shipped ``examples/demo.cedar``
 (tenant ``acme`` may call its tools, and search files only under ``/srv/``), so exactly one
@@ -64,6 +64,7 @@ from worker.client.publisher import Publisher, PublishError
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.observability import logs
 from worker.tools import broker, tail
+from worker.tools.demo_approver import APPROVER, approver_env
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -73,8 +74,6 @@ DEFAULT_TIMEOUT_S = 120.0
 WORKER_STOP_TIMEOUT_S = 30.0
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 OUTPUT_TOPICS = ("committed", "errors", "final", "dlq", "pending")
-#: Who the demo's approvals name (README, "Approvals").
-APPROVER = "latch demo"
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # worker/
 #: Where the example files are looked for: a source checkout, then installed package data.
@@ -199,9 +198,9 @@ class Started:
     log: Path | None = None
     keep_workdir: bool = False
     held: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    #: The LATCH_ variables this demo sets for its worker (its engine, its policy): given to
-    #: the worker subprocess, never written into this process's environment.
-    env: dict[str, str] = field(default_factory=dict)
+    #: The LATCH_ variables this demo sets for its worker (engine, policy, approver key): given
+    #: to the worker subprocess, never written into this process's environment.
+    env: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 def ensure_broker(config: Config, started: Started) -> str:
@@ -428,8 +427,9 @@ def _approve(publisher: Publisher, record: tail.Record, tally: Tally) -> None:
     tally.approved.add((run_id, call_id))
     publisher.approve(run_id, call_id, by=APPROVER, reason="shown by the demo")
     publisher.flush()
-    say(indented(f"(approved {run_id} {call_id} on the control topic, as `latch approve "
-                 f"RUN CALL --by '{APPROVER}'` does; it commits next)"))
+    say(indented(f"(approved {run_id} {call_id} on the control topic, signed with the demo "
+                 f"approver's key, as `latch approve RUN CALL --by '{APPROVER}'` does; it "
+                 "commits next)"))
 
 
 def _outcome_count(final: tail.Record) -> int:
@@ -489,8 +489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if policy is not None:  # the worker subprocess reads them as well
             started.env["LATCH_POLICY__MODE"] = "enforce"
             started.env["LATCH_POLICY__FILE"] = str(policy.resolve())
-            # (a policy file that does not parse stops here)
-            config = load_config(args.config, env={**os.environ, **started.env})
+        started.env |= approver_env(config)  # (a policy file that does not parse stops here)
+        config = load_config(args.config, env={**os.environ, **started.env})
         path = args.file or example_file()
         envelopes = load_envelopes(path, prefix)
     except (ConfigError, DemoError, OSError) as exc:
@@ -554,7 +554,7 @@ def _publish_and_watch(config: Config, envelopes: list[dict[str, Any]], runs: li
         if missing:
             raise DemoError(f"output topics missing: {', '.join(missing)}")
         steps.start("publish")
-        with _publisher(config) as publisher:
+        with _publisher(config, {**os.environ, **started.env}) as publisher:
             publisher.check_topics()
             steps.ok(publish(publisher, envelopes, started))
             steps.start("outcomes")
@@ -566,8 +566,8 @@ def _publish_and_watch(config: Config, envelopes: list[dict[str, Any]], runs: li
 
 
 @contextlib.contextmanager
-def _publisher(config: Config) -> Iterator[Publisher]:
-    publisher = Publisher(config)
+def _publisher(config: Config, env: dict[str, str]) -> Iterator[Publisher]:
+    publisher = Publisher(config, env=env)
     try:
         yield publisher
     finally:

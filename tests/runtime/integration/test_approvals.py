@@ -3,6 +3,8 @@
 one; decisions sent to the control topic (the ``Publisher``'s ``approve``, ``deny``, ``edit``)
 are forwarded into the events log like a cancel and decide it there; no decision in time
 gives ``approval_timeout``; a decision for an unknown call goes to the DLQ with its bytes.
+The approvers ann and bob sign their decisions with their test keys, which the worker lists
+(``approver_settings``): with no approver keys, no decision counts (test_unsigned_default.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from worker_harness import (
     Reader,
     Stack,
     WorkerProcess,
+    approver,
+    approver_settings,
     by_run,
     finished,
     make_stack,
@@ -30,7 +34,6 @@ from worker_harness import (
     running_worker,
 )
 
-from worker.client.publisher import Publisher
 from worker.core import Assembler, Emit
 
 SECRET = "/srv/SECRET-hunter2"
@@ -57,7 +60,8 @@ def stack(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stac
     with make_stack(kafka_bootstrap, request.node.name, partitions=2,
                     worker__engine=request.param,
                     approvals__require_approval="delete_file",
-                    approvals__approval_timeout_s=str(TIMEOUT_S)) as made:
+                    approvals__approval_timeout_s=str(TIMEOUT_S),
+                    **approver_settings("ann", "bob")) as made:
         yield made
 
 
@@ -81,13 +85,14 @@ def test_approve_edit_deny_timeout_and_unknown(stack: Stack, tmp_path: Path) -> 
             assert reader.finals() == {}
             assert sorted(r.value["call_id"] for r in reader.of("committed")) == sorted(
                 f"read_{run}" for run in RUNS)
-            with Publisher(stack.config()) as publisher:
-                publisher.approve("approve", _call("approve"), by="ann", reason="fine")
-                publisher.edit("edit_ok", _call("edit_ok"), {"path": "/srv/tmp/x"}, by="ann")
-                publisher.edit("edit_bad", _call("edit_bad"), '{"path": "/a",}', by="ann")
-                publisher.deny("deny", _call("deny"), by="bob", reason="no deletes today")
-                publisher.approve("timeout", "call_nobody", by="bob")  # (still waiting)
-                publisher.flush()
+            with approver(stack, "ann") as ann, approver(stack, "bob") as bob:
+                ann.approve("approve", _call("approve"), by="ann", reason="fine")
+                ann.edit("edit_ok", _call("edit_ok"), {"path": "/srv/tmp/x"}, by="ann")
+                ann.edit("edit_bad", _call("edit_bad"), '{"path": "/a",}', by="ann")
+                bob.deny("deny", _call("deny"), by="bob", reason="no deletes today")
+                bob.approve("timeout", "call_nobody", by="bob")  # (still waiting)
+                ann.flush()
+                bob.flush()
             reader.collect(finished(RUNS), timeout=TIMEOUT_S + 90)
         finally:
             reader.close()
@@ -137,11 +142,12 @@ def test_a_worker_killed_between_pending_and_decision(stack: Stack, tmp_path: Pa
         publish_envelopes(stack.bootstrap, stack.topic("events"), envelopes)
         reader.collect(_pending(runs), timeout=90)
         first.kill()
-        with Publisher(stack.config()) as publisher:
-            publisher.approve("approve", _call("approve"), by="ann")
-            publisher.edit("edit_ok", _call("edit_ok"), {"path": "/srv/tmp/x"}, by="ann")
-            publisher.deny("deny", _call("deny"), by="bob", reason="no")
-            publisher.flush()
+        with approver(stack, "ann") as ann, approver(stack, "bob") as bob:
+            ann.approve("approve", _call("approve"), by="ann")
+            ann.edit("edit_ok", _call("edit_ok"), {"path": "/srv/tmp/x"}, by="ann")
+            bob.deny("deny", _call("deny"), by="bob", reason="no")
+            ann.flush()
+            bob.flush()
         with running_worker(stack, tmp_path / "w2.log"):
             reader.collect(finished(runs), timeout=120)
     finally:

@@ -7,7 +7,8 @@ registry reader lags puts no older version in force. Each on a log written by ea
 
 Who writes what: the policy texts are an operator's (the registry, written here as
 ``latch registry put`` writes them), the markers the worker's, the runs the gateway's
-(``publish_envelopes``), the approval an approver's (``Publisher.approve``)."""
+(``publish_envelopes``), the approval an approver's (``Publisher.approve``, signed with ann's
+test key, which the worker lists: ``approver_settings``)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from worker_harness import (
     Reader,
     Stack,
     WorkerProcess,
+    approver,
+    approver_settings,
     finished,
     make_stack,
     provider_run,
@@ -36,7 +39,6 @@ from worker_harness import (
     running_worker,
 )
 
-from worker.client.publisher import Publisher
 from worker.core.envelope import TICK_KEY
 from worker.runtime.governance import registry
 from worker.runtime.governance.registry import POLICY, POLICY_HISTORY, POLICY_MARKER
@@ -198,7 +200,8 @@ def gated(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stac
     with make_stack(kafka_bootstrap, request.node.name, partitions=1,
                     worker__engine=request.param, registry__wait_s="2",
                     policy__mode="enforce", approvals__require_approval="delete_file",
-                    approvals__approval_timeout_s="600") as made:
+                    approvals__approval_timeout_s="600",
+                    **approver_settings("ann")) as made:
         yield made
 
 
@@ -231,7 +234,7 @@ def test_a_takeover_after_17_rollouts_re_decides_no_call_waiting_for_approval(
             _roll_out(stack, version,
                       f'@id("v{version}")\npermit(principal, action, resource);\n')
         first.kill()
-        with Publisher(stack.config()) as publisher:
+        with approver(stack, "ann") as publisher:
             publisher.approve(run_id, delete, by="ann", reason="fine")
             publisher.flush()
         with running_worker(stack, tmp_path / "w2.log"):

@@ -20,13 +20,16 @@ from worker.runtime.governance.signing import load_keys
 __all__ = ["DecisionSigner", "approvers", "decision_signer"]
 
 
-def approvers(config: Config, env: Mapping[str, str] | None = None) -> Approvers | None:
-    """The worker's approvers (``Assembler.approvals.approvers``): None when ``approvers.keys`` is
-    empty (decisions are not signed). Raises :class:`ConfigError` for a key that cannot be
-    read or has no owner."""
+def approvers(config: Config, env: Mapping[str, str] | None = None) -> Approvers:
+    """The worker's approvers (``Assembler.approvals.approvers``), never None: with
+    ``approvers.keys`` empty, an :class:`Approvers` that knows no key, so that no decision
+    counts (each is refused ``approval_unsigned`` or ``approver_unknown_key``) and a held call
+    waits for its ``approval_timeout``. There is no opt-out: counting unsigned decisions is
+    the sidestep (decision 0019). Raises :class:`ConfigError` for a key that cannot be read
+    or has no owner."""
     settings = config.approvers
     if not settings.keys:
-        return None
+        return Approvers({}, settings.groups)
     missing = [f"approvers.owners: key {k} has no owner" for k in sorted(settings.keys)
                if k not in settings.owners]
     if missing:

@@ -13,8 +13,9 @@ Engine-independent. An engine keeps a :class:`Health` up to date:
 
 Ready means: a member of the group, no rebuild running, every owned events partition
 rebuilt, and every report in :attr:`Health.reports` ok (the partition driver adds the
-registry's: its reader follows the registry; and the policy's: never unready, it lists the
-registry policy set versions this worker could not build, which it keeps out of force).
+registry's: its reader follows the registry; the policy's: never unready, it lists the
+registry policy set versions this worker could not build, which it keeps out of force; and
+the approvers': never unready, it says whether a decision can count, i.e. keys are listed).
 A partition is rebuilt when its first record after the assignment arrives; the worker's
 own tick (``worker.tick_interval_s``) puts a record into every partition it owns, so each is
 rebuilt within a tick interval of the assignment even when no gateway writes to it. A worker
