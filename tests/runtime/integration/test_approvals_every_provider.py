@@ -24,13 +24,13 @@ from worker_harness import (
     OUTPUTS,
     Reader,
     Stack,
+    approver,
+    approver_settings,
     finished,
     make_stack,
     publish_envelopes,
     running_worker,
 )
-
-from worker.client.publisher import Publisher
 
 SECRET = "/srv/SECRET-hunter2"
 TOOLS = {"read_file": PATH_SCHEMA, "delete_file": PATH_SCHEMA}
@@ -52,7 +52,8 @@ def _envelopes() -> list[dict[str, Any]]:
 def stack(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stack]:
     with make_stack(kafka_bootstrap, request.node.name, partitions=2,
                     worker__engine=request.param,
-                    approvals__require_approval="delete_file") as made:
+                    approvals__require_approval="delete_file",
+                    **approver_settings("ann", "bob")) as made:
         yield made
 
 
@@ -70,13 +71,14 @@ def test_bedrock_and_gemini_calls_wait_past_the_stream_end(stack: Stack,
                 r.value["run_id"] for r in records if r.role == "pending"}, timeout=90)
             assert reader.finals() == {} and reader.of("errors") == []
             assert reader.of("dlq") == []
-            with Publisher(stack.config()) as publisher:
+            with approver(stack, "ann") as ann, approver(stack, "bob") as bob:  # (signed)
                 for run_id, (_, kind) in RUNS.items():
                     if kind == "approve":
-                        publisher.approve(run_id, f"del_{run_id}", by="ann", reason="fine")
+                        ann.approve(run_id, f"del_{run_id}", by="ann", reason="fine")
                     else:
-                        publisher.deny(run_id, f"del_{run_id}", by="bob", reason="no")
-                publisher.flush()
+                        bob.deny(run_id, f"del_{run_id}", by="bob", reason="no")
+                ann.flush()
+                bob.flush()
             reader.collect(finished(RUNS), timeout=90)
         finally:
             reader.close()

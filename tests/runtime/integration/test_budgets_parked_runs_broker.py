@@ -22,13 +22,13 @@ from worker_harness import (
     OUTPUTS,
     Reader,
     Stack,
+    approver,
+    approver_settings,
     finished,
     make_stack,
     publish_envelopes,
     running_worker,
 )
-
-from worker.client.publisher import Publisher
 
 SECRET = "/srv/SECRET-hunter2"
 TOOLS = {"read_file": PATH_SCHEMA, "delete_file": PATH_SCHEMA}
@@ -40,7 +40,8 @@ def stack(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stac
                     worker__engine=request.param,
                     agent_stream_assemble__max_open_runs="2",
                     agent_stream_assemble__assemble_idle_timeout_s="300",
-                    approvals__require_approval="delete_file") as made:
+                    approvals__require_approval="delete_file",
+                    **approver_settings("ann")) as made:
         yield made
 
 
@@ -62,7 +63,7 @@ def test_the_parked_run_is_the_one_ended(stack: Stack, tmp_path: Path) -> None:
         reader = Reader(stack, (*OUTPUTS, "pending"))
         try:
             reader.collect(finished(["parked"]), timeout=90)
-            with Publisher(stack.config()) as publisher:
+            with approver(stack, "ann") as publisher:  # (signed: it counts, README)
                 publisher.approve("parked", "del", by="ann", reason="fine")
                 publisher.flush()
             reader.collect(lambda records: any(r.role == "dlq" for r in records), timeout=90)
