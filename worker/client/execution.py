@@ -20,6 +20,14 @@ Who sends what (habit 11):
   paused at once), and handled after the running call, unless its partition was revoked
   meanwhile (then its new owner reads it from the committed offset).
 
+A rebalance that takes the running call's partition (a runner joining the group) waits for
+the call: the revoke callback waits for the tool and records its outcome before it returns
+(``Runner._revoked``). With the default (eager) assignor the group waits for a member at most
+``max.poll.interval.ms`` (the rebalance timeout): a tool that outlasts it *during a
+rebalance* loses the partition all the same, and the call can run twice (the first runner
+then stops with ``JournalError``). A ``tool_timeout_s`` some seconds below
+``max.poll.interval.ms`` closes that window.
+
 A tool given ``tool_timeout_s`` that has not returned by then is answered with an error
 result whose content starts with ``tool_timeout`` (:data:`TOOL_TIMEOUT`), recorded like any
 result (never run again). Python cannot stop a thread: the tool's thread runs on, its return
@@ -61,7 +69,8 @@ def tool_input(call: Mapping[str, Any]) -> Any:
 
 def key_id_of(headers: Any) -> str:
     """The signing key id a record's headers name (``latch-signature-key``), decoded and cut
-    to 64 characters for a message (the header is the record writer's text)."""
+    to 64 characters for an error message: the header is whoever wrote the record (the
+    worker, or a writer the ACLs failed to stop), never a key."""
     for name, data in headers or ():
         if name == "latch-signature-key" and data is not None:
             text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)

@@ -4,14 +4,20 @@ A runner consumes the committed topic (``tool.calls.committed``), and for each r
 
 1. refuses anything that is not a committed call (not JSON, or the committed-call schema
    fails) and, when it holds signing keys (``signing.keys``, :mod:`~.governance.signing`),
-   anything the worker did not sign with one of them: nothing runs,
+   anything unsigned or mis-signed: nothing runs,
    ``tool_execute_rejected_not_committed_total{reason}`` counts it, and the record is
-   skipped (a runner must never execute what the worker did not commit);
+   skipped (a runner must never execute what the worker did not commit). A record signed
+   with a key id it does not hold (``unknown_key``: a rotation ahead of this runner) stops
+   it with :class:`SigningKeyError` before its offset is committed: it is never skipped;
 2. skips a call whose ``idempotency_key`` the :class:`DedupStore` has seen (delivery is at
    least once: the same committed call may arrive twice);
-3. calls the Python function registered under the call's ``name`` with the decoded
-   ``arguments``; its return value (a string as is, anything else as JSON) or the exception
-   it raised becomes one ``tool.calls.results`` record (``schemas/tool-result.schema.json``),
+3. calls the Python function registered under the call's ``name`` with
+   :func:`~.execution.tool_input` (a custom call's ``input`` text, every other call's decoded
+   ``arguments``), in a thread of its own while the consumer keeps its group
+   (:mod:`~.execution`: a tool may outlast ``max.poll.interval.ms``), up to
+   ``tool_timeout_s`` (then ``tool_timeout``); its return value (a string as is, anything
+   else as JSON) or the exception it raised becomes one ``tool.calls.results`` record
+   (``schemas/tool-result.schema.json``),
    keyed by ``run_id``, paired by ``tool_call_id``, with the call's trace context in its
    headers (the run's trace continues: :mod:`worker.runtime.observability.tracing`);
 4. records the outcome: see the two modes below.
@@ -44,8 +50,7 @@ again; a :class:`DedupStore` with a database behind it closes that.
 Either way, a tool with side effects that must happen at most once even across a crash
 inside it keeps its own record under the idempotency key (in the tool's own transaction).
 
-``docs/runner.md`` shows how an agent loop feeds results and error results back to the model
-for each provider. ``examples/runner.py`` is a runnable runner.
+``docs/runner.md``: tool signatures, feeding results back per provider; ``examples/runner.py``.
 """
 
 from __future__ import annotations
