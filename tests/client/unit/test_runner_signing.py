@@ -79,3 +79,20 @@ def test_a_forged_record_is_still_skipped_and_committed_past() -> None:
     assert {k: v for k, v in runner.metrics.rejected.items() if v} == {
         "unsigned": 1, "bad_signature": 1}
     runner.metrics.shutdown()
+
+
+def test_the_key_id_in_the_error_is_the_writers_text_cut_and_quoted() -> None:
+    """The key id header is whoever wrote the record: a 10,000-character id with a newline
+    and a non-UTF-8 byte ends up in SigningKeyError's message quoted (repr) and cut to 64
+    characters; the message holds no key and the offset is not committed."""
+    value = committed("c1")
+    key_id = b"\xff\nforged-" + b"x" * 10_000
+    headers = [("latch-signature-key", key_id), ("latch-signature", b"0" * 64)]
+    runner, consumer, _, ran = loop([Message(value, offset=0, headers=headers)], {"k1": OLD})
+    with pytest.raises(SigningKeyError) as raised:
+        runner.run(runner._stop_for_test, timeout=0)  # type: ignore[attr-defined]
+    message = str(raised.value)
+    assert "\\n" in message and "\n" not in message and "x" * 55 in message
+    assert "x" * 56 not in message and str(OLD) not in message
+    assert consumer.commits == [] and ran == []
+    runner.metrics.shutdown()

@@ -182,3 +182,28 @@ def test_a_record_handed_out_while_holding_is_handled_after_the_running_call() -
     consumer.on_poll = on_poll
     runner.run(stop, timeout=0)
     assert order == ["c1", "c2"] and consumer.commits == [0, 5] and not consumer.paused
+
+
+def test_the_tool_thread_runs_inside_the_execution_span() -> None:
+    """The tool runs in a thread of its own but in a copy of the runner's context: the span
+    current inside the tool is the record's latch.tool.execute span (a tool's own spans are
+    its children; the run's trace continues)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    seen: list[int] = []
+
+    def traced(args: Any) -> str:
+        seen.append(trace.get_current_span().get_span_context().span_id)
+        return "done"
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    runner, _, _, stop = make([Message(committed("c1"), offset=0)], {"slow": traced},
+                              tracer=provider.get_tracer("test"))
+    runner.run(stop, timeout=0)
+    (span,) = exported.get_finished_spans()
+    assert span.name == "latch.tool.execute" and seen == [span.context.span_id]
