@@ -17,9 +17,8 @@ A runner consumes the committed topic (``tool.calls.committed``), and for each r
    (:mod:`~.execution`: a tool may outlast ``max.poll.interval.ms``), up to
    ``tool_timeout_s`` (then ``tool_timeout``); its return value (a string as is, anything
    else as JSON) or the exception it raised becomes one ``tool.calls.results`` record
-   (``schemas/tool-result.schema.json``),
-   keyed by ``run_id``, paired by ``tool_call_id``, with the call's trace context in its
-   headers (the run's trace continues: :mod:`worker.runtime.observability.tracing`);
+   (``schemas/tool-result.schema.json``), keyed by ``run_id``, paired by ``tool_call_id``,
+   with the call's trace context in its headers (:mod:`~.observability.tracing`);
 4. records the outcome: see the two modes below.
 
 **Transactional mode** (``Runner(..., transactional_id="latch-runner-<instance>")``, decision
@@ -487,6 +486,9 @@ class Runner:
                 refused.append(error)
 
         failed: list[KafkaError] = []
+        # asked here, not in the commit thread: the consumer does not answer another thread
+        # while this one is inside its poll (a revoke callback commits from there)
+        metadata = self.consumer.consumer_group_metadata()
 
         def transaction() -> None:
             try:
@@ -500,7 +502,7 @@ class Runner:
                 offset = TopicPartition(message.topic(), message.partition(),
                                         message.offset() + 1)
                 _retrying(lambda: self.producer.send_offsets_to_transaction(
-                    [offset], self.consumer.consumer_group_metadata(), CLIENT_TIMEOUT_S))
+                    [offset], metadata, CLIENT_TIMEOUT_S))
                 _retrying(lambda: self.producer.commit_transaction(CLIENT_TIMEOUT_S))
             except KafkaException as exc:
                 failed.append(exc.args[0])

@@ -41,14 +41,23 @@ class WatchedConsumer(Consumer):
 
     def subscribe(self, topics: list[str], **callbacks: Any) -> None:
         self.assigned: list[int] = []
-        on_assign = callbacks.get("on_assign")
+        #: Set when a revoke callback starts (before the runner's own runs).
+        self.revoking = threading.Event()
+        on_assign, on_revoke = callbacks.get("on_assign"), callbacks.get("on_revoke")
 
         def assigned(consumer: Any, partitions: Any) -> None:
             self.assigned += [tp.partition for tp in partitions]
             if on_assign is not None:
                 on_assign(consumer, partitions)
 
-        super().subscribe(topics, **{**callbacks, "on_assign": assigned})
+        def revoked(consumer: Any, partitions: Any) -> None:
+            if partitions:
+                self.revoking.set()
+            if on_revoke is not None:
+                on_revoke(consumer, partitions)
+
+        super().subscribe(topics, **{**callbacks, "on_assign": assigned,
+                                     "on_revoke": revoked})
 
 
 def results(bootstrap: str, topic: str, want: int, timeout: float = 60.0) -> list[Any]:
@@ -142,6 +151,93 @@ def test_a_tool_longer_than_max_poll_interval_runs_once(
             thread.join(60)
         for runner in runners:
             runner.close()
+    assert started == ["k1"], started
+    assert [r["content"] for r in found] == ["done k1"]
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("mode", ["journal", "plain"])
+def test_a_runner_joining_while_a_tool_runs_does_not_run_the_call_again(
+        kafka_bootstrap: str, make_topic: MakeTopic, mode: str) -> None:
+    """One runner holds the only partition and runs a slow call; a second runner joins the
+    group (a rebalance: the first's partition is revoked while its tool runs). The revoke
+    waits for the tool (released once the revoke started) and records the call before the
+    partition goes, so whichever runner gets the partition finds the call journaled (or its
+    offset committed): one execution, one result, neither runner fails."""
+    committed = make_topic("committed")
+    results_topic = make_topic("results")
+    journal = make_topic("journal", config={"cleanup.policy": "compact"})
+    group = f"latch-runner-join-{uuid.uuid4().hex[:8]}"
+    config = Config(kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap),
+                    topics=TopicNames(committed=committed, results=results_topic,
+                                      journal=journal))
+    started: list[str] = []
+    release, rerun = threading.Event(), threading.Event()
+
+    def slow(args: dict[str, str]) -> str:
+        started.append(args["key"])
+        if len(started) > 1:
+            rerun.set()
+        release.wait(120)
+        return f"done {args['key']}"
+
+    def runner(n: int) -> Runner:
+        consumer = WatchedConsumer({**config.kafka.confluent_config(), "group.id": group,
+                                    "session.timeout.ms": MAX_POLL_INTERVAL_MS,
+                                    "heartbeat.interval.ms": 500,
+                                    "max.poll.interval.ms": MAX_POLL_INTERVAL_MS,
+                                    "enable.auto.commit": False,
+                                    "auto.offset.reset": "earliest",
+                                    "isolation.level": "read_committed"})
+        return Runner(config, {"slow": slow}, consumer=consumer, group_id=group,
+                      transactional_id=(f"{group}-{n}" if mode == "journal" else None))
+
+    stop, failures, threads = threading.Event(), [], []
+
+    def serve(made: Runner) -> None:
+        try:
+            made.run(stop, timeout=0.2)
+        except BaseException as exc:  # the test reports it
+            failures.append(exc)
+
+    first = runner(0)
+    runners = [first]
+    threads.append(threading.Thread(target=serve, args=(first,), daemon=True))
+    threads[-1].start()
+    try:
+        deadline = time.monotonic() + 60
+        while not getattr(first.consumer, "assigned", None):
+            assert time.monotonic() < deadline and not failures, failures
+            time.sleep(0.1)
+        producer = Producer({"bootstrap.servers": kafka_bootstrap})
+        producer.produce(committed, key=b"run-k1", value=call("k1"))
+        assert producer.flush(30) == 0
+        while not started:
+            assert time.monotonic() < deadline, "the call did not reach a tool"
+            time.sleep(0.05)
+        runners.append(runner(1))
+        threads.append(threading.Thread(target=serve, args=(runners[1],), daemon=True))
+        threads[-1].start()
+        first.consumer.revoking.wait(MAX_POLL_INTERVAL_MS / 1000 + BEYOND_S)
+        release.set()
+        found = results(kafka_bootstrap, results_topic, want=1)
+        deadline = time.monotonic() + 30  # the group settles: the partition assigned again
+
+        def reassigned() -> bool:
+            second = getattr(runners[1].consumer, "assigned", [])
+            return first.consumer.assigned.count(0) > 1 or 0 in second  # type: ignore[attr-defined]
+
+        while not reassigned():
+            assert time.monotonic() < deadline, "the partition was not assigned again"
+            time.sleep(0.1)
+        rerun.wait(5)  # time for its new owner to read the call (and, wrongly, run it)
+    finally:
+        release.set()
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        for made in runners:
+            made.close()
     assert started == ["k1"], started
     assert [r["content"] for r in found] == ["done k1"]
     assert not failures, failures
