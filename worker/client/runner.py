@@ -4,16 +4,21 @@ A runner consumes the committed topic (``tool.calls.committed``), and for each r
 
 1. refuses anything that is not a committed call (not JSON, or the committed-call schema
    fails) and, when it holds signing keys (``signing.keys``, :mod:`~.governance.signing`),
-   anything the worker did not sign with one of them: nothing runs,
+   anything unsigned or mis-signed: nothing runs,
    ``tool_execute_rejected_not_committed_total{reason}`` counts it, and the record is
-   skipped (a runner must never execute what the worker did not commit);
+   skipped (a runner must never execute what the worker did not commit). A record signed
+   with a key id it does not hold (``unknown_key``: a rotation ahead of this runner) stops
+   it with :class:`SigningKeyError` before its offset is committed: it is never skipped;
 2. skips a call whose ``idempotency_key`` the :class:`DedupStore` has seen (delivery is at
    least once: the same committed call may arrive twice);
-3. calls the Python function registered under the call's ``name`` with the decoded
-   ``arguments``; its return value (a string as is, anything else as JSON) or the exception
-   it raised becomes one ``tool.calls.results`` record (``schemas/tool-result.schema.json``),
-   keyed by ``run_id``, paired by ``tool_call_id``, with the call's trace context in its
-   headers (the run's trace continues: :mod:`worker.runtime.observability.tracing`);
+3. calls the Python function registered under the call's ``name`` with
+   :func:`~.execution.tool_input` (a custom call's ``input`` text, every other call's decoded
+   ``arguments``), in a thread of its own while the consumer keeps its group
+   (:mod:`~.execution`: a tool may outlast ``max.poll.interval.ms``), up to
+   ``tool_timeout_s`` (then ``tool_timeout``); its return value (a string as is, anything
+   else as JSON) or the exception it raised becomes one ``tool.calls.results`` record
+   (``schemas/tool-result.schema.json``), keyed by ``run_id``, paired by ``tool_call_id``,
+   with the call's trace context in its headers (:mod:`~.observability.tracing`);
 4. records the outcome: see the two modes below.
 
 **Transactional mode** (``Runner(..., transactional_id="latch-runner-<instance>")``, decision
@@ -44,8 +49,7 @@ again; a :class:`DedupStore` with a database behind it closes that.
 Either way, a tool with side effects that must happen at most once even across a crash
 inside it keeps its own record under the idempotency key (in the tool's own transaction).
 
-``docs/runner.md`` shows how an agent loop feeds results and error results back to the model
-for each provider. ``examples/runner.py`` is a runnable runner.
+``docs/runner.md``: tool signatures, feeding results back per provider; ``examples/runner.py``.
 """
 
 from __future__ import annotations
@@ -61,39 +65,37 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from opentelemetry import trace
 
+from worker.client import execution
+from worker.client.execution import TOOL_TIMEOUT, Holding, ToolRun
+from worker.client.journal import CLIENT_TIMEOUT_S, JournalError, JournalStore, journal_record
 from worker.runtime.config import Config
 from worker.runtime.governance import signing
 from worker.runtime.observability import logs, tracing
 from worker.runtime.observability.metrics import Metrics
 from worker.runtime.schemas import validator
 
-__all__ = ["DedupStore", "JournalError", "JournalStore", "MemoryStore", "Outcome", "Runner",
-           "answer", "journal_record", "result_record"]
+__all__ = ["CLIENT_TIMEOUT_S", "DedupStore", "JournalError", "JournalStore", "MemoryStore",
+           "Outcome", "Runner", "SigningKeyError", "answer", "journal_record", "result_record"]
 
 log = logging.getLogger("latch.runner")
 
-#: A tool: the call's decoded arguments in, a JSON-serialisable result (or a string) out.
+#: A tool: what :func:`~worker.client.execution.tool_input` gives (a function call's decoded
+#: arguments, a custom call's input text, a client item's fields) in, a JSON-serialisable
+#: result (or a string) out.
 Tool = Callable[[Any], Any]
 #: The most bytes a result's content may hold, JSON-escaped as the record carries it (the
 #: results topic takes ~1 MB records).
 MAX_RESULT_BYTES = 900_000
-#: The time-out of each transactional call, and how long a journal read may wait for a
-#: partition's end.
-CLIENT_TIMEOUT_S = 30.0
 #: How long past :data:`CLIENT_TIMEOUT_S` a transaction's commit may take before its producer
 #: counts as wedged (librdkafka's ``send_offsets_to_transaction`` can wait without bound,
 #: confluentinc/librdkafka#5456) and the runner stops.
 WEDGED_GRACE_S = 5.0
+#: How many timed-out tools may still be running before the runner stops (before the next
+#: call runs: a restart is the only way to end their threads).
+MAX_STRAY_TOOLS = 8
 
 
 class DedupStore(Protocol):
@@ -124,106 +126,6 @@ class MemoryStore:
             self._keys.popitem(last=False)
 
 
-class JournalError(RuntimeError):
-    """The transactional runner cannot record a call's outcome (its transaction was aborted,
-    fenced, or its producer does not answer): it stops. The call named in the message ran
-    and its result is not recorded: it runs again once a runner restarts (the documented
-    repeat), never silently within this process."""
-
-
-def journal_record(call: Mapping[str, Any], is_error: bool) -> dict[str, Any]:
-    """The journal's value for an executed ``call`` (``schemas/journal-entry.schema.json``):
-    which call ran and how it ended; never its arguments nor its result's content."""
-    return {"v": 1, "idempotency_key": call["idempotency_key"], "run_id": call["run_id"],
-            "tool_call_id": call["call_id"], "name": call["name"], "is_error": is_error}
-
-
-class JournalStore:
-    """A :class:`DedupStore` on the runner journal (``topics.journal``): the keys of the
-    journal's records, read at ``read_committed`` to each partition's end by :meth:`load`
-    (the runner calls it at start and at each assignment, before it consumes a call), and
-    the keys this process recorded (:meth:`remember`, after their transaction committed).
-    Every key within the journal's retention is held in memory (some 100 bytes each)."""
-
-    def __init__(self, settings: Mapping[str, Any], topic: str,
-                 timeout_s: float = CLIENT_TIMEOUT_S) -> None:
-        self.topic, self.timeout_s = topic, timeout_s
-        self._keys: set[str] = set()
-        self._settings = dict(settings)
-        self._reader: Consumer | None = None
-        #: Records read from the journal so far.
-        self.read = 0
-
-    def seen(self, key: str) -> bool:
-        return key in self._keys
-
-    def remember(self, key: str) -> None:
-        self._keys.add(key)
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def load(self) -> int:
-        """Read what the journal gained since the last load, to every partition's end as it
-        is now (a transaction still open on it is waited for, up to ``timeout_s``); return
-        how many records were read. Raises :class:`JournalError` when the journal is
-        missing or its end is not reached in time."""
-        consumer = self._open()
-        deadline = time.monotonic() + self.timeout_s
-        ends: dict[int, int] = {}
-        for tp in consumer.assignment():
-            low, high = consumer.get_watermark_offsets(tp, timeout=self.timeout_s,
-                                                       cached=False)
-            if high > low:  # an empty partition (or one retention emptied) is read already
-                ends[tp.partition] = high
-        read = 0
-        while ends:
-            positions = consumer.position([TopicPartition(self.topic, p) for p in ends])
-            # the position passes the transaction markers no record follows
-            ends = {tp.partition: ends[tp.partition] for tp in positions
-                    if tp.offset < ends[tp.partition]}
-            if not ends:
-                break
-            if time.monotonic() > deadline:
-                raise JournalError(f"the journal {self.topic!r} was not read to its end within "
-                                   f"{self.timeout_s:.0f} s (partitions {sorted(ends)} behind: "
-                                   "a transaction left open?)")
-            for msg in consumer.consume(1000, timeout=0.1):
-                error = msg.error()
-                if error is not None:
-                    if error.fatal():
-                        raise JournalError(f"reading the journal: {error.str()}")
-                    continue
-                key = msg.key()
-                if key is not None:
-                    self._keys.add(key.decode("utf-8", "replace"))
-                read += 1
-        self.read += read
-        return read
-
-    def _open(self) -> Consumer:
-        if self._reader is not None:
-            return self._reader
-        reader = Consumer(logs.kafka_config({
-            **self._settings, "group.id": "latch-runner-journal", "enable.auto.commit": False,
-            "auto.offset.reset": "earliest", "isolation.level": "read_committed",
-            "fetch.wait.max.ms": 10}))
-        metadata = reader.list_topics(self.topic, timeout=self.timeout_s).topics.get(self.topic)
-        if metadata is None or metadata.error is not None or not metadata.partitions:
-            reader.close()
-            raise JournalError(f"the journal topic {self.topic!r} does not exist (create it "
-                               "with `latch topics create`)")
-        reader.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING)
-                       for p in sorted(metadata.partitions)])
-        self._reader = reader
-        return reader
-
-    def close(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-
-
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What :meth:`Runner.handle` decided for one record: ``status`` is ``executed``,
@@ -236,6 +138,25 @@ class Outcome:
     reason: str | None = None
     #: The journal record (executed calls only).
     journal: bytes | None = None
+
+
+class SigningKeyError(RuntimeError):
+    """A committed record is signed with a key id this runner does not hold (``signing.key_id``
+    switched before every runner held the key): the runner stops before it commits past the
+    record, so that a runner holding the key (or this one, given it) runs the call."""
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """The call whose tool runs now, and the record it came in (for a revoke that takes
+    its partition while it runs: :meth:`Runner._revoked`)."""
+
+    call: dict[str, Any]
+    run: ToolRun
+    deadline: float | None
+    message: Any
+    #: Set once its outcome is recorded (by the revoke callback): not recorded again.
+    recorded: bool = False
 
 
 def result_record(call: Mapping[str, Any], is_error: bool, content: str) -> dict[str, Any]:
@@ -296,7 +217,8 @@ class Runner:
                  tracer: trace.Tracer | None = None,
                  verifier: signing.Verifier | None = None,
                  transactional_id: str | None = None,
-                 transaction_timeout_s: float = 60.0) -> None:
+                 transaction_timeout_s: float = 60.0,
+                 tool_timeout_s: float | None = None) -> None:
         self.config = config
         self.tools = dict(tools)
         #: The transactional id (None: plain mode); see the module docstring.
@@ -325,6 +247,15 @@ class Runner:
         #: (``before_tool``, ``after_tool``, ``after_commit``) and the call's idempotency key.
         self._on_step: Callable[[str, str], None] | None = None
         self.executed = 0
+        #: How long a tool may run before its call is answered ``tool_timeout`` (None: no
+        #: limit); see :mod:`~worker.client.execution`.
+        self.tool_timeout_s = tool_timeout_s
+        #: Inside :meth:`run`: the membership held while a slow tool runs, the record being
+        #: handled, the call whose tool runs, and timed-out tools still running.
+        self._holding: Holding | None = None
+        self._message: Any = None
+        self._inflight: _InFlight | None = None
+        self._strays: list[ToolRun] = []
         #: The process's tracer (the OpenTelemetry API's global one unless ``tracer`` is
         #: given): each execution is a span whose parent is the committed record's context.
         self.tracer = tracer if tracer is not None else trace.get_tracer("latch.runner")
@@ -353,9 +284,13 @@ class Runner:
         self._step("before_tool", key)
         is_error, content = self._execute(call)
         self._step("after_tool", key)
+        return self._executed(call, is_error, content)
+
+    def _executed(self, call: dict[str, Any], is_error: bool, content: str) -> Outcome:
         value = answer(call, is_error, content, self.max_result_bytes)
         journal = orjson.dumps(journal_record(call, orjson.loads(value)["is_error"]))
-        return Outcome("executed", call["run_id"].encode(), value, key, journal=journal)
+        return Outcome("executed", call["run_id"].encode(), value, call["idempotency_key"],
+                       journal=journal)
 
     def _step(self, name: str, key: str) -> None:
         if self._on_step is not None:
@@ -367,21 +302,45 @@ class Runner:
         return Outcome("rejected", reason=reason)
 
     def _execute(self, call: dict[str, Any]) -> tuple[bool, str]:
+        """Run the call's tool in a thread of its own and wait for it (holding the
+        membership when inside :meth:`run`), up to ``tool_timeout_s``."""
         tool = self.tools.get(call["name"])
         if tool is None:
             return True, f"no tool named {call['name']!r} is registered with this runner"
+        self._strays = [run for run in self._strays if not run.wait(0)]
+        if len(self._strays) >= MAX_STRAY_TOOLS:
+            raise RuntimeError(f"{len(self._strays)} timed-out tools are still running; "
+                               "stopping before the next call runs (a restart ends them)")
         self.executed += 1
-        try:
-            result = tool(call["arguments"])
-        except KeyboardInterrupt:
-            raise  # the operator stops the runner: the interrupted call runs again
-        except BaseException as exc:  # sys.exit in a tool is answered, too
-            # The arguments are never logged: only where the tool failed.
-            log.warning("tool %s raised %s", call["name"], _escaped(type(exc).__name__),
-                        extra=logs.where(run_id=call["run_id"]))
-            log.debug(_escaped("".join(traceback.format_tb(exc.__traceback__))))
-            return True, _failure(exc)
-        return _content(result)
+        run = ToolRun(tool, execution.tool_input(call), call["name"])
+        deadline = (None if self.tool_timeout_s is None
+                    else time.monotonic() + self.tool_timeout_s)
+        if self._message is not None:
+            self._inflight = _InFlight(call, run, deadline, self._message)
+        if execution.wait(run, deadline, self._holding):
+            return self._ran(call, run)
+        self._strays.append(run)
+        return self._timed_out(call)
+
+    def _timed_out(self, call: dict[str, Any]) -> tuple[bool, str]:
+        log.warning("tool %s did not return within %g s: answered %s", call["name"],
+                    self.tool_timeout_s, TOOL_TIMEOUT, extra=logs.where(run_id=call["run_id"]))
+        return True, (f"{TOOL_TIMEOUT}: the tool did not return within "
+                      f"{self.tool_timeout_s:g} s")
+
+    def _ran(self, call: dict[str, Any], run: ToolRun) -> tuple[bool, str]:
+        """A finished run's result, or its exception as an error result."""
+        exc = run.error
+        if exc is None:
+            return _content(run.result)
+        if isinstance(exc, KeyboardInterrupt):
+            raise exc  # the operator stops the runner: the interrupted call runs again
+        # sys.exit in a tool is answered, too. The arguments are never logged: only where
+        # the tool failed.
+        log.warning("tool %s raised %s", call["name"], _escaped(type(exc).__name__),
+                    extra=logs.where(run_id=call["run_id"]))
+        log.debug(_escaped("".join(traceback.format_tb(exc.__traceback__))))
+        return True, _failure(exc)
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -390,14 +349,17 @@ class Runner:
         """Consume until ``stop`` is set (or ``max_records`` were handled); return how many
         records were handled."""
         stop = stop or threading.Event()
+        self._holding = Holding(self.consumer)
         if self.transactional_id is None:
-            self.consumer.subscribe([self.config.topics.committed])
+            self.consumer.subscribe([self.config.topics.committed], on_revoke=self._revoked)
         else:
             self._start_transactions()
         handled = 0
         try:
             while not stop.is_set() and (max_records is None or handled < max_records):
-                message = self.consumer.poll(timeout)
+                kept = self._holding.kept
+                message = (kept.pop(next(iter(kept))) if kept
+                           else self.consumer.poll(timeout))
                 if message is None:
                     continue
                 error = message.error()
@@ -408,23 +370,61 @@ class Runner:
                 self._process(message)
                 handled += 1
         finally:
+            self._holding = None
             self.producer.flush(30)
         return handled
 
     def _process(self, message: Any) -> None:
         received = message.headers()
         parent = tracing.extract(received)
-        with self.tracer.start_as_current_span("latch.tool.execute", context=parent,
-                                               kind=trace.SpanKind.CONSUMER):
-            outcome = self.handle(message.value(), message.topic(), received)
-            headers = tracing.inject()  # this span's context: the trace goes on
+        self._message = message
+        try:
+            with self.tracer.start_as_current_span("latch.tool.execute", context=parent,
+                                                   kind=trace.SpanKind.CONSUMER):
+                outcome = self.handle(message.value(), message.topic(), received)
+                headers = tracing.inject()  # this span's context: the trace goes on
+        finally:
+            inflight, self._inflight, self._message = self._inflight, None, None
+        if inflight is not None and inflight.recorded:
+            return  # a revoke of its partition recorded it already
+        if outcome.reason == signing.UNKNOWN_KEY:
+            raise SigningKeyError(
+                f"the record at {message.topic()} [{message.partition()}] offset "
+                f"{message.offset()} is signed with key id {execution.key_id_of(received)!r}, "
+                "which this runner does not hold (signing.keys): stopping before its offset "
+                "is committed; give the runners that key (docs/runner.md, Rotating)")
+        self._record(outcome, message, list(headers) or None)
+
+    def _record(self, outcome: Outcome, message: Any, headers: Any) -> None:
+        """Answer and commit ``message``: see the two modes in the module docstring."""
         if self.transactional_id is not None:
-            self._transact(outcome, message, list(headers) or None)
+            self._transact(outcome, message, headers)
             return
         if outcome.status == "executed":
-            self._deliver(outcome, list(headers) or None)
+            self._deliver(outcome, headers)
             self.store.remember(outcome.idempotency_key or "")
         self.consumer.commit(message=message, asynchronous=False)
+
+    def _revoked(self, _consumer: Any, partitions: Any) -> None:
+        """A rebalance takes ``partitions``: kept records of them are dropped; a call of one
+        of them whose tool runs is waited for and recorded here, before the partition goes
+        (its next owner then finds it journaled, or its offset committed)."""
+        if self._holding is not None:
+            self._holding.forget(partitions)
+        inflight = self._inflight
+        if inflight is None or inflight.recorded:
+            return
+        message = inflight.message
+        if (message.topic(), message.partition()) not in {(tp.topic, tp.partition)
+                                                          for tp in partitions}:
+            return
+        left = None if inflight.deadline is None else inflight.deadline - time.monotonic()
+        call = inflight.call
+        done = inflight.run.wait(left)
+        outcome = self._executed(call, *(self._ran(call, inflight.run) if done
+                                        else self._timed_out(call)))
+        self._record(outcome, message, list(tracing.inject()) or None)
+        inflight.recorded = True
 
     # -- transactional mode -------------------------------------------------------------
 
@@ -445,7 +445,8 @@ class Runner:
             if load is not None:
                 load()
 
-        self.consumer.subscribe([self.config.topics.committed], on_assign=assigned)
+        self.consumer.subscribe([self.config.topics.committed], on_assign=assigned,
+                                on_revoke=self._revoked)
 
     def _transact(self, outcome: Outcome, message: Any, headers: Any) -> None:
         """One transaction: the result and the journal record (executed calls) and the
@@ -485,6 +486,9 @@ class Runner:
                 refused.append(error)
 
         failed: list[KafkaError] = []
+        # asked here, not in the commit thread: the consumer does not answer another thread
+        # while this one is inside its poll (a revoke callback commits from there)
+        metadata = self.consumer.consumer_group_metadata()
 
         def transaction() -> None:
             try:
@@ -498,7 +502,7 @@ class Runner:
                 offset = TopicPartition(message.topic(), message.partition(),
                                         message.offset() + 1)
                 _retrying(lambda: self.producer.send_offsets_to_transaction(
-                    [offset], self.consumer.consumer_group_metadata(), CLIENT_TIMEOUT_S))
+                    [offset], metadata, CLIENT_TIMEOUT_S))
                 _retrying(lambda: self.producer.commit_transaction(CLIENT_TIMEOUT_S))
             except KafkaException as exc:
                 failed.append(exc.args[0])

@@ -14,7 +14,10 @@ The signature, in two headers of the committed record (schemas/README.md)::
 It proves the worker made the value; it says nothing of freshness (a copy of a signed record
 is the same call: runners deduplicate on ``idempotency_key``). Keys rotate by id: runners
 list the old and the new key, the worker switches ``key_id``, and the old key leaves the
-runners once no record signed with it is left to consume (docs/runner.md).
+runners once no record signed with it is left to consume (docs/runner.md). A runner that
+reaches a record signed under an id it does not hold stops there, never committing past it
+(``worker.client.runner.SigningKeyError``): the record may be the worker's, ahead of the
+runner's keys.
 
 Keys are read from files or environment variables (``file:PATH``, ``env:NAME``), at least
 :data:`MIN_KEY_BYTES` bytes each; no ``repr``, log line or error message holds one. The audit
