@@ -237,7 +237,7 @@ class ApproverSettings:
     """The ``approvers`` section: who may decide a held call (core/approvers.py; README,
     *Approvals*). The worker reads ``keys`` (key id -> ``file:PATH`` or ``env:NAME``, as
     ``signing.keys``), ``owners`` (key id -> the approver it proves) and ``groups`` (approver
-    -> its groups); an approval tool signs with ``key_id``. No keys: decisions are unsigned."""
+    -> its groups); an approval tool signs with ``key_id``. No keys: no decision counts."""
 
     key_id: str | None = None
     keys: Mapping[str, str] = field(default_factory=dict, hash=False)
