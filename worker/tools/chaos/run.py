@@ -1033,6 +1033,10 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
                          markers(read_outputs(stack, ("events",), timeout=300.0)),
                          stack.partitions))
     durations["verify"] = time.monotonic() - t
+    if verdict.policy_versions:
+        notes.append(f"policy: {verdict.policy_markers} markers in the events log; audits by "
+                     "the version they name: " + ", ".join(
+                         f"v{v}:{n}" for v, n in verdict.policy_audits.items()))
     durations["total"] = time.monotonic() - began
     assert faults is not None
     notes += _what_happened(options, faults, workers, broker)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import base64
 import itertools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +90,10 @@ class Verdict:
     approvals: dict[str, int] = field(default_factory=dict)
     #: Policy set versions registered (``--policy-rollouts``; 0: the policy, if any, a file).
     policy_versions: int = 0
+    #: ``--policy-rollouts``: audit records by the policy version they name, and the policy
+    #: markers read from the events log.
+    policy_audits: dict[Any, int] = field(default_factory=dict)
+    policy_markers: int = 0
 
     @property
     def ok(self) -> bool:
@@ -282,6 +286,9 @@ def _check_rollout(verdict: Verdict, rollout: Rollout, audits: list[_Audit]) -> 
             verdict.fail("contradictions", f"the audits of {key[0]} name policy versions "
                          f"{sorted(map(str, versions))}")
     verdict.policy_versions = len(rollout.versions)
+    verdict.policy_audits = dict(sorted(Counter(v for _, _, _, v, _ in audits).items(),
+                                        key=lambda item: str(item[0])))
+    verdict.policy_markers = sum(map(len, rollout.markers.values()))
 
 
 def _approvals(decoded: dict[tuple[str, str], dict[str, Any]]) -> dict[str, int]:
