@@ -216,3 +216,48 @@ def test_the_workers_take_the_policy_from_the_stacks_own_registry() -> None:
     assert args.policy_rollouts == 30 and args.policy == str(chaos.DEFAULT_POLICY)
     with pytest.raises(SystemExit):
         chaos.main(["--policy-rollouts", "3"])
+
+
+def test_a_version_is_registered_through_broker_errors_and_once_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rollout.register`` retries a put that Kafka refused (a broker restart), counts a
+    version already registered with the same text (a put whose delivery report was lost) and
+    refuses one registered with another text."""
+    from worker.runtime.governance import registry_io
+
+    tries: list[int] = []
+
+    def put(_config: object, kind: str, name: str, version: int, text: str) -> str:
+        tries.append(version)
+        if len(tries) < 3:
+            raise registry_io.RegistryError("broker away")
+        raise registry.Invalid("policy set version 1 exists already")
+
+    state = registry.RegistryState()
+    key, value = registry.encode(registry.POLICY, "", 1, "permit-all")
+    state.apply(key, value, 0, 0)
+    monkeypatch.setattr(registry_io, "put", put)
+    monkeypatch.setattr(registry_io, "read_whole", lambda _config: state)
+    monkeypatch.setattr(rollout.time, "sleep", lambda _s: None)
+    rollout.register(STACK.config(), 1, "permit-all")
+    assert tries == [1, 1, 1]
+    with pytest.raises(registry.Invalid):
+        rollout.register(STACK.config(), 1, "another text")
+
+
+def test_the_rollout_thread_registers_each_version_once_its_records_are_published(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Version ``n`` goes in once ``(n - 1) * every`` records are published, in order, and
+    no version before its records (the driver's count read as it grows)."""
+    sent = [0]
+    seen: list[tuple[int, int]] = []
+    monkeypatch.setattr(rollout, "register",
+                        lambda _config, version, _text: seen.append((version, sent[0])))
+    rollouts = rollout.Rollouts(STACK.config(), rollout.texts("t", 4), 100, lambda: sent[0])
+    rollouts.start()
+    for count in range(0, 401, 10):
+        sent[0] = count
+        rollouts.join(0.01)
+    rollouts.join(5)
+    assert [v for v, _ in seen] == [2, 3, 4] and rollouts.registered == [1, 2, 3, 4]
+    assert all(at >= (v - 1) * 100 for v, at in seen) and rollouts.error is None
