@@ -20,7 +20,9 @@ and a verifier that reads only what was written), with Latch's own promises
   ``latch broker stop`` and SIGKILL of the broker's pid, alternately) with the broker's data
   kept, in their own thread so that kills go on meanwhile. A worker that exits on its own is
   restarted too (the supervisor a deployment has, systemd or Kubernetes): those restarts are
-  counted and reported as ``respawns``.
+  counted and reported as ``respawns``. With ``--policy-rollouts N`` the workers take the
+  ``--policy`` from the registry, and N new versions of it are registered meanwhile
+  (:mod:`worker.tools.chaos.rollout`).
 * **verifier** (:mod:`worker.tools.chaos.verify`), once every run has its final message and the
   worker group has committed past every input record: reads every output topic from the
   beginning and counts ``missing`` outcomes, ``contradictions`` (two outcomes for a call, or
@@ -69,6 +71,7 @@ import orjson
 
 from worker.client.publisher import PublishError
 from worker.runtime.config import Config, load_config
+from worker.runtime.observability import logs
 from worker.tools import broker as broker_tool
 from worker.tools.chaos import rollout
 from worker.tools.chaos.plan import (
@@ -919,8 +922,8 @@ class Approver:
         self.consumer.close()
 
 
-def _file_logger(path: Path) -> logging.Logger:
-    logger = logging.getLogger(f"latch.chaos.{path}")
+def _file_logger(path: Path, name: str | None = None) -> logging.Logger:
+    logger = logging.getLogger(name or f"latch.chaos.{path}")
     logger.propagate = False
     if not logger.handlers:
         logger.addHandler(logging.FileHandler(path))
@@ -960,6 +963,8 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
         denied = sum(c.intent == "policy_denied" for r in plan.runs for c in r.opened.values())
         _say(f"policy enforce ({options.policy}): {denied} calls meant to get policy_denied")
     stack.create_topics()
+    if options.policy_rollouts:  # (the registry clients' librdkafka lines: to a file)
+        _file_logger(work_dir / "registry.log", logs.KAFKA_LOGGER)
     versions = _first_version(options, stack)
     workers = Workers(stack, options.workers, work_dir, options.faust)
     for slot in range(options.workers):
@@ -1034,9 +1039,11 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
                          stack.partitions))
     durations["verify"] = time.monotonic() - t
     if verdict.policy_versions:
-        notes.append(f"policy: {verdict.policy_markers} markers in the events log; audits by "
-                     "the version they name: " + ", ".join(
-                         f"v{v}:{n}" for v, n in verdict.policy_audits.items()))
+        named = [v for v in verdict.policy_audits if isinstance(v, int)]
+        notes.append(f"policy: {verdict.policy_markers} markers in the events log; "
+                     f"{sum(verdict.policy_audits.values())} audits decided by a policy name "
+                     f"{len(verdict.policy_audits)} distinct versions"
+                     + (f", {min(named)} to {max(named)}" if named else ""))
     durations["total"] = time.monotonic() - began
     assert faults is not None
     notes += _what_happened(options, faults, workers, broker)
