@@ -261,3 +261,5 @@ def test_the_rollout_thread_registers_each_version_once_its_records_are_publishe
     rollouts.join(5)
     assert [v for v, _ in seen] == [2, 3, 4] and rollouts.registered == [1, 2, 3, 4]
     assert all(at >= (v - 1) * 100 for v, at in seen) and rollouts.error is None
+    assert [due for due, _ in rollouts.lags] == [100, 200, 300]
+    assert all(at >= due for due, at in rollouts.lags)

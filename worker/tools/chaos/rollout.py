@@ -75,13 +75,17 @@ class Rollouts(threading.Thread):
         self.config, self.versions, self.every, self.sent = config, versions, every, sent
         #: The versions registered so far, in order (version 1 by the caller).
         self.registered: list[int] = [1]
-        #: Why a version could not be registered (the run then fails to set up).
+        #: Why a version could not be registered (then no later one is).
         self.error: str | None = None
+        #: Per version registered here: the records published when it was due, and when it
+        #: was registered (a registration takes a registry read and a delivery).
+        self.lags: list[tuple[int, int]] = []
         self.stopping = threading.Event()
 
     def run(self) -> None:
         for version in range(2, len(self.versions) + 1):
-            while self.sent() < (version - 1) * self.every:
+            due = (version - 1) * self.every
+            while self.sent() < due:
                 if self.stopping.wait(0.05):
                     return
             try:
@@ -90,6 +94,7 @@ class Rollouts(threading.Thread):
                 self.error = f"policy set version {version} not registered: {exc}"
                 return
             self.registered.append(version)
+            self.lags.append((due, self.sent()))
 
 
 def wait_markers(bootstrap: str, topic: str, partitions: int, version: int, timeout: float,

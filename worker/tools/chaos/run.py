@@ -1002,7 +1002,7 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
         driver.publish()
         driver.flush(options.drain_timeout_s)
         if rollouts is not None:
-            notes += _rollouts_done(rollouts, faults)
+            notes += _rollouts_done(rollouts, faults, plan.events)
         durations["publish"] = time.monotonic() - t
         t = time.monotonic()
         notes += _drain(options, plan, stack, faults,
@@ -1083,13 +1083,17 @@ def _wait_markers(stack: Stack, version: int, timeout: float, when: str,
     return [why]
 
 
-def _rollouts_done(rollouts: rollout.Rollouts, faults: Faults) -> list[str]:
+def _rollouts_done(rollouts: rollout.Rollouts, faults: Faults, total: int) -> list[str]:
     """Wait for the last registration (it may retry through a broker restart); a note."""
     while rollouts.is_alive():
         rollouts.join(0.5)
         faults.supervise()
+    during = sum(1 for _, at in rollouts.lags if at < total)
+    late = max((at - due for due, at in rollouts.lags), default=0)
     note = (f"policy rollouts: versions {rollouts.registered[0]} to {rollouts.registered[-1]} "
-            f"registered, one every {rollouts.every} records published")
+            f"registered, one every {rollouts.every} records published; {during} of "
+            f"{len(rollouts.lags)} before publishing ended, at most {late} records after "
+            "their turn")
     return [note] + ([rollouts.error] if rollouts.error else [])
 
 
