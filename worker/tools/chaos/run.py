@@ -20,7 +20,9 @@ and a verifier that reads only what was written), with Latch's own promises
   ``latch broker stop`` and SIGKILL of the broker's pid, alternately) with the broker's data
   kept, in their own thread so that kills go on meanwhile. A worker that exits on its own is
   restarted too (the supervisor a deployment has, systemd or Kubernetes): those restarts are
-  counted and reported as ``respawns``.
+  counted and reported as ``respawns``. With ``--policy-rollouts N`` the workers take the
+  ``--policy`` from the registry, and N new versions of it are registered meanwhile
+  (:mod:`worker.tools.chaos.rollout`).
 * **verifier** (:mod:`worker.tools.chaos.verify`), once every run has its final message and the
   worker group has committed past every input record: reads every output topic from the
   beginning and counts ``missing`` outcomes, ``contradictions`` (two outcomes for a call, or
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -68,7 +71,9 @@ import orjson
 
 from worker.client.publisher import PublishError
 from worker.runtime.config import Config, load_config
+from worker.runtime.observability import logs
 from worker.tools import broker as broker_tool
+from worker.tools.chaos import rollout
 from worker.tools.chaos.plan import (
     APPROVER,
     APPROVER_GROUP,
@@ -83,8 +88,10 @@ from worker.tools.chaos.plan import (
 )
 from worker.tools.chaos.verify import (
     OutRecord,
+    Rollout,
     RunnerVerdict,
     Verdict,
+    markers,
     verify,
     verify_runners,
 )
@@ -132,6 +139,9 @@ class Stack:
     replication: int = 1
     #: A .cedar file the workers (and the plan's offline core) enforce, or None: no policy.
     policy: str | None = None
+    #: ``--policy-rollouts``: the workers take the policy from the registry (versions of
+    #: ``policy``'s text, rollout.py), not from the file.
+    policy_registry: bool = False
     #: Approvals (``--approvals``): calls of the plan's gated tool wait this long (record
     #: time) for a decision; None: approvals off.
     approval_timeout_s: float | None = None
@@ -143,7 +153,7 @@ class Stack:
 
     def env(self) -> dict[str, str]:
         roles = ("events", "control", "committed", "errors", "final", "progress", "dlq", "audit",
-                 "results", "pending", "run_ended", "journal")
+                 "results", "pending", "run_ended", "journal", "registry")
         env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role) for role in roles}
         return env | {
             "LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
@@ -155,8 +165,9 @@ class Stack:
             "LATCH_AGENT_STREAM_ASSEMBLE__ASSEMBLE_IDLE_TIMEOUT_S": str(self.idle_timeout_s),
             "LATCH_WORKER__ENGINE": self.engine,
         } | {f"LATCH_AGENT_STREAM_ASSEMBLE__{k.upper()}": v for k, v in EARLY_SETTINGS.items()
-             } | ({"LATCH_POLICY__MODE": "enforce", "LATCH_POLICY__FILE": self.policy}
-                  if self.policy else {}
+             } | ({"LATCH_POLICY__MODE": "enforce"} if self.policy else {}
+             ) | ({"LATCH_POLICY__FILE": self.policy}
+                  if self.policy and not self.policy_registry else {}
              ) | ({"LATCH_APPROVALS__REQUIRE_APPROVAL": GATED,
                    "LATCH_APPROVALS__APPROVAL_TIMEOUT_S": str(self.approval_timeout_s),
                    **self._approvers()}
@@ -744,6 +755,9 @@ class Options:
     runners: int = 0
     #: SIGKILLs of runners over the run (``--runner-kills``).
     runner_kills: int = 8
+    #: ``--policy-rollouts N``: the workers take ``policy`` from the registry; version 1
+    #: before the runs, N more while publishing (rollout.py); 0: the file decides.
+    policy_rollouts: int = 0
 
 
 @dataclass(slots=True)
@@ -786,6 +800,8 @@ class Driver:
         self.delivered: Counter[str] = Counter()
         #: Runs whose cancel the broker acknowledged: each must end its calls ``cancelled``.
         self.acked_cancels: set[str] = set()
+        #: Records published so far (``--policy-rollouts`` registers versions by it).
+        self.sent = 0
         delivered, acked, control = self.delivered, self.acked_cancels, stack.topic("control")
 
         def count(delivery: Delivery) -> None:
@@ -833,6 +849,7 @@ class Driver:
                 self.publisher.send_raw(item.key.decode(), item.value, control=item.control)
                 sent += 1
             sent += 1 + self._cancels(cancels)
+            self.sent = sent
             bar.update(sent - bar.n)
             if not active and not pending and cancels:
                 self.publisher.poll(0.05)
@@ -905,8 +922,8 @@ class Approver:
         self.consumer.close()
 
 
-def _file_logger(path: Path) -> logging.Logger:
-    logger = logging.getLogger(f"latch.chaos.{path}")
+def _file_logger(path: Path, name: str | None = None) -> logging.Logger:
+    logger = logging.getLogger(name or f"latch.chaos.{path}")
     logger.propagate = False
     if not logger.handlers:
         logger.addHandler(logging.FileHandler(path))
@@ -931,11 +948,14 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
     stack = Stack(bootstrap, f"chaos{tag}-{uuid.uuid4().hex[:8]}", options.partitions,
                   options.idle_timeout_s, options.tick_interval_s, options.engine,
                   replication=min(3, options.cluster), policy=options.policy,
-                  approval_timeout_s=options.approval_timeout_s)
+                  approval_timeout_s=options.approval_timeout_s,
+                  policy_registry=bool(options.policy_rollouts))
     if isinstance(broker, ClusterBroker):
         broker.watch_topic = stack.topic("events")
-    plan = build_plan(options.seed, options.runs, stack.config(), tag, options.exclude,
-                      os.environ | stack.env())
+    # (the plan's offline core enforces the file: every rolled-out version decides alike)
+    file_stack = dataclasses.replace(stack, policy_registry=False)
+    plan = build_plan(options.seed, options.runs, file_stack.config(), tag, options.exclude,
+                      os.environ | file_stack.env())
     durations["plan"] = time.monotonic() - began
     _say(f"{len(plan.runs)} runs, {plan.calls} calls, {len(plan.bad)} bad inputs, "
          f"{plan.events} records; app {stack.app_id}; work dir {work_dir}")
@@ -943,6 +963,9 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
         denied = sum(c.intent == "policy_denied" for r in plan.runs for c in r.opened.values())
         _say(f"policy enforce ({options.policy}): {denied} calls meant to get policy_denied")
     stack.create_topics()
+    if options.policy_rollouts:  # (the registry clients' librdkafka lines: to a file)
+        _file_logger(work_dir / "registry.log", logs.KAFKA_LOGGER)
+    versions = _first_version(options, stack)
     workers = Workers(stack, options.workers, work_dir, options.faust)
     for slot in range(options.workers):
         workers.spawn(slot)
@@ -954,8 +977,11 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
     faults: Faults | None = None
     runners: Runners | None = None
     approver: Approver | None = None
+    rollouts: rollout.Rollouts | None = None
     try:
         workers.wait_ready()
+        if versions:
+            _wait_markers(stack, 1, 120.0, "before publishing")
         if options.runners:
             runners = Runners(stack, options.runners, work_dir, random.Random(options.seed + 3),
                               options.runner_kills, plan.events / options.rate + 60)
@@ -968,8 +994,15 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
                         work_dir / "publisher.log")
         if options.approval_timeout_s is not None:
             approver = driver.approver = Approver(plan, stack, driver)
+        if versions:
+            rollouts = rollout.Rollouts(stack.config(), versions,
+                                        max(1, plan.events // len(versions)),
+                                        lambda: driver.sent)
+            rollouts.start()
         driver.publish()
         driver.flush(options.drain_timeout_s)
+        if rollouts is not None:
+            notes += _rollouts_done(rollouts, faults, plan.events)
         durations["publish"] = time.monotonic() - t
         t = time.monotonic()
         notes += _drain(options, plan, stack, faults,
@@ -978,12 +1011,17 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
             driver.flush(60)
             notes.append(f"approver: read {len(approver.read)} held calls, sent "
                          f"{approver.sent} decisions")
+        if rollouts is not None:
+            notes += _wait_markers(stack, rollouts.registered[-1], 120.0, "at the end",
+                                   faults.supervise)
         durations["drain"] = time.monotonic() - t
         if runners is not None:
             t = time.monotonic()
             notes += _wait_results(stack, options.drain_timeout_s)
             durations["runners"] = time.monotonic() - t
     finally:
+        if rollouts is not None:
+            rollouts.stopping.set()
         if faults is not None:
             faults.stopping.set()
         if runners is not None:
@@ -994,8 +1032,18 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
         notes += workers.stop_all()
     t = time.monotonic()
     verdict = verify(plan, read_outputs(stack), acked_cancels=driver.acked_cancels,
-                     exactly_once=options.engine == "kafka")
+                     exactly_once=options.engine == "kafka",
+                     rollout=None if rollouts is None else Rollout(
+                         tuple(rollouts.registered),
+                         markers(read_outputs(stack, ("events",), timeout=300.0)),
+                         stack.partitions))
     durations["verify"] = time.monotonic() - t
+    if verdict.policy_versions:
+        named = [v for v in verdict.policy_audits if isinstance(v, int)]
+        notes.append(f"policy: {verdict.policy_markers} markers in the events log; "
+                     f"{sum(verdict.policy_audits.values())} audits decided by a policy name "
+                     f"{len(verdict.policy_audits)} distinct versions"
+                     + (f", {min(named)} to {max(named)}" if named else ""))
     durations["total"] = time.monotonic() - began
     assert faults is not None
     notes += _what_happened(options, faults, workers, broker)
@@ -1005,6 +1053,48 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
         runner_verdict = verify_runners(read_outputs(stack, ("committed", "results")), log)
     return Result(verdict, plan, stack, faults.kills, faults.broker_restarts, faults.respawns,
                   durations, notes, runner_verdict, runners.kills if runners else 0)
+
+
+def _first_version(options: Options, stack: Stack) -> list[str]:
+    """``--policy-rollouts``: the versions' texts (rollout.py), version 1 registered; else
+    none."""
+    if not options.policy_rollouts or options.policy is None:
+        return []
+    versions = rollout.texts(Path(options.policy).read_text(), options.policy_rollouts + 1)
+    rollout.register(stack.config(), 1, versions[0])
+    _say(f"policy from the registry: version 1 registered, {options.policy_rollouts} more "
+         "while publishing")
+    return versions
+
+
+def _wait_markers(stack: Stack, version: int, timeout: float, when: str,
+                  on_tick: Callable[[], None] = lambda: None) -> list[str]:
+    """Wait until every events partition's last policy marker names ``version``; raise
+    RuntimeError if not within ``timeout`` before publishing, else a note."""
+    read = rollout.wait_markers(stack.bootstrap, stack.topic("events"), stack.partitions,
+                                version, timeout, on_tick)
+    behind = [p for p in range(stack.partitions) if not read.get(p) or read[p][-1][1] != version]
+    if not behind:
+        return []
+    why = (f"policy version {version} not marked in events partitions {behind} {when} "
+           f"within {timeout:.0f}s")
+    if when == "before publishing":
+        raise RuntimeError(why)
+    return [why]
+
+
+def _rollouts_done(rollouts: rollout.Rollouts, faults: Faults, total: int) -> list[str]:
+    """Wait for the last registration (it may retry through a broker restart); a note."""
+    while rollouts.is_alive():
+        rollouts.join(0.5)
+        faults.supervise()
+    during = sum(1 for _, at in rollouts.lags if at < total)
+    late = max((at - due for due, at in rollouts.lags), default=0)
+    note = (f"policy rollouts: versions {rollouts.registered[0]} to {rollouts.registered[-1]} "
+            f"registered, one every {rollouts.every} records published; {during} of "
+            f"{len(rollouts.lags)} before publishing ended, at most {late} records after "
+            "their turn")
+    return [note] + ([rollouts.error] if rollouts.error else [])
 
 
 def _wait_results(stack: Stack, timeout: float) -> list[str]:
@@ -1121,6 +1211,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--policy", nargs="?", const=str(DEFAULT_POLICY), metavar="FILE",
         help="workers enforce a Cedar policy (default FILE: the shipped chaos.cedar, which "
         "denies the plan's calls under /denied/; those must get policy_denied)")
+    add("--policy-rollouts", type=int, default=defaults.policy_rollouts, metavar="N",
+        help="with --policy: the workers take it from the registry (policy.mode enforce, no "
+        "policy.file); version 1 is registered before the runs, N more (the same policies "
+        "under another comment) evenly while publishing; audits must name the version in "
+        "force")
     add("--approvals", nargs="?", type=float, const=-1.0, metavar="TIMEOUT_S",
         help="some runs call a gated tool (approvals.require_approval: delete_file); the "
         "driver's approver approves, denies or edits each (valid and invalid arguments) as "
@@ -1147,7 +1242,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                       approval_timeout_s=(None if args.approvals is None else
                                           args.idle_timeout if args.approvals < 0
                                           else args.approvals),
-                      runners=args.runners, runner_kills=args.runner_kills)
+                      runners=args.runners, runner_kills=args.runner_kills,
+                      policy_rollouts=args.policy_rollouts)
+    if options.policy_rollouts and not options.policy:
+        build_parser().error("--policy-rollouts needs --policy")
     # absolute: workers and the broker run in directories of their own
     work_dir = (args.work_dir or Path(tempfile.mkdtemp(prefix="latch-chaos-"))).absolute()
     work_dir.mkdir(parents=True, exist_ok=True)

@@ -31,12 +31,24 @@ edited, ``approval_denied``, ``approval_timeout``, or the edit's ``schema_invali
 
 Byte-identical repeats are counted as ``duplicates``: harmless at least once (the faust
 engine), a failure for the kafka engine read at ``read_committed`` (``exactly_once``).
+
+With policy rollouts (``--policy-rollouts``, a :class:`Rollout`) the workers take their policy
+sets from the registry, and every version decides each planned call alike, so the records are
+the offline core's but for the audit record's ``policy.version``, which is checked on its own
+against the policy markers of the events log (:func:`_check_rollout`): the version a call's
+audit names is the one the markers put in force at the call's position (its ``source``), one
+put in force there or before for a call held for approval (decided when it completed, emitted
+at its decision or timeout); every events partition has markers, their versions registered
+and never going back, the last version last. Who writes what: the markers are the workers'
+(anyone who can write the events topic could add one: a marker the verifier does not
+understand is a failure, never skipped), the versions are chaos's own.
 """
 
 from __future__ import annotations
 
 import base64
-from collections import defaultdict
+import itertools
+from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +56,7 @@ from typing import Any
 import orjson
 
 from worker.core.outputs import idempotency_key
+from worker.runtime.governance.registry import POLICY_MARKER, marker_version
 from worker.tools.chaos.plan import UNRECORDED, BadInput, Plan
 
 #: run_id -> tool call id -> the (state, reason) pairs its records carry.
@@ -75,6 +88,12 @@ class Verdict:
     exactly_once: bool = False
     #: Outcomes of the calls that waited for approval (a pending record), by outcome.
     approvals: dict[str, int] = field(default_factory=dict)
+    #: Policy set versions registered (``--policy-rollouts``; 0: the policy, if any, a file).
+    policy_versions: int = 0
+    #: ``--policy-rollouts``: audit records by the policy version they name, and the policy
+    #: markers read from the events log.
+    policy_audits: dict[Any, int] = field(default_factory=dict)
+    policy_markers: int = 0
 
     @property
     def ok(self) -> bool:
@@ -92,7 +111,49 @@ class Verdict:
                 f"contradictions={self.contradictions} mismatched={self.mismatched}"
                 + (" approvals=" + ",".join(f"{k}:{v}" for k, v in sorted(self.approvals.items()))
                    if self.approvals else "")
+                + (f" policy_versions={self.policy_versions}" if self.policy_versions else "")
                 + f" -> {'PASS' if self.ok else 'FAIL'}")
+
+
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """Policy rollouts (``--policy-rollouts``): the versions chaos registered, in order, and
+    the policy markers of the events log (:func:`markers`)."""
+
+    versions: tuple[int, ...]
+    #: events partition -> the (offset, version) of its policy markers, in log order; a
+    #: marker whose version cannot be read has version 0.
+    markers: dict[int, list[tuple[int, int]]]
+    partitions: int
+
+
+def markers(records: Iterable[OutRecord]) -> dict[int, list[tuple[int, int]]]:
+    """The policy markers among events records (role ``events``), per partition in log
+    order (a marker Latch would not understand: version 0)."""
+    found: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for record in sorted(records, key=lambda r: (r.partition, r.offset)):
+        if record.key == POLICY_MARKER:
+            found[record.partition].append((record.offset, marker_version(record.value) or 0))
+    return dict(found)
+
+
+#: An audit record's call position and policy version: (key, events partition, offset,
+#: version, held for approval).
+_Audit = tuple[tuple[str, str], int, int, Any, bool]
+
+
+def _policy_version(value: dict[str, Any], audits: list[_Audit]) -> None:
+    """Set aside (to None) in place an audit record's ``policy.version``, noting it with the
+    call's position in ``audits``."""
+    policy, source = value.get("policy"), value.get("source")
+    if not isinstance(policy, dict) or "version" not in policy:
+        return
+    where = source if isinstance(source, dict) else {}
+    held = "approval" in value or value.get("reason") == "approval_timeout"
+    audits.append(((str(value.get("idempotency_key")), str(value.get("run_id"))),
+                   where.get("partition", -1), where.get("offset", -1), policy["version"],
+                   held))
+    policy["version"] = None
 
 
 def _live_only(role: str, value: dict[str, Any]) -> bool:
@@ -107,9 +168,11 @@ def _live_only(role: str, value: dict[str, Any]) -> bool:
     return False
 
 
-def _expected_bytes(role: str, value: dict[str, Any]) -> bytes:
+def _expected_bytes(role: str, value: dict[str, Any], rollout: bool = False) -> bytes:
     value = orjson.loads(orjson.dumps(value))
     _live_only(role, value)
+    if rollout and role == "audit":  # (the plan's version: checked by _check_rollout)
+        _policy_version(value, [])
     return orjson.dumps(value)
 
 
@@ -121,15 +184,19 @@ def _outcome(value: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def verify(plan: Plan, records: Iterable[OutRecord],
-           acked_cancels: Collection[str] | None = None, exactly_once: bool = False) -> Verdict:
+           acked_cancels: Collection[str] | None = None, exactly_once: bool = False,
+           rollout: Rollout | None = None) -> Verdict:
     """Check the promises on ``records`` (every output record) against the plan;
     ``acked_cancels`` are the runs whose cancel the broker acknowledged (default: every run
-    with a cancel); with ``exactly_once`` a duplicate fails the verdict too."""
+    with a cancel); with ``exactly_once`` a duplicate fails the verdict too; ``rollout``:
+    the policy versions came from the registry (module doc)."""
     verdict = Verdict(runs=len(plan.runs), calls=plan.calls, exactly_once=exactly_once)
     flexible = {run.run_id for run in plan.runs if run.flexible}
+    rolled = rollout is not None
     expected = {(e.topic.value, e.value["idempotency_key"]): _expected_bytes(e.topic.value,
-                                                                              e.value)
+                                                                              e.value, rolled)
                 for run in plan.runs if run.run_id not in flexible for e in run.expected}
+    audits: list[_Audit] = []
     by_key: dict[tuple[str, str], list[bytes]] = defaultdict(list)
     by_call: dict[tuple[str, str], set[tuple[Any, ...]]] = defaultdict(set)
     dlq: dict[tuple[bytes | None, bytes], list[dict[str, Any]]] = defaultdict(list)
@@ -149,6 +216,8 @@ def verify(plan: Plan, records: Iterable[OutRecord],
             continue
         raw = record.value
         if record.role == "audit":  # where it was read and the trace: the live worker's only
+            if rolled:
+                _policy_version(value, audits)
             value["source"] = value["trace_id"] = None
             raw = orjson.dumps(value)
         elif _live_only(record.role, value):
@@ -176,7 +245,50 @@ def verify(plan: Plan, records: Iterable[OutRecord],
     verdict.errors = sum(1 for role, _ in by_key if role == "errors")
     verdict.duplicates += sum(len(v) - 1 for v in by_key.values())
     verdict.approvals = _approvals(decoded)
+    if rollout is not None:
+        _check_rollout(verdict, rollout, audits)
     return verdict
+
+
+def _check_rollout(verdict: Verdict, rollout: Rollout, audits: list[_Audit]) -> None:
+    """The markers of each events partition, then each audit record's version (module doc)."""
+    registered, last = set(rollout.versions), max(rollout.versions)
+    for partition in range(rollout.partitions):
+        found = rollout.markers.get(partition, [])
+        versions = [v for _, v in found]
+        if not found:
+            verdict.fail("missing", f"events[{partition}] has no policy marker")
+        elif any(v not in registered for v in versions):
+            verdict.fail("mismatched", f"events[{partition}] has markers of versions never "
+                         f"registered: {sorted(set(versions) - registered)}")
+        elif any(b < a for a, b in itertools.pairwise(versions)):
+            verdict.fail("mismatched", f"events[{partition}]'s markers go back: {versions}")
+        elif versions[-1] != last:
+            verdict.fail("missing", f"events[{partition}] ends with policy version "
+                         f"{versions[-1]} in force, not the last registered, {last}")
+    seen: dict[tuple[str, str], set[Any]] = defaultdict(set)
+    for key, partition, offset, version, held in audits:
+        seen[key].add(version)
+        before = [v for o, v in rollout.markers.get(partition, []) if o < offset]
+        in_force = before[-1] if before else None
+        if version not in registered:
+            verdict.fail("mismatched", f"the audit of {key[0]} names policy version "
+                         f"{version!r}, never registered")
+        elif held and version not in before:
+            verdict.fail("mismatched", f"the audit of {key[0]} (held) names policy version "
+                         f"{version}, not in force at events[{partition}]@{offset} or before")
+        elif not held and version != in_force:
+            verdict.fail("mismatched", f"the audit of {key[0]} names policy version "
+                         f"{version}, but version {in_force} was in force at "
+                         f"events[{partition}]@{offset}")
+    for key, versions in seen.items():
+        if len(versions) > 1:
+            verdict.fail("contradictions", f"the audits of {key[0]} name policy versions "
+                         f"{sorted(map(str, versions))}")
+    verdict.policy_versions = len(rollout.versions)
+    verdict.policy_audits = dict(sorted(Counter(v for _, _, _, v, _ in audits).items(),
+                                        key=lambda item: str(item[0])))
+    verdict.policy_markers = sum(map(len, rollout.markers.values()))
 
 
 def _approvals(decoded: dict[tuple[str, str], dict[str, Any]]) -> dict[str, int]:
