@@ -281,10 +281,10 @@ def _check_rollout(verdict: Verdict, rollout: Rollout, audits: list[_Audit]) -> 
             verdict.fail("mismatched", f"the audit of {key[0]} names policy version "
                          f"{version}, but version {in_force} was in force at "
                          f"events[{partition}]@{offset}")
-    for key, versions in seen.items():
-        if len(versions) > 1:
+    for key, named in seen.items():
+        if len(named) > 1:
             verdict.fail("contradictions", f"the audits of {key[0]} name policy versions "
-                         f"{sorted(map(str, versions))}")
+                         f"{sorted(map(str, named))}")
     verdict.policy_versions = len(rollout.versions)
     verdict.policy_audits = dict(sorted(Counter(v for _, _, _, v, _ in audits).items(),
                                         key=lambda item: str(item[0])))
