@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 from builders import chat_calls, chat_run, chat_tool
+from registry_fakes import FakeRegistry
 
 from worker.core import Assembler, Topic
 from worker.core.policy import ENFORCE, LOG_ONLY, PolicyRequest
@@ -155,35 +156,11 @@ def test_put_accepts_a_set_the_worker_builds() -> None:
 # -- the worker keeps the version in force -----------------------------------------------------
 
 
-class _Registry:
-    """A registry whose policy set versions are ``texts`` (None: not read)."""
-
-    def __init__(self, texts: dict[int, str | None]) -> None:
-        self.texts = texts
-
-    def toolsets(self, name: str, version: int, at_ms: int) -> Any:
-        return None
-
-    def policy_text(self, version: int) -> str | None:
-        return self.texts.get(version)
-
-    def policy_read(self, version: int) -> str | None:
-        return self.texts.get(version)
-
-    def policy_registered(self, version: int, at_ms: int) -> bool | None:
-        return True if version in self.texts else None
-
-    def latest_policy(self) -> int | None:
-        return max(self.texts) if self.texts else None
-
-    failure: str | None = None
-
-
 def _driver(table: dict[bytes, Any], texts: dict[int, str | None],
             mode: str = ENFORCE) -> Driver:
     config = _config(policy__mode=mode)
     driver = Driver(config, EngineHooks(config), Heads(table, 3600))
-    driver.registry = _Registry(texts)
+    driver.registry = FakeRegistry(texts)
     return driver
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 from builders import chat_calls, chat_run, chat_tool
+from registry_fakes import FakeRegistry
 
 from worker.core import Assembler, Topic
 from worker.runtime import step
@@ -31,30 +32,11 @@ from worker.runtime.partition import Heads, PartitionState, pack_head, unpack_he
 TOOLS = [chat_tool("get_weather", {"type": "object", "required": ["city"]})]
 
 
-class _Registry:
-    """Every version permits everything; ``latest`` is what the reader has read so far."""
-
-    def __init__(self, latest: int | None) -> None:
-        self.latest = latest
-
-    def toolsets(self, name: str, version: int, at_ms: int) -> Any:
-        return None
-
-    def policy_text(self, version: int) -> str | None:
-        return f'@id("v{version}")\npermit(principal, action, resource);'
-
-    def policy_registered(self, version: int, at_ms: int) -> bool | None:
-        return None  # (unknown: the marker's version goes in force, as before)
-
-    def latest_policy(self) -> int | None:
-        return self.latest
-
-
 def _driver(table: dict[bytes, Any], latest: int | None = None, **env: str) -> Driver:
     config = load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0",
                                     "LATCH_POLICY__MODE": "enforce", **env})
     driver = Driver(config, EngineHooks(config), Heads(table, 3600))
-    driver.registry = _Registry(latest)
+    driver.registry = FakeRegistry(latest=latest)
     return driver
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 from builders import chat_calls, chat_run, chat_tool
+from registry_fakes import FakeRegistry
 
 from worker.core import Assembler, Topic
 from worker.core.envelope import RunStart, decode
@@ -160,29 +161,11 @@ def test_a_policy_sees_the_toolset_a_tool_came_from() -> None:
     assert audit["policy"]["allow"] and audit["policy"]["policies"] == ["weather-only"]
 
 
-class _Registry:
-    def __init__(self, latest: int | None) -> None:
-        self.latest = latest
-
-    def toolsets(self, name: str, version: int, at_ms: int) -> Any:
-        return None
-
-    def policy_text(self, version: int) -> str | None:
-        return f'@id("v{version}")\npermit(principal, action, resource);'
-
-
-    def policy_registered(self, version: int, at_ms: int) -> bool | None:
-        return None  # (unknown: the marker's version goes in force, as before)
-
-    def latest_policy(self) -> int | None:
-        return self.latest
-
-
 def _driver(table: dict[bytes, Any]) -> Driver:
     config = load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0",
                                     "LATCH_POLICY__MODE": "log_only"})  # no file: the registry
     driver = Driver(config, EngineHooks(config), Heads(table, 3600))
-    driver.registry = _Registry(2)
+    driver.registry = FakeRegistry(latest=2)
     return driver
 
 
