@@ -35,6 +35,8 @@ GEMINI = "google.gemini"
 #: The providers added by issue 11, built by the same helpers (``tools_for``,
 #: ``provider_calls``, ``provider_run``).
 NEW_PROVIDERS = (BEDROCK, GEMINI)
+#: Every provider Latch reads.
+ALL_PROVIDERS = (*PROVIDERS, *NEW_PROVIDERS)
 
 #: An object schema with one required string property ``path`` and nothing else allowed.
 PATH_SCHEMA: dict[str, Any] = {

@@ -26,12 +26,9 @@ from typing import Any
 import orjson
 import pytest
 from builders import (
-    ANTHROPIC,
-    BEDROCK,
+    ALL_PROVIDERS,
     CHAT,
-    GEMINI,
     PATH_SCHEMA,
-    RESPONSES,
     chat_chunk,
     chat_tool_delta,
     check_outputs,
@@ -52,7 +49,6 @@ from builders import (
 from worker.core import Assembler, AssembleSettings, Emit, Topic
 from worker.core.settings import ApprovalSettings
 
-ALL_PROVIDERS = (CHAT, ANTHROPIC, RESPONSES, BEDROCK, GEMINI)
 TOOLS = {"read_file": PATH_SCHEMA, "delete_file": PATH_SCHEMA}
 SECRET = "/srv/SECRET-hunter2"
 GATED = ApprovalSettings(require_approval=("delete_file",), approval_timeout_s=600.0)

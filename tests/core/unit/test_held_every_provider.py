@@ -25,12 +25,10 @@ from typing import Any
 import orjson
 import pytest
 from builders import (
-    ANTHROPIC,
+    ALL_PROVIDERS,
     BEDROCK,
-    CHAT,
     GEMINI,
     PATH_SCHEMA,
-    RESPONSES,
     bedrock_calls,
     check_outputs,
     check_schemas,
@@ -52,7 +50,6 @@ from worker.core import Assembler, AssembleSettings, Emit, Topic
 from worker.core.policy import ENFORCE, LOG_ONLY, PolicyDecision, PolicyRequest
 from worker.core.settings import ApprovalSettings
 
-ALL_PROVIDERS = (CHAT, ANTHROPIC, RESPONSES, BEDROCK, GEMINI)
 TOOLS = {"read_file": PATH_SCHEMA, "delete_file": PATH_SCHEMA}
 SECRET = "/srv/SECRET-hunter2"
 GATED = ApprovalSettings(require_approval=("delete_file",), approval_timeout_s=10.0)
