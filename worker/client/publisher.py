@@ -217,7 +217,7 @@ class Publisher:
         self.send_envelope({"v": 1, "run_id": run_id, "type": "cancel", "reason": reason})
 
     def approve(self, run_id: str, tool_call_id: str, *, by: str, reason: str = "") -> None:
-        """Approve a call waiting for approval (README, "Approvals"): it commits as it is.
+        """Approve a call waiting for approval (docs/policies.md, "Approvals"): it commits as it is.
         Counts only signed (``approvers.key_id``): an unsigned decision goes to the DLQ."""
         self._decide("approve", run_id, tool_call_id, by, reason)
 

@@ -1,4 +1,4 @@
-"""Who may decide a held call: the core's side of signed approvals (README, "Approvals";
+"""Who may decide a held call: the core's side of signed approvals (docs/policies.md, "Approvals";
 docs/decisions/0019-approver-identity.md).
 
 Who sends what, and what is trusted:

@@ -178,7 +178,7 @@ class Assembler:
         self._finished = self._remembered.finished
         self._early_cancels = self._remembered.early_cancels
         #: Runs whose stream ended with calls waiting for approval, oldest first: their final
-        #: message waits for the last decision (README, "Approvals"; core/waiting.py). No
+        #: message waits for the last decision (docs/policies.md, "Approvals"; core/waiting.py). No
         #: provider event reaches them any more.
         #: The control records (partition, offset) whose decisions each run applied (read
         #: only: a run's ``done`` head keeps them, so that a decision forwarded twice is a

@@ -107,7 +107,7 @@ class Tick(NamedTuple):
     ts: int
 
 
-#: What a person may decide of a call waiting for approval (README, "Approvals").
+#: What a person may decide of a call waiting for approval (docs/policies.md, "Approvals").
 APPROVE, DENY, EDIT = "approve", "deny", "edit"
 DECISIONS = (APPROVE, DENY, EDIT)
 #: The longest ``by`` and ``reason`` of a decision accepted, in characters: both are repeated

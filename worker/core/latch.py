@@ -18,7 +18,7 @@ only when all of these hold, checked in this order, the first failure naming the
 9. its committed call record fits the output topics' record size (``record_too_large``);
 10. the run's call budget has room (``budget_exceeded``, rule 7, counted at enqueue).
 
-A call that passes every step commits, unless it needs a person's approval first (README,
+A call that passes every step commits, unless it needs a person's approval first (docs/policies.md,
 "Approvals"): its tool's name is in ``approvals.require_approval``, or its MCP annotations say
 ``destructiveHint: true`` with ``approvals.destructive``, or the policy's determining permit
 asks for it (``PolicyDecision.approval``, in ``enforce`` mode only: in ``log_only`` the call

@@ -18,14 +18,14 @@ three terminal states:
 * ``CANCELLED``: a cancel marker reached the run first.
 
 One state is not terminal and not streaming: ``PENDING_APPROVAL``, a call the latch held but
-that needs a person's decision first (README, "Approvals"). It is published to the pending
+that needs a person's decision first (docs/policies.md, "Approvals"). It is published to the pending
 topic; ``approve`` commits it, ``edit`` moves it back to ``ARGS_COMPLETE`` for the latch to
 decide its new arguments (and never hold them again), and a denial, a timeout or the end of its
 run fails (or cancels) it.
 
 One more terminal state has no outcome of its own: ``UNWRAPPED``, a ``multi_tool_use.parallel``
 wrapper whose text was read as ``tool_uses[]`` and replaced by one ``ARGS_COMPLETE`` call per
-entry (README, "The parallel wrapper"); those calls get the outcomes, the wrapper none.
+entry (docs/providers.md, "The parallel wrapper"); those calls get the outcomes, the wrapper none.
 
 A call may also fail or be cancelled while still ``OPEN`` (oversize text, too many calls in
 flight, a stream error, a cancel). Terminal states have no way out: whatever arrives for a
@@ -56,8 +56,8 @@ class CallState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     UNWRAPPED = "unwrapped"
-    #: The latch held, and the call waits for a person's decision (README, "Approvals"): it
-    #: is on the pending topic, not the committed one, until approved, edited, denied or
+    #: The latch held, and the call waits for a person's decision (docs/policies.md, "Approvals"):
+    #: it is on the pending topic, not the committed one, until approved, edited, denied or
     #: timed out.
     PENDING_APPROVAL = "pending_approval"
 

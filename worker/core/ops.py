@@ -33,7 +33,7 @@ T = TypeVar("T")
 # The ops are built for nearly every argument fragment, so they are written out by hand:
 # slotted classes whose attributes are ``Final``, frozen for the type checker. A frozen
 # dataclass sets each field through ``object.__setattr__`` and takes 8 times as long to build
-# once compiled (bench/bench_core.py, and "Compiled" in the README).
+# once compiled (bench/bench_core.py, and docs/development.md).
 
 
 #: The kinds of client call (``OpenCall.kind``). A ``function`` call's text is JSON arguments
@@ -181,7 +181,8 @@ class UpstreamError:
 class ProtocolError:
     """The stream broke its provider's protocol (``detail`` says how, quoting no provider
     text): every call not yet decided fails ``protocol_error``, every call started later fails
-    at its start, and the run ends ``failed`` at its end (see "Protocol breaks" in the README)."""
+    at its start, and the run ends ``failed`` at its end (see "Protocol breaks" in
+    docs/providers.md)."""
 
     __slots__ = ("detail",)
     __match_args__ = ("detail",)

@@ -58,7 +58,7 @@ class PolicyDecision(NamedTuple):
     #: The version of the policy set that decided (None: a policy file, not the registry).
     version: int | None = None
     #: Whether a determining permit asks for a person's approval first (a Cedar
-    #: ``@approval("required")`` annotation; README, "Approvals").
+    #: ``@approval("required")`` annotation; docs/policies.md, "Approvals").
     approval: bool = False
     #: Whether the determining policies are satisfied ``forbid`` policies (else, when there are
     #: any, they are the permits that allowed the call, perhaps beside an error).

@@ -346,7 +346,7 @@ class Run:
             self._decide(each)
         return self._outcomes(ready) if ready else []
 
-    # -- the parallel wrapper (README, "The parallel wrapper") --------------------------
+    # -- the parallel wrapper (docs/providers.md, "The parallel wrapper") --------------------------
 
     def _unwrap(self, call: Call) -> list[Call] | None:
         """Replace an ``ARGS_COMPLETE`` ``multi_tool_use.parallel`` wrapper by one
@@ -361,7 +361,7 @@ class Run:
         return wrapper.unwrap(call, self.calls, CALLS_PER_RUN_FACTOR * self.rules.in_flight,
                               self.ledger.stats)
 
-    # -- protocol breaks (README, "Protocol breaks") ---------------------------------------
+    # -- protocol breaks (docs/providers.md, "Protocol breaks") ------------------------------------
 
     def _break(self, detail: str) -> list[Emit]:
         """The stream broke its protocol: every call not yet decided fails
@@ -448,7 +448,8 @@ class Run:
                  else [])
         emits += self._outcomes(calls)
         self.held = sum(1 for c in calls if c.state is _PENDING) if self.held else 0
-        if self.held:  # the final message waits for the last decision (README, "Approvals")
+        # the final message waits for the last decision (docs/policies.md, "Approvals")
+        if self.held:
             if self.waiting is None:
                 self.waiting = status
                 ledger.stats["runs_waiting_for_approval"] += 1
@@ -472,7 +473,7 @@ class Run:
         ledger.forget(self)
         return [final]
 
-    # -- approvals (README, "Approvals") ----------------------------------------------------
+    # -- approvals (docs/policies.md, "Approvals") -------------------------------------------------
 
     def decision(self, kind: str, tool_call_id: str, by: str, why: str,
                  arguments: str | None) -> list[Emit] | tuple[DlqReason, str]:
@@ -548,8 +549,8 @@ class Run:
 
     def _outcomes(self, batch: list[Call]) -> list[Emit]:
         """The records of ``batch``'s decided calls not yet emitted, one kind of outcome per
-        ``tool_call_id`` (README, "Choices the contract leaves open"). Among calls that share
-        an id: once one of them has its record out (block-level early commit, or an early
+        ``tool_call_id`` (docs/contract.md, "Choices the contract leaves open"). Among calls that
+        share an id: once one of them has its record out (block-level early commit, or an early
         error), the others get none (the final message lists them ``failed``,
         ``duplicate_call_id``; counted in ``reused_ids_suppressed``); until then, each fails
         ``duplicate_call_id``, whatever else ended it, under a key of its own."""

@@ -32,14 +32,15 @@ MAX_NAME_CHARACTERS = 256
 #: placeholders included (``assembler``, "Memory budgets").
 CALLS_PER_RUN_FACTOR = 4
 #: The ``on_invalid_json`` policy that leaves a call failing ``invalid_json`` out of the final
-#: message (README, "Repair and feedback to the model"; docs/decisions/0017-protocol-repair.md).
+#: message (docs/contract.md, "Repair and feedback to the model";
+#: docs/decisions/0017-protocol-repair.md).
 DROP_WITH_PROTOCOL_REPAIR = "drop_with_protocol_repair"
 
 
 @dataclass(frozen=True, slots=True)
 class ApprovalSettings:
     """Which calls wait for a person's decision before they commit (the ``approvals``
-    section of ``latch.yaml``; README, "Approvals")."""
+    section of ``latch.yaml``; docs/policies.md, "Approvals")."""
 
     #: Tools (by the name the run registered) whose every call needs approval.
     require_approval: tuple[str, ...] = ()
@@ -91,7 +92,7 @@ class AssembleSettings:
     #: What an invalid argument text becomes: ``error_result`` (the call stays in the final
     #: message, its error result answers it), or ``drop_with_protocol_repair`` (the call is
     #: left out of the final message, so the transcript holds no call without a result; its
-    #: error result says ``dropped``: README, "Repair and feedback to the model").
+    #: error result says ``dropped``: docs/contract.md, "Repair and feedback to the model").
     on_invalid_json: str = "error_result"
     #: Tenants whose ``invalid_json`` error results echo the text the model sent (cut at
     #: ``outputs.ECHO_MAX_BYTES``), as ``{"INVALID_JSON": "<text>"}``, so the model can correct

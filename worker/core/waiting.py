@@ -1,5 +1,5 @@
-"""Approvals in a partition (README, "Approvals"): the decisions on held calls, and the runs
-whose final message waits for them.
+"""Approvals in a partition (docs/policies.md, "Approvals"): the decisions on held calls, and the
+runs whose final message waits for them.
 
 A call that passes the latch and needs approval is held by its run (``Run.decision`` decides
 it). A run whose stream ended while calls of it are held leaves the streaming runs and waits

@@ -1,4 +1,4 @@
-"""The parallel wrapper (README, "The parallel wrapper").
+"""The parallel wrapper (docs/providers.md, "The parallel wrapper").
 
 OpenAI's models may call ``multi_tool_use.parallel`` (or ``parallel``), a tool no run
 registers, whose ``tool_uses`` array names the calls the model meant to make.
@@ -22,7 +22,7 @@ from worker.core.settings import MAX_NAME_CHARACTERS
 __all__ = ["WRAPPED_ID_SEPARATOR", "unwrap"]
 
 #: Between a parallel wrapper's call id and an entry's position in the ids of the calls it is
-#: unwrapped into (``call_abc`` -> ``call_abc#0``, ``call_abc#1``; README, "The parallel
+#: unwrapped into (``call_abc`` -> ``call_abc#0``, ``call_abc#1``; docs/providers.md, "The parallel
 #: wrapper"). OpenAI's call ids are ``call_`` and letters and digits, never ``#``; an id that
 #: equals a derived one anyway is shared by two calls, and both fail ``duplicate_call_id``.
 WRAPPED_ID_SEPARATOR = "#"

@@ -234,7 +234,7 @@ class SigningSettings:
 
 @dataclass(frozen=True, slots=True)
 class ApproverSettings:
-    """The ``approvers`` section: who may decide a held call (core/approvers.py; README,
+    """The ``approvers`` section: who may decide a held call (core/approvers.py; docs/policies.md,
     *Approvals*). The worker reads ``keys`` (key id -> ``file:PATH`` or ``env:NAME``, as
     ``signing.keys``), ``owners`` (key id -> the approver it proves) and ``groups`` (approver
     -> its groups); an approval tool signs with ``key_id``. No keys: no decision counts."""
@@ -254,7 +254,7 @@ class ApproverSettings:
 @dataclass(frozen=True, slots=True)
 class PolicySettings:
     """The ``policy`` section: whether and how calls are decided by Cedar policies
-    (:mod:`worker.runtime.governance.policy`; README, *Policies*)."""
+    (:mod:`worker.runtime.governance.policy`; docs/policies.md, *Policies*)."""
 
     mode: str = "off"
     file: str | None = None

@@ -242,7 +242,8 @@ class Driver:
         if not self.approvers.key_ids and (config.approvals.require_approval
                                            or config.approvals.destructive
                                            or config.policy.mode == "enforce"):
-            log.warning("%s (approvers.keys is empty; README, Approvals)", NO_APPROVER_KEYS)
+            log.warning("%s (approvers.keys is empty; docs/policies.md, Approvals)",
+                        NO_APPROVER_KEYS)
         #: The partitions this worker owns, their states and gauges (assignment.py).
         self.owned = Assignment(hooks)
         #: Each written topic's limit, checked before each output is sent (refusals.py):

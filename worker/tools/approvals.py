@@ -1,5 +1,5 @@
 """``latch approve|deny|edit RUN CALL --by WHO --reason TEXT``: an operator's decision on a call
-waiting for approval (README, "Approvals"), sent to the control topic by the
+waiting for approval (docs/policies.md, "Approvals"), sent to the control topic by the
 :class:`~worker.client.publisher.Publisher`; the worker forwards it into the run's events
 partition, where it decides the call (or goes to the DLQ when the call is unknown, not waiting,
 or already decided: ``latch tail`` shows it).
@@ -9,8 +9,9 @@ or already decided: ``latch tail`` shows it).
 
 The decision is signed with the configuration's ``approvers.key_id`` (its owner must be
 ``--by``): a worker counts only signed decisions by an approver the policy in force allows,
-and never an unsigned one (README, "Approvals"; decision 0019). Without ``approvers.key_id``,
-or with a key that cannot be read, the tool sends nothing and exits 2, saying why.
+and never an unsigned one (docs/policies.md, "Approvals"; decision 0019). Without
+``approvers.key_id``, or with a key that cannot be read, the tool sends nothing and exits 2, saying
+why.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ __all__ = ["approve", "deny", "edit"]
 UNSIGNED = ("approvers.key_id is not set, so this decision would go unsigned, and a worker "
             "never counts an unsigned decision (it goes to the DLQ, approval_unsigned, and "
             "the call stays held until approval_timeout). Set approvers.key_id to your key "
-            "(with approvers.keys and approvers.owners; README, Approvals). Nothing was sent.")
+            "(with approvers.keys and approvers.owners; docs/policies.md, Approvals). "
+            "Nothing was sent.")
 
 
 def _parser(kind: str) -> argparse.ArgumentParser:

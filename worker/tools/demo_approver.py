@@ -1,4 +1,5 @@
-"""``latch demo``'s approver (README, "Approvals"; docs/decisions/0019-approver-identity.md).
+"""``latch demo``'s approver (docs/policies.md, "Approvals";
+docs/decisions/0019-approver-identity.md).
 
 A worker never counts an unsigned decision, so the demo, which approves the one call its
 policy holds, approves as a known person: the approver ``latch demo`` with a key made for

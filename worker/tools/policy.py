@@ -1,4 +1,5 @@
-"""``latch policy``: write and try Cedar policies before the worker uses them (README, *Policies*).
+"""``latch policy``: write and try Cedar policies before the worker uses them (docs/policies.md,
+*Policies*).
 
 ::
 

@@ -23,7 +23,7 @@ How Latch reads it:
   a block still open with the same type, id and name (both seen from some proxies), are
   ignored.
 
-What breaks the protocol (``ops.ProtocolError``; README, "Protocol breaks"): a second
+What breaks the protocol (``ops.ProtocolError``; docs/providers.md, "Protocol breaks"): a second
 ``message_start`` with another id (a spliced stream); any other ``content_block_start`` for
 an index already started; a delta for an index never started or already stopped; a
 ``content_block_stop`` for an index never started or already stopped. From then on nothing

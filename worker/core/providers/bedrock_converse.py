@@ -31,7 +31,7 @@ How Latch reads it:
   ``messageStop`` fails ``stream_error``;
 * an exception member fails the open calls ``upstream_error`` at once, whatever else the
   event carries (an exception beside a delta ends the stream: the delta is not read);
-* what breaks the protocol (``ops.ProtocolError``; README, "Protocol breaks"): a content
+* what breaks the protocol (``ops.ProtocolError``; docs/providers.md, "Protocol breaks"): a content
   block started twice, content after its block's stop or after ``messageStop``, a delta of
   another kind than its block, a second ``messageStart`` or ``messageStop``. From the break on
   nothing more is kept for the final message (no text of two messages is joined), each client

@@ -39,8 +39,8 @@ Ends: ``finishReason`` arrives on a chunk that a usage chunk may follow, so the 
 ``too_many_tool_calls``; any other reason fails them ``upstream_error``. A stream that ends
 without a ``finishReason`` for each candidate fails ``stream_error``.
 
-What breaks the protocol (``ops.ProtocolError``; README, "Protocol breaks"): a part after its
-candidate's ``finishReason``, or a ``functionCall`` without a name (``partialArgs``, an id)
+What breaks the protocol (``ops.ProtocolError``; docs/providers.md, "Protocol breaks"): a part after
+its candidate's ``finishReason``, or a ``functionCall`` without a name (``partialArgs``, an id)
 while no call of the candidate streams. From the break on no part is kept for the final
 message; each ``functionCall`` still seen with a name or an id opens under a late key (it fails
 at once: one outcome per id), and the run fails ``protocol_error`` at ``stream.end``.

@@ -21,7 +21,7 @@ What OpenAI-compatible servers do instead, all seen in recorded streams and all 
 * every call at ``index: 0``, each with its own id (Ollama): each id is its own call, by the
   rule above;
 * the model's ``multi_tool_use.parallel`` wrapper, a call to a tool the run did not register:
-  the assembler unwraps it (README, "The parallel wrapper").
+  the assembler unwraps it (docs/providers.md, "The parallel wrapper").
 
 Chat has no start or stop event per call, so no misplaced one can break its protocol: an
 argument fragment at an index never opened opens an id-less call (``missing_id_or_name``), and

@@ -1,5 +1,5 @@
 """Approvers' keys: the worker's verification keys by id, and an approval tool's signing key
-(README, *Approvals*; docs/decisions/0019-approver-identity.md).
+(docs/policies.md, *Approvals*; docs/decisions/0019-approver-identity.md).
 
 The mechanism is :mod:`.signing`'s (HMAC-SHA256, keys by id read from ``file:`` or ``env:``,
 at least 32 bytes, never shown); what is signed is :func:`worker.core.approvers.signed_bytes`

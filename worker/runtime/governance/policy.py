@@ -1,5 +1,5 @@
 """Cedar policies at the latch: the :class:`~worker.core.policy.Policy` the worker gives its
-assemblers (issue 25; docs/decisions/0013-cedar-policies.md; README, *Policies*).
+assemblers (issue 25; docs/decisions/0013-cedar-policies.md; docs/policies.md, *Policies*).
 
 A policy set is a ``.cedar`` file, read once by Cedar (:mod:`.policy_file`: ids and
 annotations from Cedar's own parser) into a :class:`CedarPolicy`; each call the latch decides
@@ -261,7 +261,7 @@ class CedarPolicy:
 
 
 def approver_request(request: ApproverRequest) -> tuple[dict[str, Any], str]:
-    """The Cedar request and entities of an approver's decision (README, *Approvals*):
+    """The Cedar request and entities of an approver's decision (docs/policies.md, *Approvals*):
     principal ``Latch::Approver::"<id>"``, a member of each ``Latch::ApproverGroup`` of
     ``approvers.groups``; action ``Latch::Action::"approve"``, ``"deny"`` or ``"edit"``;
     resource the call's tool, as the call's own request has it; context ``{tenant,

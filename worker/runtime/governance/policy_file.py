@@ -68,7 +68,7 @@ class Statement:
     line: int
     column: int
     #: Its ``@approval("required")`` annotation: a call it permits waits for a person's
-    #: approval (README, "Approvals").
+    #: approval (docs/policies.md, "Approvals").
     approval: bool = False
 
 

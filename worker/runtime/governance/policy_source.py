@@ -2,7 +2,8 @@
 
 One place for the live worker (:class:`worker.runtime.driver.Driver`), a rebuild and
 ``latch replay`` to turn "policy set version N is in force here" into the
-:class:`~worker.core.policy.Policy` an assembler asks (README, *Policies*; decisions 0013, 0014):
+:class:`~worker.core.policy.Policy` an assembler asks (docs/policies.md, *Policies*; decisions 0013,
+0014):
 
 * ``policy.mode: off``: none; markers change nothing.
 * ``policy.file`` set: that file decides every call (version None); markers change nothing.

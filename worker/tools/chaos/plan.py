@@ -595,7 +595,7 @@ def check_intent(run: RunPlan) -> None:
 
 
 #: A call's entry in its final message when it has no record of its own: it reused an id
-#: whose outcome was out already (README, "Choices the contract leaves open").
+#: whose outcome was out already (docs/contract.md, "Choices the contract leaves open").
 UNRECORDED = ("failed", "duplicate_call_id")
 
 

@@ -1,9 +1,9 @@
 """Policy rollouts under chaos (``latch chaos --policy --policy-rollouts N``, issue 32).
 
 The workers run ``policy.mode: enforce`` without ``policy.file``: the registry's newest policy
-set version decides (README, *Toolsets by reference*; decisions 0013, 0014). Chaos registers
-version 1 before the workers start, waits until a policy marker of it stands in every events
-partition (before that, no version is in force and every call would be denied), then
+set version decides (docs/contract.md, *Toolsets by reference*; decisions 0013, 0014). Chaos
+registers version 1 before the workers start, waits until a policy marker of it stands in every
+events partition (before that, no version is in force and every call would be denied), then
 registers N more versions, one each time the driver has published another ``records /
 (N + 1)`` records, while workers are killed and restarted: the code path of ``latch registry
 put policy`` (:func:`worker.runtime.governance.registry_io.put`), not a subprocess. At the

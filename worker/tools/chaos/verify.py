@@ -231,7 +231,7 @@ def verify(plan: Plan, records: Iterable[OutRecord],
             call = value.get("call_id") if record.role == "committed" else value.get(
                 "tool_call_id")
             # One kind of outcome per call id, whatever its place: a runner pairs results
-            # by id (README, "Choices the contract leaves open").
+            # by id (docs/contract.md, "Choices the contract leaves open").
             by_call[(str(value.get("run_id")), str(call))].add(_outcome(value))
             state = ("committed", None) if record.role == "committed" else (
                 value.get("state"), value.get("reason"))
