@@ -692,7 +692,7 @@ def wrapper_text(*uses: tuple[str, Any]) -> str:
                                        for r, p in uses]}).decode()
 
 
-# -- signed decisions (README, "Approvals": with no approver keys, no decision counts) ----------
+# -- signed decisions (docs/policies.md, "Approvals": with no approver keys, no decision counts) ---
 
 #: Who :func:`decision` names by default, and so the approver the signed helpers sign as.
 APPROVER = "ops@example.com"

@@ -41,7 +41,7 @@ RESPONSES_TERMINAL = ("response.completed", "response.incomplete", "response.fai
 
 def contract_key(*parts: str) -> str:
     """An idempotency key as the contract spells it: the parts joined by ``:``, each with its
-    own ``%`` and ``:`` percent-encoded (README, "The contract")."""
+    own ``%`` and ``:`` percent-encoded (docs/contract.md, "The contract")."""
     return ":".join(p.replace("%", "%25").replace(":", "%3A") for p in parts)
 
 

@@ -285,7 +285,7 @@ def publish_envelopes(bootstrap: str, topic: str, envelopes: Iterable[dict[str, 
 def approver_settings(*approvers: str) -> dict[str, str]:
     """:func:`make_stack` settings by which a worker knows each approver's fixed test key
     (``builders.approver_env``; default: ``builders.APPROVER``): with no approver keys, no
-    decision counts (README, "Approvals")."""
+    decision counts (docs/policies.md, "Approvals")."""
     from builders import approver_env
 
     return {name.removeprefix("LATCH_").lower(): value

@@ -1041,7 +1041,7 @@ PARALLEL_ARGS = ('{"tool_uses":[{"recipient_name":"functions.weather","parameter
 def test_responses_parallel_wrapper_is_unwrapped() -> None:
     """vercel-ai parallel-tool-call-wrapper (repaired, see ``_parallel_events_repaired``): the
     model's ``multi_tool_use.parallel`` wrapper arrives as a function call named
-    ``parallel``, which the run did not register. Latch unwraps it (README, "The parallel
+    ``parallel``, which the run did not register. Latch unwraps it (docs/providers.md, "The parallel
     wrapper"): ``functions.weather`` and ``functions.cityAttractions`` become two calls with
     ids ``call_parallel#0`` and ``call_parallel#1``, each checked on its own and committed. The
     ``response.completed`` output is empty: the streamed items stay the final message

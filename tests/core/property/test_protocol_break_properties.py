@@ -1,5 +1,6 @@
 """Property: a stream that breaks its own protocol fails the run cleanly, and every call id it
-carried before its end gets exactly one outcome (issue 11, item 4; README, "Protocol breaks").
+carried before its end gets exactly one outcome (issue 11, item 4; docs/providers.md, "Protocol
+breaks").
 
 For each of the five providers a well-formed run of 1 to 3 calls, cut into any number of
 fragments, gets one injected event of one of its kinds of break, at any place where it breaks

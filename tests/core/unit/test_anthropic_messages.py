@@ -1,5 +1,5 @@
 """``worker.core.providers.anthropic_messages``: Anthropic Messages streams that break their own
-protocol (issue 11, item 4; README, "Protocol breaks"): a spliced or replayed message, a
+protocol (issue 11, item 4; docs/providers.md, "Protocol breaks"): a spliced or replayed message, a
 repeated ``message_start``, misplaced block events.
 
 A break fails every call not yet decided ``protocol_error``, each call the stream still

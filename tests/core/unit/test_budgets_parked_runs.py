@@ -1,4 +1,4 @@
-"""Budgets as written, parked runs included (issue 32 item 9; README, "Guarantees": memory is
+"""Budgets as written, parked runs included (issue 32 item 9; docs/contract.md: memory is
 budgeted per events partition; assembler's module docstring, "Memory budgets").
 
 The open-run budget (``max_open_runs``) ends the least recently active run, and the byte

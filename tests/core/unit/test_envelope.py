@@ -40,7 +40,7 @@ from worker.core.envelope import Cancel, ProviderEvent, Rejected, RunStart, Stre
 from worker.core.settings import ApprovalSettings
 
 TOOLS = {"noop": EMPTY_SCHEMA, "gated": EMPTY_SCHEMA}
-#: ``gated``'s calls wait for approval (README, "Approvals").
+#: ``gated``'s calls wait for approval (docs/policies.md, "Approvals").
 APPROVALS = ApprovalSettings(require_approval=("gated",))
 SECRET = "hunter2-SECRET"
 

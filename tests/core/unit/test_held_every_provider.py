@@ -1,4 +1,4 @@
-"""A held call stays held on every provider (issue 32 item 2; README, "Approvals").
+"""A held call stays held on every provider (issue 32 item 2; docs/policies.md, "Approvals").
 
 A call waiting for a person's decision is not ended by the stream's end, whoever ends the
 stream: the provider's own end event (Anthropic ``message_stop``, Responses

@@ -1,6 +1,6 @@
 """``worker.core.providers.openai_responses``: Responses streams that break their own protocol
-(issue 11, item 4; README, "Protocol breaks"), and which of ``response.completed``'s ``output``
-and the streamed items is the source of truth (decision 0005).
+(issue 11, item 4; docs/providers.md, "Protocol breaks"), and which of ``response.completed``'s
+``output`` and the streamed items is the source of truth (decision 0005).
 
 A break fails every call not yet decided ``protocol_error``, each call the stream still
 starts fails at its start, and the run ends ``failed``; every call id the stream carried

@@ -1,5 +1,5 @@
-"""Repair and feedback to the model (``core/outputs.py``; README, "Repair and feedback to the
-model"; docs/decisions/0017-protocol-repair.md): ``on_invalid_json: drop_with_protocol_repair``
+"""Repair and feedback to the model (``core/outputs.py``; docs/contract.md, "Repair and feedback to
+the model"; docs/decisions/0017-protocol-repair.md): ``on_invalid_json: drop_with_protocol_repair``
 leaves a call failing ``invalid_json`` out of the final message, per provider, while its error
 result stays its one outcome (``dropped: true``); ``echo_invalid_input_tenants`` adds the text
 the model sent to the error result of listed tenants only, bounded, and never to the audit."""

@@ -132,7 +132,7 @@ def test_registered_annotations_decide_holds() -> None:
 
 class ForbidsDestructive:
     """A policy in ``enforce`` that forbids a tool annotated ``destructiveHint``, as the
-    README's ``no-destructive`` Cedar policy does (and permits anything else)."""
+    docs/policies.md's ``no-destructive`` Cedar policy does (and permits anything else)."""
 
     mode, version = ENFORCE, None
 
@@ -163,7 +163,7 @@ def test_registered_annotations_decide_forbids() -> None:
 def test_the_tenant_field_decides_and_comes_from_the_gateway() -> None:
     """The requirement follows the run.start's ``tenant`` as the gateway wrote it: the same
     inline tools under another tenant's name pass. So the gateway must set ``tenant`` from
-    its own authentication, never from the caller's request (README, "Who said what"); the
+    its own authentication, never from the caller's request (docs/policies.md, "Who said what"); the
     events topic must be writable by the gateway alone."""
     a = assembler(("acme",))
     assert reasons(run(a, rm_run(CLAIMED, "acme", "r1"))) == ["toolset_required"] * 2

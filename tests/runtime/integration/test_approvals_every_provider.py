@@ -1,5 +1,5 @@
 """A held call stays held on Bedrock and Gemini, on the real broker, with both engines (issue
-32 item 2; README, "Approvals").
+32 item 2; docs/policies.md, "Approvals").
 
 A Bedrock or Gemini run reads its stop reason at the gateway's ``stream.end``: that end must
 leave a call held for approval (``approvals.require_approval``) waiting on the pending topic,

@@ -1,5 +1,5 @@
 """The open-run budget ends a parked run in its place, on the real broker, with both engines
-(issue 32 item 9; README, "Guarantees": memory is budgeted per events partition).
+(issue 32 item 9; docs/contract.md: memory is budgeted per events partition).
 
 One partition, ``max_open_runs`` 2: a Bedrock run parks on its held delete (its stream ended,
 the gateway's ``stream.end``), a chat run starts streaming after it, then a third run starts.
@@ -63,7 +63,7 @@ def test_the_parked_run_is_the_one_ended(stack: Stack, tmp_path: Path) -> None:
         reader = Reader(stack, (*OUTPUTS, "pending"))
         try:
             reader.collect(finished(["parked"]), timeout=90)
-            with approver(stack, "ann") as publisher:  # (signed: it counts, README)
+            with approver(stack, "ann") as publisher:  # (signed: it counts, docs/policies.md)
                 publisher.approve("parked", "del", by="ann", reason="fine")
                 publisher.flush()
             reader.collect(lambda records: any(r.role == "dlq" for r in records), timeout=90)

@@ -141,8 +141,8 @@ def test_the_core_takes_a_referenced_toolsets_tools_from_its_lookup() -> None:
 
 def test_a_policy_sees_the_toolset_a_tool_came_from() -> None:
     """A tool of a run that named a registry toolset has the attribute ``toolset`` (its name,
-    README *Policies*): a permit conditioned on it commits that run's call, while the same call
-    with its tools inline (no ``toolset``) is denied, with no evaluation error."""
+    docs/policies.md, *Policies*): a permit conditioned on it commits that run's call, while the
+    same call with its tools inline (no ``toolset``) is denied, with no evaluation error."""
     from worker.runtime.governance.policy import CedarPolicy
 
     state = RegistryState()

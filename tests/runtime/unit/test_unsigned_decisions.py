@@ -1,5 +1,5 @@
-"""With no approver keys, no decision counts (issue 32 item 3, README "Approvals", decision
-0019): the default configuration cannot be walked around.
+"""With no approver keys, no decision counts (issue 32 item 3, docs/policies.md, "Approvals",
+decision 0019): the default configuration cannot be walked around.
 
 Who sends what: a decision (``approve``, ``deny``, ``edit``) reaches a run from whoever may
 write the control topic (the gateway, which writes cancels) or the events topic (the

@@ -275,7 +275,7 @@ def test_the_plan_catches_two_outcomes_for_one_id(early_plan: Plan, reason: str,
     """A core that gives an early-committed call id an error result as well (a contradicting
     one, or the old rule's ``duplicate_call_id`` for a later call reusing the id), or a
     second record under the committed call's idempotency key, fails the plan itself, before
-    anything is published (issue 9, item 4; README, one kind of outcome per id)."""
+    anything is published (issue 9, item 4; docs/contract.md, one kind of outcome per id)."""
     run = next(r for r in early_plan.runs if r.kind == "early" and any(
         e.topic is Topic.COMMITTED for e in r.expected))
     committed = next(e for e in run.expected if e.topic is Topic.COMMITTED)
