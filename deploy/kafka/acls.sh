@@ -95,7 +95,7 @@ allow "$AGENT" topic "$FINAL" literal Read Describe
 allow "$AGENT" topic "$ERRORS" literal Read Describe
 allow "$AGENT" topic "$RESULTS" literal Read Describe
 allow "$AGENT" topic "$PROGRESS" literal Read Describe
-# the calls waiting for approval (README, Approvals): the agent loop or its approval UI shows
+# the calls waiting for approval (docs/policies.md, Approvals): the agent loop or its approval UI shows
 # them; decisions go back on the control topic (the gateway's, or the operator's latch approve)
 allow "$AGENT" topic "$PENDING" literal Read Describe
 allow "$AGENT" group "$AGENT_GROUP" prefixed Read Describe
