@@ -448,8 +448,7 @@ class Run:
                  else [])
         emits += self._outcomes(calls)
         self.held = sum(1 for c in calls if c.state is _PENDING) if self.held else 0
-        # the final message waits for the last decision (docs/policies.md, "Approvals")
-        if self.held:
+        if self.held:  # the final waits for the last decision (docs/policies.md, "Approvals")
             if self.waiting is None:
                 self.waiting = status
                 ledger.stats["runs_waiting_for_approval"] += 1
