@@ -101,6 +101,7 @@ from worker.runtime.kafka_engine.transaction import (
     Aborted,
     Fatal,
     Outcome,
+    Refused,
     Settled,
     Transaction,
     describe,
@@ -187,7 +188,7 @@ class KafkaEngine:
         self.txn = Transaction(
             self._new_producer, lambda: self.consumer.consumer_group_metadata(),
             name=f"{worker.app_id}-{self.instance}", timeout_s=worker.transaction_timeout_s,
-            events_topic=self.events,
+            events_topic=self.events, init_timeout_s=worker.init_timeout_s,
             learn=lambda kind: kind == "invalid" or self._read_limits(replace=False))
         self.sends.txn = self.txn
         self.server: Any = None
@@ -226,6 +227,9 @@ class KafkaEngine:
         except (instance.InstanceTaken, RegistryError) as exc:
             log.error("not starting: %s", exc)
             return 2
+        except Refused as exc:  # the cluster refuses transactions: one line, why and what else
+            log.error("not starting: %s", exc)
+            return 1
         except (Fatal, KafkaException) as exc:
             log.error("stopping: %s%s", describe(exc), instance.fenced_hint(exc, self.config))
             return 1
