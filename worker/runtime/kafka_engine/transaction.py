@@ -97,8 +97,8 @@ _CAUSES: dict[int, str] = {
         "the worker needs WRITE and DESCRIBE on the transactional ids prefixed by "
         "worker.app_id and '-', deploy/kafka/acls.sh)",
     KafkaError.CLUSTER_AUTHORIZATION_FAILED:
-        "the cluster denies this worker's principal IdempotentWrite on the cluster (Kafka "
-        "ACLs; recent Kafka implies it from WRITE on a transactional id)",
+        "the cluster denies this worker's principal IdempotentWrite on the cluster (a Kafka "
+        "ACL on the cluster resource)",
     KafkaError.UNSUPPORTED_VERSION:
         "the cluster does not support transactions (no InitProducerId for a transactional "
         "id: Kafka before 0.11, or a Kafka-compatible service without transactions)",
