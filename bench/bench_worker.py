@@ -9,7 +9,8 @@
 
 Contenders (``--contenders``, a comma list; each a process of its own):
 
-* ``latch-faust``: ``python -m worker worker`` with ``LATCH_WORKER__ENGINE=faust`` (the faust engine);
+* ``latch-faust``: ``python -m worker worker`` with ``LATCH_WORKER__ENGINE=faust`` (the faust
+  engine);
 * ``latch-kafka``: the same with ``LATCH_WORKER__ENGINE=kafka`` (the confluent-kafka engine);
   skipped, with a printed line, when the configuration does not accept ``engine: kafka``;
 * ``latch-faust-enforce``, ``latch-kafka-enforce``: those two with ``policy.mode`` ``enforce``
