@@ -46,6 +46,7 @@ def test_each_refusal_names_its_cause_and_the_faust_engine(code: int, cause: str
 
 
 def test_a_failure_without_a_kafka_error_still_says_what_to_do() -> None:
+    """Anything else ``init_transactions`` raises: its own words, and the way out."""
     line = transaction.refusal(RuntimeError("boom"), TID, 30.0)
     assert "the cluster did not start this worker's transactions [boom]" in line
     assert FAUST in line
