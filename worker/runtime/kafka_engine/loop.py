@@ -67,6 +67,9 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   records again: the refused one goes to the DLQ as ``output_refused``.
 * **One live worker per ``worker.instance_id``** (instance.py): checked before
   ``init_transactions``, through the group's members.
+* **A cluster that refuses transactions stops it at start** (``init_transactions`` bounded by
+  ``worker.init_timeout_s``): one line naming the cause and ``worker.engine: faust``, exit
+  status 1 (``transaction.refusal``; decision 0021).
 """
 
 from __future__ import annotations
