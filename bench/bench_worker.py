@@ -9,7 +9,8 @@
 
 Contenders (``--contenders``, a comma list; each a process of its own):
 
-* ``latch-faust``: ``python -m worker worker`` (the faust engine);
+* ``latch-faust``: ``python -m worker worker`` with ``LATCH_WORKER__ENGINE=faust`` (the faust
+  engine);
 * ``latch-kafka``: the same with ``LATCH_WORKER__ENGINE=kafka`` (the confluent-kafka engine);
   skipped, with a printed line, when the configuration does not accept ``engine: kafka``;
 * ``latch-faust-enforce``, ``latch-kafka-enforce``: those two with ``policy.mode`` ``enforce``
@@ -370,7 +371,7 @@ def contenders(python: str, baseline: str | None = None,
                      ) -> Callable[[Setup, Path], subprocess.Popen[bytes]]:
         def start(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
             return spawn([interpreter, "-m", "worker", "worker", *faust_args],
-                         latch_env(setup) | (extra or {}), log)
+                         latch_env(setup, "faust") | (extra or {}), log)
         return start
 
     def kafka_engine(interpreter: str, extra: dict[str, str] | None = None

@@ -209,11 +209,12 @@ class WorkerSettings:
     log_format: str = "text"
     store: str = "memory://"
     otel_exporter: str = "none"
-    engine: str = "faust"
+    engine: str = "kafka"
     instance_id: str | None = None
     batch_max_records: int = 10000
     batch_max_ms: int = 100
     transaction_timeout_s: float = 10.0
+    init_timeout_s: float = 30.0
     metrics_labels: tuple[str, ...] = ()
     metrics_label_cap: int = 100
     metrics_label_tools: tuple[str, ...] = ()

@@ -1,8 +1,8 @@
 """``latch worker``: the configuration read, the engine chosen, its topics checked, run.
 
-Engine-neutral: ``worker.engine`` picks the faust engine
-(:class:`~worker.runtime.faust_engine.FaustEngine`, the default) or the kafka engine
-(:class:`~worker.runtime.kafka_engine.KafkaEngine`, decision 0011), and only the chosen one is
+Engine-neutral: ``worker.engine`` picks the kafka engine
+(:class:`~worker.runtime.kafka_engine.KafkaEngine`, decision 0011; the default, decision 0021)
+or the faust engine (:class:`~worker.runtime.faust_engine.FaustEngine`), and only the chosen one is
 imported, so ``worker.engine: kafka`` loads no faust (tests/runtime/unit/test_engine.py).
 """
 

@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from worker.runtime.config import load_config
+from worker.runtime.config import WorkerSettings, load_config
 from worker.runtime.observability.metrics import METRIC_NAMES
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -76,19 +76,22 @@ def test_core_manifests_validate_against_the_kubernetes_schemas() -> None:
 
 def test_the_validator_rejects_a_broken_manifest() -> None:
     """The validation above can fail: a probe with an unknown field is refused."""
-    deployment = of_kind("Deployment")
+    deployment = of_kind("StatefulSet")
     deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGett"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
 
 
 def test_keda_scales_the_workers_group_up_to_the_events_partitions(tmp_path: Path) -> None:
-    """The ScaledObject targets the Deployment, uses the Kafka lag of the worker's group
-    (worker.app_id) on the events topic (its metadata all strings, as KEDA's CRD types it),
-    and stops at topics.partitions replicas."""
+    """The ScaledObject targets the StatefulSet (by kind: KEDA's default is a Deployment),
+    uses the Kafka lag of the worker's group (worker.app_id) on the events topic (its metadata
+    all strings, as KEDA's CRD types it), and stops at topics.partitions replicas."""
     config = latch_yaml(tmp_path)
     scaled = of_kind("ScaledObject")
-    assert scaled["spec"]["scaleTargetRef"]["name"] == of_kind("Deployment")["metadata"]["name"]
+    target = scaled["spec"]["scaleTargetRef"]
+    workers = of_kind("StatefulSet")
+    assert (target["apiVersion"], target["kind"], target["name"]) == (
+        workers["apiVersion"], "StatefulSet", workers["metadata"]["name"])
     assert scaled["spec"]["maxReplicaCount"] == config.topics.partitions
     (trigger,) = scaled["spec"]["triggers"]
     assert trigger["type"] == "kafka"
@@ -107,7 +110,7 @@ def test_probes_and_ports_match_what_the_worker_serves(tmp_path: Path) -> None:
     serves on all interfaces; the Service exposes it; the grace period covers a rebuild."""
     config = latch_yaml(tmp_path)
     assert (config.worker.http_host, config.worker.http_port) == ("0.0.0.0", 9464)
-    spec = of_kind("Deployment")["spec"]["template"]["spec"]
+    spec = of_kind("StatefulSet")["spec"]["template"]["spec"]
     (container,) = spec["containers"]
     (port,) = container["ports"]
     assert port["containerPort"] == config.worker.http_port
@@ -119,6 +122,31 @@ def test_probes_and_ports_match_what_the_worker_serves(tmp_path: Path) -> None:
     assert of_kind("Service")["spec"]["ports"][0]["targetPort"] == port["name"]
     variables = {e["name"] for e in container["env"]}
     assert {"LATCH_KAFKA__SASL_USERNAME", "LATCH_KAFKA__SASL_PASSWORD"} <= variables
+
+
+def test_each_worker_is_a_statefulset_pod_whose_ordinal_is_its_instance_id(
+        tmp_path: Path) -> None:
+    """The workers run the default kafka engine (issue 34) as a StatefulSet: each pod's
+    ``worker.instance_id`` (and so its transactional.id, ``<app_id>-<ordinal>``) is its
+    ordinal, from the pod-index label through the downward API, stable across restarts and
+    unique among the live pods; a valid instance id; no Deployment is left to run workers
+    with random ids beside them."""
+    config = latch_yaml(tmp_path)
+    assert config.worker.engine == "kafka" == WorkerSettings().engine
+    assert [doc["kind"] for doc in manifests() if doc["kind"] in ("Deployment", "StatefulSet")
+            ] == ["StatefulSet"]
+    workers = of_kind("StatefulSet")
+    (container,) = workers["spec"]["template"]["spec"]["containers"]
+    (instance,) = [e for e in container["env"] if e["name"] == "LATCH_WORKER__INSTANCE_ID"]
+    assert instance["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
+    assert workers["spec"]["podManagementPolicy"] == "Parallel"
+    assert workers["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": 1}
+    # an ordinal is a valid worker.instance_id
+    ordinal = load_config(tmp_path / "latch.yaml", env={"LATCH_WORKER__INSTANCE_ID": "11"})
+    assert ordinal.worker.instance_id == "11"
+    # the PodDisruptionBudget still selects the workers
+    assert of_kind("PodDisruptionBudget")["spec"]["selector"] == workers["spec"]["selector"]
 
 
 def test_every_dashboard_query_uses_an_exported_metric() -> None:

@@ -136,10 +136,13 @@ def worker_pid(out: str) -> int:
 def test_demo_prints_every_outcome_and_stops_its_worker(demo_config: Path) -> None:
     """``latch demo`` on the test broker prints every documented outcome, holds the cancelled
     run's later envelopes until the cancel is applied and stops its worker; a second run
-    reuses the topics."""
+    reuses the topics. The first runs the default engine (kafka, issue 34), the second
+    ``--engine faust`` on the same topics and group, as CI runs them (one deployment that
+    switches engines)."""
     first = latch_demo(demo_config, "--timeout", "120")
     assert first.returncode == 0, first.stdout + first.stderr
     out = first.stdout
+    assert ", engine kafka, " in out
     assert "[1/5] broker ... ok (using the cluster at" in out
     assert re.search(r"\[2/5\] topics \.\.\. ok \(14 topics, 3 partitions each \(the registry "
                      r"1\); 14 created", out)
@@ -154,8 +157,9 @@ def test_demo_prints_every_outcome_and_stops_its_worker(demo_config: Path) -> No
     assert not pid_alive(worker_pid(out))
 
     # Again, on the same topics and group: a new prefix, the same outcomes, no collision.
-    second = latch_demo(demo_config, "--timeout", "120")
+    second = latch_demo(demo_config, "--timeout", "120", "--engine", "faust")
     assert second.returncode == 0, second.stdout + second.stderr
+    assert ", engine faust, " in second.stdout
     assert "0 created, 14 already there" in second.stdout
     assert check_outcomes(second.stdout) != prefix
     assert not pid_alive(worker_pid(second.stdout))

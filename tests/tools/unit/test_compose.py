@@ -118,3 +118,25 @@ def test_the_variable_check_catches_typos(config_schema: dict[str, Any]) -> None
         ("LATCH_KAFAK__BOOTSTRAP_SERVERS", False),
     ]:
         assert _declared(config_schema, _schema_path(variable)) is declared, variable
+
+
+def test_the_worker_runs_the_kafka_engine_under_a_stable_instance_id(
+        services: dict[str, Any]) -> None:
+    """The compose worker runs the default engine, kafka (issue 34), with a fixed
+    ``worker.instance_id`` (its transactional.id survives a restart), and the file has no
+    duplicate key (a second ``environment:`` of the worker once replaced the first)."""
+    env = _environment(services["worker"])
+    assert env["LATCH_WORKER__ENGINE"] == "kafka"
+    assert env["LATCH_WORKER__INSTANCE_ID"] == "0"
+    assert env["LATCH_WORKER__HTTP_PORT"] == "9464"
+
+    class Strict(yaml.SafeLoader):
+        pass
+
+    def no_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
+        keys = [k.value for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]
+        assert len(keys) == len(set(keys)), f"duplicate keys at line {node.start_mark.line + 1}"
+        return loader.construct_mapping(node)
+
+    Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, no_duplicates)
+    yaml.load(COMPOSE.read_text(), Loader=Strict)  # a SafeLoader's subclass

@@ -1,4 +1,4 @@
-"""The faust engine (``worker.engine: faust``, the default): faust around the partition driver.
+"""The faust engine (``worker.engine: faust``): faust around the partition driver.
 
 * :mod:`.engine`: :class:`FaustEngine`, the faust app, its topics, its heads table and the
   partitions it owns.

@@ -67,6 +67,9 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   records again: the refused one goes to the DLQ as ``output_refused``.
 * **One live worker per ``worker.instance_id``** (instance.py): checked before
   ``init_transactions``, through the group's members.
+* **A cluster that refuses transactions stops it at start** (``init_transactions`` bounded by
+  ``worker.init_timeout_s``): one line naming the cause and ``worker.engine: faust``, exit
+  status 1 (``transaction.refusal``; decision 0021).
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ from worker.runtime.kafka_engine.transaction import (
     Aborted,
     Fatal,
     Outcome,
+    Refused,
     Settled,
     Transaction,
     describe,
@@ -187,7 +191,7 @@ class KafkaEngine:
         self.txn = Transaction(
             self._new_producer, lambda: self.consumer.consumer_group_metadata(),
             name=f"{worker.app_id}-{self.instance}", timeout_s=worker.transaction_timeout_s,
-            events_topic=self.events,
+            events_topic=self.events, init_timeout_s=worker.init_timeout_s,
             learn=lambda kind: kind == "invalid" or self._read_limits(replace=False))
         self.sends.txn = self.txn
         self.server: Any = None
@@ -226,6 +230,9 @@ class KafkaEngine:
         except (instance.InstanceTaken, RegistryError) as exc:
             log.error("not starting: %s", exc)
             return 2
+        except Refused as exc:  # the cluster refuses transactions: one line, why and what else
+            log.error("not starting: %s", exc)
+            return 1
         except (Fatal, KafkaException) as exc:
             log.error("stopping: %s%s", describe(exc), instance.fenced_hint(exc, self.config))
             return 1

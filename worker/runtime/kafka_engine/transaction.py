@@ -56,8 +56,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-__all__ = ["Aborted", "Batch", "Commit", "Fatal", "Outcome", "Settled", "Transaction",
-           "describe", "retrying"]
+__all__ = ["Aborted", "Batch", "Commit", "Fatal", "Outcome", "Refused", "Settled", "Transaction",
+           "describe", "refusal", "retrying"]
 
 log = logging.getLogger("latch.worker")
 
@@ -78,6 +78,56 @@ _RETRY_S = 0.5
 
 class Fatal(Exception):
     """The worker cannot go on (fenced, or transactions keep failing): exit 1."""
+
+
+class Refused(Exception):
+    """The cluster did not start this worker's transactions (``init_transactions`` failed):
+    the message is the one line that says why (:func:`refusal`). Exit 1."""
+
+
+#: What each error of ``init_transactions`` says about the cluster. A cluster that refuses
+#: transactions fails there, before the worker consumed anything: librdkafka's fatal
+#: TRANSACTIONAL_ID_AUTHORIZATION_FAILED (FindCoordinator or InitProducerId refused to the
+#: principal), CLUSTER_AUTHORIZATION_FAILED (IdempotentWrite refused), an unsupported
+#: request (an old or partial Kafka implementation), or no answer within the time-out (no
+#: coordinator: the transaction state log cannot be created or has too few replicas in sync).
+_CAUSES: dict[int, str] = {
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+        "the cluster denies this worker's principal the transactional id {tid} (Kafka ACLs: "
+        "the worker needs WRITE and DESCRIBE on the transactional ids prefixed by "
+        "worker.app_id and '-', deploy/kafka/acls.sh)",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED:
+        "the cluster denies this worker's principal IdempotentWrite on the cluster (a Kafka "
+        "ACL on the cluster resource)",
+    KafkaError.UNSUPPORTED_VERSION:
+        "the cluster does not support transactions (no InitProducerId for a transactional "
+        "id: Kafka before 0.11, or a Kafka-compatible service without transactions)",
+    KafkaError._UNSUPPORTED_FEATURE:
+        "the cluster does not support transactions (no InitProducerId for a transactional "
+        "id: Kafka before 0.11, or a Kafka-compatible service without transactions)",
+    KafkaError._TIMED_OUT:
+        "no transaction coordinator registered transactional id {tid} within {timeout:g}s "
+        "(worker.init_timeout_s): the cluster's transaction state log (__transaction_state) "
+        "cannot be created or has too few replicas in sync "
+        "(transaction.state.log.replication.factor or min.isr above the brokers available), "
+        "or the cluster does not implement transactions",
+}
+_CAUSES[KafkaError.COORDINATOR_NOT_AVAILABLE] = _CAUSES[KafkaError._TIMED_OUT]
+
+
+def refusal(exc: BaseException, tid: str, timeout_s: float) -> str:
+    """The one log line for a failed ``init_transactions`` of transactional id ``tid``: the
+    cause (:data:`_CAUSES`, or the client's own words), the client's error, and that
+    ``worker.engine: faust`` works without transactions."""
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    code, said = -1, str(exc)
+    if isinstance(error, KafkaError):
+        code, said = error.code(), f"{error.name()}: {error.str()}"
+    cause = _CAUSES.get(code, "the cluster did not start this worker's transactions").format(
+        tid=tid, timeout=timeout_s)
+    return (f"the kafka engine needs Kafka transactions and {cause} [{said}]; grant them, or "
+            f"run worker.engine: faust, which works without transactions (at least once: "
+            f"runners deduplicate on idempotency_key)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +227,10 @@ class Transaction:
 
     def __init__(self, make_producer: Callable[[], Producer],
                  group_metadata: Callable[[], object], *, name: str, timeout_s: float,
-                 events_topic: str, learn: Callable[[str], bool] = lambda kind: False) -> None:
+                 events_topic: str, learn: Callable[[str], bool] = lambda kind: False,
+                 init_timeout_s: float = CLIENT_TIMEOUT_S) -> None:
         self.make_producer = make_producer
+        self.init_timeout_s = init_timeout_s
         self.producer = make_producer()
         self.group_metadata = group_metadata
         self.name, self.timeout_s, self.events_topic = name, timeout_s, events_topic
@@ -197,8 +249,12 @@ class Transaction:
 
     def start(self) -> None:
         """``init_transactions``: fences this ``transactional.id``'s previous producer and
-        aborts its open transaction."""
-        self.producer.init_transactions(CLIENT_TIMEOUT_S)
+        aborts its open transaction. Raises :class:`Refused` if the cluster does not start
+        the transactions within ``init_timeout_s`` (:func:`refusal` says why)."""
+        try:
+            self.producer.init_transactions(self.init_timeout_s)
+        except KafkaException as exc:
+            raise Refused(refusal(exc, self.name, self.init_timeout_s)) from exc
 
     # -- steps 1 and 2: begin, hold or send ---------------------------------------------
 

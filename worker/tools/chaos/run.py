@@ -134,7 +134,7 @@ class Stack:
     partitions: int
     idle_timeout_s: float
     tick_interval_s: float
-    engine: str = "faust"
+    engine: str = "kafka"
     #: The topics' replication factor (3 on a cluster of three nodes).
     replication: int = 1
     #: A .cedar file the workers (and the plan's offline core) enforce, or None: no policy.
@@ -741,8 +741,9 @@ class Options:
     cluster: int = 1
     #: faust settings for the workers, over :data:`FAST_FAUST`.
     faust: dict[str, str] = field(default_factory=dict)
-    #: ``worker.engine``: with ``kafka``, a duplicate at read_committed is a failure.
-    engine: str = "faust"
+    #: ``worker.engine`` (the worker's default, kafka): with ``kafka``, a duplicate at
+    #: read_committed is a failure.
+    engine: str = "kafka"
     #: Kinds of runs left out of the plan (``--exclude-kind``).
     exclude: tuple[str, ...] = ()
     #: A .cedar file to enforce (``--policy``); None: policy off.
