@@ -42,7 +42,6 @@ from builders import (
     gemini_calls,
     gemini_chunk,
     responses_calls,
-    responses_head,
     run_envelopes,
     tools_for,
 )
