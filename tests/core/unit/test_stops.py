@@ -401,3 +401,4 @@ def test_fragments_that_only_look_alike_are_joined() -> None:
               chat_chunk(finish_reason="tool_calls")]
     emits = feed(Assembler(AssembleSettings()), run_envelopes("r1", CHAT, tools, events))
     assert [c["arguments"] for c in committed(emits)] == [orjson.loads(text)]
+
