@@ -21,7 +21,6 @@ TOOLS = {"read_file": PATH_SCHEMA}
 CALL = [("c1", "read_file", '{"path": "/a"}')]
 
 
-
 def test_latch_assemble_prints_each_stop(tmp_path: Any, capsys: pytest.CaptureFixture[str],
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """``latch assemble`` prints the new outcomes as the worker emits them: a Chat call
