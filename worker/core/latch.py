@@ -4,7 +4,8 @@ When a run ends (or, with block-level early commit, when a call's block does), i
 :class:`~worker.core.run.Run` asks the latch to decide each complete call. A call commits
 only when all of these hold, checked in this order, the first failure naming the reason:
 
-1. the message was not truncated (``truncated``, rule 5);
+1. the provider did not stop the call's message (or choice) with a stop that forbids running
+   it (``ops.Stopped``: ``truncated``, rule 5; ``content_filtered``; ``turn_paused``...);
 2. it has a non-empty id and name (``missing_id_or_name``);
 3. no other call of the run claims the same id, its ``tool_call_id`` (``duplicate_call_id``);
 4. the name is a client tool registered by ``run.start`` (``unknown_tool``), and only one of
@@ -55,7 +56,7 @@ from worker.core import strictjson
 from worker.core.call import Call, utf8_len
 from worker.core.identity import NO_IDENTITIES, Identities
 from worker.core.model import CallEvent, Reason
-from worker.core.ops import CUSTOM, FUNCTION
+from worker.core.ops import CUSTOM, FUNCTION, Stopped
 from worker.core.policy import ENFORCE, OFF, Policy, PolicyDecision, PolicyRequest
 from worker.core.settings import MAX_RECORD_BYTES, RECORD_OVERHEAD, AssembleSettings
 from worker.core.tools import ToolSchema
@@ -105,7 +106,7 @@ class Latch:
         #: (``identity.identities`` of the run's tools).
         self.identities = identities
 
-    def decide(self, call: Call, truncated: bool, duplicate: bool,
+    def decide(self, call: Call, stop: Stopped | None, duplicate: bool,
                measure: Callable[[Call], int] | None = None,
                policy: Policy | None = None, hold: bool = True) -> None:
         """Move an ``ARGS_COMPLETE`` call to ``COMMITTED``, ``FAILED`` or (``hold``, when it
@@ -114,7 +115,7 @@ class Latch:
         force when the call is decided (``Assembler.policy``; None: none)."""
         text = "".join(call.parts)
         call.text, call.parts = text, []
-        failure = self._check(call, text, truncated, duplicate, measure, policy)
+        failure = self._check(call, text, stop, duplicate, measure, policy)
         if failure is not None:
             call.fail(*failure)
             return
@@ -175,14 +176,14 @@ class Latch:
             call.fail(Reason.ARGUMENTS_EXCEED_MAX_BYTES, f"the edited arguments have more than "
                       f"{limit} bytes")
             return
-        self.decide(call, False, False, measure, policy, hold=False)
+        self.decide(call, None, False, measure, policy, hold=False)
 
     def _check(
-        self, call: Call, text: str, truncated: bool, duplicate: bool,
+        self, call: Call, text: str, stop: Stopped | None, duplicate: bool,
         measure: Callable[[Call], int] | None = None, policy: Policy | None = None,
     ) -> tuple[Reason, str] | None:
-        if truncated:
-            return Reason.TRUNCATED, "the provider truncated the message before the call ended"
+        if stop is not None:
+            return stop.reason, stop.detail
         if not call.call_id or not call.name:
             missing = "id" if not call.call_id else "name"
             return Reason.MISSING_ID_OR_NAME, f"the provider sent no {missing} for this call"

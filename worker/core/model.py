@@ -152,8 +152,10 @@ class Reason(StrEnum):
     CANCELLED = "cancelled"
     ASSEMBLE_IDLE_TIMEOUT = "assemble_idle_timeout"
     DUPLICATE_CALL_ID = "duplicate_call_id"
-    #: The provider stopped the message for its content (Bedrock ``guardrail_intervened``,
-    #: ``content_filtered``; Gemini ``SAFETY``, ``RECITATION``, ``BLOCKLIST``...).
+    #: The provider stopped the message (or a choice of it) for its content (Chat
+    #: ``content_filter``, Anthropic ``refusal``, Responses ``incomplete_details.reason:
+    #: content_filter``, Bedrock ``guardrail_intervened``, Gemini ``SAFETY``...; README,
+    #: "Stop and incomplete reasons").
     CONTENT_FILTERED = "content_filtered"
     #: The provider said the model's output, or a tool call in it, was malformed (Bedrock
     #: ``malformed_tool_use``, ``malformed_model_output``; Gemini ``MALFORMED_FUNCTION_CALL``,
@@ -183,6 +185,10 @@ class Reason(StrEnum):
     #: The run's tenant must name a registered toolset (``registry.require_toolsets_for``) and
     #: its run.start named none (its inline ``tools``, the tenant's own word, are not used).
     TOOLSET_REQUIRED = "toolset_required"
+    #: The provider paused the turn (Anthropic ``stop_reason: "pause_turn"``) to be continued
+    #: by sending the message back as it is: the message's client calls are not run now (the
+    #: model makes them again when the turn goes on), and the final message leaves them out.
+    TURN_PAUSED = "turn_paused"
 
 
 class DlqReason(StrEnum):

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Final, TypeVar
 import orjson
 
 from worker.core import strictjson
-from worker.core.model import Reason
+from worker.core.model import Reason, RunStatus
 from worker.core.strictjson import MAX_DEPTH, nested_deeper
 
 T = TypeVar("T")
@@ -138,17 +138,77 @@ class CloseCall:
         return f"CloseCall({self.key!r})"
 
 
-class Truncated:
-    """The provider cut the message short: calls of ``choice`` (all when None) fail."""
+class Stopped:
+    """The provider ended choice ``choice`` (the whole message when None) with a stop that
+    forbids running its calls: each of its calls not yet decided fails ``reason`` when it is
+    decided, even where its text parses, and the run ends ``status`` (the most severe of its
+    stops: ``failed`` over ``truncated`` over ``completed``). A call decided before the stop
+    arrived (block-level early commit) keeps its outcome. A choice keeps its first stop.
 
-    __slots__ = ("choice",)
-    __match_args__ = ("choice",)
+    ``detail`` is Latch's own text (never the provider's)."""
 
-    def __init__(self, choice: int | None = None) -> None:
+    __slots__ = ("choice", "detail", "reason", "status")
+    __match_args__ = ("choice", "reason", "detail", "status")
+
+    def __init__(self, choice: int | None, reason: Reason, detail: str,
+                 status: RunStatus = RunStatus.FAILED) -> None:
         self.choice: Final = choice
+        self.reason: Final = reason
+        self.detail: Final = detail
+        self.status: Final = status
 
     def __repr__(self) -> str:
-        return f"Truncated({self.choice!r})"
+        return f"{type(self).__name__}({self.choice!r}, {self.reason!r})"
+
+
+class Truncated(Stopped):
+    """The provider cut the message (choice ``choice``; all when None) short (rule 5): its
+    calls fail ``truncated`` and the run ends ``truncated``."""
+
+    __slots__ = ()
+
+    def __init__(self, choice: int | None = None) -> None:
+        super().__init__(choice, Reason.TRUNCATED, "the provider truncated the message before "
+                         "the call ended", RunStatus.TRUNCATED)
+
+
+def content_stop(choice: int | None, what: str) -> Stopped:
+    """The stop of a choice (the message when None) that the provider ended for its content
+    (``what`` says which stop, in Latch's words): its calls fail ``content_filtered``."""
+    return Stopped(choice, Reason.CONTENT_FILTERED,
+                   f"{what}: the provider stopped the message for its content")
+
+
+#: How severe a run's end is, for the most severe of its stops (:func:`stopped_status`).
+_SEVERITY = {RunStatus.COMPLETED: 0, RunStatus.TRUNCATED: 1, RunStatus.FAILED: 2}
+
+
+def add_stop(stops: tuple[Stopped, ...], stop: Stopped) -> tuple[Stopped, ...]:
+    """``stops`` with ``stop`` added, unless its choice has one already (the first stands):
+    at most one a choice, which ``max_choices_per_run`` bounds."""
+    if any(s.choice == stop.choice for s in stops):
+        return stops
+    return (*stops, stop)
+
+
+def stop_of(stops: tuple[Stopped, ...], choice: int | None) -> Stopped | None:
+    """The stop that decides a call of ``choice``: the whole message's, else its choice's."""
+    found = None
+    for stop in stops:
+        if stop.choice is None:
+            return stop
+        if stop.choice == choice:
+            found = stop
+    return found
+
+
+def stopped_status(stops: tuple[Stopped, ...]) -> RunStatus:
+    """How a run whose provider ended it ends: the most severe of its ``stops``."""
+    status = RunStatus.COMPLETED
+    for stop in stops:
+        if _SEVERITY[stop.status] > _SEVERITY[status]:
+            status = stop.status
+    return status
 
 
 class Complete:
@@ -253,7 +313,7 @@ def is_index(value: Any) -> bool:
 #: What ``Adapter.final`` returns: the message, and per-choice messages when n > 1.
 FinalMessage = tuple[dict[str, Any], list[dict[str, Any]] | None]
 
-Op = (OpenCall | Identify | AppendArgs | SetArgs | RefuseArgs | CloseCall | Truncated | Complete
+Op = (OpenCall | Identify | AppendArgs | SetArgs | RefuseArgs | CloseCall | Stopped | Complete
       | UpstreamError | ProtocolError | Restated)
 
 #: What ``Adapter.feed`` returns for an event without ops (a text delta, nearly every event):

@@ -16,7 +16,8 @@ With ``on_invalid_json: drop_with_protocol_repair`` a call failing ``invalid_jso
 out of the final message (each adapter skips a ``CallView`` whose ``dropped`` is set), and its
 error result and its entry in ``outcomes`` say ``dropped: true``: an agent loop sends no tool
 result for it, so the next request holds no result without its call and no call without its
-result (docs/decisions/0017-protocol-repair.md).
+result (docs/decisions/0017-protocol-repair.md). A call failing ``turn_paused`` is left out so,
+whatever the policy: its message is sent back as it is to continue the paused turn.
 
 No record is larger than ``settings.MAX_RECORD_BYTES``: an error result is small (its id and
 name are bounded, its detail cut at :data:`MAX_DETAIL_CHARACTERS`); a committed call that would
@@ -102,10 +103,12 @@ class Outputs:
         self._audit_key = audit_key
 
     def dropped(self, call: Call) -> bool:
-        """Whether ``call`` is left out of the final message: it failed ``invalid_json`` and
-        the policy is ``drop_with_protocol_repair``."""
-        return (self._drop and call.state is CallState.FAILED
-                and call.reason is Reason.INVALID_JSON)
+        """Whether ``call`` is left out of the final message: it failed ``turn_paused`` (the
+        message is sent back as it is to continue the turn, with no result for it), or it
+        failed ``invalid_json`` and the policy is ``drop_with_protocol_repair``."""
+        return call.state is CallState.FAILED and (
+            call.reason is Reason.TURN_PAUSED
+            or (self._drop and call.reason is Reason.INVALID_JSON))
 
     def _head(self) -> dict[str, Any]:
         """What every output of the run starts with."""

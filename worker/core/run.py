@@ -66,16 +66,13 @@ _CALL_FIELDS_BYTES = 512
 #: ids, model and names a provider repeats on every chunk), not counted as the run's text.
 FRAGMENT_ENVELOPE = 512
 
-_NONE_TRUNCATED: frozenset[int | None] = frozenset()
-
-
 @mypyc_attr(allow_interpreted_subclasses=True)  # mypyc: tests subclass it (mutation_fuzz.py)
 class Run:
     """The state of one open run, and what it does with each provider event."""
 
     __slots__ = ("active", "adapter", "broken", "calls", "ended", "first", "held", "key",
                  "last_ms", "last_seq", "latch", "ledger", "nbytes", "out", "rules", "run_id",
-                 "status", "text_bytes", "truncated", "waiting")
+                 "status", "stops", "text_bytes", "waiting")
 
     def __init__(self, start: RunStart, adapter: op.Adapter, latch: Latch, now_ms: int,
                  key: bytes | None, ledger: Ledger, rules: Rules) -> None:
@@ -93,8 +90,8 @@ class Run:
         #: Its last stream envelope: seq, record time, number among the partition's records.
         self.last_seq, self.last_ms, self.active = start.seq, now_ms, 0
         self.calls: dict[str, Call] = {}
-        #: The choices cut short (None: the whole message); a shared empty set until one is.
-        self.truncated: frozenset[int | None] = _NONE_TRUNCATED
+        #: How the provider stopped its choices (``ops.Stopped``; choice None: the message).
+        self.stops: tuple[op.Stopped, ...] = ()
         #: Argument, schema and text bytes this run holds (its share of ``ledger.held``).
         self.nbytes = 0
         #: How the stream broke its protocol, once it did (see :meth:`_break`).
@@ -217,8 +214,7 @@ class Run:
             if self.status is not None or self.waiting is not None:  # ended, or it waits
                 return emits
         if self.adapter.completes_on_stream_end:
-            status = RunStatus.TRUNCATED if self.truncated else RunStatus.COMPLETED
-            return emits + self.finish(status, None, "")
+            return emits + self.finish(op.stopped_status(self.stops), None, "")
         detail = "the stream ended before the provider's end-of-message event"
         return emits + self.finish(RunStatus.FAILED, Reason.STREAM_ERROR, detail)
 
@@ -246,14 +242,13 @@ class Run:
                 return []
             case op.CloseCall(key):
                 return self._close(key)
-            case op.Truncated(choice):
-                self.truncated = self.truncated | {choice}
+            case op.Stopped():
+                self.stops = op.add_stop(self.stops, item)
                 return []
             case op.Complete():
                 if self.broken is not None:
                     return self.finish(RunStatus.FAILED, Reason.PROTOCOL_ERROR, self.broken)
-                status = RunStatus.TRUNCATED if self.truncated else RunStatus.COMPLETED
-                return self.finish(status, None, "")
+                return self.finish(op.stopped_status(self.stops), None, "")
             case op.UpstreamError(detail, reason):
                 return self.finish(RunStatus.FAILED, reason, detail)
             case op.ProtocolError(detail):
@@ -316,13 +311,7 @@ class Run:
                           "bytes) cannot hold this run's calls; this call's text was dropped")
                 return []
             emits = ledger.make_room(self, growth)
-        parts = call.parts
-        if replace:
-            parts.clear()
-            call.folded = 0
-        parts.append(text)
-        if len(parts) - call.folded >= FOLD_PIECES:
-            call.fold()
+        call.add(text, replace, not self.adapter.parses_own_arguments)
         call.nbytes = total
         self.nbytes += growth
         ledger.held += growth
@@ -406,10 +395,10 @@ class Run:
     # -- the end of a run -------------------------------------------------------------
 
     def _decide(self, call: Call) -> None:
-        truncated = None in self.truncated or call.choice in self.truncated
+        stop = op.stop_of(self.stops, call.choice) if self.stops else None
         tool_call_id = call.tool_call_id
         shared = sum(1 for c in self.calls.values() if c.tool_call_id == tool_call_id) > 1
-        self.latch.decide(call, truncated, shared, self.out.committed_size, self.ledger.policy)
+        self.latch.decide(call, stop, shared, self.out.committed_size, self.ledger.policy)
         if call.state is _PENDING:
             call.held_ms = self.last_ms
             self.held += 1

@@ -1430,6 +1430,51 @@ class TestReasonContentFiltered:
         assert finals(emits)[0]["status"] == "failed"
 
 
+    @pytest.mark.parametrize(("provider", "events"), [
+        (CHAT, chat_calls([("c1", "read_file", '{"path": "/a"}')],
+                          finish_reason="content_filter")),
+        (ANTHROPIC, anthropic_calls([("c1", "read_file", '{"path": "/a"}')],
+                                    stop_reason="refusal")),
+        (RESPONSES, [*responses_calls([("c1", "read_file", '{"path": "/a"}')], terminal=None),
+                     {"type": "response.incomplete", "response": {
+                         "id": "resp_1", "status": "incomplete", "output": [],
+                         "incomplete_details": {"reason": "content_filter"}}}]),
+    ], ids=[CHAT, ANTHROPIC, RESPONSES])
+    def test_a_content_stop_fails_a_complete_call(self, provider: str,
+                                                  events: list[dict[str, Any]]) -> None:
+        """Issue 33: Chat ``finish_reason: content_filter``, Anthropic ``stop_reason:
+        refusal`` and Responses ``incomplete_details.reason: content_filter`` after a call
+        whose arguments are complete and valid: it fails ``content_filtered`` (it committed
+        before), and the run fails."""
+        emits = feed(assembler(), run_envelopes("r1", provider, tools_for(provider, TOOLS),
+                                                events))
+        check_outputs(emits)
+        assert reasons(emits) == ["content_filtered"] and not committed(emits)
+        assert finals(emits)[0]["status"] == "failed"
+
+
+class TestReasonTurnPaused:
+    """``turn_paused``: the provider paused the turn (Anthropic ``pause_turn``)."""
+
+    def test_a_paused_turn_fails_its_client_calls_and_leaves_them_out(self) -> None:
+        """A complete, valid client call in a message that ends ``pause_turn`` is not run: it
+        fails ``turn_paused`` with ``dropped: true``, and the final message (status
+        ``completed``, stop_reason ``pause_turn``) leaves its block out, so that it can be sent
+        back as it is for the turn to go on."""
+        emits = feed(assembler(), anthropic_run("r1", tools_for(ANTHROPIC, TOOLS), [
+            anthropic_message_start(), *anthropic_text_block(0, "looking"),
+            *anthropic_tool_block(1, "c1", "read_file", '{"path": "/a"}'),
+            *anthropic_tail("pause_turn")]))
+        check_outputs(emits)
+        [error] = errors(emits)
+        assert (error["reason"], error.get("dropped")) == ("turn_paused", True)
+        [final] = finals(emits)
+        assert final["status"] == "completed"
+        assert final["message"]["stop_reason"] == "pause_turn"
+        assert [b["type"] for b in final["message"]["content"]] == ["text"]
+        assert final["outcomes"][0]["dropped"] is True
+
+
 class TestReasonMalformedOutput:
     """``malformed_output``: the provider found the model's output or call malformed."""
 
@@ -1660,6 +1705,9 @@ def scenarios() -> dict[Reason, tuple[dict[str, Any], list[dict[str, Any]]]]:
         # the run's tenant (t1) must name a registered toolset; it sent its tools inline
         Reason.TOOLSET_REQUIRED: ({"require_toolsets_for": ("t1",)},
                                   chat([("c1", "read_file", good)])),
+        # Anthropic paused the turn (pause_turn): its client call is made again when it goes on
+        Reason.TURN_PAUSED: ({}, anthropic_run("r1", tools_for(ANTHROPIC, TOOLS), anthropic_calls(
+            [("c1", "read_file", good)], stop_reason="pause_turn"), end=False)),
     }
 
 

@@ -53,6 +53,8 @@ CONTRACT_REASONS = [
     "ambiguous_tool",
     # issue 32: the run's tenant must name a registered toolset (registry.require_toolsets_for)
     "toolset_required",
+    # issue 33: the provider paused the turn (Anthropic pause_turn); its client calls wait
+    "turn_paused",
 ]  # fmt: skip
 
 PROVIDERS = ["openai.chat", "openai.responses", "anthropic.messages", "bedrock.converse",

@@ -17,8 +17,15 @@ How Latch reads it:
   they are kept for the final message and never committed (contract rule 6);
 * ``content_block_stop`` ends a call's text (block-level early commit, rule 4, happens only
   for allowed tools); ``message_stop`` completes the message;
-* ``stop_reason: "max_tokens"`` (and ``model_context_window_exceeded``) is truncation
-  (rule 5); an ``error`` event fails the open calls ``upstream_error``;
+* ``stop_reason`` decides the message's calls (:func:`message_stop`): ``end_turn``,
+  ``tool_use``, ``stop_sequence`` let them commit at ``message_stop``; ``max_tokens`` and
+  ``model_context_window_exceeded`` are truncation (rule 5); ``refusal`` (Anthropic's
+  classifiers stopped the message) fails them ``content_filtered``; ``pause_turn`` fails them
+  ``turn_paused`` and leaves them out of the final message, which is sent back as it is (a
+  ``server_tool_use`` block without its result included) for the turn to go on; a reason
+  this version does not know fails them ``upstream_error``. A call committed early (its
+  block's stop, rule 4) before such a stop keeps its outcome. An ``error`` event fails the
+  open calls ``upstream_error``;
 * a ``message_start`` repeated with the same id, and a ``content_block_start`` repeated for
   a block still open with the same type, id and name (both seen from some proxies), are
   ignored.
@@ -46,7 +53,9 @@ import orjson
 
 from worker.core import keys, strictjson
 from worker.core import ops as op
+from worker.core.model import Reason, RunStatus
 
+COMPLETING_STOPS = frozenset({"end_turn", "tool_use", "stop_sequence"})
 TRUNCATING_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
 _TEXT_DELTAS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "thinking")}
 
@@ -119,8 +128,9 @@ class AnthropicMessages(op.Adapter):
             stop = (event.get("delta") or {}).get("stop_reason")
             if isinstance(stop, str):
                 self._stop_reason = stop
-                if stop in TRUNCATING_STOPS:
-                    return [op.Truncated()]
+                stopped = message_stop(stop)
+                if stopped is not None:
+                    return [stopped]
             return []
         if kind == "message_stop":
             return [op.Complete()]
@@ -282,6 +292,24 @@ class AnthropicMessages(op.Adapter):
             # not be written back.
             body["input"] = {} if strictjson.nested_deeper(value) else value
         return body
+
+
+def message_stop(reason: str) -> op.Stopped | None:
+    """What ``message_delta``'s ``stop_reason`` does to the message's calls (README, "Stop and
+    incomplete reasons"): None, they may commit; else the stop that fails each call not yet
+    decided."""
+    if reason in COMPLETING_STOPS:
+        return None
+    if reason in TRUNCATING_STOPS:
+        return op.Truncated()
+    if reason == "refusal":
+        return op.content_stop(None, "stop_reason refusal")
+    if reason == "pause_turn":  # sent back as it is to go on: its calls come again then
+        return op.Stopped(None, Reason.TURN_PAUSED, "stop_reason pause_turn: the provider "
+                          "paused the turn, which goes on when the message is sent back; the "
+                          "model makes the call again then", RunStatus.COMPLETED)
+    return op.Stopped(None, Reason.UPSTREAM_ERROR,
+                      f"stop_reason {_safe(reason)} is not one this version knows")
 
 
 def _dropped(call: op.CallView | None) -> bool:

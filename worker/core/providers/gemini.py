@@ -18,6 +18,11 @@ or a ``functionCall``, which comes in one of two shapes:
   the candidate, or at the end of the stream. Its arguments are held opaque, as records, and
   built and checked when the call is complete (:mod:`worker.core.providers.gemini_args`).
 
+A whole ``functionCall`` without an id that repeats, name and arguments the same, one an
+earlier chunk of its candidate held is that call again, not a second one (Gemini has been seen
+sending a chunk's calls again in a later chunk): it is not opened. Calls of one chunk are
+never repeats of each other; one with an id is never taken for a repeat (the latch sees ids).
+
 Keys and ids: a call is keyed ``"<candidate>.<n>"``, its ``index`` is ``n`` (its position among
 the candidate's calls) and its ``choice`` the candidate's index. Gemini sends no call id unless
 asked (Vertex's ``id``); a call without one gets ``latch-<candidate>-<n>-<run_id>``: the same
@@ -33,10 +38,12 @@ a function call sent back without the signature it came with).
 Ends: ``finishReason`` arrives on a chunk that a usage chunk may follow, so the run ends at
 ``stream.end`` (``Adapter.end``), which reads each candidate's reason: ``STOP`` completes;
 ``MAX_TOKENS`` truncates that candidate's calls (rule 5); ``SAFETY``, ``RECITATION``,
-``BLOCKLIST``, ``PROHIBITED_CONTENT``, ``SPII`` and the ``IMAGE_*`` filters fail the open calls
-``content_filtered``; ``MALFORMED_FUNCTION_CALL``, ``UNEXPECTED_TOOL_CALL`` and
-``MALFORMED_RESPONSE`` fail them ``malformed_output``; ``TOO_MANY_TOOL_CALLS`` fails them
-``too_many_tool_calls``; any other reason fails them ``upstream_error``. A stream that ends
+``BLOCKLIST``, ``PROHIBITED_CONTENT``, ``SPII``, ``MODEL_ARMOR`` (Vertex) and the ``IMAGE_*``
+filters but ``IMAGE_OTHER`` fail the open calls ``content_filtered``;
+``MALFORMED_FUNCTION_CALL``, ``UNEXPECTED_TOOL_CALL`` and ``MALFORMED_RESPONSE`` fail them
+``malformed_output``; ``TOO_MANY_TOOL_CALLS`` fails them ``too_many_tool_calls``; any other
+reason (``OTHER``, ``LANGUAGE``, ``IMAGE_OTHER``, ``NO_IMAGE``, ``FINISH_REASON_UNSPECIFIED``,
+one this version does not know) fails them ``upstream_error``. A stream that ends
 without a ``finishReason`` for each candidate fails ``stream_error``.
 
 What breaks the protocol (``ops.ProtocolError``; docs/providers.md, "Protocol breaks"): a part after
@@ -56,8 +63,11 @@ final message is written in camelCase; parts Latch does not interpret are kept a
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any, ClassVar
+
+import orjson
 
 from worker.core import ops as op
 from worker.core import strictjson
@@ -65,7 +75,8 @@ from worker.core.model import Reason
 from worker.core.providers import gemini_args
 
 _FILTERED = frozenset({"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII",
-                       "IMAGE_SAFETY", "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION"})
+                       "IMAGE_SAFETY", "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION",
+                       "MODEL_ARMOR"})
 _MALFORMED = frozenset({"MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL", "MALFORMED_RESPONSE"})
 _TEXT_KEYS = frozenset({"text", "thought", "thoughtSignature", "thought_signature"})
 
@@ -90,7 +101,8 @@ class _Text:
 
 
 class _Candidate:
-    __slots__ = ("calls", "finish", "parts", "signatures", "streaming")
+    __slots__ = ("calls", "chunk", "earlier", "finish", "now", "parts", "signatures",
+                 "streaming")
 
     def __init__(self) -> None:
         #: The parts in stream order: text runs, other parts as sent, a call's buffer key.
@@ -100,6 +112,24 @@ class _Candidate:
         self.streaming: str | None = None
         self.finish: str | None = None
         self.signatures: dict[str, str] = {}
+        #: The whole id-less calls (digests of name and arguments) of the chunks before
+        #: ``chunk``, and of chunk ``chunk``, each with how many times one chunk held it.
+        self.earlier: dict[bytes, int] = {}
+        self.now: dict[bytes, int] = {}
+        self.chunk = 0
+
+    def repeats(self, digest: bytes, chunk: int) -> bool:
+        """Whether a whole id-less call (``digest``) of chunk ``chunk`` repeats one that an
+        earlier chunk held: the n-th such call of a chunk repeats when an earlier chunk held
+        it n times or more. Counted either way."""
+        if chunk != self.chunk:  # a new chunk: the last one's calls are now earlier
+            for seen, count in self.now.items():
+                if count > self.earlier.get(seen, 0):
+                    self.earlier[seen] = count
+            self.now, self.chunk = {}, chunk
+        count = self.now.get(digest, 0) + 1
+        self.now[digest] = count
+        return count <= self.earlier.get(digest, 0)
 
 
 class Gemini(op.Adapter):
@@ -112,8 +142,11 @@ class Gemini(op.Adapter):
         super().__init__()
         self._run_id = run_id
         self._candidates: dict[int, _Candidate] = {}
+        #: The events fed so far (each chunk's number, for ``_Candidate.repeats``).
+        self._chunks = 0
 
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
+        self._chunks += 1
         candidates = event.get("candidates")
         if candidates is None:
             return self._other(event)
@@ -201,7 +234,25 @@ class Gemini(op.Adapter):
                 return [self.protocol_error("a functionCall part without a name while no call "
                                             "streams"), *self._late_call(index, candidate, call)]
             return ops  # an empty functionCall {} that ends nothing
+        if partial is None and not more and self._repeated(candidate, call, name):
+            return ops  # the same whole call again, from a later chunk: one call
         return ops + self._open(index, candidate, part, call, name, partial, more)
+
+    def _repeated(self, candidate: _Candidate, call: dict[str, Any], name: str) -> bool:
+        """Whether a whole ``functionCall`` without an id repeats, name and arguments the same,
+        one that an earlier chunk of the candidate held (``_Candidate.repeats``): Gemini has
+        been seen sending a chunk's calls again in a later chunk (allenhutchison/obsidian-gemini
+        #230, #441), and without an id nothing else tells the repeat from a second call. Kept
+        as a SHA-256 digest of the name and the arguments' JSON text (32 bytes a call)."""
+        if call.get("id") is not None:  # an id tells calls apart: the latch decides
+            return False
+        args = call.get("args")
+        text = "{}" if args is None else self.arguments_text(args, orjson.OPT_SORT_KEYS)
+        if not isinstance(text, str):  # refused arguments: the call fails on its own
+            return False
+        digest = hashlib.sha256(f"{name}\0{text}".encode("utf-8", "surrogatepass")).digest()
+        self.kept += 64  # (at most one entry more: counted)
+        return candidate.repeats(digest, self._chunks)
 
     def _open(self, index: int, candidate: _Candidate, part: dict[str, Any],
               call: dict[str, Any], name: str, partial: list[Any] | None,

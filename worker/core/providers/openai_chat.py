@@ -5,9 +5,16 @@ What the API sends (platform.openai.com, "Chat Completions: streaming"): each ch
 ``delta.tool_calls[]`` entry that carries ``index``, ``id``, ``type`` and
 ``function.name``; later entries for the same ``index`` carry only
 ``function.arguments`` fragments. ``finish_reason`` arrives on the last chunk of each
-choice; ``"length"`` means the output hit ``max_tokens``. The stream ends with
-``data: [DONE]``, which the gateway publishes as ``stream.end``: only that completes the
-message (contract rule 4).
+choice; ``"length"`` means the output hit ``max_tokens``, ``"content_filter"`` that OpenAI's
+content filters stopped the choice. The stream ends with ``data: [DONE]``, which the gateway
+publishes as ``stream.end``: only that completes the message (contract rule 4).
+
+Each choice's ``finish_reason`` decides its own calls (:func:`finish_stop`): ``stop``,
+``tool_calls``, ``function_call`` let them commit; ``length`` (and compatible servers'
+``model_length``, ``model_context_window_exceeded``) fails them ``truncated``;
+``content_filter`` (GLM's ``sensitive``) and a ``delta.refusal`` fail them
+``content_filtered``; ``error`` and any value this version does not know fail them
+``upstream_error``. The other choices are not touched.
 
 What OpenAI-compatible servers do instead, all seen in recorded streams and all handled:
 
@@ -36,6 +43,7 @@ from typing import Any, ClassVar
 
 from worker.core import keys, strictjson
 from worker.core import ops as op
+from worker.core.model import Reason
 
 #: The buffer keys ``"c.i"`` of the first choices' first tool indexes, made once: an open call's
 #: key is nearly always one of these, not a string of its own per run.
@@ -235,6 +243,8 @@ class OpenAIChat(op.Adapter):
             if len(delta) > (content is not None):  # more than the content: look further
                 if "reasoning_content" in delta or "refusal" in delta:
                     self.kept += self._other_text(choice, delta)
+                    if choice.refusal:  # the model refused: nothing of the choice runs
+                        ops.append(op.content_stop(ci, "a refusal"))
                 tool_calls = delta.get(keys.TOOL_CALLS)
                 if tool_calls:
                     for entry in _array(tool_calls):
@@ -244,8 +254,9 @@ class OpenAIChat(op.Adapter):
                 old = choice.finish_reason  # kept for the final message: counted
                 self.kept += op.utf8_len(finish) - (0 if old is None else op.utf8_len(old))
                 choice.finish_reason = finish
-                if finish == "length":
-                    ops.append(op.Truncated(ci))
+                stop = finish_stop(ci, finish)
+                if stop is not None:
+                    ops.append(stop)
         return ops
 
     def _text_delta(self, raw: Any) -> bool:
@@ -397,6 +408,37 @@ class OpenAIChat(op.Adapter):
         # by the text a run may hold, not twice that).
         first: dict[str, Any] = messages[0].pop("message")
         return first, (messages if len(messages) > 1 else None)
+
+
+#: The ``finish_reason`` values that end a choice whose calls may run (OpenAI's; compatible
+#: servers send the same), that truncate it (OpenAI ``length``; Mistral ``model_length``; Zhipu
+#: GLM ``model_context_window_exceeded``), that stop it for its content (OpenAI
+#: ``content_filter``; GLM ``sensitive``, its safety review), and that end it with an error
+#: (OpenRouter and Mistral ``error``, GLM ``network_error``, DeepSeek
+#: ``insufficient_system_resource``). Any other is a reason this version does not know.
+COMPLETING_FINISHES = frozenset({"stop", "tool_calls", "function_call"})
+TRUNCATING_FINISHES = frozenset({"length", "model_length", "model_context_window_exceeded"})
+FILTERING_FINISHES = frozenset({"content_filter", "sensitive"})
+ERROR_FINISHES = frozenset({"error", "network_error", "insufficient_system_resource"})
+
+
+def finish_stop(ci: int, finish: str) -> op.Stopped | None:
+    """What choice ``ci``'s ``finish_reason`` does to its calls: None, they may commit (or
+    the value is empty: no reason); else the stop that fails them (README, "Stop and
+    incomplete reasons"): per choice, as ``length`` always was."""
+    if not finish or finish in COMPLETING_FINISHES:
+        return None
+    if finish in TRUNCATING_FINISHES:
+        return op.Truncated(ci)
+    if finish in FILTERING_FINISHES:
+        return op.content_stop(ci, f"finish_reason {finish}")
+    what = ("the provider ended the choice with an error" if finish in ERROR_FINISHES
+            else "not one this version knows")
+    return op.Stopped(ci, Reason.UPSTREAM_ERROR, f"finish_reason {_safe(finish)}: {what}")
+
+
+def _safe(value: str) -> str:
+    return value if len(value) <= 64 else "unknown"
 
 
 def _tool_call_entry(call: op.CallView) -> dict[str, Any]:

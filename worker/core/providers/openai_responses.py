@@ -18,7 +18,11 @@ runner see exactly what the provider said.
 Calls are keyed by ``output_index``, never by item id: gateways have been seen rotating item
 ids between the events of one item. ``response.output_item.done`` ends a call's text
 (block-level early commit for allowed tools, rule 4); ``response.completed`` completes the
-message; ``response.incomplete`` is truncation (rule 5).
+message; ``response.incomplete`` fails the calls not yet decided by its
+``incomplete_details.reason`` (:func:`incomplete_stop`): ``content_filter``,
+``content_filtered``; ``max_output_tokens`` (or any other), ``truncated`` (rule 5). A
+``refusal`` content part (``response.refusal.delta``/``.done``, or in a finished message item)
+fails them ``content_filtered``: the model refused, and nothing of the response runs.
 
 The items a client answers are calls too (``docs/decisions/0004-responses-client-items.md``):
 ``custom_tool_call`` (its ``input`` streams as ``response.custom_tool_call_input.delta`` and is
@@ -56,6 +60,8 @@ from worker.core.tools import responses_tool_key
 
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 _RESPONSE_EVENTS = frozenset({"response.created", "response.in_progress", *_TERMINAL})
+#: The model's refusal, streamed (a ``refusal`` content part of a message item).
+_REFUSALS = frozenset({"response.refusal.delta", "response.refusal.done"})
 #: The argument and input events, each with the one item type it is for (another type at its
 #: output index is a protocol break).
 _TEXT_DELTAS = {"response.function_call_arguments.delta": "function_call",
@@ -124,6 +130,8 @@ class OpenAIResponses(op.Adapter):
             return self._done(event["output_index"], event["item"])
         if kind == "error":
             return [op.UpstreamError(f"provider error event: {_safe(event.get('code'))}")]
+        if kind in _REFUSALS:  # the model refused: none of the response's calls runs
+            return [op.content_stop(None, "a refusal")]
         return []
 
     def fast(self, kind: int, index: int, text: str) -> list[op.Op] | None:
@@ -175,7 +183,7 @@ class OpenAIResponses(op.Adapter):
         if kind == "response.completed":
             return [op.Complete()]
         if kind == "response.incomplete":
-            return [op.Truncated(), op.Complete()]
+            return [incomplete_stop(response.get("incomplete_details")), op.Complete()]
         if kind == "response.failed":
             error = response.get("error") or {}
             return [op.UpstreamError(f"response.failed: {_safe(error.get('code'))}")]
@@ -253,7 +261,7 @@ class OpenAIResponses(op.Adapter):
         self.kept += op.json_len(kept) - op.json_len(self._items[index])  # replaces the added
         self._items[index] = kept
         if kind not in _CALL_ITEMS:
-            return []
+            return _refusal_parts(item)
         key = str(index)
         ops = [self._open(key, index, item)]
         field = _CALL_ITEMS[kind][1]
@@ -346,6 +354,25 @@ def _kept(item: dict[str, Any]) -> dict[str, Any]:
     elif kind == "custom_tool_call" and "input" in item:
         item = {**item, "input": ""}
     return op.bounded(item)
+
+
+def incomplete_stop(details: Any) -> op.Stopped:
+    """What ``response.incomplete`` does to the response's calls (README, "Stop and
+    incomplete reasons"): ``incomplete_details.reason`` ``content_filter`` fails them
+    ``content_filtered``; ``max_output_tokens``, or any other (or none), ``truncated``."""
+    reason = details.get("reason") if isinstance(details, dict) else None
+    if reason == "content_filter":
+        return op.content_stop(None, "incomplete_details.reason content_filter")
+    return op.Truncated()
+
+
+def _refusal_parts(item: dict[str, Any]) -> list[op.Op]:
+    """The stop of a finished ``message`` item with a ``refusal`` content part, else none."""
+    content = item.get("content")
+    if item.get("type") == "message" and isinstance(content, list) and any(
+            isinstance(part, dict) and part.get("type") == "refusal" for part in content):
+        return [op.content_stop(None, "a refusal")]
+    return []
 
 
 def _item_text(item: dict[str, Any]) -> str:
