@@ -12,7 +12,8 @@ A runner consumes the committed topic (``tool.calls.committed``), and for each r
 2. skips a call whose ``idempotency_key`` the :class:`DedupStore` has seen (delivery is at
    least once: the same committed call may arrive twice);
 3. calls the Python function registered under the call's ``name`` with
-   :func:`~.execution.tool_input` (a custom call's ``input`` text, every other call's decoded
+   :func:`~.execution.tool_input` (a custom call's ``input`` text, a ``shell_call``'s
+   ``action``, an ``apply_patch_call``'s ``operation``, every other call's decoded
    ``arguments``), in a thread of its own while the consumer keeps its group
    (:mod:`~.execution`: a tool may outlast ``max.poll.interval.ms``), up to
    ``tool_timeout_s`` (then ``tool_timeout``); its return value (a string as is, anything
