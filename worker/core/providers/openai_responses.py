@@ -25,11 +25,12 @@ The items a client answers are calls too (``docs/decisions/0004-responses-client
 restated by ``.done`` and the finished item; committed as text), and ``computer_call``,
 ``local_shell_call`` and ``mcp_approval_request``, whose text is their finished item's own
 fields as a JSON object; ``shell_call`` and ``apply_patch_call`` (issue 33), whose text is
-``{"action"}`` or ``{"operation"}`` of their finished item (their ``response.shell_call_command.*``
-events are not read: the finished item restates the commands). A ``shell_call`` whose
-``environment`` is a container (``container_reference``) ran at OpenAI, in its hosted shell: no
-call, like ``web_search_call`` (``tools.hosted_shell``). Every other item (``web_search_call``, ``file_search_call``,
-``code_interpreter_call``, ``image_generation_call``, ``mcp_call``, ``mcp_list_tools``,
+``{"action"}`` or ``{"operation"}`` of their finished item (their
+``response.shell_call_command.*`` events are not read: the finished item restates the
+commands). A ``shell_call`` whose ``environment`` is a container (``container_reference``)
+ran at OpenAI, in its hosted shell: no call (``tools.hosted_shell``). Every other item
+(``web_search_call``, ``file_search_call``, ``code_interpreter_call``,
+``image_generation_call``, ``mcp_call``, ``mcp_list_tools``, ``shell_call_output``,
 ``reasoning``, messages) runs at OpenAI or is content: kept for the final message, never a
 call (rule 6). A function call named ``parallel`` or ``multi_tool_use.parallel`` is the
 model's parallel wrapper, which the assembler unwraps when the run did not register that name.
