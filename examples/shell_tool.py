@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import logging
 import shlex
-import signal
 import subprocess
 import tempfile
-import threading
 from typing import Any
 
 from worker.client.runner import Runner
@@ -79,14 +77,8 @@ TOOLS = {"shell": run_shell}
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     runner = Runner(load_config(), TOOLS, group_id="latch-example-shell-runner")
-    try:
-        handled = runner.run(stop)
-    finally:
-        runner.close()
+    handled = runner.serve()  # until SIGTERM (or Ctrl-C), then closed
     print(f"{handled} records handled, {runner.executed} shell calls run")
 
 
