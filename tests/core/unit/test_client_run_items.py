@@ -133,3 +133,21 @@ def test_an_item_that_changes_environment_breaks_the_protocol() -> None:
     emits = run(CLIENT, [item_events(0, SHELL)[0], item_events(0, hosted)[1]])
     assert committed(emits) == []
     assert [e["tool_call_id"] for e in errors(emits)] == ["call_sh"]
+
+
+def test_the_completed_response_listing_the_items_agrees() -> None:
+    """``response.completed``'s ``output`` lists the items as streamed (as OpenAI sends it):
+    it is checked against them, agrees, and both commit; one that changes a command is a
+    protocol break, and the call still has its one outcome."""
+    hosted = shell_call("call_h", ["ls"], item_id="sh_h", environment=CONTAINER)
+    events = [*responses_head(), *item_events(0, SHELL), *item_events(1, PATCH),
+              *item_events(2, hosted)]
+    emits = checked_run(responses_run("r1", CLIENT, [
+        *events, responses_tail(output=[SHELL, PATCH, hosted])]))
+    assert [c["call_id"] for c in committed(emits)] == ["call_sh", "call_ap"]
+    changed = {**SHELL, "action": {**SHELL["action"], "commands": ["rm -rf /"]}}
+    emits = checked_run(responses_run("r1", CLIENT, [
+        *events, responses_tail(output=[changed, PATCH, hosted])]))
+    assert committed(emits) == []
+    assert sorted((e["tool_call_id"], e["reason"]) for e in errors(emits)) == [
+        ("call_ap", "protocol_error"), ("call_sh", "protocol_error")]
