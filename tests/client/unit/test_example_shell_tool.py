@@ -54,6 +54,9 @@ def worker() -> Assembler:
 
 
 def test_a_shell_call_runs_only_after_a_signed_approve() -> None:
+    """Held by the example's policy, not decided by an unsigned approve, committed by the
+    on-call approver's signed one; the example's tool then runs the allow-listed command and
+    answers the other without running it."""
     a = worker()
     item = shell_call("call_sh", ["echo hello from latch", "rm -rf /tmp/nothing"])
     emits = feed(a, responses_run("r1", [{"type": "shell"}], [

@@ -110,6 +110,8 @@ def _shell_tool() -> Any:
 
 def test_custom_shell_and_patch_calls_commit_and_run_once(stack: Stack, tmp_path: Path
                                                            ) -> None:
+    """See the module docstring: four calls commit (one after a signed approve), none fails,
+    and the runner runs each once with what its kind hands a tool."""
     with running_worker(stack, tmp_path / "w.log"):
         publish_envelopes(stack.bootstrap, stack.topic("events"), _envelopes())
         reader = Reader(stack, (*OUTPUTS, "pending"))

@@ -27,6 +27,7 @@ from worker import cli
 def test_latch_assemble_commits_custom_shell_and_patch_calls(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Three calls commit with their kinds; the hosted shell's item has no outcome."""
     monkeypatch.chdir(tmp_path)  # (no latch.yaml here)
     hosted = shell_call("call_h", ["ls"], item_id="sh_h",
                         environment={"type": "container_reference", "container_id": "c"})
