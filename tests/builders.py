@@ -263,6 +263,27 @@ def chat_calls(calls: Sequence[tuple[str | None, str | None, str]], *,
     return chunks
 
 
+def chat_custom_tool(name: str, fmt: Any = None) -> dict[str, Any]:
+    """A chat custom (free-form) tool: ``{"type": "custom", "custom": {"name", "format"?}}``."""
+    custom: dict[str, Any] = {"name": name}
+    if fmt is not None:
+        custom["format"] = fmt
+    return {"type": "custom", "custom": custom}
+
+
+def chat_custom_chunks(index: int, call_id: str | None, name: str | None, text: str,
+                       *, pieces: int = 3) -> list[dict[str, Any]]:
+    """A chat custom tool call as it streams (openai-python #2530): id, type and
+    ``custom.name`` with empty input, then ``custom.input`` pieces."""
+    head: dict[str, Any] = {"index": index, "type": "custom", "custom": {"input": ""}}
+    if call_id is not None:
+        head["id"] = call_id
+    if name is not None:
+        head["custom"]["name"] = name
+    return [chat_chunk([head]), *(chat_chunk([{"index": index, "custom": {"input": part}}])
+                                  for part in split(text, pieces))]
+
+
 def chat_run(run_id: str, tools: list[Any], chunks: Iterable[dict[str, Any]],
              **kwargs: Any) -> list[dict[str, Any]]:
     """A whole ``openai.chat`` run: ``run.start``, the chunks, ``stream.end``."""
@@ -402,6 +423,32 @@ def responses_calls(calls: Sequence[tuple[str | None, str | None, str]], *,
     if terminal is not None:
         events.append(responses_tail(terminal, output=output))
     return events
+
+
+def item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
+    """An output item added (``status: in_progress``), then done as ``item``."""
+    return [{"type": "response.output_item.added", "output_index": index,
+             "item": {**item, "status": "in_progress"}},
+            {"type": "response.output_item.done", "output_index": index, "item": item}]
+
+
+def shell_call(call_id: str, commands: list[str], *, item_id: str = "sh_1",
+               environment: Any = None) -> dict[str, Any]:
+    """A finished Responses ``shell_call`` item (openai-python
+    ``ResponseFunctionShellToolCall``)."""
+    item = {"type": "shell_call", "id": item_id, "call_id": call_id,
+            "action": {"commands": commands, "timeout_ms": 5000, "max_output_length": 4096},
+            "status": "completed", "created_by": "resp_1"}
+    if environment is not None:
+        item["environment"] = environment
+    return item
+
+
+def apply_patch_call(call_id: str, operation: dict[str, Any], *,
+                     item_id: str = "ap_1") -> dict[str, Any]:
+    """A finished Responses ``apply_patch_call`` item (``ResponseApplyPatchToolCall``)."""
+    return {"type": "apply_patch_call", "id": item_id, "call_id": call_id,
+            "operation": operation, "status": "completed"}
 
 
 def responses_run(run_id: str, tools: list[Any], events: Iterable[dict[str, Any]],

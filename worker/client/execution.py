@@ -61,10 +61,23 @@ def tool_input(call: Mapping[str, Any]) -> Any:
     a custom call's ``input`` text (``kind: custom``, never parsed); every other call's
     decoded ``arguments`` (a function call's JSON value; a client item's fields as an object:
     ``computer_call`` ``{"action", "pending_safety_checks"}``, ``local_shell_call``
-    ``{"action"}``, ``mcp_approval_request`` ``{"server_label", "name", "arguments"}``)."""
-    if call.get("kind") == "custom":
+    ``{"action"}``, ``mcp_approval_request`` ``{"server_label", "name", "arguments"}``); but
+    a ``shell_call``'s ``action`` (``{"commands", "timeout_ms"?, "max_output_length"?}``) and an
+    ``apply_patch_call``'s ``operation`` (``{"type": "create_file" | "update_file" |
+    "delete_file", "path", "diff"?}``), the one field of their arguments (issue 33; None when
+    the item had none: the tool answers that with an error)."""
+    kind = call.get("kind")
+    if kind == "custom":
         return call["input"]
+    field = _ITEM_FIELDS.get(kind) if isinstance(kind, str) else None
+    if field is not None:
+        arguments = call["arguments"]
+        return arguments.get(field) if isinstance(arguments, dict) else None
     return call["arguments"]
+
+
+#: The kinds whose tool gets one field of the arguments (the arguments hold only it).
+_ITEM_FIELDS = {"shell_call": "action", "apply_patch_call": "operation"}
 
 
 def key_id_of(headers: Any) -> str:

@@ -1,6 +1,6 @@
 """The runner journal (decision 0012): which calls a transactional runner has recorded.
 
-:class:`JournalStore` is the :class:`~worker.client.runner.DedupStore` of a
+:class:`JournalStore` is the :class:`DedupStore` of a
 ``Runner(..., transactional_id=...)``: the keys of the compacted journal topic
 (``topics.journal``, ``schemas/journal-entry.schema.json``), read to its end at start and at
 each assignment. Its records are written by transactional runners only (the journal's ACL):
@@ -10,18 +10,48 @@ one per executed call, keyed by ``idempotency_key``, never with arguments or con
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from worker.runtime.observability import logs
 
-__all__ = ["CLIENT_TIMEOUT_S", "JournalError", "JournalStore", "journal_record"]
+__all__ = ["CLIENT_TIMEOUT_S", "DedupStore", "JournalError", "JournalStore", "MemoryStore",
+           "journal_record"]
 
 #: How long a journal read may wait for a partition's end (and the time-out of each
 #: transactional call, worker.client.runner).
 CLIENT_TIMEOUT_S = 30.0
+
+
+class DedupStore(Protocol):
+    """Which idempotency keys have been executed (and their results delivered)."""
+
+    def seen(self, key: str) -> bool: ...
+
+    def remember(self, key: str) -> None: ...
+
+
+class MemoryStore:
+    """The default store: the last ``max_keys`` keys, in memory."""
+
+    def __init__(self, max_keys: int = 100_000) -> None:
+        self.max_keys = max_keys
+        self._keys: OrderedDict[str, None] = OrderedDict()
+
+    def seen(self, key: str) -> bool:
+        if key in self._keys:
+            self._keys.move_to_end(key)
+            return True
+        return False
+
+    def remember(self, key: str) -> None:
+        self._keys[key] = None
+        self._keys.move_to_end(key)
+        while len(self._keys) > self.max_keys:
+            self._keys.popitem(last=False)
 
 
 class JournalError(RuntimeError):

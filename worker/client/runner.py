@@ -12,7 +12,8 @@ A runner consumes the committed topic (``tool.calls.committed``), and for each r
 2. skips a call whose ``idempotency_key`` the :class:`DedupStore` has seen (delivery is at
    least once: the same committed call may arrive twice);
 3. calls the Python function registered under the call's ``name`` with
-   :func:`~.execution.tool_input` (a custom call's ``input`` text, every other call's decoded
+   :func:`~.execution.tool_input` (a custom call's ``input`` text, a ``shell_call``'s
+   ``action``, an ``apply_patch_call``'s ``operation``, every other call's decoded
    ``arguments``), in a thread of its own while the consumer keeps its group
    (:mod:`~.execution`: a tool may outlast ``max.poll.interval.ms``), up to
    ``tool_timeout_s`` (then ``tool_timeout``); its return value (a string as is, anything
@@ -59,10 +60,9 @@ import signal
 import threading
 import time
 import traceback
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -70,7 +70,22 @@ from opentelemetry import trace
 
 from worker.client import execution
 from worker.client.execution import TOOL_TIMEOUT, Holding, ToolRun
-from worker.client.journal import CLIENT_TIMEOUT_S, JournalError, JournalStore, journal_record
+from worker.client.journal import (
+    CLIENT_TIMEOUT_S,
+    DedupStore,
+    JournalError,
+    JournalStore,
+    MemoryStore,
+    journal_record,
+)
+from worker.client.results import (
+    MAX_RESULT_BYTES,
+    answer,
+    content_of,
+    escaped,
+    failure,
+    result_record,
+)
 from worker.runtime.config import Config
 from worker.runtime.governance import signing
 from worker.runtime.observability import logs, tracing
@@ -86,9 +101,6 @@ log = logging.getLogger("latch.runner")
 #: arguments, a custom call's input text, a client item's fields) in, a JSON-serialisable
 #: result (or a string) out.
 Tool = Callable[[Any], Any]
-#: The most bytes a result's content may hold, JSON-escaped as the record carries it (the
-#: results topic takes ~1 MB records).
-MAX_RESULT_BYTES = 900_000
 #: How long past :data:`CLIENT_TIMEOUT_S` a transaction's commit may take before its producer
 #: counts as wedged (librdkafka's ``send_offsets_to_transaction`` can wait without bound,
 #: confluentinc/librdkafka#5456) and the runner stops.
@@ -96,34 +108,6 @@ WEDGED_GRACE_S = 5.0
 #: How many timed-out tools may still be running before the runner stops (before the next
 #: call runs: a restart is the only way to end their threads).
 MAX_STRAY_TOOLS = 8
-
-
-class DedupStore(Protocol):
-    """Which idempotency keys have been executed (and their results delivered)."""
-
-    def seen(self, key: str) -> bool: ...
-
-    def remember(self, key: str) -> None: ...
-
-
-class MemoryStore:
-    """The default store: the last ``max_keys`` keys, in memory."""
-
-    def __init__(self, max_keys: int = 100_000) -> None:
-        self.max_keys = max_keys
-        self._keys: OrderedDict[str, None] = OrderedDict()
-
-    def seen(self, key: str) -> bool:
-        if key in self._keys:
-            self._keys.move_to_end(key)
-            return True
-        return False
-
-    def remember(self, key: str) -> None:
-        self._keys[key] = None
-        self._keys.move_to_end(key)
-        while len(self._keys) > self.max_keys:
-            self._keys.popitem(last=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,54 +141,6 @@ class _InFlight:
     message: Any
     #: Set once its outcome is recorded (by the revoke callback): not recorded again.
     recorded: bool = False
-
-
-def result_record(call: Mapping[str, Any], is_error: bool, content: str) -> dict[str, Any]:
-    """The ``tool.calls.results`` value answering the committed ``call``."""
-    return {"v": 1, "run_id": call["run_id"], "tenant": call["tenant"],
-            "provider": call["provider"], "tool_call_id": call["call_id"],
-            "name": call["name"], "idempotency_key": call["idempotency_key"],
-            "is_error": is_error, "content": content}
-
-
-def _content(result: Any) -> tuple[bool, str]:
-    """A tool's return value as the result's content: a string as is, anything else as JSON
-    (or an error result when it is not JSON)."""
-    if isinstance(result, str):
-        return False, str.__str__(result)  # a subclass's own __str__ is not asked
-    try:
-        return False, orjson.dumps(result).decode()
-    except Exception as exc:  # orjson's TypeError; a lone surrogate is one, too
-        return True, f"the tool returned a value that is not JSON ({type(exc).__name__})"
-
-
-def _escaped(text: str) -> str:
-    """``text`` without lone surrogates (what Python decodes a non-UTF-8 file name to,
-    ``os.fsdecode(b"\\xff")``): each becomes the six characters ``\\udcff``."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _failure(exc: BaseException) -> str:
-    """An exception as an error result's content: its type, then its message."""
-    try:
-        message = str(exc)
-    except Exception:  # a __str__ that raises, or returns something other than a str
-        return f"{type(exc).__name__} (its message could not be read)"
-    return f"{type(exc).__name__}: {message}"[:2000]
-
-
-def answer(call: Mapping[str, Any], is_error: bool, content: str, max_bytes: int) -> bytes:
-    """The result record answering ``call``, as bytes: always one record. A lone surrogate
-    in ``content`` is escaped; content whose JSON text is over ``max_bytes`` becomes an
-    error result (the record would not reach the results topic)."""
-    try:
-        text = orjson.dumps(content)
-    except TypeError:  # a lone surrogate: the only str orjson refuses
-        content = _escaped(content)
-        text = orjson.dumps(content)
-    if len(text) - 2 > max_bytes:
-        is_error, content = True, f"the tool's result is larger than {max_bytes} bytes"
-    return orjson.dumps(result_record(call, is_error, content))
 
 
 class Runner:
@@ -332,15 +268,15 @@ class Runner:
         """A finished run's result, or its exception as an error result."""
         exc = run.error
         if exc is None:
-            return _content(run.result)
+            return content_of(run.result)
         if isinstance(exc, KeyboardInterrupt):
             raise exc  # the operator stops the runner: the interrupted call runs again
         # sys.exit in a tool is answered, too. The arguments are never logged: only where
         # the tool failed.
-        log.warning("tool %s raised %s", call["name"], _escaped(type(exc).__name__),
+        log.warning("tool %s raised %s", call["name"], escaped(type(exc).__name__),
                     extra=logs.where(run_id=call["run_id"]))
-        log.debug(_escaped("".join(traceback.format_tb(exc.__traceback__))))
-        return True, _failure(exc)
+        log.debug(escaped("".join(traceback.format_tb(exc.__traceback__))))
+        return True, failure(exc)
 
     # -- the loop -----------------------------------------------------------------------
 

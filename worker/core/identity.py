@@ -19,6 +19,9 @@ an MCP ``tools/list`` entry (``inputSchema``)         its name                  
 Responses ``{"type": "custom", "name": N}``           N                           custom
 Responses ``computer_use_preview`` / ``computer``     ``computer``                computer
 Responses ``local_shell``                             ``local_shell``             local_shell
+Responses ``shell`` (no container ``environment``)    ``shell``                   shell
+Responses ``apply_patch``                             ``apply_patch``             apply_patch
+Chat ``{"type": "custom", "custom": {"name": N}}``    N                           custom
 Responses ``{"type": "mcp", "server_label": L}``      each approval request's     mcp (and
                                                       MCP tool name               server_label L)
 Anthropic ``<type>_<YYYYMMDD>`` (``bash_20250124``)   its name                    <type> (bash,
@@ -26,8 +29,8 @@ Anthropic ``<type>_<YYYYMMDD>`` (``bash_20250124``)   its name                  
                                                                                   computer...)
 ====================================================  ==========================  ===========
 
-A kind for a later item type (Responses ``shell``, ``apply_patch``) is one more row: its
-declaration's type, the name its committed record carries, and the kind.
+A kind for a later item type is one more row: its declaration's type, the name its committed
+record carries, and the kind (Responses ``shell`` and ``apply_patch``, issue 33, were).
 
 Who sends what. The declarations come from the run's ``run.start`` (the gateway, for its
 tenant) or from an operator's registry toolset: trusted to say which tools the run has, not to
@@ -63,22 +66,25 @@ __all__ = ["FUNCTION", "KINDS", "MCP", "NO_IDENTITIES", "RESPONSES_ITEM_NAMES", 
            "ToolIdentity", "identities"]
 
 #: The kinds a tool's resource has (``resource.kind``), besides Anthropic's dated tool types.
-FUNCTION, CUSTOM, COMPUTER, LOCAL_SHELL, MCP = (
-    "function", "custom", "computer", "local_shell", "mcp")
-KINDS = (FUNCTION, CUSTOM, COMPUTER, LOCAL_SHELL, MCP)
-#: The name a committed ``computer_call`` or ``local_shell_call`` carries (its item has none).
-RESPONSES_ITEM_NAMES = {"computer_call": "computer", "local_shell_call": "local_shell"}
+FUNCTION, CUSTOM, COMPUTER, LOCAL_SHELL, MCP, SHELL, APPLY_PATCH = (
+    "function", "custom", "computer", "local_shell", "mcp", "shell", "apply_patch")
+KINDS = (FUNCTION, CUSTOM, COMPUTER, LOCAL_SHELL, MCP, SHELL, APPLY_PATCH)
+#: The name a committed ``computer_call``, ``local_shell_call``, ``shell_call`` or
+#: ``apply_patch_call`` carries (its item has none).
+RESPONSES_ITEM_NAMES = {"computer_call": "computer", "local_shell_call": "local_shell",
+                        "shell_call": "shell", "apply_patch_call": "apply_patch"}
 #: Responses tool types whose items a client answers without a name: their name and kind.
 _RESPONSES_NAMELESS = {"computer_use_preview": ("computer", COMPUTER),
                        "computer": ("computer", COMPUTER),
-                       "local_shell": ("local_shell", LOCAL_SHELL)}
+                       "local_shell": ("local_shell", LOCAL_SHELL),
+                       "shell": ("shell", SHELL), "apply_patch": ("apply_patch", APPLY_PATCH)}
 #: An Anthropic-defined tool type: the kind, then the version date.
 _DATED = re.compile(r"([a-z][a-z0-9_]*?)_(\d{8})")
 #: The call kind (``ops.CALL_KINDS``) of an MCP server's approval request.
 _APPROVAL_CALL = "mcp_approval_request"
 #: The tool kind each call kind of a Responses item a client answers must find.
 _ITEM_KINDS = {"custom": CUSTOM, "computer_call": COMPUTER, "local_shell_call": LOCAL_SHELL,
-               _APPROVAL_CALL: MCP}
+               _APPROVAL_CALL: MCP, "shell_call": SHELL, "apply_patch_call": APPLY_PATCH}
 
 
 class ToolIdentity(NamedTuple):
@@ -163,6 +169,8 @@ def identity(provider: str, key: str, entry: Mapping[str, Any]) -> ToolIdentity:
         if row is None:  # not expected (tests/core/unit/test_identity.py): its key, then
             return ToolIdentity(key, str(kind))
         return ToolIdentity(*row)
+    if provider == "openai.chat" and kind == "custom":  # (client_entries checked its name)
+        return ToolIdentity(entry["custom"]["name"], CUSTOM)
     if provider == "anthropic.messages" and isinstance(kind, str) and kind != "custom":
         dated = _DATED.fullmatch(kind)
         return ToolIdentity(key, dated.group(1) if dated else kind)
@@ -177,7 +185,7 @@ def identities(provider: str, tools: Any) -> Identities:
     pairs: list[tuple[str, str | None]] = []
     plain = provider not in ("openai.responses", "anthropic.messages")
     for key, _, entry in client_entries(provider, tools):
-        if plain and "inputSchema" not in entry:
+        if plain and "inputSchema" not in entry and entry.get("type") != "custom":
             pairs.append((key, key))
             continue
         found = identity(provider, key, entry)

@@ -29,14 +29,14 @@ decides the new arguments again, every step, and never holds them again: :meth:`
 ``deny`` or a timeout (it fails, and gives its place back: :meth:`Latch.release`).
 
 A call's ``kind`` (``ops.CALL_KINDS``) says what its text is. ``function`` calls take every
-step. A ``custom`` call (Responses ``custom_tool_call``) takes 1 to 4 against the custom tools
-the run registered, then 8 (its ``arguments`` the input text), 9 and 10: its text is
-free-form input, committed as text, never parsed (a ``grammar`` format is not enforced). The
-Responses items a client answers take every step against the tool of their type
-(``tools.client_tools``), whose schema is empty. Whatever its kind, a call is found among the
-run's tools by its key, and is known everywhere else (the policy's resource, the approval
-lists, the records) by its name, the one its committed record carries; the policy also sees
-the tool's kind (:mod:`worker.core.identity`).
+step. A ``custom`` call (Responses ``custom_tool_call``, a chat custom call) takes 1 to 4
+against the custom tools the run registered, then 8 (its ``arguments`` the input text), 9
+and 10: its text is free-form input, committed as text, never parsed (a ``grammar`` format
+is not enforced). The Responses items a client answers take every step against the tool of
+their type (``tools.client_tools``), whose schema is empty. Whatever its kind, a call is
+found among the run's tools by its key, and is known everywhere else (the policy's resource,
+the approval lists, the records) by its name, the one its committed record carries; the
+policy also sees the tool's kind (:mod:`worker.core.identity`).
 
 Limits that can be known earlier fail the call earlier, while its text streams in:
 ``arguments_exceed_max_bytes`` (the buffer is dropped at once) and ``too_many_tool_calls``

@@ -39,10 +39,12 @@ T = TypeVar("T")
 #: The kinds of client call (``OpenCall.kind``). A ``function`` call's text is JSON arguments
 #: checked against the tool's schema; a ``custom`` call's text is free-form input, committed as
 #: text; the Responses items a client must answer (``computer_call``, ``local_shell_call``,
-#: ``mcp_approval_request``) carry their item's own fields as a JSON object.
+#: ``mcp_approval_request``, ``shell_call``, ``apply_patch_call``) carry their item's own fields
+#: as a JSON object.
 FUNCTION = "function"
 CUSTOM = "custom"
-CALL_KINDS = (FUNCTION, CUSTOM, "computer_call", "local_shell_call", "mcp_approval_request")
+CALL_KINDS = (FUNCTION, CUSTOM, "computer_call", "local_shell_call", "mcp_approval_request",
+              "shell_call", "apply_patch_call")
 
 
 class OpenCall:
@@ -350,6 +352,8 @@ class CallView:
     #: Left out of the final message (``on_invalid_json: drop_with_protocol_repair``): the
     #: adapter writes no tool call, block, item or part for it.
     dropped: bool = False
+    #: What its text is (:data:`CALL_KINDS`): a chat custom call's entry is written as such.
+    kind: str = FUNCTION
 
 
 def unwrapped_calls(calls: Sequence[CallView]) -> dict[str, list[CallView]]:

@@ -218,7 +218,7 @@ class Outputs:
         calls = [c for c in calls if c.state is not CallState.UNWRAPPED]
         views = [CallView(c.key, c.tool_call_id, c.name or "unknown",
                           c.text if c.text is not None else "".join(c.parts),
-                          c.arguments, c.parsed, c.parent, self.dropped(c)) for c in calls]
+                          c.arguments, c.parsed, c.parent, self.dropped(c), c.kind) for c in calls]
         message, choices = adapter.final(views)
         value: dict[str, Any] = {**self._head(), "status": str(status), "message": message}
         if choices is not None:

@@ -3,13 +3,17 @@
 A gateway sends the model a tool list; the same list arrives on ``run.start``. Only a
 *client* tool (one the runner executes) can become a committed call:
 
-* ``openai.chat``: ``{"type": "function", "function": {"name", "parameters"}}``.
+* ``openai.chat``: ``{"type": "function", "function": {"name", "parameters"}}``; a custom
+  (free-form) tool ``{"type": "custom", "custom": {"name", "format"?}}`` registers as
+  Responses' custom tools do, under ``custom:<name>``, its format not enforced.
 * ``openai.responses``: ``{"type": "function", "name", "parameters"}``; built-in tools such
   as ``web_search`` run at OpenAI and are not registered. The tools whose items a client
   answers register under a key of their kind (see :func:`responses_tool_key`), never a bare
   name: ``{"type": "custom", "name", "format"?}`` as ``custom:<name>`` (the format, text or
   grammar, is not enforced), ``computer_use_preview`` / ``computer`` as ``computer_call:``,
-  ``local_shell`` as ``local_shell_call:``, and ``{"type": "mcp", "server_label"}`` as
+  ``local_shell`` as ``local_shell_call:``, ``shell`` as ``shell_call:`` (not a ``shell``
+  whose ``environment`` is a container: OpenAI runs that one, :func:`hosted_shell`),
+  ``apply_patch`` as ``apply_patch_call:``, and ``{"type": "mcp", "server_label"}`` as
   ``mcp_approval_request:<server_label>``, all with the empty schema
   (``docs/decisions/0004-responses-client-items.md``).
 * ``anthropic.messages``: ``{"name", "input_schema"}`` with no ``type`` or
@@ -333,6 +337,12 @@ def _client_tool(provider: str, tool: Mapping[str, Any]) -> tuple[str, Any] | No
         name = spec.get("name")
         schema = holder.get("json", {}) if isinstance(holder, Mapping) else {}
     elif provider == "openai.chat":
+        if tool.get("type") == "custom":  # free-form input, as Responses' custom tools
+            custom = tool.get("custom")
+            name = custom.get("name") if isinstance(custom, Mapping) else None
+            if not isinstance(name, str) or not name:
+                return None
+            return responses_tool_key("custom", name), {}
         fn = tool.get("function")
         if tool.get("type", "function") != "function" or not isinstance(fn, Mapping):
             return None
@@ -490,7 +500,18 @@ def openapi_schema(schema: Any) -> Any:
     return out
 #: Responses tool types whose items a client answers, and the item type each one answers.
 RESPONSES_CLIENT_TOOLS = {"computer_use_preview": "computer_call", "computer": "computer_call",
-                          "local_shell": "local_shell_call"}
+                          "local_shell": "local_shell_call", "shell": "shell_call",
+                          "apply_patch": "apply_patch_call"}
+
+
+def hosted_shell(environment: Any) -> bool:
+    """Whether a Responses ``shell`` tool's (or ``shell_call`` item's) ``environment`` is a
+    container OpenAI runs (``container_auto``, ``container_reference``, or any type but
+    ``local``): such a shell is OpenAI's, its items never a client's call. Absent, null or
+    ``{"type": "local"}``: the client's."""
+    if environment is None:
+        return False
+    return not (isinstance(environment, Mapping) and environment.get("type") == "local")
 
 
 def responses_tool_key(kind: str, detail: str = "") -> str:
@@ -510,6 +531,8 @@ def _responses_other_tool(kind: Any, tool: Mapping[str, Any]) -> str | None:
         if isinstance(label, str) and label:
             return responses_tool_key("mcp_approval_request", label)
         return None
+    if kind == "shell" and hosted_shell(tool.get("environment")):
+        return None  # a container OpenAI runs: a hosted tool, as web_search
     item = RESPONSES_CLIENT_TOOLS.get(kind) if isinstance(kind, str) else None
     return None if item is None else responses_tool_key(item)
 

@@ -1,7 +1,8 @@
 """What a runner's tool function receives for each kind of committed call
 (``schemas/committed-call.schema.json``, decision 0004): a function call's decoded
 ``arguments``; a custom call's ``input`` text (it has no ``arguments``); a client item's
-fields (``computer_call``, ``local_shell_call``, ``mcp_approval_request``) as an object."""
+fields (``computer_call``, ``local_shell_call``, ``mcp_approval_request``) as an object; a
+``shell_call``'s ``action`` and an ``apply_patch_call``'s ``operation``."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def echo_runner() -> tuple[Runner, list[Any]]:
         received.append(given)
         return given
 
-    names = ("apply_patch", "computer", "local_shell", "delete_repo", "get_weather")
+    names = ("apply_patch", "computer", "local_shell", "delete_repo", "get_weather", "shell")
     return Runner(Config(), dict.fromkeys(names, echo), consumer=object(),
                   producer=object()), received
 
@@ -66,3 +67,17 @@ def test_client_items_and_function_calls_get_their_arguments_object() -> None:
     results = [orjson.loads(runner.handle(r, None).value or b"") for r in records]
     assert received == [computer, shell, approval, weather]
     assert [r["is_error"] for r in results] == [False] * 4
+
+
+def test_shell_and_apply_patch_calls_get_their_action_and_operation() -> None:
+    """A shell_call's tool gets the item's ``action``, an apply_patch_call's its ``operation``
+    (issue 33): the one field of their committed arguments, not the wrapping object."""
+    runner, received = echo_runner()
+    action = {"commands": ["ls -la"], "timeout_ms": 5000, "max_output_length": 4096}
+    operation = {"type": "create_file", "path": "a.txt", "diff": "+hello\n"}
+    records = [call("shell", "shell_call", arguments={"action": action}),
+               call("apply_patch", "apply_patch_call", arguments={"operation": operation})]
+    results = [orjson.loads(runner.handle(r, None).value or b"") for r in records]
+    assert received == [action, operation]
+    assert [(r["is_error"], orjson.loads(r["content"])) for r in results] == [
+        (False, action), (False, operation)]

@@ -144,3 +144,52 @@ def test_no_ops_stays_empty(seed: int, settings_name: str) -> None:
     for key, value, now in records(rng, 300, 3, 0.2):
         assembler.feed_record(key, value, now)
     assert op.NO_OPS == []
+
+
+#: ``delta.tool_calls[]`` entries at tool indexes 0 and 1: a function's or a custom call's
+#: opening (with an id and a name) or a piece of its text (none), some with both members.
+ENTRY = st.one_of(
+    st.builds(lambda i, t: {"index": i, "function": {"arguments": t}}, st.sampled_from([0, 1]),
+              TEXT),
+    st.builds(lambda i, t: {"index": i, "custom": {"input": t}}, st.sampled_from([0, 1]), TEXT),
+    st.builds(lambda i, n: {"index": i, "id": f"call_{n}", "type": "function",
+                            "function": {"name": "f", "arguments": ""}},
+              st.sampled_from([0, 1]), st.integers(0, 2)),
+    st.builds(lambda i, n: {"index": i, "id": f"call_{n}", "type": "custom",
+                            "custom": {"name": "c", "input": ""}},
+              st.sampled_from([0, 1]), st.integers(0, 2)),
+    st.builds(lambda i, t: {"index": i, "type": "custom", "function": {"arguments": t},
+                            "custom": {"input": t}}, st.sampled_from([0, 1]), TEXT))
+
+
+def _described(ops: list[op.Op]) -> list[tuple[Any, ...]]:
+    return [(type(o).__name__, getattr(o, "key", None), getattr(o, "text", None),
+             getattr(o, "kind", None), getattr(o, "tool", None)) for o in ops]
+
+
+def _chat_args(entry: dict[str, Any]) -> tuple[int, str] | None:
+    """What ``worker.core._peek`` reads as ``CHAT_ARGS`` of a one-entry chunk (peek.c)."""
+    function = entry.get("function")
+    if entry.get("id") is not None or type(function) is not dict:
+        return None
+    if type(function.get("arguments")) is not str or function.get("name") is not None:
+        return None
+    return entry["index"], function["arguments"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries=st.lists(ENTRY, max_size=8))
+def test_chat_argument_pieces_are_read_as_the_loop_reads_them(entries: list[Any]) -> None:
+    """Function and custom calls (issue 33) at the same indexes, in any order: a chunk that
+    peek reads as ``CHAT_ARGS`` fed through ``fast`` (the loop when it says None) gives the
+    ops ``_read_choices`` gives, and the same final message; so a custom call's index is never
+    taken by the function fast path."""
+    fast, general = OpenAIChat(), OpenAIChat()
+    for entry in entries:
+        chunk = {"index": 0, "delta": {"tool_calls": [entry]}}
+        peeked = _chat_args(entry)
+        taken = None if peeked is None else fast.fast(op.CHAT_ARGS, *peeked)
+        if taken is None:
+            taken = fast.feed({"choices": [chunk]})
+        assert _described(taken) == _described(general._read_choices([chunk]))
+    assert fast.final([]) == general.final([])

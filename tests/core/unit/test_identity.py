@@ -24,15 +24,18 @@ from builders import (
     GEMINI,
     PATH_SCHEMA,
     RESPONSES,
+    apply_patch_call,
     committed,
     errors,
     feed,
+    item_events,
     provider_calls,
     responses_head,
     responses_run,
     responses_tail,
     responses_tool,
     run_envelopes,
+    shell_call,
     tools_for,
     values,
 )
@@ -46,12 +49,6 @@ from worker.runtime.governance.policy import CedarPolicy
 # -- the four Responses items a client answers, each with its declaration ---------------------
 
 
-def item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
-    """An output item added, then done (``computer_call``, ``local_shell_call``,
-    ``mcp_approval_request``: their text is the finished item's own fields)."""
-    return [{"type": "response.output_item.added", "output_index": index,
-             "item": {**item, "status": "in_progress"}},
-            {"type": "response.output_item.done", "output_index": index, "item": item}]
 
 
 def custom_events(index: int, call_id: str, name: str, text: str) -> list[dict[str, Any]]:
@@ -87,6 +84,11 @@ KINDS = {
                     "local_shell", "call_sh"),
     "mcp approval": ({"type": "mcp", "server_label": "gh", "require_approval": "always"},
                      item_events(0, APPROVAL), "delete_repo", "mcp", "mcpr_1"),
+    "shell": ({"type": "shell"}, item_events(0, shell_call("call_shc", ["ls"])), "shell",
+              "shell", "call_shc"),
+    "apply_patch": ({"type": "apply_patch"}, item_events(0, apply_patch_call(
+        "call_ap", {"type": "delete_file", "path": "a.txt"})), "apply_patch", "apply_patch",
+                    "call_ap"),
 }
 
 

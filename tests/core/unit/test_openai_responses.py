@@ -19,6 +19,7 @@ from builders import (
     errors,
     feed,
     finals,
+    item_events,
     outcome_ids,
     responses_call,
     responses_head,
@@ -96,10 +97,6 @@ def test_mcp_call_fixture_is_never_committed() -> None:
 # -- Responses: items a client answers (decision 0004) -------------------------------------------
 
 
-def item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
-    added = {**item, "status": "in_progress"}
-    return [{"type": "response.output_item.added", "output_index": index, "item": added},
-            {"type": "response.output_item.done", "output_index": index, "item": item}]
 
 
 COMPUTER = {"type": "computer_call", "id": "cu_1", "call_id": "call_cu",

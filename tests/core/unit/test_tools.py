@@ -70,11 +70,13 @@ def test_chat_function_tools_register() -> None:
 
 def test_chat_ignores_other_shapes() -> None:
     """Chat entries that are not function tools (another type, no ``function``, the
-    Responses or Anthropic shape, not an object) register nothing."""
+    Responses or Anthropic shape, not an object) register nothing; a custom tool registers
+    under ``custom:<name>`` (issue 33), one without a name nothing."""
     tools = [{"type": "custom", "custom": {"name": "grammar_tool"}},
+             {"type": "custom", "custom": {"name": ""}}, {"type": "custom", "name": "flat"},
              {"type": "function", "name": "flat_responses_shape", "parameters": {}},
              anthropic_tool("anthropic_shape", PATH_SCHEMA), "read_file", None, 3]
-    assert client_tools(CHAT, tools) == {}
+    assert client_tools(CHAT, tools) == {"custom:grammar_tool": {}}
 
 
 def test_anthropic_client_tools_register_server_tools_do_not() -> None:

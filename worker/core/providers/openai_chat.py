@@ -30,6 +30,15 @@ What OpenAI-compatible servers do instead, all seen in recorded streams and all 
 * the model's ``multi_tool_use.parallel`` wrapper, a call to a tool the run did not register:
   the assembler unwraps it (docs/providers.md, "The parallel wrapper").
 
+A custom (free-form) tool call (issue 33; openai-python ``ChatCompletionMessageCustomToolCall``,
+not yet in the chunk types: openai-python #2530, openai-openapi #576) streams as an entry
+``{"index", "id", "type": "custom", "custom": {"name", "input"}}`` and continues with
+``{"index", "custom": {"input"}}``: an entry with a ``custom`` object and no ``function`` is
+one (``kind: custom``, its tool looked up under ``custom:<name>``, its text the concatenated
+``input``, never parsed). A continuation of the other shape than the call at its index (a
+``function`` fragment for a custom call, or the reverse) is no part of it: it opens a call of
+its own, as a new id does.
+
 Chat has no start or stop event per call, so no misplaced one can break its protocol: an
 argument fragment at an index never opened opens an id-less call (``missing_id_or_name``), and
 an event after ``stream.end`` goes to the DLQ, like every provider's.
@@ -44,6 +53,7 @@ from typing import Any, ClassVar
 from worker.core import keys, strictjson
 from worker.core import ops as op
 from worker.core.model import Reason
+from worker.core.tools import responses_tool_key
 
 #: The buffer keys ``"c.i"`` of the first choices' first tool indexes, made once: an open call's
 #: key is nearly always one of these, not a string of its own per run.
@@ -180,6 +190,8 @@ class OpenAIChat(op.Adapter):
         #: first): an open run holds no map for one choice.
         self._first: _Choice | None = None
         self._choices: dict[int, _Choice] | None = None
+        #: The buffer keys of the custom calls (made at the first: most runs have none).
+        self._custom: set[str] | None = None
 
     def feed(self, event: dict[str, Any]) -> list[op.Op]:
         # Each value read is checked for its JSON type before it is used, which also lets the
@@ -201,7 +213,7 @@ class OpenAIChat(op.Adapter):
         if kind == op.CHAT_ARGS and text:
             choice = self._first
             slot = choice.slot(index) if choice is not None else None
-            if slot is not None:
+            if slot is not None and (self._custom is None or slot[0] not in self._custom):
                 return [op.AppendArgs(slot[0], text)]
         return None
 
@@ -326,27 +338,34 @@ class OpenAIChat(op.Adapter):
     def _tool_call(self, ci: int, choice: _Choice, entry: dict[str, Any],
                    ops: list[op.Op]) -> None:
         """Append the ops of one ``delta.tool_calls[]`` entry to ``ops``."""
-        fn = _object(entry.get(keys.FUNCTION) or _NO_DELTA)
-        args = fn.get(keys.ARGUMENTS)
+        function = entry.get(keys.FUNCTION)
+        custom = entry.get("custom") if function is None else None
+        if custom is not None:  # a custom tool call's: its input is its text
+            fn = _object(custom)
+            args = fn.get("input")
+        else:
+            fn = _object(function or _NO_DELTA)
+            args = fn.get(keys.ARGUMENTS)
         index = entry.get(keys.INDEX)
         if (type(index) is int and type(args) is str and not entry.get(keys.ID)
                 and not fn.get(keys.NAME)):
             slot = choice.slot(index)
-            if slot is not None:  # a continuation chunk (nearly all): more text, no id or name
+            if slot is not None and self._is_custom(slot[0]) == (custom is not None):
+                # a continuation chunk (nearly all): more text, no id or name
                 if args:
                     ops.append(op.AppendArgs(slot[0], args))
                 return
         call_id, name = _text(entry.get("id")), _text(fn.get("name"))
-        if isinstance(args, dict):  # a gateway that already parsed the arguments: as strict
-            args = self.arguments_text(args)  # as text (a ParseError fails the call)
-        key = self._key(ci, choice, index, call_id)
+        if isinstance(args, dict) and custom is None:  # a gateway that already parsed the
+            args = self.arguments_text(args)  # arguments: as strict as text (ParseError fails)
+        key = self._key(ci, choice, index, call_id, custom is not None)
         if key is None:
             index = choice.free_index()
             key = self._new(ci, choice, index, call_id)
-            ops.append(op.OpenCall(key, index, ci, call_id, name))
+            ops.append(self._open(key, index, ci, call_id, name, custom is not None))
         elif choice.keys is None or key not in choice.keys:
             choice.add_key(key)
-            ops.append(op.OpenCall(key, entry["index"], ci, call_id, name))
+            ops.append(self._open(key, entry["index"], ci, call_id, name, custom is not None))
         elif call_id or name:  # a continuation chunk repeats neither: nothing to identify
             ops.append(op.Identify(key, call_id, name))
         if isinstance(args, str) and args:
@@ -354,13 +373,31 @@ class OpenAIChat(op.Adapter):
         elif isinstance(args, strictjson.ParseError):
             ops.append(op.RefuseArgs(key, args.message))
 
-    def _key(self, ci: int, choice: _Choice, index: Any, call_id: str | None) -> str | None:
-        """The buffer key this entry belongs to; a not-yet-listed key opens a call."""
+    def _is_custom(self, key: str) -> bool:
+        return self._custom is not None and key in self._custom
+
+    def _open(self, key: str, index: int, ci: int, call_id: str | None, name: str | None,
+              custom: bool) -> op.OpenCall:
+        """The call an entry opens: a custom one is listed, and looks its tool up as such."""
+        if not custom:
+            return op.OpenCall(key, index, ci, call_id, name)
+        if self._custom is None:
+            self._custom = set()
+        self._custom.add(key)
+        return op.OpenCall(key, index, ci, call_id, name, op.CUSTOM,
+                           responses_tool_key(op.CUSTOM, name or ""))
+
+    def _key(self, ci: int, choice: _Choice, index: Any, call_id: str | None,
+             custom: bool = False) -> str | None:
+        """The buffer key this entry belongs to; a not-yet-listed key opens a call (as does an
+        entry of the other shape than the call at its index: function or custom)."""
         index = _index(index)
         if index is None:
-            return choice.key_for_id(call_id) if call_id else None
+            key = choice.key_for_id(call_id) if call_id else None
+            return None if key is not None and self._is_custom(key) != custom else key
         slot = choice.slot(index)
-        if slot is None or (call_id and slot[1] and call_id != slot[1]):
+        if (slot is None or (call_id and slot[1] and call_id != slot[1])
+                or self._is_custom(slot[0]) != custom):
             base = _call_key(ci, index)
             generation = sum(1 for k in choice.keys or () if k.split("#")[0] == base)
             key = base + (f"#{generation}" if generation else "")
@@ -442,5 +479,8 @@ def _safe(value: str) -> str:
 
 
 def _tool_call_entry(call: op.CallView) -> dict[str, Any]:
+    if call.kind == op.CUSTOM:  # (openai-python ChatCompletionMessageCustomToolCall)
+        return {"id": call.tool_call_id, "type": "custom",
+                "custom": {"name": call.name, "input": call.text or ""}}
     return {"id": call.tool_call_id, "type": "function",
             "function": {"name": call.name, "arguments": call.text or ""}}

@@ -28,8 +28,13 @@ The items a client answers are calls too (``docs/decisions/0004-responses-client
 ``custom_tool_call`` (its ``input`` streams as ``response.custom_tool_call_input.delta`` and is
 restated by ``.done`` and the finished item; committed as text), and ``computer_call``,
 ``local_shell_call`` and ``mcp_approval_request``, whose text is their finished item's own
-fields as a JSON object. Every other item (``web_search_call``, ``file_search_call``,
-``code_interpreter_call``, ``image_generation_call``, ``mcp_call``, ``mcp_list_tools``,
+fields as a JSON object; ``shell_call`` and ``apply_patch_call`` (issue 33), whose text is
+``{"action"}`` or ``{"operation"}`` of their finished item (their
+``response.shell_call_command.*`` events are not read: the finished item restates the
+commands). A ``shell_call`` whose ``environment`` is a container (``container_reference``)
+ran at OpenAI, in its hosted shell: no call (``tools.hosted_shell``). Every other item
+(``web_search_call``, ``file_search_call``, ``code_interpreter_call``,
+``image_generation_call``, ``mcp_call``, ``mcp_list_tools``, ``shell_call_output``,
 ``reasoning``, messages) runs at OpenAI or is content: kept for the final message, never a
 call (rule 6). A function call named ``parallel`` or ``multi_tool_use.parallel`` is the
 model's parallel wrapper, which the assembler unwraps when the run did not register that name.
@@ -56,7 +61,7 @@ import orjson
 from worker.core import keys, strictjson
 from worker.core import ops as op
 from worker.core.identity import RESPONSES_ITEM_NAMES
-from worker.core.tools import responses_tool_key
+from worker.core.tools import hosted_shell, responses_tool_key
 
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 _RESPONSE_EVENTS = frozenset({"response.created", "response.in_progress", *_TERMINAL})
@@ -75,9 +80,15 @@ _DONE_ITEMS = {"response.function_call_arguments.done": "function_call",
 _CALL_ITEMS: dict[str, tuple[str, str | None]] = {
     "function_call": (op.FUNCTION, "arguments"), "custom_tool_call": (op.CUSTOM, "input"),
     "computer_call": ("computer_call", None), "local_shell_call": ("local_shell_call", None),
-    "mcp_approval_request": ("mcp_approval_request", None)}
+    "mcp_approval_request": ("mcp_approval_request", None),
+    "shell_call": ("shell_call", None), "apply_patch_call": ("apply_patch_call", None)}
 #: What is not a client-answered item's text (the rest of its fields is).
 _NOT_TEXT = frozenset({"type", "id", "call_id", "status"})
+#: The client-answered items whose text is only these fields (not ``environment``,
+#: ``caller`` or ``created_by``): what the runner needs to act.
+_TEXT_FIELDS = {"shell_call": ("action",), "apply_patch_call": ("operation",)}
+#: The type a hosted ``shell_call`` is added as: no call's (``_type``).
+_HOSTED_SHELL = "shell_call (hosted)"
 
 
 class OpenAIResponses(op.Adapter):
@@ -194,7 +205,7 @@ class OpenAIResponses(op.Adapter):
         docstring): each call it lists must have been streamed with the same name and text."""
         ops: list[op.Op] = []
         for item in output if isinstance(output, list) else ():
-            if not isinstance(item, dict) or item.get("type") not in _CALL_ITEMS:
+            if not isinstance(item, dict) or _type(item) not in _CALL_ITEMS:
                 continue
             call_id = _call_id(item)
             if call_id is None:  # nothing to pair it by, but an item id the stream named
@@ -227,7 +238,7 @@ class OpenAIResponses(op.Adapter):
         if not op.is_index(index) or not isinstance(item, dict):
             raise ValueError("output_item.added without output_index or item")
         kept = _kept(item)
-        kind = item.get("type")
+        kind = _type(item)
         if self.broken or index in self._types:
             ops: list[op.Op] = [] if self.broken else [
                 self.protocol_error("output_item.added at an output_index already added")]
@@ -250,7 +261,7 @@ class OpenAIResponses(op.Adapter):
         if not op.is_index(index) or not isinstance(item, dict):
             raise ValueError("output_item.done without output_index or item")
         kept = _kept(item)
-        kind = item.get("type")
+        kind = _type(item)
         if self.broken or self._types.get(index, self) != kind:
             ops: list[op.Op] = [] if self.broken else [self.protocol_error(
                 "output_item.done for an item never added" if index not in self._types
@@ -387,9 +398,21 @@ def _item_text(item: dict[str, Any]) -> str:
 
 
 def _item_fields(item: dict[str, Any]) -> dict[str, Any]:
-    """A client-answered item's own fields (but ``type``, ``id``, ``call_id``, ``status``):
-    its arguments (``_item_text``)."""
+    """A client-answered item's own fields (but ``type``, ``id``, ``call_id``, ``status``), or
+    those of ``_TEXT_FIELDS`` that it has: its arguments (``_item_text``)."""
+    only = _TEXT_FIELDS.get(item["type"])
+    if only is not None:
+        return {k: item[k] for k in only if k in item}
     return {k: v for k, v in item.items() if k not in _NOT_TEXT}
+
+
+def _type(item: dict[str, Any]) -> Any:
+    """An output item's type, but :data:`_HOSTED_SHELL` for a ``shell_call`` that ran in a
+    container at OpenAI (no call: the module docstring)."""
+    kind = item.get("type")
+    if kind == "shell_call" and hosted_shell(item.get("environment")):
+        return _HOSTED_SHELL
+    return kind
 
 
 def _call_id(item: dict[str, Any]) -> str | None:

@@ -11,7 +11,8 @@ is one Cedar request, evaluated by the Cedar engine through ``cedarpy``:
 * resource ``Latch::Tool::"<name>"``, the tool's name as its committed record carries it
   (``worker/core/identity.py``: one name, whatever type the run declared the tool as), an
   entity whose attributes are ``kind`` (``function``, ``custom``, ``computer``,
-  ``local_shell``, ``mcp``, an Anthropic tool type such as ``bash``), ``annotations`` (the MCP
+  ``local_shell``, ``shell``, ``apply_patch``, ``mcp``, an Anthropic tool type such as
+  ``bash``), ``annotations`` (the MCP
   hints the run gave, :func:`worker.core.tools.tool_attributes`; empty otherwise),
   ``toolset`` when the tool came from one, and ``server_label`` for an MCP server's approval
   request;
