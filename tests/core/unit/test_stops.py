@@ -1,4 +1,4 @@
-"""Stop and incomplete reasons, provider by provider (issue 33; README, "Stop and incomplete
+"""Stop and incomplete reasons, provider by provider (issue 33; docs/contract.md, "Stop and incomplete
 reasons"), and the field checks that came with them.
 
 Each provider's documented stop reasons do one defined thing to the calls of their message

@@ -1,5 +1,5 @@
 """Stops that forbid running a call, and the field checks of issue 33, through the real broker
-on both engines (README, "Stop and incomplete reasons").
+on both engines (docs/contract.md, "Stop and incomplete reasons").
 
 One worker per engine reads one run per case, every provider's content stop among them (Chat
 ``content_filter``, per choice; Anthropic ``refusal``; Responses ``incomplete_details.reason:

@@ -461,7 +461,7 @@ ERROR_FINISHES = frozenset({"error", "network_error", "insufficient_system_resou
 
 def finish_stop(ci: int, finish: str) -> op.Stopped | None:
     """What choice ``ci``'s ``finish_reason`` does to its calls: None, they may commit (or
-    the value is empty: no reason); else the stop that fails them (README, "Stop and
+    the value is empty: no reason); else the stop that fails them (docs/contract.md, "Stop and
     incomplete reasons"): per choice, as ``length`` always was."""
     if not finish or finish in COMPLETING_FINISHES:
         return None

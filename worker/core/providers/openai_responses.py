@@ -368,7 +368,7 @@ def _kept(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def incomplete_stop(details: Any) -> op.Stopped:
-    """What ``response.incomplete`` does to the response's calls (README, "Stop and
+    """What ``response.incomplete`` does to the response's calls (docs/contract.md, "Stop and
     incomplete reasons"): ``incomplete_details.reason`` ``content_filter`` fails them
     ``content_filtered``; ``max_output_tokens``, or any other (or none), ``truncated``."""
     reason = details.get("reason") if isinstance(details, dict) else None
