@@ -678,8 +678,8 @@ def test_anthropic_server_tool_refusal_commits_nothing() -> None:
     ``server_tool_use`` web_search block, its ``web_search_tool_result``, a text block, and
     ``stop_reason: "refusal"``. Even with a client tool of the same name registered, the
     server block is never a call (rule 6); it appears in the final message only. The run ends
-    ``failed``: ``refusal`` is a stop for the message's content (docs/contract.md, "Stop and incomplete
-    reasons"), as Bedrock's guardrail and Gemini's SAFETY stops are."""
+    ``failed``: ``refusal`` is a stop for the message's content (docs/contract.md, "Stop and
+    incomplete reasons"), as Bedrock's guardrail and Gemini's SAFETY stops are."""
     tools = [anthropic_tool("web_search", QUERY),
              {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}]
     lines = run_capture("anthropic.messages", fixture(ANTHROPIC_REFUSAL), tools)

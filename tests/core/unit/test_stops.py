@@ -1,5 +1,5 @@
-"""Stop and incomplete reasons, provider by provider (issue 33; docs/contract.md, "Stop and incomplete
-reasons"), and the field checks that came with them.
+"""Stop and incomplete reasons, provider by provider (issue 33; docs/contract.md,
+"Stop and incomplete reasons"), and the field checks that came with them.
 
 Each provider's documented stop reasons do one defined thing to the calls of their message
 (or choice): they commit, they fail with a named reason (``truncated``, ``content_filtered``,

@@ -295,9 +295,9 @@ class AnthropicMessages(op.Adapter):
 
 
 def message_stop(reason: str) -> op.Stopped | None:
-    """What ``message_delta``'s ``stop_reason`` does to the message's calls (docs/contract.md, "Stop and
-    incomplete reasons"): None, they may commit; else the stop that fails each call not yet
-    decided."""
+    """What ``message_delta``'s ``stop_reason`` does to the message's calls (docs/contract.md,
+    "Stop and incomplete reasons"): None, they may commit; else the stop that fails each call
+    not yet decided."""
     if reason in COMPLETING_STOPS:
         return None
     if reason in TRUNCATING_STOPS:
