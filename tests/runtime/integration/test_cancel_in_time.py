@@ -22,6 +22,7 @@ forwarded cancel, so a slow forward passed them; these do not wait for it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,7 +58,7 @@ FORWARD_BOUND_S = 1.0
 MARGIN_S = 1.0
 WAIT_S = 45.0
 #: Cancels in the control log before the worker starts.
-BACKLOG = 600
+BACKLOG = 3000
 #: The faust engine's own timings (worker/runtime/faust_engine/settings.py and faust's
 #: defaults), not the harness's quick ones: the outside check ran a worker as deployed.
 DEPLOYED_FAUST = {"broker_session_timeout": 15, "broker_heartbeat_interval": 3,
@@ -76,6 +77,12 @@ def stack(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stac
 
 @pytest.fixture
 def ready_worker(stack: Stack, tmp_path: Path) -> Iterator[WorkerProcess]:
+    with _ready_worker(stack, tmp_path) as proc:
+        yield proc
+
+
+@contextlib.contextmanager
+def _ready_worker(stack: Stack, tmp_path: Path) -> Iterator[WorkerProcess]:
     """A fresh worker of the stack, its ``/readyz`` just turned 200; killed afterwards."""
     port = broker.free_ports()
     proc = start_worker(stack, tmp_path / "worker.log", port, **DEPLOYED_FAUST)
@@ -87,10 +94,22 @@ def ready_worker(stack: Stack, tmp_path: Path) -> Iterator[WorkerProcess]:
             proc.kill()
 
 
+@pytest.mark.parametrize("backlog", [0, BACKLOG])
 def test_a_cancel_acknowledged_in_time_cancels_the_call(
-        stack: Stack, ready_worker: WorkerProcess) -> None:
+        stack: Stack, tmp_path: Path, backlog: int) -> None:
     """The first cancel after ``/readyz`` turned ready, acknowledged 2 s before the run goes
-    on, cancels the open call: one ``cancelled`` error result, no committed call."""
+    on, cancels the open call: one ``cancelled`` error result, no committed call. With
+    ``backlog`` cancels of other runs in the control log before the worker started (a
+    group new to the topic, or one that was away): before issue 33 the worker said ready
+    while it was still forwarding them, and this cancel waited behind them."""
+    old = run_ids("old", PARTITIONS, backlog // PARTITIONS)
+    publish(stack.bootstrap, stack.topic("control"),
+            [(r.encode(), orjson.dumps(cancel(r))) for r in old])
+    with _ready_worker(stack, tmp_path) as proc:
+        _cancel_in_time(stack, proc)
+
+
+def _cancel_in_time(stack: Stack, proc: WorkerProcess) -> None:
     run_id = "in-time"
     head, rest = split_open_run(CHAT, run_id)
     publish_envelopes(stack.bootstrap, stack.topic("events"), head)
@@ -106,7 +125,7 @@ def test_a_cancel_acknowledged_in_time_cancels_the_call(
     finally:
         reader.close()
     assert [r.value["tool_call_id"] for r in mine if r.role == "committed"] == [], \
-        ready_worker.tail()
+        proc.tail()
     errors = [(r.value["tool_call_id"], r.value["reason"]) for r in mine if r.role == "errors"]
     assert errors == [("call_1", "cancelled")]
     [final] = [r.value for r in mine if r.role == "final"]
