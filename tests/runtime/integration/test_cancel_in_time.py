@@ -75,12 +75,6 @@ def stack(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stac
         yield made
 
 
-@pytest.fixture
-def ready_worker(stack: Stack, tmp_path: Path) -> Iterator[WorkerProcess]:
-    with _ready_worker(stack, tmp_path) as proc:
-        yield proc
-
-
 @contextlib.contextmanager
 def _ready_worker(stack: Stack, tmp_path: Path) -> Iterator[WorkerProcess]:
     """A fresh worker of the stack, its ``/readyz`` just turned 200; killed afterwards."""
@@ -102,9 +96,7 @@ def test_a_cancel_acknowledged_in_time_cancels_the_call(
     ``backlog`` cancels of other runs in the control log before the worker started (a
     group new to the topic, or one that was away): before issue 33 the worker said ready
     while it was still forwarding them, and this cancel waited behind them."""
-    old = run_ids("old", PARTITIONS, backlog // PARTITIONS)
-    publish(stack.bootstrap, stack.topic("control"),
-            [(r.encode(), orjson.dumps(cancel(r))) for r in old])
+    _publish_backlog(stack, backlog)
     with _ready_worker(stack, tmp_path) as proc:
         _cancel_in_time(stack, proc)
 
@@ -132,13 +124,21 @@ def _cancel_in_time(stack: Stack, proc: WorkerProcess) -> None:
     assert final["status"] == "cancelled", final
 
 
-def test_forwards_within_the_bound(stack: Stack, ready_worker: WorkerProcess) -> None:
-    """Cancels one after another, from the moment ``/readyz`` turned ready, one per control
-    partition and more: each one's forwarded marker is in the events log, its record time
-    within the bound (plus the margin) of the cancel's acknowledgement."""
-    markers = Markers(stack)
+def _publish_backlog(stack: Stack, count: int) -> None:
+    """``count`` cancels of other runs into the control topic, spread over its partitions."""
+    old = run_ids("old", PARTITIONS, count // PARTITIONS)
+    publish(stack.bootstrap, stack.topic("control"),
+            [(r.encode(), orjson.dumps(cancel(r))) for r in old])
+
+
+def test_forwards_within_the_bound(stack: Stack, tmp_path: Path) -> None:
+    """Cancels one after another, from the moment ``/readyz`` turned ready (with a control
+    backlog from before the start), four per control partition: each one's forwarded marker
+    is in the events log, its record time within the bound (plus the margin) of the cancel's
+    acknowledgement."""
+    _publish_backlog(stack, BACKLOG)
     late = []
-    try:
+    with _ready_worker(stack, tmp_path) as proc, contextlib.closing(Markers(stack)) as markers:
         for run_id in run_ids("bound", PARTITIONS, per_partition=4):
             acked = produce_acked(stack.bootstrap, stack.topic("control"), run_id.encode(),
                                   orjson.dumps(cancel(run_id)))
@@ -146,9 +146,7 @@ def test_forwards_within_the_bound(stack: Stack, ready_worker: WorkerProcess) ->
             took = marker_ms / 1000 - acked
             if took > FORWARD_BOUND_S + MARGIN_S:
                 late.append((run_id, round(took, 3)))
-    finally:
-        markers.close()
-    assert late == [], ready_worker.tail()
+        assert late == [], proc.tail()
 
 
 def test_ready_only_once_the_control_backlog_is_forwarded(stack: Stack, tmp_path: Path) -> None:
