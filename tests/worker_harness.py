@@ -469,6 +469,16 @@ def finished(run_ids: Iterable[str]) -> Callable[[list[Out]], bool]:
     return lambda records: wanted <= {r.value["run_id"] for r in records if r.role == "final"}
 
 
+def run_outputs(stack: Stack, run_id: str, timeout: float = 45.0) -> list[Out]:
+    """The output records of one run, read once its final message is out."""
+    reader = Reader(stack)
+    try:
+        reader.collect(finished([run_id]), timeout=timeout)
+        return [r for r in reader.records if r.value.get("run_id") == run_id]
+    finally:
+        reader.close()
+
+
 # -- runs --------------------------------------------------------------------------------
 
 PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}},

@@ -34,16 +34,15 @@ from confluent_kafka import Producer
 from worker_harness import (
     ENGINES,
     Markers,
-    Reader,
     Stack,
     WorkerProcess,
-    finished,
     make_stack,
     produce_acked,
     publish,
     publish_envelopes,
     readiness,
     run_ids,
+    run_outputs,
     start_worker,
 )
 
@@ -110,12 +109,7 @@ def _cancel_in_time(stack: Stack, proc: WorkerProcess) -> None:
     time.sleep(AHEAD_S)  # the scenario itself: the gateway's next fragment comes 2 s later
     publish_envelopes(stack.bootstrap, stack.topic("events"), rest)
 
-    reader = Reader(stack)
-    try:
-        reader.collect(finished([run_id]), timeout=WAIT_S)
-        mine = [r for r in reader.records if r.value.get("run_id") == run_id]
-    finally:
-        reader.close()
+    mine = run_outputs(stack, run_id, WAIT_S)
     assert [r.value["tool_call_id"] for r in mine if r.role == "committed"] == [], \
         proc.tail()
     errors = [(r.value["tool_call_id"], r.value["reason"]) for r in mine if r.role == "errors"]

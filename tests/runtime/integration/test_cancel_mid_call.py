@@ -26,15 +26,14 @@ from confluent_kafka import Consumer, TopicPartition
 from worker_harness import (
     ENGINES,
     Markers,
-    Reader,
     Stack,
     WorkerProcess,
     expected,
-    finished,
     make_stack,
     partition_of,
     publish,
     publish_envelopes,
+    run_outputs,
     running_worker,
 )
 
@@ -117,12 +116,7 @@ def test_a_cancel_between_two_argument_fragments_cancels_the_call(
     publish_envelopes(stack.bootstrap, stack.topic("events"), rest)
     _wait_applied(stack, partition, _end_offset(stack, partition))  # the rest applied too
 
-    reader = Reader(stack)
-    try:
-        reader.collect(finished([run_id]), timeout=WAIT_S)
-        mine = [r for r in reader.records if r.value.get("run_id") == run_id]
-    finally:
-        reader.close()
+    mine = run_outputs(stack, run_id, WAIT_S)
     errors = [(r.value["tool_call_id"], r.value["state"], r.value["reason"])
               for r in mine if r.role == "errors"]
     assert errors == [("call_1", "cancelled", "cancelled")]
