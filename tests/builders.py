@@ -591,6 +591,20 @@ def provider_run(provider: str, run_id: str, schemas: dict[str, Any],
                          provider_calls(provider, calls, pieces=pieces), **kwargs)
 
 
+def split_open_run(provider: str, run_id: str, arguments: str = '{"path": "/c"}'
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A run of ``provider`` with one ``read_file`` call (``call_1``, its argument text in
+    two fragments), split after the call's first fragment: the head (the call is open) and
+    the rest (``stream.end`` last)."""
+    envelopes = provider_run(provider, run_id, {"read_file": PATH_SCHEMA},
+                             [("call_1", "read_file", arguments)], pieces=2)
+    # Gemini streams the value of "path" as partialArgs string pieces, the others its text.
+    first = split(orjson.loads(arguments)["path"] if provider == GEMINI else arguments, 2)[0]
+    needle = orjson.dumps(first)
+    cut = next(n for n, env in enumerate(envelopes) if needle in orjson.dumps(env))
+    return envelopes[:cut + 1], envelopes[cut + 1:]
+
+
 # -- feeding and reading the output --------------------------------------------------------
 
 

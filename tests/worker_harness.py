@@ -23,6 +23,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -216,6 +218,45 @@ class WorkerProcess:
                 if re.search(r"\[(ERROR|CRITICAL)\]|Traceback", line)]
 
 
+def http_get(port: int, path: str) -> tuple[int, bytes] | None:
+    """(status, body) of a worker's HTTP endpoint, or None while nothing listens."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+    except OSError:
+        return None
+
+
+def start_worker(stack: Stack, log: Path, port: int, log_format: str = "text",
+                 prelude: str = "", **faust: Any) -> WorkerProcess:
+    """A worker that serves ``/metrics``, ``/healthz`` and ``/readyz`` on ``port``
+    (``faust``: faust settings over :data:`FAST_FAUST`)."""
+    prelude = (f"import os; os.environ['LATCH_WORKER__HTTP_PORT'] = '{port}'; "
+               f"os.environ['LATCH_WORKER__LOG_FORMAT'] = '{log_format}'\n{prelude}")
+    return WorkerProcess(stack, log, prelude=prelude, **faust)
+
+
+def readiness(port: int, proc: WorkerProcess, timeout: float = 90.0,
+              every: float = 0.1) -> list[dict[str, Any]]:
+    """Every /readyz answer until the first 200 (the last one in the list, with ``at``: the
+    wall time at which it was asked), asking every ``every`` seconds."""
+    answers: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.proc.poll() is None, proc.tail()
+        asked = time.time()
+        answer = http_get(port, "/readyz")
+        if answer is not None:
+            body = orjson.loads(answer[1])
+            answers.append(body | {"http": answer[0], "at": asked})
+            if answer[0] == 200:
+                return answers
+        time.sleep(every)
+    raise AssertionError(f"/readyz never 200 in {timeout}s: {answers[-3:]}\n{proc.tail()}")
+
+
 def assignments(worker: WorkerProcess) -> list[set[int]]:
     """The events partitions of each assignment the worker logged, in order."""
     return [set(map(int, re.findall(r"\d+", found)))
@@ -284,6 +325,54 @@ def publish(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, by
 
 def publish_envelopes(bootstrap: str, topic: str, envelopes: Iterable[dict[str, Any]]) -> None:
     publish(bootstrap, topic, ((e["run_id"].encode(), orjson.dumps(e)) for e in envelopes))
+
+
+def produce_acked(bootstrap: str, topic: str, key: bytes, value: bytes) -> float:
+    """Produce one record as a gateway does and wait for its acknowledgement; the wall
+    time (``time.time()``) at which the broker's acknowledgement arrived."""
+    acked: list[float] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random",
+                         "enable.idempotence": True, "linger.ms": 0})
+
+    def delivered(error: KafkaError | None, _msg: Any) -> None:
+        assert error is None, error
+        acked.append(time.time())
+
+    producer.produce(topic, key=key, value=value, on_delivery=delivered)
+    assert producer.flush(60) == 0 and acked
+    return acked[0]
+
+
+class Markers:
+    """Reads the forwarded cancels of a stack's events topic (every partition, from the
+    beginning, read_committed: the kafka engine forwards in a transaction)."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.topic = stack.topic("events")
+        self.consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "unused",
+                                  "enable.auto.commit": False,
+                                  "isolation.level": "read_committed"})
+        self.consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING)
+                              for p in range(stack.partitions)])
+        #: run id -> (events partition, the marker's record time in ms, the wall time at
+        #: which this reader saw it)
+        self.seen: dict[str, tuple[int, int, float]] = {}
+
+    def wait(self, run_id: str, timeout: float = 45.0) -> tuple[int, int, float]:
+        """The forwarded cancel of ``run_id``: (partition, record time in ms, seen at)."""
+        deadline = time.monotonic() + timeout
+        while run_id not in self.seen:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the cancel of {run_id} was not forwarded in {timeout}s")
+            msg = self.consumer.poll(0.05)  # returns at the first record
+            if (msg is not None and msg.error() is None and msg.key() is not None
+                    and orjson.loads(msg.value() or b"{}").get("type") == "cancel"):
+                self.seen.setdefault(msg.key().decode(), (
+                    int(msg.partition()), int(msg.timestamp()[1]), time.time()))
+        return self.seen[run_id]
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
 def approver_settings(*approvers: str) -> dict[str, str]:
@@ -382,6 +471,16 @@ def finished(run_ids: Iterable[str]) -> Callable[[list[Out]], bool]:
     """``Reader.collect`` condition: every run has its final message."""
     wanted = set(run_ids)
     return lambda records: wanted <= {r.value["run_id"] for r in records if r.role == "final"}
+
+
+def run_outputs(stack: Stack, run_id: str, timeout: float = 45.0) -> list[Out]:
+    """The output records of one run, read once its final message is out."""
+    reader = Reader(stack)
+    try:
+        reader.collect(finished([run_id]), timeout=timeout)
+        return [r for r in reader.records if r.value.get("run_id") == run_id]
+    finally:
+        reader.close()
 
 
 # -- runs --------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ rebuilt (:attr:`Assignment.partitions`) and moves the control partitions' forwar
 (:attr:`Assignment.control_next`); the assignment keeps the rest: readiness and spans
 (through :class:`~worker.runtime.hooks.EngineHooks`), what a revoked partition drops, the
 log line of an assignment, the partition gauges, and whether the control backlog is read
-(the tick rule's input, :func:`worker.runtime.driver.control_behind`).
+(the tick rule's input, :func:`worker.runtime.driver.control_behind`; and readiness,
+:meth:`Assignment.control_forwarding`).
 """
 
 from __future__ import annotations
@@ -49,10 +50,11 @@ class Assignment:
         #: engine has read where to resume).
         self.control_next: dict[int, int] = {}
 
-    def assigned(self, events: Collection[int]) -> None:
-        """The group gave this worker these events partitions (the whole assignment):
-        readiness waits for their rebuilds."""
-        self.hooks.assigned(events)
+    def assigned(self, events: Collection[int], control: Collection[int] = ()) -> None:
+        """The group gave this worker these events and control partitions (the whole
+        assignment): readiness waits for the events partitions' rebuilds and for the control
+        partitions to be forwarded up to their ends (:meth:`control_behind`)."""
+        self.hooks.assigned(events, control)
 
     @staticmethod
     def log_assigned(events: Collection[int], dropped: int = 0) -> None:
@@ -64,7 +66,7 @@ class Assignment:
     def revoked(self, events: Collection[int], control: Collection[int]) -> None:
         """These partitions were taken away: not ready until the next assignment, their runs'
         spans end, their states and forwarded offsets go (the next owner rebuilds them)."""
-        self.hooks.revoked(events)
+        self.hooks.revoked(events, control)
         for partition in events:
             self.partitions.pop(partition, None)
         for partition in control:
@@ -75,9 +77,24 @@ class Assignment:
         """Whether an owned control partition has records in the log not yet forwarded:
         ``ends``, their end offsets as the engine last learnt them; ``owned``, the control
         partitions owned (default: those with a forwarded offset; one without is behind)."""
-        forwarded = self.control_next if owned is None else {
+        return control_behind(self._forwarded(owned), ends)
+
+    def control_forwarding(self, ends: Mapping[int, int | None],
+                           owned: Collection[int] | None = None,
+                           read: Mapping[int, int] | None = None) -> None:
+        """Report (readiness) as forwarding each owned control partition forwarded up to its
+        end, ``ends`` and ``owned`` as for :meth:`control_behind`; ``read``: where the engine
+        has read a partition to, past what it forwarded (a transaction's commit marker takes
+        an offset and is never a record). The engine calls this when every record it
+        forwarded is in the events log."""
+        read = read or {}
+        self.hooks.health.forwarding([
+            p for p, next_offset in self._forwarded(owned).items()
+            if not control_behind({p: max(next_offset, read.get(p, -1))}, ends)])
+
+    def _forwarded(self, owned: Collection[int] | None) -> Mapping[int, int]:
+        return self.control_next if owned is None else {
             p: self.control_next.get(p, -1) for p in owned}
-        return control_behind(forwarded, ends)
 
     def views(self, lag_of: Callable[[int, PartitionState], int | None]
               ) -> list[PartitionView]:

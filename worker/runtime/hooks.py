@@ -97,14 +97,15 @@ class EngineHooks:
 
     # -- partitions ---------------------------------------------------------------------
 
-    def assigned(self, partitions: Collection[int]) -> None:
-        """The group gave this worker these events partitions (the whole assignment)."""
-        self.health.assigned(partitions)
+    def assigned(self, partitions: Collection[int], control: Collection[int] = ()) -> None:
+        """The group gave this worker these events and control partitions (the whole
+        assignment)."""
+        self.health.assigned(partitions, control)
 
-    def revoked(self, partitions: Collection[int]) -> None:
-        """These events partitions were taken away: not ready until the next assignment;
-        their runs' spans end here."""
-        self.health.revoked(partitions)
+    def revoked(self, partitions: Collection[int], control: Collection[int] = ()) -> None:
+        """These events and control partitions were taken away: not ready until the next
+        assignment; the events partitions' runs' spans end here."""
+        self.health.revoked(partitions, control)
         for partition in partitions:
             self.tracing.forget_partition(partition)
 

@@ -18,31 +18,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import orjson
 import pytest
-from builders import (
-    GEMINI,
-    NEW_PROVIDERS,
-    PATH_SCHEMA,
-    PROVIDERS,
-    cancel,
-    provider_run,
-    split,
-)
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from builders import NEW_PROVIDERS, PROVIDERS, cancel, split_open_run
+from confluent_kafka import Consumer, TopicPartition
 from worker_harness import (
     ENGINES,
-    Reader,
+    Markers,
     Stack,
     WorkerProcess,
     expected,
-    finished,
     make_stack,
     partition_of,
     publish,
     publish_envelopes,
+    run_outputs,
     running_worker,
 )
 
@@ -69,19 +60,6 @@ def stack(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stac
 def worker(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     with running_worker(stack, tmp_path_factory.mktemp(stack.engine) / "worker.log") as proc:
         yield proc
-
-
-def _split_run(provider: str, run_id: str) -> tuple[list[dict[str, Any]],
-                                                    list[dict[str, Any]]]:
-    """The run's envelopes up to and including its call's first argument fragment, and the
-    rest (``stream.end`` last)."""
-    envelopes = provider_run(provider, run_id, {"read_file": PATH_SCHEMA},
-                             [("call_1", "read_file", ARGUMENTS)], pieces=2)
-    # Gemini streams the value of "path" as partialArgs string pieces, the others its text.
-    first = split(orjson.loads(ARGUMENTS)["path"] if provider == GEMINI else ARGUMENTS, 2)[0]
-    needle = orjson.dumps(first)
-    cut = next(n for n, env in enumerate(envelopes) if needle in orjson.dumps(env))
-    return envelopes[:cut + 1], envelopes[cut + 1:]
 
 
 def _end_offset(stack: Stack, partition: int) -> int:
@@ -113,25 +91,6 @@ def _wait_applied(stack: Stack, partition: int, end: int) -> None:
         consumer.close()
 
 
-def _forwarded_to(stack: Stack, run_id: str) -> int:
-    """The events partition the worker forwarded ``run_id``'s cancel into (read_committed:
-    the kafka engine forwards it in a transaction)."""
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "unused",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
-    try:
-        consumer.assign([TopicPartition(stack.topic("events"), p, OFFSET_BEGINNING)
-                         for p in range(PARTITIONS)])
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            for msg in consumer.consume(500, timeout=0.2):
-                if (msg.error() is None and msg.key() == run_id.encode()
-                        and orjson.loads(msg.value() or b"{}").get("type") == "cancel"):
-                    return int(msg.partition())  # type: ignore[arg-type]
-        raise AssertionError(f"the cancel of {run_id} was not forwarded in {WAIT_S}s")
-    finally:
-        consumer.close()
-
-
 @pytest.mark.parametrize("provider", [*PROVIDERS, *NEW_PROVIDERS])
 def test_a_cancel_between_two_argument_fragments_cancels_the_call(
         stack: Stack, worker: WorkerProcess, provider: str) -> None:
@@ -142,23 +101,22 @@ def test_a_cancel_between_two_argument_fragments_cancels_the_call(
     outputs for the run are the offline core's for the same history."""
     run_id = f"cancel-mid-{provider}"
     partition = partition_of(run_id, PARTITIONS)
-    head, rest = _split_run(provider, run_id)
+    head, rest = split_open_run(provider, run_id, ARGUMENTS)
     assert head[-1]["type"] == "provider.event" and rest[-1]["type"] == "stream.end"
 
     publish_envelopes(stack.bootstrap, stack.topic("events"), head)
     _wait_applied(stack, partition, _end_offset(stack, partition))  # the call is open
     marker = cancel(run_id)
     publish(stack.bootstrap, stack.topic("control"), [(run_id.encode(), orjson.dumps(marker))])
-    assert _forwarded_to(stack, run_id) == partition  # behind the head, before the rest
+    markers = Markers(stack)
+    try:
+        assert markers.wait(run_id, WAIT_S)[0] == partition  # behind the head, before the rest
+    finally:
+        markers.close()
     publish_envelopes(stack.bootstrap, stack.topic("events"), rest)
     _wait_applied(stack, partition, _end_offset(stack, partition))  # the rest applied too
 
-    reader = Reader(stack)
-    try:
-        reader.collect(finished([run_id]), timeout=WAIT_S)
-        mine = [r for r in reader.records if r.value.get("run_id") == run_id]
-    finally:
-        reader.close()
+    mine = run_outputs(stack, run_id, WAIT_S)
     errors = [(r.value["tool_call_id"], r.value["state"], r.value["reason"])
               for r in mine if r.role == "errors"]
     assert errors == [("call_1", "cancelled", "cancelled")]

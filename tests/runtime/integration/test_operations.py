@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +15,17 @@ import orjson
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.parser import text_string_to_metric_families
-from worker_harness import ENGINES, Reader, Stack, WorkerProcess, finished, make_stack
+from worker_harness import (
+    ENGINES,
+    Reader,
+    Stack,
+    WorkerProcess,
+    finished,
+    http_get,
+    make_stack,
+    readiness,
+    start_worker,
+)
 
 from worker.client.publisher import Publisher
 from worker.core import Assembler
@@ -27,19 +35,8 @@ from worker.tools.demo import example_file, load_envelopes
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
 
 
-def get(port: int, path: str) -> tuple[int, bytes] | None:
-    """(status, body), or None while nothing listens."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
-            return answer.status, answer.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
-    except OSError:
-        return None
-
-
 def scrape(port: int) -> Samples:
-    answer = get(port, "/metrics")
+    answer = http_get(port, "/metrics")
     assert answer is not None and answer[0] == 200
     found: Samples = {}
     for family in text_string_to_metric_families(answer[1].decode()):
@@ -68,13 +65,6 @@ health.Health.rebuilding = _slow
 """
 
 
-def start_worker(stack: Stack, log: Path, port: int, log_format: str = "text",
-                 prelude: str = "") -> WorkerProcess:
-    prelude = (f"import os; os.environ['LATCH_WORKER__HTTP_PORT'] = '{port}'; "
-               f"os.environ['LATCH_WORKER__LOG_FORMAT'] = '{log_format}'\n{prelude}")
-    return WorkerProcess(stack, log, prelude=prelude)
-
-
 def json_lines(proc: WorkerProcess) -> list[dict[str, object]]:
     """The worker's output, each line a JSON object (worker.log_format: json)."""
     lines = []
@@ -86,22 +76,6 @@ def json_lines(proc: WorkerProcess) -> list[dict[str, object]]:
         assert isinstance(entry, dict) and {"ts", "level", "logger", "message"} <= set(entry)
         lines.append(entry)
     return lines
-
-
-def readiness(port: int, proc: WorkerProcess, timeout: float = 90.0) -> list[dict[str, object]]:
-    """Every /readyz answer until the first 200 (the last one in the list)."""
-    answers: list[dict[str, object]] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.proc.poll() is None, proc.tail()
-        answer = get(port, "/readyz")
-        if answer is not None:
-            body = json.loads(answer[1])
-            answers.append(body | {"http": answer[0]})
-            if answer[0] == 200:
-                return answers
-        time.sleep(0.1)
-    raise AssertionError(f"/readyz never 200 in {timeout}s: {answers[-3:]}\n{proc.tail()}")
 
 
 def caught_up(port: int, proc: WorkerProcess, ticks: int = 12, timeout: float = 30.0) -> None:
@@ -219,7 +193,7 @@ def test_metrics_readiness_and_traces_on_the_real_broker(stack: Stack, tmp_path:
         assert total(samples, "latch_rebuild_seconds_count") == 3
         assert total(samples, "latch_rebuild_records_total") >= 1  # the held run's start
         assert total(samples, "latch_runs_open") == 1
-        health = get(port, "/healthz")
+        health = http_get(port, "/healthz")
         assert health is not None and health[0] == 200
     finally:
         assert second.stop() == 0, second.tail()

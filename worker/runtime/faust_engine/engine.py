@@ -246,7 +246,9 @@ class FaustEngine:
             async with self.control_locks[partition]:
                 await self._control_resume(topic, partition)
         ends = await kafka_io.end_offsets(self.reader_options, topic, owned)
-        self.control_ends = ends  # what the tick waits for (driver.TickRule)
+        self.control_ends = ends  # what the tick waits for (driver.TickRule), and readiness
+        # readiness: each forward was delivered before its offset moved
+        self.owned.control_forwarding(ends, owned)
         applied = {p: self.control_next[p] for p in owned if p in self.control_next}
         for partition, (start, end) in self.control_watch.stalled(applied, ends).items():
             log.warning("%s[%d]: records %d..%d were not delivered; reading them from the log",
@@ -265,6 +267,8 @@ class FaustEngine:
                     # (a private API, like _add_gap in _in_order: faust has no public one).
                     await self.app.consumer._commit_offsets(  # type: ignore[attr-defined]
                         {TP(topic, partition): self.control_next[partition]})
+                    # read to its end: forwarding, even if a transaction marker ends it
+                    self.owned.control_forwarding(ends, [partition], read={partition: end})
 
     async def _in_order(self, message: Any, expected: int) -> AsyncIterator[Record]:
         """The records to apply for ``message`` when ``expected`` is the partition's next
@@ -384,10 +388,10 @@ class FaustEngine:
     async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         """faust's ``on_partitions_assigned`` signal: drop the local heads of partitions we
         no longer own (``FaustHeadsMap.keep_only``) and log the ones we own."""
-        events = self.events.get_topic_name()
+        events, control = self.events.get_topic_name(), self.control.get_topic_name()
         owned = sorted(tp.partition for tp in args[0] if tp.topic == events)
         dropped = self.heads_store.keep_only(owned)
-        self.owned.assigned(owned)
+        self.owned.assigned(owned, [tp.partition for tp in args[0] if tp.topic == control])
         self.owned.log_assigned(owned, dropped)
 
     # -- recovery ---------------------------------------------------------------------

@@ -256,7 +256,7 @@ class KafkaEngine:
         held_max = _HELD_MAX_BATCHES * worker.batch_max_records
         next_tick = time.monotonic() + worker.tick_interval_s
         consume, apply_events = self.consumer.consume, self._apply_events
-        idle_trim, txn = self.idle_trim, self.txn
+        idle_trim, txn, health = self.idle_trim, self.txn, self.hooks.health
         while not self.stopping:
             self.beat = now = time.monotonic()
             if now - self.lags_read >= _LAGS_EVERY_S:
@@ -265,6 +265,8 @@ class KafkaEngine:
             if txn.committing is not None:
                 self._after(txn.settle(wait=False), rewind=True)
             batch = txn.batch
+            if batch is None and txn.committing is None and health.waiting_control():
+                self._control_forwarding()  # every forward is committed (readiness)
             if batch is None:  # no transaction open: wait for a first record
                 # (while a commit is in flight, briefly: its outcome is counted at the next
                 # turn)
@@ -410,14 +412,28 @@ class KafkaEngine:
     def _control_behind(self) -> bool:
         """Whether an owned control partition has records in the log (its end as the last
         fetch reported it; unknown right after an assignment) not yet forwarded."""
+        return self.owned.control_behind(self._control_ends())
+
+    def _control_forwarding(self) -> None:
+        """Report the control partitions forwarded up to their ends (readiness): their
+        positions, which pass transaction markers, at their ends as the last fetch said."""
+        try:
+            read = {tp.partition: tp.offset for tp in self.consumer.position(
+                [TopicPartition(self.control, p) for p in self.control_next])}
+        except KafkaException:
+            return
+        self.owned.control_forwarding(self._control_ends(), read=read)
+
+    def _control_ends(self) -> dict[int, int | None]:
+        """Each owned control partition's end as the last fetch reported it (None: unknown)."""
         ends: dict[int, int | None] = {}
         for partition in self.control_next:
             try:
                 _, ends[partition] = self.consumer.get_watermark_offsets(
                     TopicPartition(self.control, partition), cached=True)
             except KafkaException:
-                return True
-        return self.owned.control_behind(ends)
+                ends[partition] = None
+        return ends
 
     # -- the transaction's outcomes -----------------------------------------------------
 
@@ -474,7 +490,8 @@ class KafkaEngine:
         """Rebuild each events partition as it was at its committed offset; consume every
         partition from that offset."""
         self._after(self.txn.settle(), rewind=False)  # (none in flight: revoked first)
-        self.owned.assigned([tp.partition for tp in assigned if tp.topic == self.events])
+        self.owned.assigned([tp.partition for tp in assigned if tp.topic == self.events],
+                            [tp.partition for tp in assigned if tp.topic == self.control])
         self._take_over(assigned, seek=False)
         if not self.ready:
             self.ready = True

@@ -2,9 +2,12 @@
 
 Engine-independent. An engine keeps a :class:`Health` up to date:
 
-* :meth:`Health.assigned` when the group gives it its events partitions (it is then a member),
-  :meth:`Health.revoked` when a rebalance takes them away (not a member until the next
-  assignment);
+* :meth:`Health.assigned` when the group gives it its events and control partitions (it is
+  then a member), :meth:`Health.revoked` when a rebalance takes them away (not a member until
+  the next assignment);
+* :meth:`Health.forwarding` once an owned control partition is forwarded up to its log end as
+  the engine learnt it after the assignment (a cancel acknowledged after that is forwarded
+  live, within the bound of README's Guarantees);
 * :meth:`Health.rebuilding` around each takeover's rebuild (not ready meanwhile), after which
   the partition counts as rebuilt;
 * :meth:`Health.heartbeat` is what ``/healthz`` asks: by default, that the engine's asyncio
@@ -12,14 +15,19 @@ Engine-independent. An engine keeps a :class:`Health` up to date:
   dead, makes the worker unhealthy).
 
 Ready means: a member of the group, no rebuild running, every owned events partition
-rebuilt, and every report in :attr:`Health.reports` ok (the partition driver adds the
-registry's: its reader follows the registry; the policy's: never unready, it lists the
-registry policy set versions this worker could not build, which it keeps out of force; and
-the approvers': never unready, it says whether a decision can count, i.e. keys are listed).
+rebuilt, every owned control partition forwarding (issue 33: the kafka engine said ready
+before it had read its control backlog), and every report in :attr:`Health.reports` ok (the
+partition driver adds the registry's: its reader follows the registry; the policy's: never
+unready, it lists the registry policy set versions this worker could not build, which it
+keeps out of force; and the approvers': never unready, it says whether a decision can
+count, i.e. keys are listed).
 A partition is rebuilt when its first record after the assignment arrives; the worker's
 own tick (``worker.tick_interval_s``) puts a record into every partition it owns, so each is
-rebuilt within a tick interval of the assignment even when no gateway writes to it. A worker
-that owns no partition (more workers than partitions) is ready.
+rebuilt within a tick interval of the assignment even when no gateway writes to it. A control
+partition is forwarding once every record up to its end, as the engine learnt that end after
+the assignment, is forwarded into the events log (the faust engine: delivered, at its control
+repair, each tick interval; the kafka engine: committed, at the first turn of its loop with no
+transaction open). A worker that owns no partition (more workers than partitions) is ready.
 
 The server is the standard library's threaded HTTP server on its own thread: a scrape never
 waits for the event loop, and a blocked loop still gets a clear 503 from ``/healthz``. It binds
@@ -70,6 +78,10 @@ class Health:
         self.owned: frozenset[int] = frozenset()
         self.rebuilt: set[int] = set()
         self.rebuilds_running = 0
+        #: The control partitions owned, and those forwarded up to their end (as the engine
+        #: learnt it) since they were assigned.
+        self.control: frozenset[int] = frozenset()
+        self.forwarded: set[int] = set()
         #: Revocations so far: a rebuild that a revocation overtook rebuilt nothing.
         self.revocations = 0
         self.heartbeat: Callable[[], bool] = lambda: True
@@ -77,20 +89,31 @@ class Health:
         #: (called on the HTTP thread: reads only).
         self.reports: dict[str, Callable[[], tuple[bool, dict[str, Any]]]] = {}
 
-    def assigned(self, partitions: Collection[int]) -> None:
-        """The group assigned these events partitions (the whole assignment)."""
+    def assigned(self, partitions: Collection[int], control: Collection[int] = ()) -> None:
+        """The group assigned these events and control partitions (the whole assignment)."""
         with self._lock:
             self.member = True
             self.owned = frozenset(partitions)
             self.rebuilt &= self.owned
+            self.control = frozenset(control)
+            self.forwarded &= self.control
 
-    def revoked(self, partitions: Collection[int]) -> None:
-        """A rebalance revoked these events partitions: not ready until reassigned."""
+    def revoked(self, partitions: Collection[int], control: Collection[int] = ()) -> None:
+        """A rebalance revoked these events and control partitions: not ready until
+        reassigned (and, for a control partition, forwarding again)."""
         with self._lock:
             self.member = False
             self.revocations += 1
             self.rebuilt -= set(partitions)
             self.owned -= set(partitions)
+            self.forwarded -= set(control)
+            self.control -= set(control)
+
+    def forwarding(self, partitions: Collection[int]) -> None:
+        """These owned control partitions are forwarded up to their log end as the engine
+        learnt it after their assignment."""
+        with self._lock:
+            self.forwarded |= self.control & set(partitions)
 
     def left(self) -> None:
         """The worker is stopping: not a member any more."""
@@ -113,6 +136,11 @@ class Health:
             with self._lock:
                 self.rebuilds_running -= 1
 
+    def waiting_control(self) -> bool:
+        """Whether an owned control partition is not forwarding yet."""
+        with self._lock:
+            return bool(self.control - self.forwarded)
+
     def live(self) -> tuple[bool, dict[str, Any]]:
         alive = self.heartbeat()
         return alive, {"status": "ok" if alive else "event loop not answering"}
@@ -121,15 +149,16 @@ class Health:
         with self._lock:
             member, owned, rebuilt = self.member, self.owned, set(self.rebuilt)
             running = self.rebuilds_running
+            behind = sorted(self.control - self.forwarded)
         waiting = sorted(owned - rebuilt)
-        ok = member and not running and not waiting
+        ok = member and not running and not waiting and not behind
         reports = {}
         for name, report in list(self.reports.items()):
             fine, reports[name] = report()
             ok = ok and fine
         return ok, {"status": "ready" if ok else "not ready", "member": member,
                     "rebuilding": running, "owned": sorted(owned), "not_rebuilt": waiting,
-                    **reports}
+                    "control_not_forwarding": behind, **reports}
 
 
 class HttpServer:
