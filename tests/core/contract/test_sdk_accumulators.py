@@ -35,9 +35,10 @@ that no longer occurs. Streams the SDK's accumulator itself refuses are listed i
 :data:`SDK_REJECTS` with the exception it raises (asserted), never skipped silently.
 
 Bedrock ConverseStream and Gemini are out of scope: boto3 has no accumulator (it yields the
-decoded events), and google-genai joins no call (``partialArgs``, ``willContinue``) in its
-streaming helpers; a reference reading of our own would only restate Latch's own provider
-code, which ``test_fixtures_bedrock_gemini.py`` already checks against hand-read outcomes.
+decoded events), and google-genai joins no call: its chat session's ``send_message_stream``
+records each chunk's ``Content`` as it came (one history entry per chunk), with no joining of
+``partialArgs`` or ``willContinue``. A reference reading of our own would only restate Latch's
+own provider code, which ``test_fixtures_bedrock_gemini.py`` checks against hand-read outcomes.
 """
 
 from __future__ import annotations
