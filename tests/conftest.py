@@ -10,7 +10,7 @@ Every test in an ``integration`` folder (``tests/<layer>/integration/``) is mark
 ``integration`` (``pytest -m "not integration"`` skips them).
 
 The suite runs in parallel (pytest-xdist; ``-n`` and ``--dist loadgroup`` in pyproject's
-``addopts``; ``-p no:xdist`` or ``-n 0`` runs it in one process). For that:
+``addopts``; ``-n 0`` runs it in one process). For that:
 
 * a test whose fixtures include a module- or class-scoped one (a module's own broker, workers
   started once for the module) is put in its module's ``xdist_group``, so that one xdist worker
@@ -72,6 +72,7 @@ def _slowness(item: pytest.Item) -> tuple[int, int]:
     return (0 if slow else 1 if integration else 2, rank)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if "integration" in item.path.parent.parts:
@@ -80,6 +81,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(item.path.name))
     if _xdist_worker(config):
         items.sort(key=_slowness)  # stable: the order within a rank stays the file order
+
+
+_SHARED_FIXTURE = re.compile(r"""scope\s*=\s*["'](module|class|package)["']|xdist_group""")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadgroup`` that also works on pytest 9, where xdist 3.8's worker can no
+    longer append ``@group`` to a test's id: a test of a module that defines a module-, class-
+    or package-scoped fixture (or names an ``xdist_group``) is scheduled with its whole
+    module; any other test alone, in the (slowest-first) order the workers collected."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    shares: dict[str, bool] = {}
+
+    def module_shares(path: str) -> bool:
+        if path not in shares:
+            try:
+                shares[path] = bool(_SHARED_FIXTURE.search((config.rootpath / path).read_text()))
+            except OSError:
+                shares[path] = False
+        return shares[path]
+
+    class ModuleGroups(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            if "@" in nodeid:  # an xdist that sets the group again
+                return nodeid.rsplit("@", 1)[-1]
+            path = nodeid.split("::", 1)[0]
+            return path if module_shares(path) else nodeid
+
+    return ModuleGroups(config, log)
 
 
 def _xdist_worker(config: pytest.Config) -> bool:
