@@ -45,15 +45,12 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 MakeTopic = Callable[..., str]
 
 
-#: Modules whose tests take the longest (``pytest --durations=60``): started first under
-#: xdist, so that the session does not wait for one of them at its end.
+#: Modules whose tests take the longest (``pytest -m integration --durations=60``): started
+#: first under xdist, so that the session does not wait for one of them at its end.
 SLOW_FIRST = ("test_chaos.py", "test_bench_worker.py", "test_broker.py", "test_bench_memory.py",
               "test_cluster.py", "test_worker_changelog.py", "test_policy_in_force_broker.py",
               "test_worker_failover.py", "test_signed_approvals.py", "test_demo.py",
-              "test_approvals.py", "test_replay.py", "test_runner_slow_tool_on_kafka.py",
-              # CPU-bound (hypothesis): started early, they use the cores while the broker's
-              # items wait
-              "test_core_properties.py", "test_quickcheck.py", "test_fuzz_bounded.py")
+              "test_approvals.py", "test_replay.py", "test_runner_slow_tool_on_kafka.py")
 #: Where the xdist controller learns that a worker started the managed broker (see
 #: ``kafka_bootstrap``): a directory the controller makes before its workers start.
 SESSION_DIR_ENV = "LATCH_TEST_SESSION_DIR"
