@@ -299,7 +299,8 @@ def running_worker(stack: Stack, log_path: Path, **faust: Any) -> Iterator[Worke
         proc.wait_ready()
         yield proc
         assert proc.stop() == 0, f"unclean exit on SIGTERM:\n{proc.tail()}"
-        assert proc.problems() == []
+        # the lines themselves in the message: a test's temp dir may be gone when it is read
+        assert proc.problems() == [], f"problems in the worker log:\n{proc.tail(120)}"
     finally:
         if proc.proc.poll() is None:
             proc.kill()

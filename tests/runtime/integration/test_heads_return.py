@@ -104,7 +104,11 @@ def test_a_partition_back_after_compaction_sees_no_finished_run_as_open(
                           [e for run in heads.values() for e in run[:3]])
         for p in range(PARTITIONS):  # A has opened both runs, live
             a.wait_for(rf"partition {p}: rebuilt")
-        time.sleep(1)  # the run.start records are applied (their heads written) by now
+        deadline = time.monotonic() + 30  # the run.start records are applied: heads written
+        while not all(str(run[0]["run_id"]).encode() in _keys_in_changelog(stack, p)
+                      for p, run in heads.items()):
+            assert time.monotonic() < deadline, "A never wrote the runs' heads"
+            time.sleep(0.2)
 
         b = WorkerProcess(stack, tmp_path / "b.log")
         b.wait_ready()

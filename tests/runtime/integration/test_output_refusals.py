@@ -50,6 +50,19 @@ def _limit(stack: Stack, role: str, max_bytes: int) -> None:
     client.incremental_alter_configs([resource])[resource].result(timeout=30)
 
 
+def _wait_limit(stack: Stack, role: str, max_bytes: int, timeout: float = 30.0) -> None:
+    """Until the broker describes the topic with the limit ``_limit`` set."""
+    client = AdminClient({"bootstrap.servers": stack.bootstrap})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, stack.topic(role))
+    deadline = time.monotonic() + timeout
+    while True:
+        entries = client.describe_configs([resource])[resource].result(timeout=30)
+        if entries["max.message.bytes"].value == str(max_bytes):
+            return
+        assert time.monotonic() < deadline, f"max.message.bytes of {role} is still not {max_bytes}"
+        time.sleep(0.1)
+
+
 def _runs() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     path = orjson.dumps({"path": "/" + "a" * 30_000}).decode()
     big = provider_run("openai.chat", "big", [("call_big", "read_file", path)], size=4_000)
@@ -110,7 +123,7 @@ def test_an_output_the_broker_refuses_goes_to_the_dlq(stack: Stack, tmp_path: Pa
     try:
         worker.wait_ready()
         _limit(stack, "committed", SMALL)
-        time.sleep(2)  # the broker applies the topic's new setting
+        _wait_limit(stack, "committed", SMALL)  # the broker applies the topic's new setting
         _check(stack, worker)
     finally:
         worker.kill()

@@ -161,7 +161,12 @@ def test_only_a_signed_decision_by_an_allowed_approver_counts(stack: Stack,
             with _publisher(stack, "alice-1") as alice:
                 alice.approve("later", _call("later"), by="alice", reason="on call")
                 alice.flush()
-            reader.collect(finished(RUNS), timeout=TIMEOUT_S + 90)
+            # every run's final, and each call's audit record (sent once the call's other
+            # outputs are confirmed: it may come after its run's final)
+            audited = {_call("unsigned"), _call("bob"), _call("later")}
+            reader.collect(lambda rs: finished(RUNS)(rs) and audited <= {
+                r.value.get("tool_call_id") for r in rs if r.role == "audit"},
+                timeout=TIMEOUT_S + 90)
         finally:
             reader.close()
     assert not reader.of("committed")

@@ -56,7 +56,8 @@ def write_config(path: Path, bootstrap: str, partitions: int = 3) -> dict[str, A
     settings = {
         "kafka": {"bootstrap_servers": bootstrap},
         "topics": topics,
-        "worker": {"app_id": f"latch-test-demo-{tag}", "web_port": 0},
+        # no fixed port: demos of parallel tests (pytest-xdist) would race for 9464
+        "worker": {"app_id": f"latch-test-demo-{tag}", "web_port": 0, "http_port": 0},
     }
     path.write_text(yaml.safe_dump(settings))
     return settings
