@@ -18,10 +18,6 @@ from worker.core.settings import MAX_ID_CHARACTERS, MAX_NAME_CHARACTERS
 #: Loose argument fragments a call holds before :meth:`Call.fold` joins them: a fragment held
 #: as its own ``str`` costs about 57 bytes besides its text (bench/bench_memory.py).
 FOLD_PIECES = 16
-#: Why a call whose argument fragments re-send the text before them fails (:meth:`Call.add`).
-RESENT = ("an argument fragment repeats the whole text before it, as a server that re-sends "
-          "the arguments so far on every chunk does: the fragments are not joined, and which "
-          "text the model meant is not guessed")
 #: The largest order key (tool, content block or output index; choice) a call may carry. Every
 #: outcome repeats it, JSON readers lose precision beyond 2**53, and orjson writes nothing
 #: beyond 2**64 - 1 (which a chat call without an index after one at 2**64 - 1 would get).
@@ -125,32 +121,21 @@ class Call:
         self.reason, self.detail = Reason.DUPLICATE_CALL_ID, detail
         return True
 
-    def add(self, text: str, replace: bool, json_text: bool) -> None:
+    def add(self, text: str, replace: bool) -> None:
         """Append one fragment of argument text (or, ``replace``, the provider's whole text).
 
-        ``json_text``: the text is to be strict JSON (a ``function`` call of an adapter that
-        does not parse its own arguments). Then a fragment that is longer than the first one
-        (which holds more than white space) and starts with it, while every fragment before it
-        equals the first, is refused (``invalid_json`` when the call is decided): it is how a
-        server that re-sends the whole arguments so far on every chunk (cumulative, not deltas:
-        some OpenAI-compatible servers) looks, and joining such fragments gives a text the
-        model never sent, which may still parse. Which one a stream is cannot be known from its
-        text (a delta stream cut into equal pieces of a text that repeats itself looks the
-        same: fragments equal to the first are left alone), so such a call is never run on a
-        guess. Checked until the first fold (``FOLD_PIECES`` fragments), each check O(1) but
-        when the fragment starts as the first does: then O(length of the first). The
-        provider's own whole text (``replace``: Responses ``.done``) is the call's text,
-        whatever the fragments were."""
+        Fragments are joined as they come, whatever they look like: a server that re-sends
+        the whole arguments so far on every chunk (cumulative, not deltas: some
+        OpenAI-compatible servers) gives a joined text that does not parse (each re-sent prefix
+        leaves an object or a string open, so the join never closes: ``invalid_json``), and
+        what a fragment looks like is never a reason to treat the same text two ways
+        (tests/core/property: any cut of a text, the outcome of the whole). The provider's own
+        whole text (``replace``: Responses ``.done``) is the call's text, whatever the
+        fragments were."""
         parts = self.parts
         if replace:  # the provider's own whole text: what the fragments looked like is moot
             parts.clear()
             self.folded = 0
-            if self.refused is RESENT:
-                self.refused = None
-        elif (json_text and parts and not self.folded and len(text) > len(parts[0])
-              and parts[-1] == parts[0] and self.kind == FUNCTION and self.refused is None
-              and text.startswith(parts[0]) and parts[0].strip()):
-            self.refused = RESENT
         parts.append(text)
         if len(parts) - self.folded >= FOLD_PIECES:
             self.fold()

@@ -311,7 +311,7 @@ class Run:
                           "bytes) cannot hold this run's calls; this call's text was dropped")
                 return []
             emits = ledger.make_room(self, growth)
-        call.add(text, replace, not self.adapter.parses_own_arguments)
+        call.add(text, replace)
         call.nbytes = total
         self.nbytes += growth
         ledger.held += growth

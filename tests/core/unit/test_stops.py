@@ -376,18 +376,31 @@ def _cumulative(texts: list[str]) -> list[dict[str, Any]]:
 
 def test_cumulative_argument_fragments_are_refused() -> None:
     """Field check (d): a server that re-sends the whole arguments so far on each chunk
-    (DeepSeek, Qianfan behind some gateways: BerriAI/litellm#20480): the call fails
-    ``invalid_json`` saying so, whether or not the joined text would parse, and never runs a
-    guess. (Before, the joined text ``{"path": "/{"path": "/a"{"path": "/a"}`` failed
-    ``invalid_json`` only for not parsing.) The same holds when the first fragment is the
-    whole text and is sent again with more."""
+    (DeepSeek, Qianfan behind some gateways: BerriAI/litellm#20480): the joined text
+    (``{"path": "/{"path": "/a"{"path": "/a"}``) never parses, so the call fails
+    ``invalid_json`` and never runs, without quoting the text. The same holds when the first
+    fragment is the whole text and is sent again with more."""
     for texts in (['{"path": "/', '{"path": "/a"', '{"path": "/a"}'],
-                  ['{"path": "/a"', '{"path": "/a"', '{"path": "/a"}']):
+                  ['{"path": "/a"', '{"path": "/a"', '{"path": "/a"}'],
+                  ['{"path": "/a"}', '{"path": "/a"}']):
         emits = run(CHAT, _cumulative(texts))
         [error] = errors(emits)
         assert error["reason"] == "invalid_json"
-        assert "re-sends the arguments so far" in error["content"]
+        assert not committed(emits)
         assert "/a" not in error["content"]
+
+
+def test_a_delta_that_starts_like_the_first_is_a_delta() -> None:
+    """What a fragment looks like never decides: a delta stream whose second fragment starts
+    with the whole first one is joined, and commits the text the model sent (the same outcome
+    as the whole text, as for any other cut)."""
+    text = '{"a": {"a": 1}}'
+    tools = tools_for(CHAT, {"f": {"type": "object"}})
+    events = [chat_chunk([chat_tool_delta(0, "c1", "f", "")]),
+              *(chat_chunk([chat_tool_delta(0, arguments=p)]) for p in ['{"a": ', '{"a": 1}}']),
+              chat_chunk(finish_reason="tool_calls")]
+    emits = feed(Assembler(AssembleSettings()), run_envelopes("r1", CHAT, tools, events))
+    assert [c["arguments"] for c in committed(emits)] == [orjson.loads(text)]
 
 
 def test_fragments_that_only_look_alike_are_joined() -> None:
