@@ -32,7 +32,7 @@ flight, a stream error, a cancel). Terminal states have no way out: whatever arr
 terminal call changes nothing, which is what makes a re-delivered or late event harmless. The
 one exception is ``duplicate_call_id``: a failed or cancelled call whose id another call of
 the run shares fails ``duplicate_call_id`` instead, so that one id gets one kind of outcome
-(``Run._outcomes``); a committed call is never taken back.
+(``ending.outcomes``); a committed call is never taken back.
 
 ``TRANSITIONS`` is the whole machine, in the manner of h11's ``EVENT_TRIGGERED_TRANSITIONS``
 and h2's ``_transitions``: for every state and every :class:`CallEvent` (what happens to a
