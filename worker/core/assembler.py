@@ -157,7 +157,7 @@ class Assembler:
     def __init__(self, settings: AssembleSettings | None = None,
                  validators: ValidatorCache | None = None) -> None:
         self.settings = settings or AssembleSettings()
-        #: The partition-wide byte budget and counters its runs share (``run.Ledger``).
+        #: The partition-wide byte budget and counters its runs share (``ledger.Ledger``).
         self._ledger = Ledger(self.settings.max_buffered_bytes, self._make_room, self._forget)
         self.stats: Counter[str] = self._ledger.stats
         self._rules = Rules(self.settings)

@@ -49,7 +49,7 @@ def test_rules_copy_the_settings_a_run_reads() -> None:
     """``Rules`` holds the settings a run reads per fragment as plain attributes, and
     ``on_invalid_json: drop_with_protocol_repair`` as a flag."""
     rules = Rules(AssembleSettings(max_tool_argument_bytes=10, max_run_text_bytes=20,
-                                   allow_pipelined_execute=["f"],
+                                   allow_pipelined_execute=("f",),
                                    on_invalid_json="drop_with_protocol_repair"))
     assert (rules.argument_bytes, rules.text_bytes, rules.pipelined, rules.drop_invalid) \
         == (10, 20, frozenset({"f"}), True)
@@ -69,6 +69,6 @@ def _invalid_json_error(rules: Rules, tenant: str) -> str:
 def test_a_runs_outputs_echo_only_for_a_listed_tenant() -> None:
     """``Rules.outputs`` gives a run's record builder the echo of invalid input only when the
     run's tenant is listed in ``echo_invalid_input_tenants``."""
-    rules = Rules(AssembleSettings(echo_invalid_input_tenants=["t1"]))
+    rules = Rules(AssembleSettings(echo_invalid_input_tenants=("t1",)))
     assert "INVALID_JSON" in _invalid_json_error(rules, "t1")
     assert "INVALID_JSON" not in _invalid_json_error(rules, "t2")
