@@ -37,6 +37,7 @@ COMPILED = [
     "worker/core/__init__.py",
     "worker/core/assembler.py",
     "worker/core/call.py",
+    "worker/core/ending.py",
     "worker/core/envelope.py",
     "worker/core/keys.py",
     "worker/core/latch.py",

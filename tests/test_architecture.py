@@ -8,9 +8,14 @@ The contracts are only worth something if they fail on a violation: each breakin
 the package to a temporary directory, adds one forbidden import, and expects ``lint-imports``
 to name the broken contract.
 
-Two sizes hold too (issue 24): no module of ``worker/core`` or ``worker/runtime`` over
-:data:`MAX_MODULE_LINES` lines, and no class of ``worker/`` over :data:`MAX_CLASS_METHODS`
-methods; their breaking tests add one line or one method too many to a copy.
+Roles have rooms (issue 35, item 4): :data:`ROLES` names what only one module may do (build a
+run's final message, build its ``run.ended`` record, decide a call held for approval), found
+in each module's syntax tree; the breaking tests make a second module do it in a copy.
+
+Two sizes hold too (issue 24), now a backstop behind the roles: no module of ``worker/core``
+or ``worker/runtime`` over :data:`MAX_MODULE_LINES` lines, and no class of ``worker/`` over
+:data:`MAX_CLASS_METHODS` methods; their breaking tests add one line or one method too many to
+a copy.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -253,3 +259,97 @@ def test_config_importing_the_policy_breaks_the_plain_config(copy_of_the_package
     assert result.returncode != 0
     assert "The configuration is plain data" in result.stdout and "BROKEN" in result.stdout
     assert "worker.runtime.config -> worker.runtime.governance.policy" in result.stdout
+
+
+# -- roles (issue 35, item 4) ------------------------------------------------------------------
+
+
+def _emits_to(node: ast.AST, topic: str) -> bool:
+    """Whether ``node`` builds an output record for ``Topic.<topic>``: ``Emit(...)`` with
+    ``Topic.<topic>`` among its arguments."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+    args = [*node.args, *(k.value for k in node.keywords)]
+    return name == "Emit" and any(isinstance(a, ast.Attribute) and a.attr == topic
+                                  for a in args)
+
+
+def _calls(node: ast.AST, *methods: str) -> bool:
+    """Whether ``node`` calls a method named one of ``methods`` (``x.final(...)``)."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in methods)
+
+
+def _builds_a_final(node: ast.AST) -> bool:
+    """A final message: an ``Emit`` for ``Topic.FINAL``, or an adapter asked for its
+    ``final`` (``Adapter.final``: the message it is made of)."""
+    return _emits_to(node, "FINAL") or _calls(node, "final")
+
+
+def _builds_a_run_ended(node: ast.AST) -> bool:
+    """A ``run.ended`` record: an ``Emit`` for ``Topic.RUN_ENDED``."""
+    return _emits_to(node, "RUN_ENDED")
+
+
+def _decides_a_held_call(node: ast.AST) -> bool:
+    """A held call decided: the latch asked to ``approve`` or ``edit`` it, or it failed
+    ``approval_denied`` or ``approval_timeout``."""
+    return _calls(node, "approve", "edit") or (
+        isinstance(node, ast.Attribute) and node.attr in ("APPROVAL_DENIED", "APPROVAL_TIMEOUT")
+        and isinstance(node.value, ast.Name) and node.value.id == "Reason")
+
+
+#: Who alone may do what: a role, the layers of ``worker/`` it is looked for in, the one
+#: module (relative to ``worker/``) that plays it, and what marks it in a syntax tree. (The
+#: client and the tools send decisions, ``Publisher.approve``: deciding is the core's.)
+ROLES: dict[str, tuple[tuple[str, ...], str, Callable[[ast.AST], bool]]] = {
+    "builds a final message": (("core", "runtime", "client", "tools"), "core/ending.py",
+                               _builds_a_final),
+    "builds a run.ended record": (("core", "runtime", "client", "tools"), "core/ending.py",
+                                  _builds_a_run_ended),
+    "decides a held call": (("core", "runtime"), "core/waiting.py", _decides_a_held_call),
+}
+
+
+def role_players(package: Path, role: str) -> set[str]:
+    """The modules of ``package`` (paths relative to it) that play ``role`` (:data:`ROLES`)."""
+    layers, _, marks = ROLES[role]
+    return {str(module.relative_to(package)) for layer in layers
+            for module in sorted((package / layer).rglob("*.py"))
+            if any(marks(node) for node in ast.walk(ast.parse(module.read_text("utf-8"))))}
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_each_role_has_one_room(role: str) -> None:
+    """Only ``core/ending.py`` builds a run's final message (asks an adapter for its
+    ``final``) and its ``run.ended`` record; only ``core/waiting.py`` decides a call held for
+    approval (issue 35, item 4: rooms by role, not by a line cap)."""
+    assert role_players(REPO / "worker", role) == {ROLES[role][1]}
+
+
+@pytest.mark.parametrize(("role", "module", "code"), [
+    ("builds a final message", "core/outputs.py",
+     "def _final(run_id):\n    return Emit(Topic.FINAL, run_id, {})"),
+    ("builds a final message", "core/run.py",
+     "def _message(adapter):\n    return adapter.final([])"),
+    ("builds a final message", "runtime/step.py",
+     "def _final(run_id):\n    return Emit(topic=Topic.FINAL, key=run_id, value={})"),
+    ("builds a run.ended record", "core/run.py",
+     "def _ended(run_id):\n    return [Emit(Topic.RUN_ENDED, run_id, {})]"),
+    ("decides a held call", "core/run.py",
+     "def _approve(run, call):\n    run.latch.approve(call, None)"),
+    ("decides a held call", "core/assembler.py",
+     "def _deny(call):\n    call.fail(Reason.APPROVAL_DENIED, 'no')"),
+    ("decides a held call", "runtime/hooks.py",
+     "def _edit(latch, call):\n    latch.edit(call, '{}', len, None)"),
+])
+def test_a_second_room_playing_a_role_breaks_it(copy_of_the_package: Path, role: str,
+                                                module: str, code: str) -> None:
+    """Each role check fails on a violation: another module building a final message (by
+    ``Emit`` or from an adapter's ``final``), a ``run.ended`` record, or deciding a held call
+    (``approve``, ``edit``, ``approval_denied``) is named beside the role's own room."""
+    package = copy_of_the_package / "worker"
+    add_import(package / module, code)
+    assert role_players(package, role) == {ROLES[role][1], module}

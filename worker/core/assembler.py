@@ -65,20 +65,22 @@ happens at each bound is an outcome, never a silent drop or a refused run:
   ``MAX_ID_CHARACTERS``, or a name longer than ``MAX_NAME_CHARACTERS``, is none (the call fails
   ``missing_id_or_name``), so that every record's head, ids and names are small. A committed
   call record that could be larger is measured, and fails ``record_too_large`` if it is
-  (``latch.Latch``). At a run's end, a final message that could be larger (``Run._final_bound``)
-  is measured: a run ending normally whose final message would not fit ends ``failed``
-  instead, its undecided calls ``record_too_large``; whatever the end, a final message that
-  does not fit drops content and says so (``Outputs.bounded``).
+  (``latch.Latch``). At a run's end, a final message that could be larger
+  (``ending.final_bound``) is measured: a run ending normally whose final message would not
+  fit ends ``failed`` instead, its undecided calls ``record_too_large``; whatever the end, a
+  final message that does not fit drops content and says so (``ending.bounded``).
 
-Every end of a run above is the same ``Run.finish`` as a stream error's, so each call still
-gets exactly one outcome and the run one final message.
+Every end of a run above is the same ``Run.finish`` as a stream error's
+(``core/ending.py``), so each call still gets exactly one outcome and the run one final
+message.
 
 What is the partition's lives here: the open runs and their order, the shared tool maps
 (``tools.ToolMaps``), the clock; the finished runs, the early cancels and the late events
-remembered in ``core/remembered.py``, the runs waiting for approvals in ``core/waiting.py``.
-What is a run's lives in its
-:class:`~worker.core.run.Run` (``core/run.py``), which reaches the partition-wide byte budget
-through the :class:`~worker.core.run.Ledger` this assembler passes it.
+remembered in ``core/remembered.py``, the runs waiting for approvals and the decisions on
+their held calls in ``core/waiting.py``. What is a run's lives in its
+:class:`~worker.core.run.Run` (``core/run.py``) while it streams and in ``core/ending.py`` at
+its end; a run reaches the partition-wide byte budget through the
+:class:`~worker.core.ledger.Ledger` this assembler passes it.
 """
 
 from __future__ import annotations
@@ -109,12 +111,13 @@ from worker.core.envelope import (
 )
 from worker.core.identity import identities
 from worker.core.latch import Latch
+from worker.core.ledger import Ledger, Rules
 from worker.core.model import DlqReason, Emit, Reason, RunStatus
 from worker.core.policy import Policy
 from worker.core.providers import adapter_for
 from worker.core.remembered import Remembered
 from worker.core.remembered import raw_or_empty as _raw
-from worker.core.run import Ledger, Rules, Run
+from worker.core.run import Run
 from worker.core.schemacheck import SchemaLimits
 from worker.core.settings import AssembleSettings
 from worker.core.tools import (
@@ -154,7 +157,7 @@ class Assembler:
     def __init__(self, settings: AssembleSettings | None = None,
                  validators: ValidatorCache | None = None) -> None:
         self.settings = settings or AssembleSettings()
-        #: The partition-wide byte budget and counters its runs share (``run.Ledger``).
+        #: The partition-wide byte budget and counters its runs share (``ledger.Ledger``).
         self._ledger = Ledger(self.settings.max_buffered_bytes, self._make_room, self._forget)
         self.stats: Counter[str] = self._ledger.stats
         self._rules = Rules(self.settings)
@@ -370,7 +373,7 @@ class Assembler:
         if held or self._waiting:  # calls waiting for approval too long fail (by record time)
             wait_ms = self.settings.approvals.approval_timeout_s * 1000
             for run in [*self._waiting.values(), *held]:
-                emits += run.expire_approvals(now_ms, wait_ms)
+                emits += self._approvals.expire(run, now_ms, wait_ms)
         return emits
 
     @property

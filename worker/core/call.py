@@ -114,7 +114,7 @@ class Call:
     def duplicate(self, detail: str) -> bool:
         """Fail a call whose id another call of the run shares, once it failed or was
         cancelled: ``duplicate_call_id`` replaces whatever ended it (one kind of outcome per
-        id, ``Run._outcomes``). False (and nothing changed) for any other call: a committed
+        id, ``ending.outcomes``). False (and nothing changed) for any other call: a committed
         call is never taken back."""
         if not self.step(CallEvent.DUPLICATE):
             return False

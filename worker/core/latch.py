@@ -43,7 +43,7 @@ Limits that can be known earlier fail the call earlier, while its text streams i
 (a placeholder that keeps the call's place so that it still gets its one outcome).
 
 Whatever ended them, calls that share one ``tool_call_id`` end with one kind of outcome
-(``Run._outcomes``): ``duplicate_call_id`` for each, or, when one of them already had
+(``ending.outcomes``): ``duplicate_call_id`` for each, or, when one of them already had
 its record emitted (block-level early commit), that record alone.
 """
 

@@ -47,7 +47,7 @@ class Ledger:
         #: call is decided; None: no policy (``policy.mode: off``).
         self.policy: Policy | None = None
         #: Where the record being applied was read (None: unknown, ``latch assemble``): the
-        #: last offset of a ``run.ended`` record (``Outputs.run_ended``).
+        #: last offset of a ``run.ended`` record (``ending.run_ended``).
         self.at: RecordSource | None = None
         #: Told when a run's stream ended with calls still waiting for approval: the run's
         #: final message waits for their decisions (None: nobody to tell).

@@ -32,12 +32,12 @@ flight, a stream error, a cancel). Terminal states have no way out: whatever arr
 terminal call changes nothing, which is what makes a re-delivered or late event harmless. The
 one exception is ``duplicate_call_id``: a failed or cancelled call whose id another call of
 the run shares fails ``duplicate_call_id`` instead, so that one id gets one kind of outcome
-(``Run._outcomes``); a committed call is never taken back.
+(``ending.outcomes``); a committed call is never taken back.
 
 ``TRANSITIONS`` is the whole machine, in the manner of h11's ``EVENT_TRIGGERED_TRANSITIONS``
 and h2's ``_transitions``: for every state and every :class:`CallEvent` (what happens to a
 call) it gives the state the event moves the call to, or None when the event changes nothing
-there. It is total (tests/core/property/test_transitions.py), and :meth:`Call.step
+there. It is total (tests/core/property/test_model.py), and :meth:`Call.step
 <worker.core.call.Call.step>` is the only way a call changes state: an event the table
 refuses is a defined outcome (the call keeps its state), never an exception.
 """
@@ -95,7 +95,7 @@ _FAILED, _CANCELLED = CallState.FAILED, CallState.CANCELLED
 _PENDING = CallState.PENDING_APPROVAL
 
 #: (state, event) -> the state the event moves a call to; None: the event changes nothing.
-#: Total: every pair is here (tests/core/property/test_transitions.py).
+#: Total: every pair is here (tests/core/property/test_model.py).
 TRANSITIONS: dict[tuple[CallState, CallEvent], CallState | None] = {
     (_OPEN, CallEvent.CLOSE): _COMPLETE,
     (_OPEN, CallEvent.COMMIT): None,  # (only a call whose text is complete is decided)

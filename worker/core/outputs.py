@@ -23,7 +23,8 @@ No record is larger than ``settings.MAX_RECORD_BYTES``: an error result is small
 name are bounded, its detail cut at :data:`MAX_DETAIL_CHARACTERS`); a committed call that would
 be larger fails ``record_too_large`` instead (``run.Latch``); and a final message that would be
 larger drops its message's content and its ``choices``, then its ``outcomes``, and lists what
-it dropped in ``dropped`` (:meth:`Outputs.bounded`).
+it dropped in ``dropped`` (``core/ending.py``, which alone builds the final message and the
+``run.ended`` record: this module shapes the records of single calls).
 
 Each outcome (a committed call or an error result) is followed by its audit record
 (:meth:`Outputs.audit`, ``schemas/audit.schema.json``): the run, tenant, call id, tool name and
@@ -52,18 +53,14 @@ from orjson import dumps
 from worker.core.call import Call
 from worker.core.envelope import RecordSource, Rejected, RunStart, Source
 from worker.core.model import CallState, Emit, Reason, RunStatus, Topic
-from worker.core.ops import CUSTOM, FUNCTION, Adapter, CallView
+from worker.core.ops import CUSTOM, FUNCTION
 from worker.core.policy import OFF
 from worker.core.providers.gemini_args import is_records
-from worker.core.settings import MAX_RECORD_BYTES, AuditKey
+from worker.core.settings import AuditKey
 
 #: Characters of an error's detail written in its ``content``; a longer one (a schema path
 #: through long property names) is cut, and ends with "...".
 MAX_DETAIL_CHARACTERS = 1024
-#: The fields a final message that must drop its message keeps of it (short strings only),
-#: and the fields it empties (an array becomes [], anything else null).
-_MESSAGE_LABELS = ("role", "id", "model", "status", "stop_reason")
-_MESSAGE_CONTENT = ("content", "parts", "output")
 #: UTF-8 bytes of argument text an echoing error result shows at most (:func:`echoed`).
 ECHO_MAX_BYTES = 4096
 
@@ -110,7 +107,7 @@ class Outputs:
             call.reason is Reason.TURN_PAUSED
             or (self._drop and call.reason is Reason.INVALID_JSON))
 
-    def _head(self) -> dict[str, Any]:
+    def head(self) -> dict[str, Any]:
         """What every output of the run starts with."""
         return {"v": 1, "run_id": self._run_id, "tenant": self._tenant,
                 "provider": self._provider}
@@ -149,7 +146,7 @@ class Outputs:
         policy: dict[str, Any] = {"mode": OFF} if decision is None else {
             "mode": decision.mode, "allow": decision.allow, "policies": list(decision.policies),
             "errors": list(decision.errors), "version": decision.version}
-        record = {**self._head(), "tool_call_id": call.tool_call_id, "name": value["name"],
+        record = {**self.head(), "tool_call_id": call.tool_call_id, "name": value["name"],
                   "outcome": "committed" if committed else "error",
                   "reason": None if committed else value["reason"], "policy": policy,
                   "arguments": argument_digest(call, value if committed else None,
@@ -161,7 +158,7 @@ class Outputs:
             record["approval"] = {"decision": kind, "by": by, "key": key}
         return Emit(Topic.AUDIT, self._run_id, record)
 
-    def _where(self, call: Call) -> dict[str, Any]:
+    def where(self, call: Call) -> dict[str, Any]:
         """``index`` and ``choice``, then ``kind`` for a call that is not a function call
         (absent for those, so that their records stay as they were before kinds existed)."""
         where: dict[str, Any] = {"index": call.index}
@@ -172,7 +169,7 @@ class Outputs:
         return where
 
     def _committed(self, call: Call) -> Emit:
-        value = {**self._head(), "call_id": call.call_id, "name": call.name, **self._where(call)}
+        value = {**self.head(), "call_id": call.call_id, "name": call.name, **self.where(call)}
         if call.kind == CUSTOM:  # free-form input, as the provider sent it
             value["input"] = call.text
         else:
@@ -206,84 +203,23 @@ class Outputs:
             text = call.text if call.text is not None else "".join(call.parts)
             if not is_records(text):  # Gemini's partialArgs are values, not text: no echo
                 content += echoed(text)
-        value = {**self._head(), "tool_call_id": call.tool_call_id, "name": call.name or "unknown",
-                 **self._where(call), "is_error": True, "state": str(call.state),
+        value = {**self.head(), "tool_call_id": call.tool_call_id, "name": call.name or "unknown",
+                 **self.where(call), "is_error": True, "state": str(call.state),
                  "reason": str(reason), "content": content, "idempotency_key": key}
         if self.dropped(call):
             value["dropped"] = True
         return Emit(Topic.ERRORS, self._run_id, value)
 
-    def final(self, adapter: Adapter, calls: Sequence[Call], status: RunStatus) -> Emit:
-        """The run's canonical assistant message and each call's outcome."""
-        calls = [c for c in calls if c.state is not CallState.UNWRAPPED]
-        views = [CallView(c.key, c.tool_call_id, c.name or "unknown",
-                          c.text if c.text is not None else "".join(c.parts),
-                          c.arguments, c.parsed, c.parent, self.dropped(c), c.kind) for c in calls]
-        message, choices = adapter.final(views)
-        value: dict[str, Any] = {**self._head(), "status": str(status), "message": message}
-        if choices is not None:
-            value["choices"] = choices
-        value["outcomes"] = [self._outcome(c) for c in calls]
-        value["idempotency_key"] = idempotency_key(self._run_id, "final")
-        return Emit(Topic.FINAL, self._run_id, value)
-
     def committed_size(self, call: Call) -> int:
         """The bytes of ``call``'s committed call record (a committed or decided call)."""
         return len(dumps(self._committed(call).value))
-
-    def bounded(self, final: Emit) -> Emit:
-        """``final`` when it is at most ``MAX_RECORD_BYTES`` long. Else the same final with
-        its message's content and its ``choices`` dropped (the message keeps its role, ids,
-        model and status; its content, parts or output are emptied), then, if that is still too
-        long, its ``outcomes`` too (each call has its own record), with ``dropped`` listing
-        what was left out. The head of a record is bounded, so what is left always fits."""
-        value = final.value
-        if len(dumps(value)) <= MAX_RECORD_BYTES:
-            return final
-        message = value["message"]
-        kept = {k: message[k] for k in _MESSAGE_LABELS
-                if isinstance(message.get(k), str) and len(message[k]) <= 256}
-        for k in _MESSAGE_CONTENT:
-            if k in message:
-                kept[k] = [] if isinstance(message[k], list) else None
-        dropped = ["message"]
-        smaller = {k: v for k, v in value.items() if k != "choices"}
-        if len(smaller) < len(value):
-            dropped.append("choices")
-        smaller["message"] = kept
-        smaller["dropped"] = dropped
-        if len(dumps(smaller)) > MAX_RECORD_BYTES:
-            smaller["outcomes"] = []
-            dropped.append("outcomes")
-        return Emit(Topic.FINAL, final.key, smaller)
-
-    def _outcome(self, call: Call) -> dict[str, Any]:
-        outcome = {"tool_call_id": call.tool_call_id, "name": call.name or "unknown",
-                   **self._where(call), "state": str(call.state)}
-        if call.reason is not None:
-            outcome["reason"] = str(call.reason)
-        if self.dropped(call):
-            outcome["dropped"] = True
-        return outcome
-
-    def run_ended(self, status: RunStatus, reason: Reason, last_seq: int,
-                  first: RecordSource | None, last: RecordSource | None) -> Emit:
-        """The run's one ``run.ended`` record (schemas/run-ended.schema.json): Latch ended it
-        for ``reason`` while its stream may still be running. ``first``: where its
-        ``run.start`` was read; ``last``: the record at which it ended (its own, another run's
-        that made room, or a tick); either None when unknown (``latch assemble``)."""
-        value = {**self._head(), "type": "run.ended", "status": str(status),
-                 "reason": str(reason), "last_seq": last_seq,
-                 "events": events_span(first, last),
-                 "idempotency_key": idempotency_key(self._run_id, "ended")}
-        return Emit(Topic.RUN_ENDED, self._run_id, value)
 
     def progress(self, call: Call, delta: str | None = None, offset: int = 0) -> Emit:
         """A UI progress record: byte counts, and, only when configured, the text ``delta``
         that replaces the call's text from UTF-8 byte ``offset`` on (the fragment just
         appended, or the whole text restated): never the whole buffer again, so progress grows
         linearly with the argument bytes."""
-        value = {**self._head(), "call_key": call.key, "tool_call_id": call.call_id,
+        value = {**self.head(), "call_key": call.key, "tool_call_id": call.call_id,
                  "name": call.name, "index": call.index, "bytes": call.nbytes}
         if delta is not None:
             value["arguments_offset"] = offset

@@ -1,16 +1,19 @@
-"""One run: its calls, their buffers, and its end.
+"""One run while it streams: its calls, their buffers, and its bounds.
 
 A :class:`Run` lives from its ``run.start`` to its end. It applies the ops its adapter reads
 from each provider event to its calls (:mod:`worker.core.call`), keeps its own bounds
-(argument bytes per call, text per run, calls per run: ``assembler``'s module docstring), asks
-the completion latch (:mod:`worker.core.latch`) to decide each complete call, and at its end
-(:meth:`Run.finish`) gives every call exactly one outcome and the run one final message.
+(argument bytes per call, text per run, calls per run: ``assembler``'s module docstring), and
+asks the completion latch (:mod:`worker.core.latch`) to decide each complete call
+(:meth:`Run.decide`). How it ends is ``core/ending.py``'s (:meth:`Run.finish`): every call
+its one outcome, the run its one final message. A person's decision on a call the latch held
+is ``core/waiting.py``'s.
 
 What a run shares with the other runs of its partition it reaches through two small objects
-passed in (``core/ledger.py``): the :class:`Ledger` (the bytes all open runs hold against
-``max_buffered_bytes``, the counters, and the partition's hooks to make room and to forget an
-ended run) and the :class:`Rules` (the settings a run reads, copied once per partition). A
-parallel wrapper call is unwrapped by ``core/wrapper.py``.
+passed in (``core/ledger.py``): the :class:`~worker.core.ledger.Ledger` (the bytes all open
+runs hold against ``max_buffered_bytes``, the counters, and the partition's hooks to make room
+and to forget an ended run) and the :class:`~worker.core.ledger.Rules` (the settings a run
+reads, copied once per partition). A parallel wrapper call is unwrapped by
+``core/wrapper.py``.
 """
 
 from __future__ import annotations
@@ -20,48 +23,21 @@ from typing import Any
 
 from orjson import dumps
 
+from worker.core import ending, wrapper
 from worker.core import ops as op
-from worker.core import wrapper
 from worker.core._mypyc import mypyc_attr
-from worker.core.call import (
-    FOLD_PIECES,
-    Call,
-    check_order_keys,
-    too_long,
-    usable,
-    utf8_len,
-)
+from worker.core.call import Call, check_order_keys, too_long, usable, utf8_len
 from worker.core.envelope import RecordSource, Rejected, RunStart
-from worker.core.latch import NAME_CHECKED_REASONS, Latch
+from worker.core.latch import Latch
 from worker.core.ledger import Ledger, Rules
-from worker.core.model import (
-    ABORT_REASONS,
-    CallEvent,
-    CallState,
-    DlqReason,
-    Emit,
-    Reason,
-    RunStatus,
-)
-from worker.core.outputs import id_counts
-from worker.core.settings import (
-    CALLS_PER_RUN_FACTOR,
-    CHOICE_BYTES,
-    MAX_ID_CHARACTERS,
-    MAX_NAME_CHARACTERS,
-    MAX_RECORD_BYTES,
-    RECORD_OVERHEAD,
-)
+from worker.core.model import CallEvent, CallState, DlqReason, Emit, Reason, RunStatus
+from worker.core.settings import CALLS_PER_RUN_FACTOR, MAX_ID_CHARACTERS, MAX_NAME_CHARACTERS
 
-__all__ = ["FOLD_PIECES", "NAME_CHECKED_REASONS", "Call", "Latch", "Ledger", "Rules", "Run",
-           "utf8_len"]
+__all__ = ["FRAGMENT_ENVELOPE", "Run"]
 
 _OPEN = CallState.OPEN
 _COMPLETE = CallState.ARGS_COMPLETE
-_UNWRAPPED = CallState.UNWRAPPED
 _PENDING = CallState.PENDING_APPROVAL
-#: Bytes of a call's entries in a final message besides its text, id and name, at most.
-_CALL_FIELDS_BYTES = 512
 #: The bytes of a record carrying one argument fragment that are taken for its envelope (the
 #: ids, model and names a provider repeats on every chunk), not counted as the run's text.
 FRAGMENT_ENVELOPE = 512
@@ -332,8 +308,8 @@ class Run:
         pipelined = self.rules.pipelined
         ready = [c for c in ready if c.name in pipelined and c.state is _COMPLETE]
         for each in ready:
-            self._decide(each)
-        return self._outcomes(ready) if ready else []
+            self.decide(each)
+        return ending.outcomes(self, ready) if ready else []
 
     # -- the parallel wrapper (docs/providers.md, "The parallel wrapper") --------------------------
 
@@ -365,15 +341,7 @@ class Run:
         for call in self.calls.values():
             call.fail(Reason.PROTOCOL_ERROR, detail)  # (a decided call keeps its outcome)
         # The run's end is decided now: the gateway may stop reading (decision 0015).
-        return self._ended(RunStatus.FAILED, Reason.PROTOCOL_ERROR)
-
-    def _ended(self, status: RunStatus, reason: Reason) -> list[Emit]:
-        """The run's one ``run.ended`` record, unless it is out already."""
-        if self.ended:
-            return []
-        self.ended = True
-        self.ledger.stats["runs_ended_records"] += 1
-        return [self.out.run_ended(status, reason, self.last_seq, self.first, self.ledger.at)]
+        return ending.run_ended(self, RunStatus.FAILED, Reason.PROTOCOL_ERROR)
 
     def _restated(self, key: str, text: str) -> list[Emit]:
         """The provider restated a call's whole text at its end: a different text than the
@@ -392,9 +360,11 @@ class Run:
         return self._break("the terminal event restates a call with another text than the "
                            "one streamed")
 
-    # -- the end of a run -------------------------------------------------------------
+    # -- the latch and the end ---------------------------------------------------------
 
-    def _decide(self, call: Call) -> None:
+    def decide(self, call: Call) -> None:
+        """Ask the latch to decide the complete ``call`` (at its block's end, or at the run's);
+        a call it holds for approval waits (``core/waiting.py``)."""
         stop = op.stop_of(self.stops, call.choice) if self.stops else None
         tool_call_id = call.tool_call_id
         shared = sum(1 for c in self.calls.values() if c.tool_call_id == tool_call_id) > 1
@@ -407,156 +377,14 @@ class Run:
             sizes.append(call.nbytes)
 
     def finish(self, status: RunStatus, reason: Reason | None, detail: str) -> list[Emit]:
-        """End the run: every call gets its outcome, then the final message; the run's bytes
-        are released and the partition told (``Ledger.forget``). ``reason`` None: the run
-        ended normally, and its complete calls are decided; else every call not yet decided
-        fails ``reason``."""
-        ledger = self.ledger
+        """End the run (``core/ending.py``): every call gets its outcome, then the final
+        message. ``reason`` None: the run ended normally, and its open calls close first (a
+        parallel wrapper is unwrapped); else every call not yet decided fails ``reason``."""
         if reason is None:
             for call in list(self.calls.values()):
                 if call.step(CallEvent.CLOSE):
                     self._unwrap(call)
-        calls = sorted(self.calls.values(), key=Call.sort_key)
-        large = self._final_bound(calls) > MAX_RECORD_BYTES  # (nearly never)
-        if large and reason is None and self._final_over(calls, status):
-            # Nothing commits whose final message cannot be sent: the run fails instead.
-            ledger.stats["runs_over_record_bytes"] += 1
-            status, reason = RunStatus.FAILED, Reason.RECORD_TOO_LARGE
-            detail = (f"the run's final message would be larger than an output record may be "
-                      f"({MAX_RECORD_BYTES} bytes); the run was ended")
-        for call in calls:
-            if call.state is _COMPLETE and reason is None:
-                self._decide(call)
-            elif call.state is _PENDING and reason is None:
-                continue  # (it waits for its decision, and the final message with it)
-            else:  # (a decided call keeps its outcome: TRANSITIONS)
-                if call.fail(reason or Reason.STREAM_ERROR, detail) and call.held:
-                    self.latch.release()
-        # Ended by Latch while its stream may still run: the gateway is told first.
-        emits = (self._ended(status, reason) if reason in ABORT_REASONS and reason is not None
-                 else [])
-        emits += self._outcomes(calls)
-        self.held = sum(1 for c in calls if c.state is _PENDING) if self.held else 0
-        if self.held:  # the final waits for the last decision (docs/policies.md, "Approvals")
-            if self.waiting is None:
-                self.waiting = status
-                ledger.stats["runs_waiting_for_approval"] += 1
-                if ledger.park is not None:
-                    ledger.park(self)
-            return emits
-        return emits + self._conclude(status, calls, large)
-
-    def _conclude(self, status: RunStatus, calls: list[Call], large: bool) -> list[Emit]:
-        """The run's final message, once every call has its outcome; the run is over."""
-        ledger = self.ledger
-        final = self.out.final(self.adapter, calls, status)
-        if large:  # measured, and made smaller if it must be (Outputs.bounded)
-            bounded = self.out.bounded(final)
-            if bounded is not final:
-                ledger.stats["finals_dropped_content"] += 1
-            final = bounded
-        self.status, self.waiting = status, None
-        ledger.held -= self.nbytes
-        ledger.stats[f"runs_{status}"] += 1
-        ledger.forget(self)
-        return [final]
-
-    # -- approvals (docs/policies.md, "Approvals") -------------------------------------------------
-
-    def decision(self, kind: str, tool_call_id: str, by: str, why: str,
-                 arguments: str | None) -> list[Emit] | tuple[DlqReason, str]:
-        """Apply a person's decision on the held call ``tool_call_id``: its outcome (and the
-        final message, after the last one), or why the decision goes to the DLQ instead (no
-        such call; not waiting; already decided)."""
-        found = [c for c in self.calls.values() if c.tool_call_id == tool_call_id]
-        call = next((c for c in found if c.state is _PENDING), None)
-        if call is None:
-            if not found:
-                return DlqReason.UNKNOWN_CALL, "the run has no call with this id"
-            if all(c.state is _OPEN or c.state is _COMPLETE for c in found):
-                return DlqReason.CALL_NOT_PENDING, "the call is not waiting for approval"
-            state = next(c.state for c in found if c.state is not _OPEN)
-            return DlqReason.CALL_ALREADY_DECIDED, f"the call is already {state}"
-        stats = self.ledger.stats
-        if kind == "approve":  # (decided against the policy in force now: Latch.approve)
-            self.latch.approve(call, self.ledger.policy)
-        elif kind == "edit":
-            before = call.nbytes
-            self.latch.edit(call, arguments or "", self.out.committed_size, self.ledger.policy)
-            text = call.text
-            call.nbytes = 0 if text is None else utf8_len(text)
-            self.nbytes += call.nbytes - before
-            self.ledger.held += call.nbytes - before
-        else:
-            call.fail(Reason.APPROVAL_DENIED, f"denied by {by}: {why}")
-            self.latch.release()
-        stats[f"approvals_{kind}"] += 1
-        return self._decided([call])
-
-    def expire_approvals(self, now_ms: int, limit_ms: float) -> list[Emit]:
-        """Fail the held calls that waited ``limit_ms`` of record time (``approval_timeout``)."""
-        late = [c for c in self.calls.values()
-                if c.state is _PENDING and now_ms - c.held_ms >= limit_ms]
-        for call in late:
-            call.fail(Reason.APPROVAL_TIMEOUT, f"no approval decision within {limit_ms / 1000:g} s")
-            self.latch.release()
-        self.ledger.stats["approvals_timed_out"] += len(late)
-        return self._decided(late) if late else []
-
-    def _decided(self, calls: list[Call]) -> list[Emit]:
-        """The outcomes of held calls just decided; the final message after the last one."""
-        self.held -= len(calls)
-        emits = self._outcomes(calls)
-        waiting = self.waiting
-        if waiting is None or self.held:
-            return emits
-        ordered = sorted(self.calls.values(), key=Call.sort_key)
-        large = self._final_bound(ordered) > MAX_RECORD_BYTES
-        return emits + self._conclude(waiting, ordered, large)
-
-    def _final_bound(self, calls: list[Call]) -> int:
-        """At most the bytes of the run's final message: 6 bytes (the longest JSON escape) a
-        byte of the events its text came from (``text_bytes``; a kept value written back is
-        never longer than 4.5 bytes a byte of its event) and a character of each call's text,
-        id and name (twice: in the message and in ``outcomes``), each choice's own fields, and
-        the rest of a record."""
-        bound = 6 * self.text_bytes + self.rules.choices * CHOICE_BYTES + RECORD_OVERHEAD
-        for call in calls:
-            text = call.text
-            chars = len(text) if text is not None else sum(len(p) for p in call.parts)
-            named = len(call.call_id or call.key) + len(call.name or "unknown")
-            bound += 6 * (chars + 2 * named) + _CALL_FIELDS_BYTES
-        return bound
-
-    def _final_over(self, calls: list[Call], status: RunStatus) -> bool:
-        """Whether the run's final message, written now with its calls not yet decided, is
-        larger than an output record may be, less what deciding them may add to it (a
-        ``reason`` per outcome)."""
-        final = self.out.final(self.adapter, calls, status)
-        return len(dumps(final.value)) + _CALL_FIELDS_BYTES * len(calls) > MAX_RECORD_BYTES
-
-    def _outcomes(self, batch: list[Call]) -> list[Emit]:
-        """The records of ``batch``'s decided calls not yet emitted, one kind of outcome per
-        ``tool_call_id`` (docs/contract.md, "Choices the contract leaves open"). Among calls that
-        share an id: once one of them has its record out (block-level early commit, or an early
-        error), the others get none (the final message lists them ``failed``,
-        ``duplicate_call_id``; counted in ``reused_ids_suppressed``); until then, each fails
-        ``duplicate_call_id``, whatever else ended it, under a key of its own."""
-        calls = self.calls
-        if len(calls) > 1:
-            ids = id_counts(calls.values())
-            answered = {c.tool_call_id for c in calls.values() if c.emitted}
-            for call in batch:
-                if call.emitted or call.state is _UNWRAPPED or ids.get(call.tool_call_id, 0) < 2:
-                    continue
-                if call.tool_call_id in answered:
-                    call.duplicate("another call of this run with the same id already has its "
-                                   "outcome; this one gets no record")
-                    call.emitted = True
-                    self.ledger.stats["reused_ids_suppressed"] += 1
-                elif call.reason is not Reason.DUPLICATE_CALL_ID:
-                    call.duplicate("another call of this run has the same id")
-        return self.out.outcomes(batch, calls.values())
+        return ending.finish(self, status, reason, detail)
 
     # -- memory budgets (assembler's module docstring) ----------------------------------
 

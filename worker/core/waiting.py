@@ -1,8 +1,10 @@
 """Approvals in a partition (docs/policies.md, "Approvals"): the decisions on held calls, and the
 runs whose final message waits for them.
 
-A call that passes the latch and needs approval is held by its run (``Run.decision`` decides
-it). A run whose stream ended while calls of it are held leaves the streaming runs and waits
+A call that passes the latch and needs approval is held by its run (``Run.decide``), and is
+decided here: by a person's decision (:meth:`Waiting.decision`: approve, edit or deny), or by
+the approval timeout (:meth:`Waiting.expire`). A run whose stream ended while calls of it are
+held leaves the streaming runs and waits
 (:meth:`Waiting.park`, the ledger's ``park``): no provider event reaches it any more, and its
 final message waits for the last decision. :meth:`Waiting.envelope` says what an envelope of
 such a run comes to. A parked run keeps its place in the partition's "least recently active"
@@ -16,17 +18,23 @@ from heapq import merge
 from operator import attrgetter
 from typing import Any
 
+from worker.core import ending
 from worker.core.approvers import ApproverRequest, Approvers, approver_refusal
+from worker.core.call import Call, utf8_len
 from worker.core.envelope import Cancel, Decision, Envelope, Rejected, RunStart, StreamEnd, Tick
 from worker.core.ledger import Ledger
 from worker.core.model import CallState, DlqReason, Emit, Reason, RunStatus
 from worker.core.remembered import raw_or_empty
 from worker.core.run import Run
+from worker.core.settings import MAX_RECORD_BYTES
 
 __all__ = ["Waiting"]
 
 #: A run's number in the partition's "least recently active" order (``Run.active``).
 _ACTIVE = attrgetter("active")
+_OPEN = CallState.OPEN
+_COMPLETE = CallState.ARGS_COMPLETE
+_PENDING = CallState.PENDING_APPROVAL
 
 
 class Waiting:
@@ -68,8 +76,8 @@ class Waiting:
                 self.decided.setdefault(run.run_id, set()).add(control)
             refused = self._not_allowed(run, decision)
         if refused is None:
-            done = run.decision(decision.decision, decision.tool_call_id, decision.by,
-                                decision.reason, decision.arguments)
+            done = _decide(run, decision.decision, decision.tool_call_id, decision.by,
+                           decision.reason, decision.arguments)
             if not isinstance(done, tuple):
                 return done
             refused = done
@@ -79,7 +87,7 @@ class Waiting:
     def _not_allowed(self, run: Run, decision: Decision) -> tuple[DlqReason, str] | None:
         """Why the policy in force does not let a (verified) approver make ``decision``, or
         None; the decision is then recorded on the held call it decides (its audit record
-        names the approver). A call not held is left to ``Run.decision`` to say why."""
+        names the approver). A call not held is left to :func:`_decide` to say why."""
         call = next((c for c in run.calls.values() if c.state is CallState.PENDING_APPROVAL
                      and c.tool_call_id == decision.tool_call_id), None)
         if call is None:
@@ -123,6 +131,17 @@ class Waiting:
                               "for approval", run.run_id)
         return [self.ledger.reject(reject, *raw_or_empty(raw))]
 
+    def expire(self, run: Run, now_ms: int, limit_ms: float) -> list[Emit]:
+        """Fail ``run``'s held calls that waited ``limit_ms`` of record time
+        (``approval_timeout``): their outcomes, and the final message after the last one."""
+        late = [c for c in run.calls.values()
+                if c.state is _PENDING and now_ms - c.held_ms >= limit_ms]
+        for call in late:
+            call.fail(Reason.APPROVAL_TIMEOUT, f"no approval decision within {limit_ms / 1000:g} s")
+            run.latch.release()
+        self.ledger.stats["approvals_timed_out"] += len(late)
+        return _decided(run, late) if late else []
+
     def park(self, run: Run) -> None:
         """``run``'s stream ended with calls waiting for approval: it leaves the streaming
         runs, and waits (``Ledger.park``)."""
@@ -153,3 +172,47 @@ class Waiting:
         if not self.runs:
             return list(self.streaming.values())
         return list(merge(self.runs.values(), self.streaming.values(), key=_ACTIVE))
+
+
+def _decide(run: Run, kind: str, tool_call_id: str, by: str, why: str,
+            arguments: str | None) -> list[Emit] | tuple[DlqReason, str]:
+    """Apply a person's decision on ``run``'s held call ``tool_call_id``: its outcome (and the
+    final message, after the last one), or why the decision goes to the DLQ instead (no such
+    call; not waiting; already decided)."""
+    found = [c for c in run.calls.values() if c.tool_call_id == tool_call_id]
+    call = next((c for c in found if c.state is _PENDING), None)
+    if call is None:
+        if not found:
+            return DlqReason.UNKNOWN_CALL, "the run has no call with this id"
+        if all(c.state is _OPEN or c.state is _COMPLETE for c in found):
+            return DlqReason.CALL_NOT_PENDING, "the call is not waiting for approval"
+        state = next(c.state for c in found if c.state is not _OPEN)
+        return DlqReason.CALL_ALREADY_DECIDED, f"the call is already {state}"
+    ledger = run.ledger
+    if kind == "approve":  # (decided against the policy in force now: Latch.approve)
+        run.latch.approve(call, ledger.policy)
+    elif kind == "edit":
+        before = call.nbytes
+        run.latch.edit(call, arguments or "", run.out.committed_size, ledger.policy)
+        text = call.text
+        call.nbytes = 0 if text is None else utf8_len(text)
+        run.nbytes += call.nbytes - before
+        ledger.held += call.nbytes - before
+    else:
+        call.fail(Reason.APPROVAL_DENIED, f"denied by {by}: {why}")
+        run.latch.release()
+    ledger.stats[f"approvals_{kind}"] += 1
+    return _decided(run, [call])
+
+
+def _decided(run: Run, calls: list[Call]) -> list[Emit]:
+    """The outcomes of ``run``'s held calls just decided; the final message after the last
+    one, if the run's stream has ended (it waits: ``Run.waiting``)."""
+    run.held -= len(calls)
+    emits = ending.outcomes(run, calls)
+    waiting = run.waiting
+    if waiting is None or run.held:
+        return emits
+    ordered = sorted(run.calls.values(), key=Call.sort_key)
+    large = ending.final_bound(run, ordered) > MAX_RECORD_BYTES
+    return emits + ending.conclude(run, waiting, ordered, large)

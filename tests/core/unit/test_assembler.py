@@ -579,7 +579,8 @@ def test_unknown_provider() -> None:
 
 def test_cancel_for_an_unknown_run() -> None:
     """A cancel for a run that has not started is remembered for its ``run.start``, not sent
-    to the DLQ (``test_cancel_before_run_start_cancels_the_run`` proves what it does then)."""
+    to the DLQ (``test_cancel_before_run_start_cancels_the_run`` in test_remembered.py proves
+    what it does then)."""
     asm = make()
     assert feed(asm, [cancel("nobody")]) == []
     assert asm.early_cancel_pending("nobody")
@@ -874,54 +875,6 @@ def test_chaos_checks_demand_one_kind_of_outcome_per_id() -> None:
     assert verify(plan, [*records(run.expected),
                          OutRecord("errors", 0, 99, b"a:b", orjson.dumps(forged))]
                   ).contradictions
-
-
-# -- a cancel before its run.start -----------------------------------------------------------
-
-
-def _record(asm: Assembler, env: dict[str, Any], ts: int) -> list[Emit]:
-    return asm.feed_record(None, orjson.dumps(env), ts)
-
-
-def _run_after(asm: Assembler, run_id: str, ts: int) -> list[Emit]:
-    emits: list[Emit] = []
-    for env in provider_run(CHAT, run_id, {"f": OBJECT}, [("c1", "f", "{}")]):
-        emits += _record(asm, env, ts)
-    return checked(emits)
-
-
-def test_cancel_before_run_start_cancels_the_run() -> None:
-    """A cancel recorded before its run's ``run.start``: the run ends ``cancelled`` when it
-    starts, its later events are ignored, nothing commits and nothing goes to the DLQ."""
-    asm = make()
-    assert _record(asm, cancel("r", reason="user_stop"), 1_000) == []
-    emits = _run_after(asm, "r", 2_000)
-    assert committed(emits) == [] and dlq(emits) == []
-    assert [f["status"] for f in finals(emits)] == ["cancelled"]
-    assert not asm.early_cancel_pending("r")
-    assert asm.stats["early_cancels_applied"] == 1
-
-
-def test_early_cancel_expires_in_record_time() -> None:
-    """A cancel older than ``early_cancel_ttl_s`` (record time) when its run starts changes
-    nothing: the run commits its call."""
-    asm = make(early_cancel_ttl_s=10)
-    _record(asm, cancel("r"), 1_000)
-    emits = _run_after(asm, "r", 11_001)
-    assert [c["call_id"] for c in committed(emits)] == ["c1"]
-    assert [f["status"] for f in finals(emits)] == ["completed"]
-    assert asm.stats["early_cancels_expired"] == 1
-
-
-def test_early_cancels_are_bounded_in_count() -> None:
-    """Beyond ``remember_early_cancels`` the oldest cancel is forgotten: its run commits, the
-    newer ones are still applied."""
-    asm = make(remember_early_cancels=2)
-    for n, run_id in enumerate(("a", "b", "c")):
-        _record(asm, cancel(run_id), 1_000 + n)
-    assert [asm.early_cancel_pending(r) for r in "abc"] == [False, True, True]
-    assert [f["status"] for f in finals(_run_after(asm, "a", 2_000))] == ["completed"]
-    assert [f["status"] for f in finals(_run_after(asm, "c", 2_000))] == ["cancelled"]
 
 
 # -- text a run may hold ---------------------------------------------------------------------

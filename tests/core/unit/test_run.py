@@ -12,9 +12,10 @@ from builders import CHAT, chat_chunk, chat_tool, chat_tool_delta, run_start
 from worker.core import ops as op
 from worker.core.envelope import RunStart, checked
 from worker.core.latch import Latch
+from worker.core.ledger import Ledger, Rules
 from worker.core.model import CallState, Emit, Reason, RunStatus, Topic
 from worker.core.providers import adapter_for
-from worker.core.run import Ledger, Rules, Run
+from worker.core.run import Run
 from worker.core.settings import AssembleSettings
 from worker.core.tools import ValidatorCache, client_tools
 

@@ -22,7 +22,7 @@ added only when the operator turns them on (``worker.metrics_labels``), and thei
 bounded (:class:`_Label`): at most :data:`LABEL_MAX_CHARS` characters; the operator's own list
 when one is given (``worker.metrics_label_tools``, ``worker.metrics_label_tenants``), else
 the first ``worker.metrics_label_cap`` registered values: a tool name the run registered
-(never a name the model made up: :data:`~worker.core.run.NAME_CHECKED_REASONS`), a tenant
+(never a name the model made up: :data:`~worker.core.latch.NAME_CHECKED_REASONS`), a tenant
 from ``run.start``. Anything else counts under ``_other`` and takes no slot. No label ever
 holds a run id, a call id or argument text.
 
@@ -74,8 +74,8 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 
 from worker.core.envelope import PROVIDERS
+from worker.core.latch import NAME_CHECKED_REASONS
 from worker.core.model import DlqReason, Emit, Reason, Topic
-from worker.core.run import NAME_CHECKED_REASONS
 
 __all__ = ["LABEL_MAX_CHARS", "METRIC_NAMES", "GovernanceView", "Metrics", "MetricsError",
            "PartitionView"]

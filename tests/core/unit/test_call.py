@@ -9,7 +9,7 @@ import orjson
 from builders import CHAT, chat_chunk, chat_tool, chat_tool_delta, run_start
 
 from worker.core import Assembler, AssembleSettings
-from worker.core.run import FOLD_PIECES, Call
+from worker.core.call import FOLD_PIECES, Call
 from worker.core.tools import ValidatorCache
 
 

@@ -1,6 +1,7 @@
-"""The core's abort feedback (issue 26, item 4; decision 0015): one ``run.ended`` record for a
-run Latch ends for a reason of its own, none for the stream's own end, and the events that
-reach an ended run summed up in one DLQ record."""
+"""``core/ending.py``'s ``run.ended`` record, the core's abort feedback (issue 26, item 4;
+decision 0015): one for a run Latch ends for a reason of its own, none for the stream's own
+end. The events that reach an ended run, summed up in one DLQ record, are test_remembered.py's.
+"""
 
 from __future__ import annotations
 
@@ -74,31 +75,6 @@ def test_idle_and_cancel_emit_run_ended() -> None:
     assert [(e.value["run_id"], e.value["reason"]) for e in emits
             if e.topic is Topic.RUN_ENDED] == [("r2", "cancelled"),
                                                ("r1", "assemble_idle_timeout")]
-
-
-def test_late_events_are_summed_up_in_one_dlq_record() -> None:
-    """21 events after the run's end give no DLQ record each; a re-delivered one counts
-    nothing; once quiet for the idle timeout, a tick emits one DLQ ``run_finished`` record
-    with the count, seqs and offsets, and later events add no record."""
-    asm = Assembler(AssembleSettings(max_run_text_bytes=TEXT_LIMIT, assemble_idle_timeout_s=5))
-    _ended_by_budget(asm)
-    late: list[Emit] = []
-    for n in range(21):
-        late += _feed(asm, 20 + n, _env("r1", 3 + n, "provider.event", event=_chunk("l")),
-                      2000 + n)
-    late += _feed(asm, 50, _env("r1", 10, "provider.event", event=_chunk("l")), 2100)
-    assert late == []
-    assert _tick(asm, 51, 6000) == []  # not quiet long enough yet
-    emits = _tick(asm, 52, 2020 + 5000)
-    assert len(emits) == 1 and emits[0].topic is Topic.DLQ and emits[0].key == "r1"
-    summary = emits[0].value
-    assert summary["reason"] == "run_finished" and summary["original_b64"] == ""
-    assert summary["late"] == {"count": 21, "first_seq": 3, "last_seq": 23,
-                               "first_offset": 20, "last_offset": 40}
-    assert summary["source"]["offset"] == 20
-    again = _feed(asm, 53, _env("r1", 24, "provider.event", event=_chunk("l")), 8000)
-    assert again == [] and _tick(asm, 54, 20000) == []
-    assert asm.stats["late_after_summary"] == 1
 
 
 def test_protocol_break_emits_run_ended_once_at_the_break() -> None:
