@@ -337,6 +337,9 @@ def server_properties(paths: Paths, ports: Ports, quorum: Quorum | None = None) 
         "share.coordinator.state.topic.min.isr": "1",
         "share.coordinator.state.topic.num.partitions": "3",
         "group.initial.rebalance.delay.ms": "0",
+        # The coordinator sweeps for timed-out transactions every 0.5 s (default 10 s), so a
+        # test that lets a transaction time out waits for its abort, not for the sweep.
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "500",
         "num.network.threads": "2",
         "num.io.threads": "4",
         "num.recovery.threads.per.data.dir": "1",

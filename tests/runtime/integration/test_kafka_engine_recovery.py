@@ -105,6 +105,18 @@ def _wait_committed(stack: Stack, role: str, offset: int, timeout: float = 30) -
         consumer.close()
 
 
+def _until_idle_timeout_passed(stack: Stack, run_id: str) -> None:
+    """Return once the wall clock is ``IDLE_TIMEOUT_S`` past the record time of the run's last
+    event. This wait is inherent: a worker's tick carries its own clock, and nothing but time
+    brings it past the idle timeout with no worker running (a tick the test wrote itself would
+    expire the run ahead of the cancel whatever the worker does). Any worker started after this
+    writes its first tick past the idle timeout."""
+    last_ms = max(msg.timestamp()[1] for msg in reader.read(
+        {"bootstrap.servers": stack.bootstrap}, stack.topic("events"), 0)
+        if msg.key() == run_id.encode())
+    time.sleep(max(0.0, last_ms / 1000 + IDLE_TIMEOUT_S - time.time()))
+
+
 def _assert_cancelled_once(stack: Stack, run_id: str) -> None:
     """The run's final says ``cancelled``, its one call has one error result ``cancelled``,
     and the events log holds its cancel marker once at read_committed."""
@@ -166,7 +178,7 @@ def test_a_cancel_that_waited_past_the_idle_timeout_is_forwarded_before_the_firs
         backlog = [(b"poison-%d" % n, b"not an envelope") for n in range(BACKLOG)]
         publish(fast_ticks.bootstrap, fast_ticks.topic("control"),
                 [*backlog, (run_id.encode(), cancel)])
-        time.sleep(IDLE_TIMEOUT_S + 2)
+        _until_idle_timeout_passed(fast_ticks, run_id)
         second = WorkerProcess(fast_ticks, tmp_path / "b.log")
         second.wait_ready()
         _assert_cancelled_once(fast_ticks, run_id)

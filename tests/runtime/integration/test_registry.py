@@ -34,7 +34,13 @@ from worker_harness import (
 )
 
 from worker.runtime.governance import registry_io
-from worker.runtime.governance.registry import POLICY, POLICY_MARKER, TOOLSET, marker_version
+from worker.runtime.governance.registry import (
+    FENCE,
+    POLICY,
+    POLICY_MARKER,
+    TOOLSET,
+    marker_version,
+)
 
 
 @pytest.fixture(params=ENGINES)
@@ -116,16 +122,20 @@ def test_toolsets_by_reference_decide_the_same_live_and_in_replay(
 
 
 def _events_keys(stack: Stack) -> list[bytes | None]:
+    return _keys(stack, "events", stack.partitions)
+
+
+def _keys(stack: Stack, role: str, partitions: int) -> list[bytes | None]:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "registry-it",
                          "enable.partition.eof": True, "auto.offset.reset": "earliest"})
     keys: list[bytes | None] = []
     try:
-        consumer.assign([TopicPartition(stack.topic("events"), p, 0)
-                         for p in range(stack.partitions)])
+        consumer.assign([TopicPartition(stack.topic(role), p, 0)
+                         for p in range(partitions)])
         ends = 0
-        while ends < stack.partitions:
+        while ends < partitions:
             msg = consumer.poll(5)
             if msg is None:
                 break
@@ -303,10 +313,47 @@ def _delete(stack: Stack, topics: list[str]) -> None:
             future.result(timeout=60)
 
 
+def _until_held(stack: Stack, worker: Any) -> None:
+    """Return once the worker holds a run for the registry: while an answer is awaited, its
+    registry reader writes a ``fence`` tombstone into the registry topic (registry_io.py)."""
+    deadline = time.monotonic() + 60
+    while FENCE not in _keys(stack, "registry", 1):
+        assert time.monotonic() < deadline, (
+            "the worker never waited for the registry:\n" + worker.log()[-3000:])
+        time.sleep(0.2)
+
+
+def _until_a_transaction_times_out(bootstrap: str, topic: str, timeout_ms: int) -> None:
+    """Open a transaction of ``timeout_ms`` on ``topic``, leave it open, and return once the
+    broker has aborted it (its partition's last stable offset reached the end): any
+    transaction of that timeout opened before this one is aborted by then too."""
+    from confluent_kafka import IsolationLevel, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    producer = Producer({"bootstrap.servers": bootstrap,
+                         "transactional.id": f"witness-{uuid.uuid4().hex}",
+                         "transaction.timeout.ms": timeout_ms})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"witness")
+    assert producer.flush(30) == 0
+    admin, partition = AdminClient({"bootstrap.servers": bootstrap}), TopicPartition(topic, 0)
+
+    def end(level: IsolationLevel) -> int:
+        found = admin.list_offsets({partition: OffsetSpec.latest()}, isolation_level=level)
+        return int(found[partition].result(timeout=30).offset)
+
+    deadline = time.monotonic() + 60
+    while end(IsolationLevel.READ_COMMITTED) < end(IsolationLevel.READ_UNCOMMITTED):
+        assert time.monotonic() < deadline, "the broker never aborted a timed-out transaction"
+        time.sleep(0.2)
+    assert end(IsolationLevel.READ_COMMITTED) >= 2  # the record and the abort marker
+
+
 @pytest.fixture
 def slow_registry(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stack]:
     """A kafka-engine stack whose hold (``registry.wait_s`` 25) far outlasts its transaction
-    timeout (1 s; the broker aborts a timed-out transaction within its 10 s sweep)."""
+    timeout (1 s; the test broker sweeps for timed-out transactions every 0.5 s)."""
     with make_stack(kafka_bootstrap, request.node.name, partitions=1,
                     worker__engine="kafka", registry__wait_s="25",
                     worker__transaction_timeout_s="1") as made:
@@ -314,15 +361,16 @@ def slow_registry(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Itera
 
 
 def test_a_hold_commits_the_kafka_engines_open_transaction_first(
-        slow_registry: Stack, tmp_path: Path) -> None:
+        slow_registry: Stack, make_topic: Any, tmp_path: Path) -> None:
     """The kafka engine consumes, in one batch, a run whose call it commits and then a
-    run.start naming toolset version 1 before anyone registered it; the version is put 14 s
-    later (past the transaction timeout and the broker's sweep). No transaction stays open
-    through the hold (the run's records wait in the driver, decision 0014; before issue 32 the
-    engine committed its open transaction before a blocking hold), so nothing is aborted: both
-    calls are committed, the log has no aborted transaction and the worker stops cleanly
-    (before issue 25's fix, the transaction stayed open
-    through the hold, the broker timed it out and fenced the producer: the worker stopped with
+    run.start naming toolset version 1 before anyone registered it; the version is put once the
+    worker holds the run and a transaction of the same 1 s timeout, opened after the hold
+    began, was aborted by the broker (so any transaction open through the hold would be too).
+    No transaction stays open through the hold (the run's records wait in the driver, decision
+    0014; before issue 32 the engine committed its open transaction before a blocking hold), so
+    nothing is aborted: both calls are committed, the log has no aborted transaction and the
+    worker stops cleanly (before issue 25's fix, the transaction stayed open through the hold,
+    the broker timed it out and fenced the producer: the worker stopped with
     "This instance has been fenced" and nothing was committed)."""
     stack = slow_registry
     first = provider_run("openai.chat", "first", [("call_first", "read_file",
@@ -332,7 +380,8 @@ def test_a_hold_commits_the_kafka_engines_open_transaction_first(
         try:
             publish_envelopes(stack.bootstrap, stack.topic("events"),
                               first + _by_reference("late", 1))
-            time.sleep(14)
+            _until_held(stack, worker)
+            _until_a_transaction_times_out(stack.bootstrap, make_topic("witness"), 1000)
             registry_io.put(stack.config(), TOOLSET, "files", 1,
                             tools("openai.chat", ["read_file"]))
             reader.collect(finished(["first", "late"]), timeout=90)
@@ -365,7 +414,7 @@ def test_the_faust_engine_waits_for_a_toolset_off_its_event_loop(
         reader = Reader(stack)
         try:
             publish_envelopes(stack.bootstrap, stack.topic("events"), _by_reference("late", 1))
-            time.sleep(2)
+            _until_held(stack, worker)
             publish_envelopes(stack.bootstrap, stack.topic("control"),
                               [cancel("elsewhere")])
             deadline = time.monotonic() + 15

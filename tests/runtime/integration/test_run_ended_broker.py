@@ -9,12 +9,19 @@ still sends afterwards give one DLQ record that sums them up (``late.count`` 21)
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from worker_harness import ENGINES, Reader, Stack, WorkerProcess, make_stack, running_worker
+from worker_harness import (
+    ENGINES,
+    Reader,
+    Stack,
+    WorkerProcess,
+    make_stack,
+    partition_of,
+    running_worker,
+)
 
 from worker.client.publisher import Publisher, RunEnded
 
@@ -44,13 +51,10 @@ def _chunk(text: str) -> dict[str, Any]:
             "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
 
 
-def test_budget_end_gives_one_run_ended_and_one_late_summary(
-        stack: Stack, worker: WorkerProcess) -> None:
-    """A run ended by its text budget: exactly one ``run.ended`` record (reason
-    ``budget_exceeded``, its events partition and offsets), the publisher's callback and the
-    run's event fire, and 21 later events of the run give exactly one DLQ record, reason
-    ``run_finished``, with ``late.count`` 21 and their first and last offsets."""
-    run_id = f"ended-{stack.engine}"
+def _end_by_budget(stack: Stack, worker: WorkerProcess, run_id: str, late: int
+                   ) -> list[RunEnded]:
+    """Send run ``run_id`` past its text budget, wait for its end (the publisher's event and
+    callback), then send ``late`` events more; the ``run.ended`` records the callback saw."""
     seen: list[RunEnded] = []
     fired = threading.Event()
 
@@ -69,19 +73,47 @@ def test_budget_end_gives_one_run_ended_and_one_late_summary(
         assert stopped.wait(WAIT_S), f"no run.ended:\n{worker.tail()}"
         assert fired.wait(WAIT_S)
         assert run.stopped.is_set()
-        for n in range(LATE):  # a gateway that did not stop (yet)
+        for n in range(late):  # a gateway that did not stop (yet)
             run.event(_chunk(f"late {n}"))
         publisher.flush()
     finally:
         publisher.close()
+    return seen
+
+
+def _sentinel(run_id: str, partitions: int) -> str:
+    """A run id of the same partition as ``run_id``."""
+    return next(f"{run_id}-sentinel-{n}" for n in range(1000)
+                if partition_of(f"{run_id}-sentinel-{n}", partitions)
+                == partition_of(run_id, partitions))
+
+
+def _summarised(run_id: str) -> Any:
+    key = run_id.encode()
+    return lambda rs: any(r.role == "dlq" and r.key == key for r in rs)
+
+
+def test_budget_end_gives_one_run_ended_and_one_late_summary(
+        stack: Stack, worker: WorkerProcess) -> None:
+    """A run ended by its text budget: exactly one ``run.ended`` record (reason
+    ``budget_exceeded``, its events partition and offsets), the publisher's callback and the
+    run's event fire, and 21 later events of the run give exactly one DLQ record, reason
+    ``run_finished``, with ``late.count`` 21 and their first and last offsets. No second
+    summary comes: a sentinel run of the same partition, ended and sent a late event once the
+    first summary is out, has its own summary (a quiet ``assemble_idle_timeout_s`` of record
+    time, ticks, later) read before the first run's records are counted."""
+    run_id = f"ended-{stack.engine}"
+    seen = _end_by_budget(stack, worker, run_id, LATE)
     assert [e.run_id for e in seen] == [run_id]
     assert seen[0].reason == "budget_exceeded" and seen[0].status == "failed"
 
     reader = Reader(stack, ("final", "dlq", "run_ended"))
     try:
-        records = reader.collect(lambda rs: any(r.role == "dlq" for r in rs), timeout=WAIT_S)
-        time.sleep(3 * 1.5)  # a second summary, if there were one, would come within this
-        records = reader.collect(lambda rs: True, timeout=WAIT_S)
+        reader.collect(_summarised(run_id), timeout=WAIT_S)
+        sentinel = _sentinel(run_id, stack.partitions)
+        assert [e.run_id for e in _end_by_budget(stack, worker, sentinel, 1)] == [sentinel]
+        records = [r for r in reader.collect(_summarised(sentinel), timeout=WAIT_S)
+                   if r.key == run_id.encode()]
     finally:
         reader.close()
     ended = [r.value for r in records if r.role == "run_ended"]

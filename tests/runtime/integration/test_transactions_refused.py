@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import (
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
@@ -84,7 +85,15 @@ def _deny_transactional_ids(stack: Stack) -> None:
     admin = AdminClient({"bootstrap.servers": stack.bootstrap})
     for future in admin.create_acls([deny]).values():
         future.result(timeout=30)
-    time.sleep(1.0)  # the ACL reaches the authorizer through the metadata log
+    # the ACL reaches the broker's authorizer through the metadata log: DescribeAcls answers
+    # from that authorizer, so once it lists the binding, the broker enforces it
+    wanted = AclBindingFilter(ResourceType.TRANSACTIONAL_ID, f"{stack.app_id}-",
+                              ResourcePatternType.PREFIXED, None, None, AclOperation.ANY,
+                              AclPermissionType.ANY)
+    deadline = time.monotonic() + 30
+    while not admin.describe_acls(wanted).result(timeout=30):
+        assert time.monotonic() < deadline, "the broker never listed the DENY ACL"
+        time.sleep(0.1)
 
 
 def _refused(stack: Stack, tmp_path: Path) -> str:

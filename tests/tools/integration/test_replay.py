@@ -219,6 +219,20 @@ def mixed_runs(stack: Stack) -> dict[str, tuple[list[str], list[tuple[bytes | No
             "bad": ([], bad)}
 
 
+def _until_consumed(stack: Stack, ends: list[int]) -> None:
+    """Wait until the worker's group has committed each events partition up to ``ends``: the
+    worker has read every record published before (the faust engine commits every 0.5 s, the
+    kafka engine with each batch)."""
+    deadline = time.monotonic() + 60
+    while True:
+        committed = committed_offsets(stack.bootstrap, stack.app_id, stack.topic("events"),
+                                      stack.partitions)
+        if all(c >= e for c, e in zip(committed, ends, strict=True)):
+            return
+        assert time.monotonic() < deadline, f"committed {committed}, ends {ends}"
+        time.sleep(0.2)
+
+
 def run_live(stack: Stack, log_path: Path) -> Live:
     """The worker decides the mixed runs and a cancel sent through the control topic; it is
     stopped, and its outputs and its group's committed offsets are read."""
@@ -244,7 +258,8 @@ def run_live(stack: Stack, log_path: Path) -> Live:
             reader.close()
         # the rest of the cancelled run: ignored, live and in the replay
         publish_envelopes(stack.bootstrap, stack.topic("events"), run[4:])
-        time.sleep(1.5)
+        _until_consumed(stack, end_offsets(stack.bootstrap, stack.topic("events"),
+                                           stack.partitions))
         assert worker.stop() == 0, f"unclean exit on SIGTERM:\n{worker.tools.tail()}"
         assert worker.problems() == []
     finally:
