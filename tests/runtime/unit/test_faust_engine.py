@@ -222,7 +222,7 @@ def test_heads_written_live_leave_memory_with_their_partition() -> None:
     (The store state is simulated: faust's ``on_recovery_completed`` on the real store.)"""
     latch = FaustEngine(load_config(None, env={"LATCH_TOPICS__PARTITIONS": "2"}))
     store = latch.heads.data
-    assert isinstance(latch.run_heads.table, FaustHeadsMap)  # the worker's wiring
+    assert isinstance(latch.run_heads.table.store, FaustHeadsMap)  # type: ignore[attr-defined]  # the worker's wiring: staged over it
     heads = Heads(FaustHeadsMap(_LiveTable(store)), retention_s=3600)
     heads.opened(b"gone", partition=1, offset=40)
     heads.opened(b"kept", partition=0, offset=7)
