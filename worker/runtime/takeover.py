@@ -6,12 +6,9 @@ generator (:func:`rebuild`) that each engine drives with its own reads, the way
 
     rebuild = driver.rebuild(topic, partition, resume)
     read = next(rebuild)                       # what to read: records start..end (excluded)
-    try:
-        for chunk in chunks(read):             # the engine's reads, in offset order
-            rebuild.send(chunk)
-        rebuild.send([])                       # read through
-    except StopIteration as done:
-        rebuilt = done.value                   # the state, and what to send (a Work)
+    for chunk in chunks(read):                 # the engine's reads, in offset order
+        rebuild.send(chunk)
+    rebuilt = takeover.end(rebuild)            # read through: the state, and what to send
 
 1. **Begin** (:func:`begin`): a fresh state at offset ``resume``, its finished runs
    registered from the heads (:meth:`Heads.load`), the policy set in force at the first
@@ -32,7 +29,7 @@ generator (:func:`rebuild`) that each engine drives with its own reads, the way
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, NamedTuple, cast
 
 from worker.core import Assembler, Emit, Topic
@@ -53,7 +50,7 @@ __all__ = [
     "Rebuilt",
     "Takeover",
     "begin",
-    "drive",
+    "end",
     "in_force_at",
     "rebuild",
     "rebuilt",
@@ -205,23 +202,9 @@ def rebuilt(takeover: Takeover, topic: str) -> list[Emit]:
 
 
 
-#: Records sent to a rebuild at a time (an engine may pause between chunks).
+#: Records an engine sends a rebuild at a time (it may pause between chunks). The engine
+#: sends them: a rebuild never pulls from a reader (the engine's I/O) itself.
 CHUNK = 1000
-
-
-def drive(rebuild: Rebuild, records: Iterable[Record]) -> Rebuilt:
-    """Send ``records`` (what the rebuild's :class:`Read` asked for, in offset order) to a
-    started rebuild, :data:`CHUNK` at a time, then end it (:func:`end`): a synchronous
-    engine's reads (the faust engine sends its chunks itself, pausing between them)."""
-    chunk: list[Record] = []
-    for record in records:
-        chunk.append(record)
-        if len(chunk) >= CHUNK:
-            rebuild.send(chunk)
-            chunk = []
-    if chunk:
-        rebuild.send(chunk)
-    return end(rebuild)
 
 
 def end(rebuild: Rebuild) -> Rebuilt:

@@ -560,10 +560,17 @@ class KafkaEngine:
         rebuild = self.driver.rebuild(self.events, partition, resume)
         read = next(rebuild)
         assert read is not None  # (the first thing a rebuild yields: what to read)
-        records = () if read.start >= read.end else (
-            reader.record_of(msg) for msg in reader.read(
-                self.reader_settings, read.topic, partition, read.start, read.end))
-        rebuilt = takeover.drive(rebuild, records)
+        chunk: list[Record] = []  # (sent from here: the driver never pulls from a reader)
+        if read.start < read.end:
+            for msg in reader.read(self.reader_settings, read.topic, partition, read.start,
+                                   read.end):
+                chunk.append(reader.record_of(msg))
+                if len(chunk) >= takeover.CHUNK:
+                    rebuild.send(chunk)
+                    chunk = []
+        if chunk:
+            rebuild.send(chunk)
+        rebuilt = takeover.end(rebuild)
         work = rebuilt.work
         if work.out or work.heads:
             self.txn.begin()
