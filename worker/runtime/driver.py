@@ -321,6 +321,29 @@ class Driver:
         if key == TICK:  # by record time, so the same on every worker
             heads.forget_finished(state)
 
+    def unsettled(self, records: Sequence[Record]) -> list[tuple[int, int]]:
+        """What ``records`` need settled before they are applied (both engines ask first,
+        so that nothing waits inside :meth:`apply_all`): the ``(version, record time)`` of
+        each policy marker whose registration the registry reader cannot answer for yet
+        (registry.py ``marker_refusal``: a fence round trip when the reader follows the
+        registry); only where the registry's policy sets decide. The engine settles each
+        (``registry.policy_registered``, the reader's bounded hold) with no transaction
+        open (the kafka engine commits first; decision 0014). A ``run.start`` naming a
+        toolset needs nothing: its run is held instead (:mod:`worker.runtime.hold`)."""
+        registry = self.registry
+        if registry is None or not self.policies.registry:  # (markers change nothing)
+            return []
+        state = getattr(registry, "state", registry)  # (the reader's answer, never waiting)
+        wanted = []
+        for record in records:
+            if record.key != POLICY_MARKER:
+                continue
+            version, at_ms = marker_version(record.value), record.time_ms
+            if version is not None and at_ms is not None and state.policy_registered(
+                    version, at_ms) is None:
+                wanted.append((version, at_ms))
+        return wanted
+
     def route(self, record: Record) -> control.Forward | Emit:
         """Where a control record goes (:func:`control.route`); a DLQ record is counted."""
         routed = control.route(record)

@@ -58,6 +58,7 @@ from worker.runtime.faust_engine.heads import (
 )
 from worker.runtime.faust_engine.sends import Sends
 from worker.runtime.faust_engine.settings import LeanMonitor, app_settings
+from worker.runtime.governance.registry import POLICY_MARKER
 from worker.runtime.governance.registry_io import RegistryError, RegistryReader
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
@@ -204,8 +205,8 @@ class FaustEngine:
         any, written), else the coroutine that sends, confirms and writes the heads
         (:meth:`_finish`). A takeover or a record out of order: :meth:`_apply_event`."""
         state = self.partitions.get(message.partition)
-        if state is None or message.offset != state.next_offset:
-            return self._apply_event(message)
+        if state is None or message.offset != state.next_offset or message.key == POLICY_MARKER:
+            return self._apply_event(message)  # (a marker: perhaps settled first, _process)
         work = self.driver.apply_all({message.partition: state}, (_record(message),),
                                      (message.headers,))
         if not work.out and not state.unconfirmed:
@@ -300,7 +301,11 @@ class FaustEngine:
         naming a toolset version whose answer is not final yet holds its run only
         (worker/runtime/hold.py): the driver parks the run's records and applies them, at a
         later record of the partition (a tick at the latest), in order, before that record:
-        their outputs come first in its work (decision 0014)."""
+        their outputs come first in its work (decision 0014). A policy marker naming a
+        version the registry reader cannot answer for yet is settled first, off the event
+        loop (:meth:`Driver.unsettled`), so that nothing waits inside the driver."""
+        for version, at_ms in self.driver.unsettled((record,)):  # (a marker: decision 0014)
+            await asyncio.to_thread(self.registry.policy_registered, version, at_ms)
         work = self.driver.apply_all({record.source.partition: state}, (record,), (headers,))
         await self._finish(state, list(work.out), work.heads)
 

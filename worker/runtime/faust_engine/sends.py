@@ -1,7 +1,7 @@
 """What the faust engine sends for a record, and what it learns from refusals.
 
-The engine (``engine.py``) applies records; the driver says what each needs sent
-(:meth:`Driver.outgoing`); :class:`Sends` sends it, in order, with its run's trace headers
+The engine (``engine.py``) hands the driver a record; the driver returns what it needs
+sent, prepared (:meth:`Driver.apply_all`'s ``Work``); :class:`Sends` sends it, in order
 (:meth:`Sends.publish`; a record's audit records once its other outputs are confirmed, so that
 a refused outcome's says ``refused``), and hands the partition the confirm of each send
 (:class:`_Refusable`, awaited by :meth:`PartitionState.confirm` before the record is acked). A

@@ -92,7 +92,6 @@ from worker.core import Topic
 from worker.runtime import admin, memory, takeover
 from worker.runtime.config import Config
 from worker.runtime.driver import Driver
-from worker.runtime.governance.registry import POLICY_MARKER, marker_version
 from worker.runtime.governance.registry_io import RegistryError, RegistryReader
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import instance, reader
@@ -339,22 +338,13 @@ class KafkaEngine:
             batch.events.update(work.offsets)
 
     def _settle_markers(self, records: Sequence[Record]) -> bool:
-        """Before a ``consume`` call's records are applied: for each policy marker naming a
-        version the registry reader cannot answer for yet (registry.py ``marker_refusal``: a
-        fence round trip when the reader follows the registry), commit the open transaction
-        (its records are all applied: their offsets are noted), then wait for the answer (the
-        reader's bounded hold), so that no transaction stays open through it (decision 0014); only
-        where the registry's policy sets decide. False if that commit aborted: the
+        """Before a ``consume`` call's records are applied: what the driver says they need
+        settled (:meth:`Driver.unsettled`: a policy marker naming a version the registry
+        reader cannot answer for yet) is waited for with no transaction open: the open one
+        (its records are all applied: their offsets are noted) is committed first, then the
+        reader's bounded hold (decision 0014). False if that commit aborted: the
         partitions are rebuilt and the records read again."""
-        if not self.driver.policies.registry:  # (markers change nothing: nothing to wait for)
-            return True
-        for record in records:
-            if record.key != POLICY_MARKER:
-                continue
-            version, at_ms = marker_version(record.value), record.time_ms
-            if version is None or at_ms is None or self.registry.state.policy_registered(
-                    version, at_ms) is not None:  # (the answer is final: nothing to wait for)
-                continue
+        for version, at_ms in self.driver.unsettled(records):
             for commit in (self.txn.settle, self.txn.commit):  # (the one in flight first)
                 outcome = commit()
                 self._after(outcome, rewind=True)

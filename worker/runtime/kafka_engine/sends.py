@@ -1,11 +1,11 @@
 """What the kafka engine sends into its transaction, and what it learns from refusals.
 
-The engine (``loop.py``) applies records; the driver says what each needs sent
-(:meth:`Driver.outgoing`); :class:`Sends` puts it into the open transaction
-(``transaction.py``): a record's outputs, in order, with its run's trace headers
-(:meth:`Sends.publish`), and the heads changelog writes the records made
-(:meth:`Sends.write_heads`). It also reads the producer's delivery reports
-(:meth:`Sends.delivered`, the producer's ``on_delivery``): a failed output is counted, and a
+The engine (``loop.py``) hands the driver a batch of records; the driver returns what they
+need sent, prepared (:meth:`Driver.apply_all`'s ``Work``); :class:`Sends` puts it into the
+open transaction (``transaction.py``): the outputs, in order (:meth:`Sends.publish`), and
+the heads changelog writes the records made (:meth:`Sends.write_heads`). It also reads the
+producer's delivery reports (:meth:`Sends.delivered`, the producer's ``on_delivery``): a
+failed output is counted, and a
 record refused for its own sake (worker/runtime/refusals.py) is noted, so that the
 transaction's abort replaces the producer (transaction.py, step 6) and the record, applied
 again, goes to the DLQ as ``output_refused`` in its place (:meth:`Sends.refuse`).
