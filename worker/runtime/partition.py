@@ -180,6 +180,10 @@ def refinished(partition: int, replayed: Sequence[Emit]) -> list[Emit]:
     return [e for e in replayed if e.key in runs]
 
 
+#: What :meth:`Heads.take` returns for a table that writes at once (never written to).
+_NONE: list[Any] = []
+
+
 class Heads:
     """The run heads of the partitions one worker owns, over the engine's table."""
 
@@ -194,7 +198,7 @@ class Heads:
         changelog records, the faust engine's table writes); none for a table that writes
         at once (a dict)."""
         take = self._take
-        return [] if take is None else take()
+        return _NONE if take is None else take()
 
     def opened(self, key: bytes, partition: int, offset: int, policy: int | None = None
                ) -> None:

@@ -131,6 +131,10 @@ class FaustHeadsMap(MutableMapping[bytes, Any]):
 HeadWrite = tuple[bytes, dict[str, Any] | None]
 
 
+#: What :meth:`StagedHeads.take_pending` returns when nothing is staged (never written to).
+_NONE: list[HeadWrite] = []
+
+
 class StagedHeads(MutableMapping[bytes, Any]):
     """The heads as the driver writes them on the faust engine: each write is staged (read
     back at once) and listed, and the engine writes the list into :attr:`store` (faust's
@@ -186,8 +190,12 @@ class StagedHeads(MutableMapping[bytes, Any]):
         yield from ((key, head) for key, head in list(staged.items()) if head is not None)
 
     def take_pending(self) -> list[HeadWrite]:
-        """The writes staged since the last call (still read back until :meth:`write`)."""
-        pending, self.pending = self.pending, []
+        """The writes staged since the last call (still read back until :meth:`write`); the
+        one empty list :data:`_NONE` when there are none (most records: no list made)."""
+        pending = self.pending
+        if not pending:
+            return _NONE
+        self.pending = []
         return pending
 
     def write(self, writes: list[HeadWrite]) -> None:
