@@ -117,11 +117,11 @@ class Sends:
     def read_limits(self) -> None:
         """The output topics' limits (:class:`refusals.Limits`); aiokafka's batches kept
         below the smallest (the broker refuses a whole batch over it)."""
-        names = [topic.get_topic_name() for topic in self.outputs.values()]
-        self.limits.update(admin.max_message_bytes(self.config.kafka.confluent_config(), names))
-        default = int(self.app_conf.producer_max_batch_size)
-        batch = self.limits.batch_bytes(default)
-        if batch < default:
+        _, batch = admin.read_limits(
+            self.limits, self.config.kafka.confluent_config(),
+            [topic.get_topic_name() for topic in self.outputs.values()],
+            int(self.app_conf.producer_max_batch_size))
+        if batch is not None:
             with warnings.catch_warnings():  # the producer is made when the app starts
                 warnings.simplefilter("ignore")
                 self.app_conf.producer_max_batch_size = batch

@@ -444,14 +444,13 @@ class KafkaEngine:
         """Read the written topics' ``max.message.bytes`` (:class:`refusals.Limits`) and the
         batch size they allow; ``replace``: make the producer again if that changed (none has
         begun a transaction yet); return whether a limit changed."""
-        topics = [*self.outputs.values(), self.events, self.changelog]
-        changed = self.limits.update(admin.max_message_bytes(self.reader_settings, topics))
-        default = int(self.reader_settings.get("batch.size", _BATCH_SIZE))
-        batch_bytes = self.limits.batch_bytes(default)
-        wanted = None if batch_bytes >= default else batch_bytes
+        changed, wanted = admin.read_limits(
+            self.limits, self.reader_settings,
+            [*self.outputs.values(), self.events, self.changelog],
+            int(self.reader_settings.get("batch.size", _BATCH_SIZE)))
         if wanted != self.batch_bytes:
-            log.info("producer batch.size %d: below the smallest max.message.bytes",
-                     batch_bytes)
+            log.info("producer batch.size %s: below the smallest max.message.bytes",
+                     wanted if wanted is not None else "default")
             self.batch_bytes = wanted
             if replace:
                 self.txn.producer = self._new_producer()
