@@ -27,6 +27,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -353,3 +354,260 @@ def test_a_second_room_playing_a_role_breaks_it(copy_of_the_package: Path, role:
     package = copy_of_the_package / "worker"
     add_import(package / module, code)
     assert role_players(package, role) == {ROLES[role][1], module}
+
+# -- the engine/driver line: crossed one way (issue 35) ------------------------------------
+#
+# The driver returns what the engine must do; it never calls the engine, and nothing commits
+# inside it. Checked by watching the calls themselves (``sys.setprofile``) while each engine
+# applies records, ticks and takes a partition over, with fake clients: any call into an
+# engine's code, or any transaction call (begin, produce, offsets, commit, abort), made while a
+# frame of the driver's side (the driver, the takeover, the hold, the partition, the step,
+# the core) is on the stack is a crossing. The engine's heads table is the one engine object
+# the driver holds: a store it reads and stages writes in (its mapping methods only).
+
+#: Where the driver's side runs: an engine's code must never run beneath these frames.
+DRIVER_SIDE = tuple(str(REPO / "worker" / p) for p in (
+    "runtime/driver.py", "runtime/takeover.py", "runtime/hold.py", "runtime/partition.py",
+    "runtime/step.py", "core"))
+#: The engines' code.
+ENGINES = tuple(str(REPO / "worker" / "runtime" / e) for e in ("kafka_engine", "faust_engine"))
+#: The heads table's mapping methods: the store the driver writes its heads into, staged.
+STORE = frozenset({"__getitem__", "__setitem__", "__delitem__", "__iter__", "__len__",
+                   "__contains__", "get", "items", "take_pending"})
+#: A transaction's calls, the producer's and the engine's own (transaction.py).
+TRANSACTIONAL = frozenset({"begin_transaction", "produce", "send_offsets_to_transaction",
+                           "commit_transaction", "abort_transaction", "commit", "settle",
+                           "abandon", "begin"})
+
+
+class Crossings:
+    """A profile function that notes each crossing of the engine/driver line from below."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        code = frame.f_code
+        path, name = code.co_filename, code.co_name
+        engine = path.startswith(ENGINES) and not (path.endswith("heads.py") and name in STORE)
+        transactional = name in TRANSACTIONAL and not path.startswith(DRIVER_SIDE)
+        if not (engine or transactional):
+            return
+        caller = frame.f_back
+        while caller is not None:
+            if caller.f_code.co_filename.startswith(DRIVER_SIDE):
+                below = caller.f_code
+                self.found.append(f"{name} ({Path(path).name}) beneath "
+                                  f"{below.co_name} ({Path(below.co_filename).name})")
+                return
+            caller = caller.f_back
+
+
+class _Message:
+    """A consumed record, as confluent-kafka hands it over."""
+
+    def __init__(self, topic: str, offset: int, key: bytes, value: bytes) -> None:
+        self._topic, self._offset, self._key, self._value = topic, offset, key, value
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes:
+        return self._key
+
+    def value(self) -> bytes:
+        return self._value
+
+    def timestamp(self) -> tuple[int, int]:
+        return 1, 1_700_000_000_000 + self._offset
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return []
+
+
+class _Producer:
+    """A transactional producer that sends nowhere."""
+
+    def __init__(self) -> None:
+        self.produced: list[tuple[str, bytes | None]] = []
+
+    def begin_transaction(self) -> None:
+        pass
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None,
+                partition: int | None = None, **options: Any) -> None:
+        self.produced.append((topic, key))
+
+    def send_offsets_to_transaction(self, *args: Any) -> None:
+        pass
+
+    def commit_transaction(self, timeout: float) -> None:
+        pass
+
+    def abort_transaction(self, timeout: float) -> None:
+        pass
+
+
+class _Consumer:
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+    def assignment(self) -> list[Any]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+    def get_watermark_offsets(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        return 0, 0
+
+
+def _envelopes(run_id: str) -> list[dict[str, Any]]:
+    """A run that commits one call."""
+    from builders import chat_calls, chat_run, chat_tool
+
+    tools = [chat_tool("get_weather", {"type": "object"})]
+    return chat_run(run_id, tools, chat_calls([("c1", "get_weather", '{"city": "Oslo"}')]))
+
+
+def _kafka_engine(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _Producer, list[_Message]]:
+    """The kafka engine with fake clients, partition 0 its own, and a run's records."""
+    import orjson
+
+    from worker.core import Assembler
+    from worker.runtime.config import load_config
+    from worker.runtime.kafka_engine import reader
+    from worker.runtime.kafka_engine.loop import KafkaEngine
+    from worker.runtime.partition import PartitionState
+
+    config = load_config(None, env={"LATCH_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    engine = KafkaEngine(config)  # clients that never connect
+    engine.consumer.close()
+    producer = _Producer()
+    engine.txn.producer = producer  # type: ignore[assignment]
+    engine.consumer = _Consumer()  # type: ignore[assignment]
+    engine.partitions[0] = PartitionState(Assembler(config.assemble), next_offset=0)
+    messages = [_Message(engine.events, n, e["run_id"].encode(), orjson.dumps(e))
+                for n, e in enumerate(_envelopes("r1"))]
+    monkeypatch.setattr(reader, "read", lambda settings, topic, partition, start, end: [
+        m for m in messages if start <= m.offset() < end])
+    return engine, producer, messages
+
+
+def _drive_kafka_engine(engine: Any, messages: list[_Message]) -> None:
+    """Apply a run in two ``consume`` calls, tick, commit, take the partition over again
+    halfway through the run (its records read back), apply the rest, commit."""
+    import time
+
+    half = len(messages) // 2
+    engine._apply_events(messages[:half])
+    engine._tick(time.monotonic())
+    engine._commit()
+    engine.partitions[0] = engine._rebuild(0, half)
+    engine._apply_events(messages[half:])
+    engine._commit()
+
+
+def test_the_kafka_engine_sends_and_commits_and_the_driver_never_calls_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kafka engine applies a run that commits a call (two ``consume`` calls), ticks,
+    commits, takes the partition over (its open run read back) and commits again: no engine
+    code and no transaction call ever runs beneath a frame of the driver's side, and the
+    committed call was sent (by the engine, from its own loop)."""
+    engine, producer, messages = _kafka_engine(monkeypatch)
+    crossings = Crossings()
+    sys.setprofile(crossings)
+    try:
+        _drive_kafka_engine(engine, messages)
+    finally:
+        sys.setprofile(None)
+    assert crossings.found == []
+    assert (engine.outputs[_topic("COMMITTED")], b"r1") in producer.produced
+
+
+def test_an_engine_called_from_inside_the_driver_breaks_the_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check is only worth something if it fails: a driver hook that commits the
+    engine's transaction (what the registry hold once did, nine frames inside the core) is
+    named as a crossing, with the engine's call and the driver's frame beneath it."""
+    engine, _, messages = _kafka_engine(monkeypatch)
+    traced = engine.driver.hooks.traced
+
+    def traced_and_committed(emits: Any) -> None:  # (a callback into the engine)
+        traced(emits)
+        engine._commit()
+
+    monkeypatch.setattr(engine.driver.hooks, "traced", traced_and_committed)
+    crossings = Crossings()
+    sys.setprofile(crossings)
+    try:
+        _drive_kafka_engine(engine, messages)
+    finally:
+        sys.setprofile(None)
+    assert any(found.startswith("_commit (loop.py) beneath _emitted (driver.py)")
+               for found in crossings.found), crossings.found
+    assert any(found.startswith("commit (transaction.py)") for found in crossings.found)
+
+
+def test_the_faust_engine_applies_through_the_driver_which_never_calls_it() -> None:
+    """The faust engine's hot path (one record at a time, the records of a run that commits
+    a call, then a tick): its sends and its heads writes happen in its own frames, none
+    beneath the driver's."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import orjson
+
+    from worker.core import Assembler
+    from worker.core.envelope import TICK_KEY
+    from worker.runtime.config import load_config
+    from worker.runtime.faust_engine.engine import FaustEngine
+    from worker.runtime.partition import PartitionState
+
+    latch = FaustEngine(load_config(None, env={"LATCH_WORKER__WEB_PORT": "0"}))
+    sent: list[Any] = []
+
+    async def publish(state: Any, outs: Any) -> None:
+        sent.extend(outs)
+
+    latch.sends.publish = publish  # type: ignore[method-assign]
+    latch.staged.store = {}  # type: ignore[assignment]  # (no faust table: no app running)
+    latch.partitions[0] = PartitionState(Assembler(latch.config.assemble), next_offset=0)
+    envelopes = [*_envelopes("r1"), {"v": 1, "type": "tick", "ts": 2000}]
+    messages = [SimpleNamespace(topic="events", partition=0, offset=n, headers=[],
+                                key=TICK_KEY.encode() if e["type"] == "tick"
+                                else e["run_id"].encode(), value=orjson.dumps(e), timestamp=1.0)
+                for n, e in enumerate(envelopes)]
+
+    async def feed() -> None:
+        for message in messages:
+            rest = latch._step_event(message)
+            if rest is not None:
+                await rest
+
+    crossings = Crossings()
+    sys.setprofile(crossings)
+    try:
+        asyncio.run(feed())
+    finally:
+        sys.setprofile(None)
+    assert crossings.found == []
+    assert any(out.topic.name == "COMMITTED" for out in sent)
+    assert latch.staged.store[b"r1"]["done"] is True
+
+
+def _topic(name: str) -> Any:
+    from worker.core import Topic
+
+    return Topic[name]

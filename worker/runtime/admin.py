@@ -31,6 +31,7 @@ from confluent_kafka.cimpl import NewTopic
 from worker.core.settings import OUTPUT_RECORD_BYTES
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.observability import logs
+from worker.runtime.refusals import Limits
 
 log = logging.getLogger("latch.worker")
 
@@ -231,6 +232,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 #: Kafka's default ``max.message.bytes``, for a topic whose setting cannot be read.
 KAFKA_DEFAULT_MAX = 1048588
+
+
+def read_limits(limits: Limits, settings: Mapping[str, Any], topics: Iterable[str],
+                default_batch: int) -> tuple[bool, int | None]:
+    """Read the written ``topics``' limits into ``limits`` (:func:`max_message_bytes`; both
+    engines, at start and after a refusal for size): whether one changed, and the producer
+    batch size the limits allow when it is below ``default_batch`` (None: the default
+    does; the broker refuses a whole batch over a topic's limit)."""
+    changed = limits.update(max_message_bytes(settings, topics))
+    batch = limits.batch_bytes(default_batch)
+    return changed, None if batch >= default_batch else batch
 
 
 def max_message_bytes(settings: Mapping[str, Any], topics: Iterable[str]) -> dict[str, int]:

@@ -6,18 +6,22 @@ pyproject.toml). An engine (faust's :mod:`worker.runtime.faust_engine.engine`, t
 driver decides everything between:
 
 1. :meth:`Driver.apply_all` feeds events records to their partitions in order (the kafka
-   engine hands it one ``consume`` call's; :meth:`Driver.apply`, the faust engine's entry,
-   one): the partition's clock, then the core's step (:func:`worker.runtime.step.step`); it
-   counts each record and carries its run's trace on (:mod:`worker.runtime.hooks`), writes
-   the heads that need no delivery first (a run's ``start``; the head of a cancel that waits
-   for its run: :meth:`Heads.applied`), and says what the engine must still do: nothing for
-   most records (nothing to send, confirm or record), else an :class:`Applied` with the
-   outputs to publish, in order, the runs they finish and whether the record is a tick.
-2. The engine publishes ``Applied.emits``. A run's ``done`` head is written only once its
-   outputs are delivered: faust confirms its sends first (``Applied.confirm``), the kafka
-   engine's transaction holds both. Then :meth:`Driver.recorded` writes the ``done`` heads
-   and, at a tick, tombstones the heads whose time is over (:meth:`Heads.forget_finished`).
-   The engine acks (faust) or adds the offset to its transaction (kafka).
+   engine hands it one ``consume`` call's, the faust engine one): the partition's clock, then
+   the core's step (:func:`worker.runtime.step.step`); it counts each record and carries its
+   run's trace on (:mod:`worker.runtime.hooks`), writes the heads (a run's ``start``, a
+   cancel that waits for its run, a finished run's ``done``, at a tick the tombstones of
+   heads whose time is over: :class:`Heads`) into the engine's table, which stages them,
+   and prepares each output (:meth:`Driver.outgoing`, one chain: key, value, trace headers
+   and signature, the topic's size limit, an ``output_refused`` replacement). It returns
+   the whole of what the engine must do (:class:`Work`): the outputs in order, the heads to
+   write, each partition's next offset.
+2. The engine sends :attr:`Work.out`, writes :attr:`Work.heads` once the outputs before
+   them are delivered (faust confirms its sends first; the kafka engine's transaction holds
+   both) and moves each partition's committed offset to :attr:`Work.offsets` (faust: the
+   ack after the confirm; kafka: the transaction's offsets). The driver never calls the
+   engine, and the engine never calls back into a record half applied: a refusal at the
+   send is told to the driver afterwards (:meth:`Driver.refused`; the audit record after a
+   refused outcome is prepared again, :meth:`Driver.reaudit`).
 3. :meth:`Driver.route` decides where a control record goes (a cancel into its run's events
    partition, anything else to the DLQ, counted); the engine sends it.
 4. :meth:`Driver.tick_due` holds a tick back while the control backlog is unread
@@ -31,30 +35,30 @@ driver decides everything between:
    writes beside its ticks (and takes up a version whose text was read late). The driver
    adds the registry's and the policy's parts of ``/readyz`` and their metrics. A run whose
    toolset answer is not final yet is held (:mod:`worker.runtime.hold`):
-   :meth:`Driver.apply_all` parks its records and yields the other runs' as they come; once
-   the answer is final it yields the parked records, in order, before the partition's next
-   (their offsets are behind the partition's: the engine moves no offset for them). The
-   core's lookup then never waits in the engine's loop.
+   :meth:`Driver.apply_all` parks its records and applies the other runs' as they come; once
+   the answer is final it applies the parked records, in order, before the partition's next
+   (their offsets are behind the partition's: they move no offset), their outputs in the
+   same :class:`Work`. The core's lookup never waits, and nothing commits, inside the core.
 
 It also keeps what both engines know of their assignment (:mod:`worker.runtime.assignment`:
 the owned partitions' states, the control partitions' forwarded offsets, the partition
 gauges) and prepares what they send (:meth:`Driver.outgoing`: each output's key, value,
-headers, or its ``output_refused`` replacement; :meth:`Driver.forward`, a control record's
-destination; :func:`tick_value`).
+headers, or its ``output_refused`` replacement, in :attr:`Work.out`; :meth:`Driver.forward`,
+a control record's destination; :func:`tick_value`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import orjson
 
-from worker.core import Assembler, Emit, Topic
+from worker.core import Emit, Topic
 from worker.core.outputs import refused_audit
 from worker.runtime import control, hold, refusals
-from worker.runtime import partition as partition_module
+from worker.runtime import takeover as takeover_module
 from worker.runtime.assignment import Assignment, control_behind
 from worker.runtime.config import Config
 from worker.runtime.governance.approvers import approvers as approvers_for
@@ -62,23 +66,22 @@ from worker.runtime.governance.policy_source import PolicySource
 from worker.runtime.governance.registry import (
     POLICY_HISTORY,
     POLICY_MARKER,
-    in_force,
     marker_refusal,
     marker_value,
     marker_version,
     policy_head_key,
 )
 from worker.runtime.governance.signing import with_audit_key
-from worker.runtime.hold import Holds
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
 from worker.runtime.observability.metrics import GovernanceView
 from worker.runtime.observability.tracing import Headers
-from worker.runtime.partition import TICK, Heads, PartitionState, finished_runs, head_policy
-from worker.runtime.step import Record, Source, out_key, out_value, step
+from worker.runtime.partition import TICK, Heads, PartitionState, finished_runs
+from worker.runtime.step import Record, Source, out_key, out_value
+from worker.runtime.takeover import Takeover
 
-__all__ = ["TICK_DEFER_MAX_S", "Applied", "Driver", "Outgoing", "RegistryView", "Takeover",
-           "TickRule", "control_behind", "tick_value"]
+__all__ = ["TICK_DEFER_MAX_S", "Driver", "Outgoing", "RegistryView", "Takeover",
+           "TickRule", "Work", "control_behind", "tick_value"]
 
 log = logging.getLogger("latch.worker")
 #: What the worker says when it lists no approver key (its start warning, ``/readyz``).
@@ -95,27 +98,6 @@ _REFUSED_KEPT = 1024
 TICK_DEFER_MAX_S = 10.0
 
 
-class Applied(NamedTuple):
-    """What an applied events record still needs from its engine."""
-
-    #: The records to publish, in order (a DLQ record keeps the input record's key).
-    emits: list[Emit]
-    #: The runs these outputs finish: their ``done`` heads go once the outputs are delivered.
-    finished: list[str]
-    #: The record is a tick: heads whose time is over go at :meth:`Driver.recorded`.
-    tick: bool
-
-    @property
-    def confirm(self) -> bool:
-        """Whether the record's outputs must be delivered before its run's heads are
-        written (a run finished); every output is confirmed before the record is acked."""
-        return bool(self.finished)
-
-
-#: What a tick that emitted nothing still needs.
-_TICK = Applied([], [], True)
-
-
 class Outgoing(NamedTuple):
     """One output as the engine sends it (:meth:`Driver.outgoing`)."""
 
@@ -130,6 +112,30 @@ class Outgoing(NamedTuple):
     #: The emit was over its topic's limit: this is its ``output_refused`` DLQ record
     #: (counted, logged), keyed by the input record's key.
     refused: bool = False
+    #: The input record's key, where it was read and its time (what a refusal at the send
+    #: names; a committed call's latency counts from ``record_ms``).
+    in_key: bytes | None = None
+    source: Source | None = None
+    record_ms: int | None = None
+
+
+class Work:
+    """What one :meth:`Driver.apply_all` leaves its engine to do, whole: send :attr:`out`,
+    in order; write :attr:`heads`; once both are delivered, move each partition's committed
+    offset to :attr:`offsets`. One object per driver, reused: the engine reads it before it
+    applies the next records."""
+
+    __slots__ = ("heads", "offsets", "out")
+
+    def __init__(self) -> None:
+        #: The records to send, in order: signed, traced, checked against their topic's
+        #: limit (:meth:`Driver.outgoing`, one chain).
+        self.out: list[Outgoing] = []
+        #: The heads the records wrote, as the engine's table stages them
+        #: (:meth:`Heads.take`; empty for a table that writes at once).
+        self.heads: list[Any] = []
+        #: The next offset of each partition whose records were applied.
+        self.offsets: dict[int, int] = {}
 
 
 def tick_value(now_ms: int) -> bytes:
@@ -183,46 +189,6 @@ class RegistryView(Protocol):
     def latest_policy(self) -> int | None: ...
 
 
-class Takeover:
-    """One partition being rebuilt: a fresh state at offset ``resume``, its heads loaded; the
-    engine reads the log from :attr:`start` (None: nothing to read) up to ``resume`` and feeds
-    each record to :meth:`feed`."""
-
-    __slots__ = ("count", "marker", "open_runs", "partition", "replayed", "resume", "start",
-                 "state")
-
-    def __init__(self, state: PartitionState, partition: int, resume: int,
-                 open_runs: dict[bytes, int],
-                 marker: Callable[[PartitionState, Record], object] | None = None) -> None:
-        self.state, self.partition, self.resume, self.open_runs = \
-            state, partition, resume, open_runs
-        starts = [start for start in open_runs.values() if start < resume]
-        self.start: int | None = min(starts) if starts else None
-        self.count = 0
-        self.replayed: list[Emit] = []
-        self.marker = marker
-
-    def feed(self, record: Record) -> None:
-        """One record of the rebuild (:func:`partition.replay`: its outputs are kept only to
-        find the runs that finished during it; a policy marker changes the policy in force)."""
-        self.count += 1
-        key, state = record.key, self.state
-        if key == POLICY_MARKER:
-            if self.marker is not None:
-                self.marker(state, record)
-            return
-        holds = state.holds
-        if key is not None and key in holds.runs:  # held when the offset was committed
-            if record.source.offset >= self.open_runs.get(key, 0):
-                holds.park(key, record, None, state.policy_version, state.assembler.policy)
-            return
-        holds.refusing = key is not None and key in holds.refused
-        try:
-            self.replayed += partition_module.replay(state, self.open_runs, record)
-        finally:
-            holds.refusing = False
-
-
 class Driver:
     """What a worker does around the core for each record of the partitions it owns, with
     the telemetry hooks and the heads table (over the engine's store) it was given."""
@@ -231,7 +197,7 @@ class Driver:
         self.config, self.hooks, self.heads = config, hooks, heads
         #: The core's settings, with the audit digests' key (``signing.with_audit_key``).
         self.assemble = with_audit_key(config).assemble
-        self.ticks = TickRule()
+        self.tick_rule = TickRule()
         #: The registry the worker follows (None: none, e.g. in unit tests).
         self.registry: RegistryView | None = None
         #: The policy in force for a version a marker names (:mod:`policy_source`).
@@ -253,73 +219,75 @@ class Driver:
         hooks.health.reports["registry"] = self._registry_report
         hooks.health.reports["approvers"] = self._approvers_report
         hooks.metrics.watch_governance(self._governance)
+        #: Each output topic's name (the engine sends by name).
+        self.names = {t: str(getattr(config.topics, t.value)) for t in Topic}
+        #: What the last :meth:`apply_all` left the engine to do (reused).
+        self.work = Work()
         #: Outcomes (committed calls, error results) refused by Kafka whose audit records are
         #: not sent yet: (run key, idempotency key) -> Kafka's error (:meth:`refused`).
         self._refused: dict[tuple[str | None, str], str] = {}
 
     # -- per record ---------------------------------------------------------------------
 
-    def apply(self, state: PartitionState, record: Record, headers: Any = None
-              ) -> Applied | None:
-        """Apply ``record``, the partition's next (the faust engine's per-event entry: it
-        moves the partition's offset itself, once the outputs are confirmed): None if it needs
-        nothing more (no output, not a tick), else what the engine must do (module doc, step
-        1). ``headers``: the record's Kafka headers, or a function returning them (called only
-        when the record opens a run). One record of :meth:`apply_all`, for a record that can
-        neither begin a hold nor meet one (no held run in the partition, no ``"toolset"`` in
-        its value): else :meth:`apply_all` may yield more than once."""
-        for _, _, applied in self.apply_all({record.source.partition: state}, (record,),
-                                            (headers,), advance=False):
-            return applied
-        return None
-
     def apply_all(self, partitions: Mapping[int, PartitionState], records: Sequence[Record],
-                  headers: Sequence[Any] | None = None, advance: bool = True
-                  ) -> Iterator[tuple[PartitionState, Record, Applied | None]]:
+                  headers: Sequence[Any] | None = None) -> Work:
         """Apply ``records`` in order, each its partition's next (``partitions``: the owned
-        states by number): the one hot path of both engines (the kafka engine hands over
-        one ``consume`` call's events records at a time).
+        states by number), and return what the engine must do, whole (:class:`Work`): the
+        one hot path of both engines (the kafka engine hands over one ``consume`` call's
+        events records, the faust engine one record). The driver never calls the engine:
+        the engine sends, writes and commits once this returns.
 
-        Most records (a text delta) need nothing more: they are counted, and (``advance``)
-        their partition's ``next_offset`` moves past them. Each other record is yielded
-        with its state and what the engine must still do (None: nothing to send, but it
-        wrote a head, e.g. a run's ``start``): the engine sends it and writes the heads
-        before it asks for the next record, which moves the offset on. A record is yielded
-        when it emitted, opened its run, ended a call (its argument sizes to count), ended a
-        traced run, found a cancel waiting for its run, or is a tick or a policy marker, or
-        began its run's hold; a held run's records, once its hold ends, are yielded as they
-        are applied, before the record that ended it (:func:`hold.held`: their offsets are behind
-        the partition's, which they do not move). ``headers``: each record's Kafka headers
-        (or a function returning them), read only for a record that opens a run."""
-        hooks = self.hooks
-        tracing, metrics = hooks.tracing, hooks.metrics
+        Most records (a text delta) need nothing more: they are counted, and their
+        partition's ``next_offset`` moves past them. A record that emitted, opened its run,
+        ended a call (its argument sizes to count), ended a traced run, found a cancel
+        waiting for its run, or is a tick is counted and traced, its heads written to the
+        table (which stages them: :meth:`Heads.take`) and its outputs prepared
+        (:meth:`outgoing`); a run's ``done`` head is staged with its outputs, so the engine
+        writes it once they are delivered (faust) or in their transaction (kafka). A policy
+        marker sets the policy in force; a record of a held run is parked, and a held run's
+        records are applied once its answer is final, before the record that ended the hold
+        (:func:`hold.held`: their offsets are behind the partition's, which they do not
+        move). ``headers``: each record's Kafka headers (or a function returning them), read
+        only for a record that opens a run."""
+        work = self.work
+        work.out.clear()
+        before = {p: state.next_offset for p, state in partitions.items()}
+        self._apply(partitions, records, headers, True)
+        work.heads = self.heads.take()
+        offsets = work.offsets
+        offsets.clear()
+        for partition, state in partitions.items():
+            if state.next_offset != before[partition]:
+                offsets[partition] = state.next_offset
+        return work
+
+    def _apply(self, partitions: Mapping[int, PartitionState], records: Sequence[Record],
+               headers: Sequence[Any] | None, advance: bool) -> None:
+        """:meth:`apply_all`'s loop, into :attr:`work` (``advance``: move the offsets past
+        the records; not for a held run's records, :func:`hold.held`)."""
+        tracing, metrics = self.hooks.tracing, self.hooks.metrics
         quiet = 0
         try:
             for i, record in enumerate(records):
-                key, value, now, source = record
+                key, value, _, source = record
                 state = partitions[source.partition]
                 if key == POLICY_MARKER:
                     self.policy_marker(state, record)
-                    yield state, record, None
-                elif (state.holds.runs or b'"toolset"' in value) and (yield from hold.held(
-                        self, state, record, None if headers is None else headers[i])):
+                elif (state.holds.runs or b'"toolset"' in value) and hold.held(
+                        self, state, record, None if headers is None else headers[i]):
                     pass  # parked: its run is held (hold.py)
                 else:
                     assembler = state.assembler
                     opened_before = assembler.runs_opened
-                    # PartitionState.apply inlined (test_engine_hooks.py holds them equal):
-                    # the partition's clock, then the core's one step
-                    if now is not None and now > state.clock_ms:
-                        state.clock_ms = now
-                    emits = step(assembler, record)
+                    emits = state.apply(record)
                     if (emits or assembler.runs_opened != opened_before or assembler.sizes
                             or tracing.ended or assembler.early_cancels_waiting
                             or key == TICK):
                         # A record opens at most its own run: the counter moved; is it open?
                         opened = assembler.runs_opened != opened_before and assembler.is_open(
                             key.decode("utf-8", "replace") if key else "")
-                        yield state, record, self._traced(
-                            state, record, emits, opened, None if headers is None else headers[i])
+                        self._emitted(state, record, emits, opened,
+                                      None if headers is None else headers[i])
                     else:
                         quiet += 1
                 if advance:
@@ -327,36 +295,54 @@ class Driver:
         finally:
             metrics.records += quiet
 
-    def _traced(self, state: PartitionState, record: Record, emits: list[Emit],
-                opened: bool, headers: Any) -> Applied | None:
-        """:meth:`apply` for a record that emitted, opened its run or ended a call: counted,
-        traced, its heads written; what the engine must still do."""
-        key, source = record.key, record.source
+    def _emitted(self, state: PartitionState, record: Record, emits: list[Emit],
+                 opened: bool, headers: Any) -> None:
+        """A record that emitted, opened its run, ended a call or is a tick: counted,
+        traced, its heads written, its outputs prepared; at a tick, what is over forgotten."""
+        key, _, time_ms, source = record
         hooks = self.hooks
         hooks.metrics.record(emits, state.assembler.sizes)
         if opened and callable(headers):
             headers = headers()
         run_id = key.decode("utf-8", "replace") if key else ""
         hooks.tracing.on_record(source.partition, run_id, opened, headers, emits)
+        heads = self.heads
         if emits:
             hooks.traced(emits)
         if opened or (not emits and state.assembler.early_cancels_waiting):
             # (Heads.applied writes a head only then: a run's start, a waiting cancel's)
-            self.heads.applied(state, key, source.partition, source.offset, opened, emits)
+            heads.applied(state, key, source.partition, source.offset, opened, emits)
         if emits:
-            return Applied(emits, finished_runs(emits), key == TICK)
-        return _TICK if key == TICK else None
+            self.work.out.extend(self.outgoing(key, emits, self.names, source, time_ms))
+            finished = finished_runs(emits)
+            if finished:  # (a held run's record is behind the partition's next offset)
+                heads.finished(state, source.partition, finished,
+                               max(source.offset + 1, state.next_offset))
+        if key == TICK:  # by record time, so the same on every worker
+            heads.forget_finished(state)
 
-    def recorded(self, state: PartitionState, partition: int, applied: Applied,
-                 offset: int | None = None) -> None:
-        """After the record's outputs are delivered (or held by the same transaction): the
-        ``done`` heads of the runs it finished (``offset``: the record's); at a tick, forget
-        what is over."""
-        if applied.finished:  # (a held run's record is behind the partition's next offset)
-            self.heads.finished(state, partition, applied.finished,
-                                None if offset is None else max(offset + 1, state.next_offset))
-        if applied.tick:  # by record time, so the same on every worker
-            self.heads.forget_finished(state)
+    def unsettled(self, records: Sequence[Record]) -> list[tuple[int, int]]:
+        """What ``records`` need settled before they are applied (both engines ask first,
+        so that nothing waits inside :meth:`apply_all`): the ``(version, record time)`` of
+        each policy marker whose registration the registry reader cannot answer for yet
+        (registry.py ``marker_refusal``: a fence round trip when the reader follows the
+        registry); only where the registry's policy sets decide. The engine settles each
+        (``registry.policy_registered``, the reader's bounded hold) with no transaction
+        open (the kafka engine commits first; decision 0014). A ``run.start`` naming a
+        toolset needs nothing: its run is held instead (:mod:`worker.runtime.hold`)."""
+        registry = self.registry
+        if registry is None or not self.policies.registry:  # (markers change nothing)
+            return []
+        state = getattr(registry, "state", registry)  # (the reader's answer, never waiting)
+        wanted = []
+        for record in records:
+            if record.key != POLICY_MARKER:
+                continue
+            version, at_ms = marker_version(record.value), record.time_ms
+            if version is not None and at_ms is not None and state.policy_registered(
+                    version, at_ms) is None:
+                wanted.append((version, at_ms))
+        return wanted
 
     def route(self, record: Record) -> control.Forward | Emit:
         """Where a control record goes (:func:`control.route`); a DLQ record is counted."""
@@ -376,8 +362,8 @@ class Driver:
         return None, key, value
 
     def outgoing(self, key: bytes | None, emits: Sequence[Emit],
-                 names: Mapping[Topic, str], source: Source | None = None
-                 ) -> Iterator[Outgoing]:
+                 names: Mapping[Topic, str], source: Source | None = None,
+                 record_ms: int | None = None) -> Iterator[Outgoing]:
         """The records to send for ``emits``, in order, with their run's trace headers (and
         signature, :meth:`EngineHooks.headers`); a DLQ record keeps the input record's
         ``key``. ``names``: each topic's name; ``source``: where the input record was read.
@@ -401,10 +387,28 @@ class Driver:
             headers = headers_of(emit, value)
             size = over(name, emit_key, value, headers)
             if size is None:
-                yield Outgoing(emit, topic, name, emit_key, value, headers)
+                yield Outgoing(emit, topic, name, emit_key, value, headers, False, key, source,
+                               record_ms)
             else:
                 yield Outgoing(emit, Topic.DLQ, name, key, self.refused(
-                    emit, name, emit_key, size, "MSG_SIZE_TOO_LARGE", key, source), None, True)
+                    emit, name, emit_key, size, "MSG_SIZE_TOO_LARGE", key, source), None, True,
+                    key, source, record_ms)
+
+    def reaudit(self, out: Outgoing) -> Outgoing:
+        """``out`` again if it is the audit record of an outcome refused since it was
+        prepared (by the broker or the client, at the send: :meth:`refused`), so that it
+        says ``refused``; else ``out``. The engine asks before it sends an audit record
+        while :attr:`refusals` is non-empty (it comes after its outcome)."""
+        if out.topic is not Topic.AUDIT or (
+                out.emit.key, str(out.emit.value.get("idempotency_key"))) not in self._refused:
+            return out
+        return next(self.outgoing(out.in_key, (out.emit,), self.names, out.source,
+                                  out.record_ms))
+
+    @property
+    def refusals(self) -> bool:
+        """Whether an outcome's refusal waits for its audit record (:meth:`reaudit`)."""
+        return bool(self._refused)
 
     def refused(self, emit: Emit, name: str, emit_key: bytes | None, size: int, error: str,
                 key: bytes | None, source: Source | None) -> bytes:
@@ -423,59 +427,39 @@ class Driver:
 
     def tick_due(self, now: float, behind: bool) -> bool:
         """Whether to write the tick that fell due now (:class:`TickRule`)."""
-        return self.ticks.due(now, behind)
+        return self.tick_rule.due(now, behind)
+
+    def ticks(self, partitions: Iterable[int], ts_ms: int) -> list[tuple[int, bytes, bytes]]:
+        """What the engine writes into its events ``partitions`` once a tick is due (at
+        ``ts_ms``, its clock's one read: wall time in ms): ``(partition, key, value)``, in
+        order: each partition's tick, and after it the policy marker it needs
+        (:meth:`markers`: a partition not taken over yet needs none). Both engines write
+        exactly these."""
+        value, owned = tick_value(ts_ms), self.owned.partitions
+        out: list[tuple[int, bytes, bytes]] = []
+        for partition in sorted(partitions):
+            out.append((partition, TICK, value))
+            state = owned.get(partition)
+            marker = None if state is None else self.markers(state, ts_ms)
+            if marker is not None:  # a new policy set version (module doc, step 6)
+                out.append((partition, POLICY_MARKER, marker))
+        return out
 
     # -- takeover -----------------------------------------------------------------------
 
     def takeover(self, partition: int, resume: int) -> Takeover:
-        """A fresh state for ``partition`` at offset ``resume``: its finished runs registered
-        from the heads, its open runs' records to read from :attr:`Takeover.start`."""
-        assembler = Assembler(self.assemble)
-        assembler.policy = self.policies.initial()
-        assembler.approvals.approvers = self.approvers
-        state = PartitionState(assembler, next_offset=resume)
-        bounds = self.config.registry
-        state.holds = Holds(bounds.hold_max_records, bounds.hold_max_bytes)
-        takeover = Takeover(state, partition, resume, self.heads.load(state, partition),
-                            self._set_policy)
-        if self.registry is not None:
-            state.assembler.toolsets = hold.refusable(state.holds, self.registry.toolsets)
-        head = self.heads.table.get(policy_head_key(partition))
-        history = head.get("policy") if isinstance(head, dict) else None
-        state.policy_history = list(history) if isinstance(history, list) else []
-        version = self._in_force_at(takeover)
-        if version is not None:
-            self._policy(state, version)
-        return takeover
+        """A fresh state for ``partition`` at offset ``resume`` (:func:`takeover.begin`)."""
+        return takeover_module.begin(self, partition, resume)
 
-    def _in_force_at(self, takeover: Takeover) -> int | None:
-        """The policy set version in force at the rebuild's first record: the one the head of
-        the run that starts there names (``partition.POLICY_AT``: however many markers ago
-        it was put in force), else the latest marker before it that the partition's policy
-        head remembers (a head written before heads named it; nothing to read: at
-        ``resume``). Both are the previous owner's heads, which this worker trusts as its
-        own (the changelog only workers write, decision 0001)."""
-        start = takeover.start
-        if start is not None:
-            for key, at in takeover.open_runs.items():
-                if at == start:
-                    version = head_policy(self.heads.table.get(key))
-                    if version is not None:
-                        return version
-        return in_force(takeover.state.policy_history,
-                        takeover.resume if start is None else start)
+    def rebuild(self, topic: str, partition: int, resume: int) -> takeover_module.Rebuild:
+        """The takeover of ``partition`` at ``resume``, as one generator both engines drive
+        (:func:`takeover.rebuild`): it yields what to read, is sent the records, returns
+        the state and what to send."""
+        return takeover_module.rebuild(self, topic, partition, resume)
 
     def rebuilt(self, takeover: Takeover, topic: str) -> list[Emit]:
-        """The rebuild is read: log it; return the outputs of runs that finished during it
-        (they lost their ``done`` head: published again, then :meth:`refinished`)."""
-        partition, resume = takeover.partition, takeover.resume
-        holds = takeover.state.holds
-        holds.refused.clear()  # (only the rebuild applies them again)
-        log.info("partition %d: rebuilt before offset %d from %d records; %d runs open%s",
-                 partition, resume, takeover.count, takeover.state.assembler.open_runs,
-                 f", {len(holds.runs)} held for their toolset" if holds.runs else "",
-                 extra=logs.where(topic, partition, resume))
-        return partition_module.refinished(partition, takeover.replayed)
+        """The rebuild is read (:func:`takeover.rebuilt`): the outputs to publish again."""
+        return takeover_module.rebuilt(takeover, topic)
 
     def refinished(self, state: PartitionState, partition: int, outputs: Sequence[Emit]
                    ) -> None:
@@ -490,14 +474,14 @@ class Driver:
         committed offset for a rebuild with nothing to read, and at a start whose run's head
         names none; the heads of the runs opened from here on name it themselves)."""
         source = record.source
-        if not self._set_policy(state, record) or state.policy_version is None:
+        if not self.set_policy(state, record) or state.policy_version is None:
             return
         state.policy_history = [*state.policy_history,
                                 [source.offset, state.policy_version]][-POLICY_HISTORY:]
         self.heads.table[policy_head_key(source.partition)] = {
             "p": source.partition, "policy": state.policy_history}
 
-    def _set_policy(self, state: PartitionState, record: Record) -> bool:
+    def set_policy(self, state: PartitionState, record: Record) -> bool:
         """Apply a policy marker (live or in a rebuild); False if it changes nothing (a
         repeat of the version in force) or is not one."""
         version = marker_version(record.value)
@@ -517,9 +501,9 @@ class Driver:
                         extra=logs.where(record.source.topic, record.source.partition,
                                          record.source.offset))
             return False
-        return self._policy(state, version)
+        return self.put_in_force(state, version)
 
-    def _policy(self, state: PartitionState, version: int) -> bool:
+    def put_in_force(self, state: PartitionState, version: int) -> bool:
         """Put policy set ``version`` in force in ``state``; False when it cannot be built:
         then the version in force stays (policy_source.py)."""
         registry = self.registry
@@ -541,7 +525,7 @@ class Driver:
         version = state.policy_version
         if registry.policy_read(version) is not None:
             log.info("policy set version %d read late: in force from now on", version)
-            self._policy(state, version)
+            self.put_in_force(state, version)
 
     def _policy_report(self) -> tuple[bool, dict[str, Any]]:
         """``/readyz``'s ``policy``: the registry versions this worker could not build, and

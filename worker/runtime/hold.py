@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -56,11 +56,8 @@ from worker.runtime.observability import logs
 from worker.runtime.step import Record
 
 if TYPE_CHECKING:  # (the driver imports this module: its types only)
-    from worker.runtime.driver import Applied, Driver
+    from worker.runtime.driver import Driver
     from worker.runtime.partition import PartitionState
-
-    #: What :meth:`Driver.apply_all` yields: a record applied, with what it still needs.
-    Yielded = tuple[PartitionState, Record, Applied | None]
 
 __all__ = ["HOLD_REFUSED", "HOLD_WAIT", "OVERHEAD", "HeldRun", "Holds", "Parked", "held",
            "refusable", "toolset_of"]
@@ -208,8 +205,7 @@ def toolset_of(value: bytes) -> tuple[str, int] | None:
 # -- the driver's rules for held runs (Driver.apply_all) ----------------------------------
 
 
-def held(driver: Driver, state: PartitionState, record: Record, headers: Any
-         ) -> Generator[Yielded, None, bool]:
+def held(driver: Driver, state: PartitionState, record: Record, headers: Any) -> bool:
     """:meth:`Driver.apply_all` for a record of a partition with held runs, or naming a toolset:
     first the held runs whose answer is final now are applied; then the record is parked
     (True) if its run is held or its ``run.start`` begins a hold, else left to the caller
@@ -220,19 +216,17 @@ def held(driver: Driver, state: PartitionState, record: Record, headers: Any
         return False
     if holds.runs:  # (its own run's record asks for that run only: O(1) a record)
         if holds.due(key == TICK, record.time_ms):
-            yield from _release_ready(driver, state, list(holds.runs))
+            _release_ready(driver, state, list(holds.runs))
         elif key in holds.runs:
-            yield from _release_ready(driver, state, [key])
+            _release_ready(driver, state, [key])
     if key is None or key == TICK:
         return False
     if key in holds.runs:
         holds.park(key, record, headers, state.policy_version, state.assembler.policy)
-    elif not _begins(driver, state, record):
-        return False
-    else:  # its head says it is held: a takeover parks its records again
-        yield state, record, None
+    elif not _begins(driver, state, record):  # (else its head says it is held: a takeover
+        return False                          # parks its records again)
     while holds.over():
-        yield from _release(driver, state, holds.largest(), refuse=True)
+        _release(driver, state, holds.largest(), refuse=True)
     return True
 
 
@@ -260,8 +254,7 @@ def _begins(driver: Driver, state: PartitionState, record: Record) -> bool:
     return True
 
 
-def _release_ready(driver: Driver, state: PartitionState, keys: list[bytes]
-                   ) -> Iterator[Yielded]:
+def _release_ready(driver: Driver, state: PartitionState, keys: list[bytes]) -> None:
     """Apply those of the held runs ``keys`` whose registry answer is final now (or was
     never asked), in the order their holds began."""
     registry, runs = driver.registry, state.holds.runs
@@ -272,11 +265,10 @@ def _release_ready(driver: Driver, state: PartitionState, keys: list[bytes]
             ready.append(key)
     for key in ready:
         if key in runs:  # (not ended meanwhile)
-            yield from _release(driver, state, key, refuse=False)
+            _release(driver, state, key, refuse=False)
 
 
-def _release(driver: Driver, state: PartitionState, key: bytes, refuse: bool
-             ) -> Iterator[Yielded]:
+def _release(driver: Driver, state: PartitionState, key: bytes, refuse: bool) -> None:
     """End run ``key``'s hold: apply its parked records in order, each with the policy set
     in force at its position; ``refuse``: its toolset counts as unknown (the bounds),
     which its head keeps for a rebuild. Then its head: no hold left."""
@@ -291,8 +283,7 @@ def _release(driver: Driver, state: PartitionState, key: bytes, refuse: bool
         state.policy_version, state.assembler.policy = parked.policy_version, parked.policy
         holds.refusing = refuse
         try:
-            yield from driver.apply_all(partitions, (parked.record,), (parked.headers,),
-                                      advance=False)
+            driver._apply(partitions, (parked.record,), (parked.headers,), False)
         finally:
             holds.refusing = False
             state.policy_version, state.assembler.policy = in_force
@@ -312,7 +303,6 @@ def _release(driver: Driver, state: PartitionState, key: bytes, refuse: bool
                     "unknown_toolset", last.source.partition,
                     extra=logs.where(last.source.topic, last.source.partition,
                                      last.source.offset))
-    yield state, last, None  # (the engine writes the heads)
 
 
 def refusable(holds: Holds, lookup: Callable[[str, int, int], Any]

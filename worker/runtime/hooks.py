@@ -4,7 +4,7 @@ Either engine (faust's :mod:`worker.runtime.faust_engine.engine`, the confluent-
 :mod:`worker.runtime.kafka_engine`) holds one :class:`EngineHooks` (its driver too) and calls
 
 * :attr:`EngineHooks.metrics` and :attr:`EngineHooks.tracing` for each record, through the
-  partition driver (:meth:`worker.runtime.driver.Driver.apply`): the record's metrics
+  partition driver (:meth:`worker.runtime.driver.Driver.apply_all`): the record's metrics
   (:mod:`worker.runtime.observability.metrics`, a counter increment when nothing ends) and its
   run's span (:mod:`worker.runtime.observability.tracing`);
 * :meth:`EngineHooks.traced` for the trace id of each audit record, from the same run's trace;

@@ -180,12 +180,25 @@ def refinished(partition: int, replayed: Sequence[Emit]) -> list[Emit]:
     return [e for e in replayed if e.key in runs]
 
 
+#: What :meth:`Heads.take` returns for a table that writes at once (never written to).
+_NONE: list[Any] = []
+
+
 class Heads:
     """The run heads of the partitions one worker owns, over the engine's table."""
 
     def __init__(self, table: MutableMapping[bytes, Any], retention_s: float) -> None:
         self.table = table
         self.retention_ms = retention_s * 1000
+        self._take = getattr(table, "take_pending", None)
+
+    def take(self) -> list[Any]:
+        """The writes the table staged since the last call, for the engine to write once
+        the outputs before them are delivered (its ``take_pending``: the kafka engine's
+        changelog records, the faust engine's table writes); none for a table that writes
+        at once (a dict)."""
+        take = self._take
+        return _NONE if take is None else take()
 
     def opened(self, key: bytes, partition: int, offset: int, policy: int | None = None
                ) -> None:

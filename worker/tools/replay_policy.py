@@ -229,7 +229,7 @@ def assemblers_for(config: Config, policies: PolicySource, registry: RegistrySta
 
 class Markers:
     """The policy markers of the replayed spans, applied as the live driver applies them
-    (``Driver._set_policy``): a repeat, an older version or one the registry did not hold by
+    (``Driver.set_policy``): a repeat, an older version or one the registry did not hold by
     the marker's time changes nothing (``registry.marker_refusal``); a version no worker can
     build leaves the one in force (``PolicySource.at``)."""
 

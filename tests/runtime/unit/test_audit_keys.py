@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import driving
 import orjson
 import pytest
 from builders import chat_calls, chat_run, chat_tool
@@ -136,7 +137,8 @@ def records(run_id: str, first: int = 0) -> Iterator[Record]:
 
 
 def applied(driver: Driver, state: Any, run_id: str = "r1", first: int = 0) -> list[Any]:
-    return [e for r in records(run_id, first) if (a := driver.apply(state, r)) for e in a.emits]
+    return [e for r in records(run_id, first) if (a := driving.apply(driver, state, r))
+            for e in a.emits]
 
 
 def test_an_audit_record_after_its_outcome_refused_for_size_says_refused() -> None:

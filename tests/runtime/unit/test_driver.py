@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import driving
 import orjson
 import pytest
 from builders import chat_calls, chat_run, chat_tool
@@ -17,9 +18,10 @@ from faust.types import TP
 from worker.core import Assembler, Topic
 from worker.runtime import step
 from worker.runtime.config import load_config
-from worker.runtime.driver import Applied, Driver, TickRule, control_behind, tick_value
+from worker.runtime.driver import Driver, TickRule, control_behind, tick_value
 from worker.runtime.faust_engine import engine as worker_app
 from worker.runtime.hooks import EngineHooks
+from worker.runtime.kafka_engine.heads import KafkaHeadsTable
 from worker.runtime.partition import TICK, Heads, PartitionState, decode_head, encode_head
 from worker.runtime.step import Record
 
@@ -66,26 +68,32 @@ def _run(run_id: str = "r1") -> list[dict[str, Any]]:
 
 
 def test_a_record_needs_nothing_more_unless_it_emits_or_is_a_tick() -> None:
-    """Most records (a run's start, its deltas) need nothing from the engine: ``apply``
-    returns None (the start head is written by the driver itself). The record that ends the
-    run returns its outputs, in order, and the run it finishes; the run's ``done`` head waits
-    for ``recorded`` (after the engine delivered the outputs). A tick that emits nothing
-    still returns, so that the heads whose time is over go."""
-    table: dict[bytes, Any] = {}
+    """Most records (a run's start, its deltas) need nothing sent: ``apply_all`` returns no
+    outputs for them (the start head is staged in the table's heads). The record that ends
+    the run returns its outputs, prepared and in order, with its run's ``done`` head among
+    the heads to write (the engine writes them once the outputs are delivered, or in their
+    transaction) and the partition's next offset. A tick that emits nothing returns nothing
+    to send, and its heads whose time is over go."""
+    table = KafkaHeadsTable()
     driver = _driver(table)
     state = PartitionState(Assembler(_config().assemble), next_offset=0)
-    results = [driver.apply(state, record) for record in _records(_run())]
-    assert results[0] is None and table[b"r1"] == {"p": 0, "start": 0}
-    last = results[-1]
-    assert isinstance(last, Applied) and last.finished == ["r1"] and last.confirm
-    assert {e.topic for e in last.emits} >= {Topic.COMMITTED, Topic.FINAL}
-    assert all(r is None or r.emits for r in results)
-    assert "done" not in table[b"r1"]  # not before the outputs are delivered
-    driver.recorded(state, 0, last)
-    assert table[b"r1"]["done"] is True and table[b"r1"]["status"] == "completed"
-    tick = step.record(TICK, orjson.dumps({"v": 1, "type": "tick", "ts": 0}), 5_000, "ev", 0, 99)
-    applied = driver.apply(state, tick)
-    assert applied is not None and applied.tick and not applied.emits and not applied.confirm
+    records = list(_records(_run()))
+    works = []
+    for record in records:
+        work = driver.apply_all({0: state}, (record,))
+        works.append(([o.emit for o in work.out], list(work.heads), dict(work.offsets)))
+    first_out, first_heads, first_offsets = works[0]
+    assert first_out == [] and first_offsets == {0: 1}
+    assert [orjson.loads(v) for _, k, v in first_heads if k == b"r1"] == [{"p": 0, "start": 0}]
+    last_out, last_heads, last_offsets = works[-1]
+    assert {e.topic for e in last_out} >= {Topic.COMMITTED, Topic.FINAL}
+    assert all(out for out, _, _ in works[1:-1] if out) and last_offsets == {0: len(records)}
+    (done,) = [orjson.loads(v) for _, k, v in last_heads if k == b"r1"]
+    assert done["done"] is True and done["status"] == "completed"
+    tick = step.record(TICK, orjson.dumps({"v": 1, "type": "tick", "ts": 0}), 5_000, "ev", 0,
+                       len(records))
+    work = driver.apply_all({0: state}, (tick,))
+    assert work.out == [] and work.offsets == {0: len(records) + 1}
 
 
 def test_a_tick_waits_for_the_control_backlog_for_a_bounded_time() -> None:
@@ -151,7 +159,7 @@ def test_a_takeover_rebuilds_the_open_runs_from_their_heads() -> None:
     assert driver.rebuilt(takeover, "ev") == [] and takeover.count == len(records) - 1
     state = takeover.state
     assert state.assembler.finished("r0") == (3, "completed")
-    applied = driver.apply(state, records[-1])
+    applied = driving.apply(driver, state, records[-1])
     assert applied is not None
     assert [(e.topic, e.value) for e in applied.emits] == [(e.topic, e.value) for e in expected]
 
@@ -166,7 +174,7 @@ def test_outgoing_prepares_each_output_and_replaces_one_over_its_topics_limit() 
     the input record's key, naming the topic and size but not the value."""
     driver = _driver()
     state = PartitionState(Assembler(_config().assemble), next_offset=0)
-    emits = [e for r in _records(_run()) if (a := driver.apply(state, r)) for e in a.emits]
+    emits = [e for r in _records(_run()) if (a := driving.apply(driver, state, r)) for e in a.emits]
     outgoing = list(driver.outgoing(b"r1", emits, _NAMES))
     assert [(o.emit, o.topic, o.name, o.refused) for o in outgoing] == [
         (e, e.topic, _NAMES[e.topic], False) for e in emits]
@@ -234,7 +242,7 @@ def test_an_audit_record_gets_its_deciding_record_and_its_runs_trace() -> None:
     state = PartitionState(Assembler(_config().assemble), next_offset=0)
     records = list(_records(_run()))
     headers = [("traceparent", f"00-{TRACE_ID}-b7ad6b7169203331-01".encode())]
-    applied = [driver.apply(state, record, headers) for record in records]
+    applied = [driving.apply(driver, state, record, headers) for record in records]
     last = applied[-1]
     assert last is not None
     [audit] = [e.value for e in last.emits if e.topic is Topic.AUDIT]
@@ -251,7 +259,7 @@ def test_outputs_published_again_after_a_rebuild_carry_the_same_audit_content() 
     records = list(_records(_run("r3")))
     live = _driver()
     state = PartitionState(Assembler(_config().assemble), next_offset=0)
-    last = [live.apply(state, record) for record in records][-1]
+    last = [driving.apply(live, state, record) for record in records][-1]
     assert last is not None
     [before] = [e.value for e in last.emits if e.topic is Topic.AUDIT]
     driver = _driver({b"r3": {"p": 0, "start": 0}})
@@ -285,16 +293,15 @@ def test_a_decision_read_again_after_a_takeover_is_a_repeat_not_a_second_decisio
     state = PartitionState(Assembler(gated.assemble), next_offset=0)
     records = list(_records([*_run("r1"), decision("r1", "approve", "c1")]))
     for record in records:
-        applied = live.apply(state, record)
-        if applied is not None:
-            live.recorded(state, 0, applied, record.source.offset)
+        applied = driving.apply(live, state, record)
+        assert applied is None or applied.emits or applied.tick
     assert table[b"r1"]["done"] and table[b"r1"]["o"] == len(records)
     successor = Driver(gated, EngineHooks(gated), Heads(table, 3600))
     takeover = successor.takeover(0, resume=len(records) - 1)
-    again = successor.apply(takeover.state, records[-1])
+    again = driving.apply(successor, takeover.state, records[-1])
     assert again is None and takeover.state.assembler.stats["duplicates"] == 1
     (later,) = _records([decision("r1", "approve", "c1")], first=len(records) + 4)
-    applied = successor.apply(takeover.state, later)
+    applied = driving.apply(successor, takeover.state, later)
     assert applied is not None
     (dlq,) = [e.value for e in applied.emits if e.topic is Topic.DLQ]
     assert dlq["reason"] == "call_already_decided"
@@ -338,17 +345,16 @@ def test_a_decision_forwarded_twice_is_a_repeat_while_waiting_and_after_a_takeov
 
     c1 = forwarded("approve", "c1", 7)
     for record in [*records, c1, forwarded("approve", "c1", 7), forwarded("approve", "c2", 8)]:
-        applied = live.apply(state, record)
+        applied = driving.apply(live, state, record)
         if applied is not None:
             assert not [e for e in applied.emits if e.topic is Topic.DLQ], applied.emits
-            live.recorded(state, 0, applied, record.source.offset)
     assert state.assembler.stats["duplicates"] == 1
     assert table[b"r1"]["d"] == [[0, 7], [0, 8]]
     successor = Driver(gated, EngineHooks(gated), Heads(table, 3600))
     takeover = successor.takeover(0, resume=offset + 1)
-    assert successor.apply(takeover.state, forwarded("approve", "c1", 7)) is None
+    assert driving.apply(successor, takeover.state, forwarded("approve", "c1", 7)) is None
     assert takeover.state.assembler.stats["duplicates"] == 1
-    applied = successor.apply(takeover.state, forwarded("deny", "c1", 9))
+    applied = driving.apply(successor, takeover.state, forwarded("deny", "c1", 9))
     assert applied is not None
     (dlq,) = [e.value for e in applied.emits if e.topic is Topic.DLQ]
     assert dlq["reason"] == "call_already_decided"

@@ -24,6 +24,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import driving
 import orjson
 from builders import cancel, chat_calls, chat_run, chat_tool
 
@@ -80,9 +81,8 @@ def process(state: PartitionState, heads: Heads, records: Sequence[Record]) -> l
     driver = _driver(heads)
     out: list[Emit] = []
     for record in records:
-        applied = driver.apply(state, record)
+        applied = driving.apply(driver, state, record)
         if applied is not None:
-            driver.recorded(state, 0, applied)
             out += applied.emits
         state.next_offset = record.source.offset + 1
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import driving
 import orjson
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -42,7 +43,7 @@ def apply(hooks: EngineHooks, state: PartitionState, record: Record, headers: An
     it: the record's emits, and whether it opened its run."""
     run_id = record[0].decode() if record[0] else ""
     was_open = state.assembler.is_open(run_id)
-    applied = Driver(hooks.config, hooks, Heads({}, 3600)).apply(state, record, headers)
+    applied = driving.apply(Driver(hooks.config, hooks, Heads({}, 3600)), state, record, headers)
     return ([] if applied is None else applied.emits,
             not was_open and state.assembler.is_open(run_id))
 
@@ -204,7 +205,7 @@ def committed_run(engine: loop.KafkaEngine) -> list[Emit]:
     state = engine.partitions[0] = PartitionState(Assembler(config().assemble), 0)
     emits: list[Emit] = []
     for record in records(one_run()):
-        applied = engine.driver.apply(state, record, HEADERS)
+        applied = driving.apply(engine.driver, state, record, HEADERS)
         emits += [] if applied is None else applied.emits
     return emits
 
@@ -221,12 +222,14 @@ def test_the_kafka_engine_counts_commit_latency_only_once_its_transaction_commit
     fake: FakeProducer = engine.txn.producer  # type: ignore[assignment]
     fake.fail_commit = KafkaError(KafkaError._FAIL, "boom", txn_requires_abort=True)
     engine.txn.begin()
-    engine.sends.publish(b"r1", emits, 1_000)
+    engine.sends.publish(list(engine.driver.outgoing(b"r1", emits, engine.outputs, None,
+                                                    1_000)))
     engine._commit(rewind=False)
     assert sample(engine.hooks, "tool_assemble_to_commit_seconds_count") == 0
     fake.fail_commit = None
     engine.txn.begin()
-    engine.sends.publish(b"r1", emits, 1_000)
+    engine.sends.publish(list(engine.driver.outgoing(b"r1", emits, engine.outputs, None,
+                                                    1_000)))
     engine._commit()
     assert sample(engine.hooks, "tool_assemble_to_commit_seconds_count") == 1
     for _, _, options in fake.produced:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
+import driving
 import orjson
 import pytest
 from aiokafka.errors import MessageSizeTooLargeError  # type: ignore[import-untyped]
@@ -78,7 +79,7 @@ def emits_of_one_run() -> list[Emit]:
                          chat_calls([("c1", "get_weather", '{"city": "Oslo"}')]))
     records = [step.record(b"r1", orjson.dumps(e), 1_000 + n, "ev", 0, n)
                for n, e in enumerate(envelopes)]
-    return [e for r in records if (a := driver.apply(state, r)) for e in a.emits]
+    return [e for r in records if (a := driving.apply(driver, state, r)) for e in a.emits]
 
 
 def sends(refuse: bool, monkeypatch: pytest.MonkeyPatch
@@ -108,7 +109,8 @@ def test_audit_records_go_after_the_records_outcomes_are_confirmed(
     """All goes well: the committed call and the final message first, then (once confirmed)
     the audit record, which says ``committed``."""
     send, log, state = sends(False, monkeypatch)
-    asyncio.run(send.publish(state, b"r1", emits_of_one_run(), 1_000))
+    asyncio.run(send.publish(state, list(send.driver.outgoing(
+        b"r1", emits_of_one_run(), _NAMES, None, 1_000))))
     assert topics(log) == ["committed", "final", "audit"]
     assert orjson.loads(log[-1][1])["outcome"] == "committed"
 
@@ -120,7 +122,8 @@ def test_an_outcome_the_broker_refuses_is_audited_refused(
     says ``refused``, ``output_refused``, ``MSG_SIZE_TOO_LARGE``. (Before: the audit record
     went right after the outcome and said ``committed``.)"""
     send, log, state = sends(True, monkeypatch)
-    asyncio.run(send.publish(state, b"r1", emits_of_one_run(), 1_000))
+    asyncio.run(send.publish(state, list(send.driver.outgoing(
+        b"r1", emits_of_one_run(), _NAMES, None, 1_000))))
     assert topics(log) == ["committed", "final", "dlq", "audit"]
     audit = orjson.loads(log[-1][1])
     assert (audit["outcome"], audit["reason"]) == ("refused", "output_refused")

@@ -222,7 +222,7 @@ def test_heads_written_live_leave_memory_with_their_partition() -> None:
     (The store state is simulated: faust's ``on_recovery_completed`` on the real store.)"""
     latch = FaustEngine(load_config(None, env={"LATCH_TOPICS__PARTITIONS": "2"}))
     store = latch.heads.data
-    assert isinstance(latch.run_heads.table, FaustHeadsMap)  # the worker's wiring
+    assert isinstance(latch.run_heads.table.store, FaustHeadsMap)  # type: ignore[attr-defined]  # the worker's wiring: staged over it
     heads = Heads(FaustHeadsMap(_LiveTable(store)), retention_s=3600)
     heads.opened(b"gone", partition=1, offset=40)
     heads.opened(b"kept", partition=0, offset=7)
@@ -308,3 +308,34 @@ def test_a_cancel_faust_never_delivers_is_forwarded_at_the_next_ticks(
     assert log == ["read ctl[0] 0..1", "send ev", "delivered ev",
                    f"commit {({TP('ctl', 0): 1})}"]
     assert latch.control_next[0] == 1
+
+
+def test_a_marker_for_an_unread_policy_version_is_settled_before_it_is_applied() -> None:
+    """Policy sets from the registry (``enforce``, no file): a policy marker naming version 3,
+    which the reader cannot answer for yet, is settled before the driver applies it
+    (``Driver.unsettled``, as the kafka engine does), and off the event loop's thread: the
+    loop never waits inside the driver (issue 35, item 3). Then the marker is applied and
+    the partition moves past it."""
+    import threading
+
+    from worker.runtime.governance.registry import POLICY_MARKER, marker_value
+
+    latch = FaustEngine(load_config(None, env={"LATCH_POLICY__MODE": "enforce",
+                                               "LATCH_WORKER__WEB_PORT": "0"}))
+    latch.staged.store = {}  # type: ignore[assignment]  # (no faust table: no app running)
+    state = latch.partitions[0] = PartitionState(Assembler(latch.config.assemble), 7)
+    settled: list[tuple[int, int, bool]] = []
+
+    def policy_registered(version: int, at_ms: int) -> bool | None:
+        settled.append((version, at_ms, threading.current_thread() is threading.main_thread()))
+        return None
+
+    latch.registry.policy_registered = policy_registered  # type: ignore[method-assign]
+    latch.registry.policy_text = lambda version: None  # type: ignore[method-assign]
+    marker = SimpleNamespace(topic="events", partition=0, offset=7, headers=[],
+                             key=POLICY_MARKER, value=marker_value(3, 1), timestamp=1.0)
+    rest = latch._step_event(marker)
+    assert rest is not None and settled == []  # (not on the hot path)
+    asyncio.run(rest)  # type: ignore[arg-type]
+    assert settled[0] == (3, 1000, False)
+    assert state.next_offset == 8

@@ -12,11 +12,12 @@ from typing import Any
 
 import orjson
 from builders import chat_calls, chat_run, chat_tool
+from driving import Applied
 
 from worker.core import Topic
 from worker.runtime import step
 from worker.runtime.config import load_config
-from worker.runtime.driver import Applied, Driver, tick_value
+from worker.runtime.driver import Driver, tick_value
 from worker.runtime.hold import Holds, toolset_of
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.partition import TICK, Heads, PartitionState
@@ -86,11 +87,10 @@ def _tick(offset: int) -> Record:
 
 def _apply(driver: Driver, state: PartitionState, records: list[Record]
            ) -> Iterator[tuple[Record, Applied | None]]:
-    """The kafka engine's use of ``apply_all``: each yielded record's heads recorded."""
-    for _, record, applied in driver.apply_all({0: state}, records):
-        if applied is not None:
-            driver.recorded(state, 0, applied, record.source.offset)
-        yield record, applied
+    """The kafka engine's use of ``apply_all``: the batch's outputs, as one result (its
+    heads written by the driver into the table)."""
+    work = driver.apply_all({0: state}, records)
+    yield records[-1], Applied([out.emit for out in work.out], [], False)
 
 
 def _calls(results: Iterable[tuple[Record, Applied | None]]) -> list[tuple[str, str]]:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import driving
 import orjson
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -102,7 +103,7 @@ def test_otlp_exports_the_metrics_and_the_run_spans(collector: Collector) -> Non
     for offset, envelope in enumerate(envelopes):
         record = step.record(str(envelope["run_id"]).encode(), orjson.dumps(envelope),
                              1_000 + offset, "events", 0, offset)
-        driver.apply(state, record, HEADERS)
+        driving.apply(driver, state, record, HEADERS)
     hooks.stop(None)  # flushes both exporters
 
     metrics = sums(collector.posts["/v1/metrics"])

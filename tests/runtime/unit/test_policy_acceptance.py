@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import driving
 import orjson
 import pytest
 from builders import chat_calls, chat_run, chat_tool
@@ -179,10 +180,10 @@ def test_an_unbuildable_newest_version_keeps_the_version_in_force(
     table: dict[bytes, Any] = {}
     driver = _driver(table, {1: GOOD, 2: TWO_IDS})
     state = PartitionState(Assembler(), 0)
-    driver.apply(state, _marker(1, 5))
+    driving.apply(driver, state, _marker(1, 5))
     with caplog.at_level(logging.ERROR, logger="latch.worker"):
-        driver.apply(state, _marker(2, 9))
-        driver.apply(state, _marker(2, 12))
+        driving.apply(driver, state, _marker(2, 9))
+        driving.apply(driver, state, _marker(2, 12))
     policy = state.assembler.policy
     assert policy is not None and policy.version == 1 and state.policy_version == 1
     decision = policy.decide(_request("acme"))
@@ -217,7 +218,7 @@ def test_live_and_rebuild_decide_alike_across_an_unbuildable_version() -> None:
     records.insert(1, _marker(2, 1))
     live_state = PartitionState(Assembler(), 0)
     live = _driver({}, {1: GOOD, 2: TEMPLATE})
-    live_out = [e for r in records if (a := live.apply(live_state, r)) is not None
+    live_out = [e for r in records if (a := driving.apply(live, live_state, r)) is not None
                 for e in a.emits if e.topic is not Topic.PROGRESS]
     rebuild = _driver({b"r1": {"p": 0, "start": 2}}, {1: GOOD, 2: TEMPLATE}).takeover(0, 100)
     for r in records:
@@ -233,7 +234,7 @@ def test_a_first_version_that_cannot_be_built_leaves_no_version_in_force() -> No
     driver = _driver({}, {1: TEMPLATE}, mode=LOG_ONLY)
     state = PartitionState(Assembler(), 0)
     state.assembler.policy = driver.policies.initial()
-    driver.apply(state, _marker(1, 0))
+    driving.apply(driver, state, _marker(1, 0))
     assert state.policy_version is None
     policy = state.assembler.policy
     assert policy is not None
@@ -250,7 +251,7 @@ def test_a_version_whose_text_was_not_read_in_time_is_taken_up_once_read() -> No
     texts: dict[int, str | None] = {1: None}
     driver = _driver({}, texts)
     state = PartitionState(Assembler(), 0)
-    driver.apply(state, _marker(1, 3))
+    driving.apply(driver, state, _marker(1, 3))
     policy = state.assembler.policy
     assert policy is not None and not policy.decide(_request("acme")).allow
     assert "was not read" in policy.decide(_request("acme")).errors[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import driving
 import orjson
 from builders import chat_calls, chat_run, chat_tool
 from registry_fakes import FakeRegistry
@@ -68,7 +69,7 @@ def test_a_rebuild_after_more_rollouts_than_the_policy_head_keeps_decides_nothin
     live = _driver(table, LATCH_APPROVALS__REQUIRE_APPROVAL="get_weather")
     state = PartitionState(Assembler(live.config.assemble), 0)
     records = _log(POLICY_HISTORY + 1)
-    live_out = [e for r in records if (a := live.apply(state, r)) is not None
+    live_out = [e for r in records if (a := driving.apply(live, state, r)) is not None
                 for e in a.emits if e.topic is not Topic.PROGRESS]
     assert [e.topic for e in live_out] == [Topic.PENDING]
     assert len(table[policy_head_key(0)]["policy"]) == POLICY_HISTORY  # v1 is forgotten there

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import driving
 import pytest
 
 from worker.core import Assembler
@@ -121,7 +122,7 @@ def test_a_forged_marker_changes_nothing_live_or_in_a_rebuild(
     records = [_marker(1, 0, 2_000), _marker(2, 1, 6_000), _marker(forged, 2, 7_000)]
     with caplog.at_level(logging.WARNING, logger="latch.worker"):
         for r in records:
-            driver.apply(state, r)
+            driving.apply(driver, state, r)
     assert state.policy_version == 2 and not _rm_allowed(state.assembler)
     assert table[registry.policy_head_key(0)]["policy"] == [[0, 1], [1, 2]]
     assert [m for r in caplog.records if why in (m := r.getMessage())]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import driving
 import orjson
 import pytest
 from builders import chat_calls, chat_run, chat_tool
@@ -182,11 +183,11 @@ def test_a_policy_marker_puts_its_version_in_force_and_records_it_in_the_heads()
     driver = _driver(table)
     state = PartitionState(Assembler(), 0)
     assert driver.markers(state, 0) is not None and driver.markers(state, 0) is None
-    assert driver.apply(state, _marker(1, 5)) is None
+    assert driving.apply(driver, state, _marker(1, 5)) is None
     policy: Policy | None = state.assembler.policy
     assert policy is not None and policy.version == 1
-    driver.apply(state, _marker(2, 9))
-    driver.apply(state, _marker(2, 12))
+    driving.apply(driver, state, _marker(2, 9))
+    driving.apply(driver, state, _marker(2, 12))
     assert table[policy_head_key(0)] == {"p": 0, "policy": [[5, 1], [9, 2]]}
     assert state.assembler.policy is not None and state.assembler.policy.version == 2
 
@@ -217,7 +218,7 @@ def test_the_replay_of_a_partition_decides_the_same_across_a_policy_change() -> 
     records.insert(3, _marker(2, 3))
     live_state = PartitionState(Assembler(), 0)
     live = _driver({})
-    live_out = [a.emits for r in records if (a := live.apply(live_state, r)) is not None]
+    live_out = [a.emits for r in records if (a := driving.apply(live, live_state, r)) is not None]
     rebuild = _driver({b"r1": {"p": 0, "start": 1}}).takeover(0, 100)
     for r in records:
         rebuild.feed(r)

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import driving
 import orjson
 import pytest
 from builders import (
@@ -136,15 +137,16 @@ def test_a_takeover_refuses_an_unsigned_approve_and_the_call_times_out() -> None
     state = driver.takeover(0, resume=0).state
     approve = decision("r1", "approve", "c1")
     records = _records([*_run(), approve])
-    emits = [e for r in records if (a := driver.apply(state, r)) is not None for e in a.emits]
+    emits = [e for r in records if (a := driving.apply(driver, state, r)) is not None
+             for e in a.emits]
     assert [e.value["call_id"] for e in emits if e.topic is Topic.PENDING] == ["c1"]
     assert not [e for e in emits if e.topic in (Topic.COMMITTED, Topic.ERRORS, Topic.FINAL)]
     (dlq,) = [e.value for e in emits if e.topic is Topic.DLQ]
     assert dlq["reason"] == "approval_unsigned"
     assert orjson.loads(base64.b64decode(dlq["original_b64"])) == approve
     late = 1_000 + TIMEOUT_S * 1000 + 100
-    applied = driver.apply(state, step.record(TICK_KEY.encode(), orjson.dumps(tick(late)), late,
-                                              "ev", 0, len(records)))
+    applied = driving.apply(driver, state, step.record(
+        TICK_KEY.encode(), orjson.dumps(tick(late)), late, "ev", 0, len(records)))
     assert applied is not None
     errors = [e.value for e in applied.emits if e.topic is Topic.ERRORS]
     assert [(e["tool_call_id"], e["reason"]) for e in errors] == [("c1", "approval_timeout")]
@@ -159,7 +161,8 @@ def test_a_signed_approve_by_a_listed_key_still_counts(monkeypatch: pytest.Monke
     driver = Driver(config, EngineHooks(config), Heads({}, 3600))
     state = driver.takeover(0, resume=0).state
     records = _records([*_run(), signed_decision("r1", "approve", "c1")])
-    emits = [e for r in records if (a := driver.apply(state, r)) is not None for e in a.emits]
+    emits = [e for r in records if (a := driving.apply(driver, state, r)) is not None
+             for e in a.emits]
     assert not [e for e in emits if e.topic is Topic.DLQ]
     assert [e.value["call_id"] for e in emits if e.topic is Topic.COMMITTED] == ["c1"]
 

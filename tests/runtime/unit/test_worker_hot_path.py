@@ -20,10 +20,10 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from worker.core import Assembler, Emit, Topic
 from worker.runtime.config import load_config
+from worker.runtime.driver import Outgoing
 from worker.runtime.faust_engine import engine as worker_app
 from worker.runtime.observability.telemetry import Telemetry
 from worker.runtime.partition import TICK, Heads, PartitionState
-from worker.runtime.step import Source
 
 TOPIC = "hot.events"
 
@@ -55,10 +55,8 @@ def _worker() -> tuple[worker_app.FaustEngine, InMemoryMetricReader, CountingHea
     latch.run_heads = latch.driver.heads = Heads(table, 3600)
     published: list[Emit] = []
 
-    async def publish(state: PartitionState, key: bytes | None,
-                      emits: Sequence[Emit], record_ms: int | None = None,
-                      source: Source | None = None) -> None:
-        published.extend(emits)
+    async def publish(state: PartitionState, outs: Sequence[Outgoing]) -> None:
+        published.extend(out.emit for out in outs)
 
     latch.sends.publish = publish  # type: ignore[method-assign]
     latch.partitions[0] = PartitionState(Assembler(latch.config.assemble), next_offset=10)

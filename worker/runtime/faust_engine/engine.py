@@ -45,12 +45,17 @@ import faust
 from faust.types import TP
 
 from worker.core import Topic
-from worker.runtime import memory, step
+from worker.runtime import memory, step, takeover
 from worker.runtime.config import Config
-from worker.runtime.driver import Applied, Driver, tick_value
+from worker.runtime.driver import Driver, Outgoing
 from worker.runtime.faust_engine import kafka_io, recovery
 from worker.runtime.faust_engine.gaps import StallWatch
-from worker.runtime.faust_engine.heads import FaustHeadsMap, FaustHeadsTable
+from worker.runtime.faust_engine.heads import (
+    FaustHeadsMap,
+    FaustHeadsTable,
+    HeadWrite,
+    StagedHeads,
+)
 from worker.runtime.faust_engine.sends import Sends
 from worker.runtime.faust_engine.settings import LeanMonitor, app_settings
 from worker.runtime.governance.registry import POLICY_MARKER
@@ -59,15 +64,13 @@ from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
 from worker.runtime.observability.health import loop_heartbeat
 from worker.runtime.observability.metrics import PartitionView
-from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.partition import Heads, PartitionState
 from worker.runtime.step import Record
 
 log = logging.getLogger("latch.worker")
 
 #: How often a tick held back by the control backlog looks again (seconds).
 _TICK_RECHECK_S = 0.05
-#: Records of a takeover's rebuild between two turns of the event loop (heartbeats, fetchers).
-_REBUILD_PAUSE_EVERY = 1000
 
 _RAW: dict[str, Any] = {
     "key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
@@ -95,8 +98,9 @@ class FaustEngine:
         # key_type bytes: raw run_id keys; values: JSON objects, kept packed (.heads).
         self.heads = self.app.Table("heads", partitions=names.partitions, key_type=bytes)
         self.heads_store = FaustHeadsMap(self.heads)
-        self.run_heads = Heads(self.heads_store,
-                               config.worker.finished_run_retention_s)
+        #: The heads the driver writes, staged until the outputs before them are confirmed.
+        self.staged = StagedHeads(self.heads_store)
+        self.run_heads = Heads(self.staged, config.worker.finished_run_retention_s)
         self.hooks = EngineHooks(config)
         #: Everything around the core, engine-neutral (worker/runtime/driver.py).
         self.driver = Driver(config, self.hooks, self.run_heads)
@@ -197,20 +201,19 @@ class FaustEngine:
 
     def _step_event(self, message: Any) -> Awaitable[None] | None:
         """The events agent's ``handle``: the partition's next record is applied here;
-        None if that was all (most records: nothing to send, write or wait for), else the
-        coroutine that publishes, records heads and confirms (:meth:`_finish`). A takeover
-        or a record out of order: :meth:`_apply_event`."""
+        None if that was all (most records: nothing to send or wait for; its heads, if
+        any, written), else the coroutine that sends, confirms and writes the heads
+        (:meth:`_finish`). A takeover or a record out of order: :meth:`_apply_event`."""
         state = self.partitions.get(message.partition)
-        if state is None or message.offset != state.next_offset:
-            return self._apply_event(message)
-        record = _record(message)
-        if state.holds.runs or b'"toolset"' in record.value:  # (Driver.apply's condition)
-            return self._process(state, record, message.headers)
-        applied = self.driver.apply(state, record, message.headers)
-        if applied is None and not state.unconfirmed:
-            state.next_offset = message.offset + 1
+        if state is None or message.offset != state.next_offset or message.key == POLICY_MARKER:
+            return self._apply_event(message)  # (a marker: perhaps settled first, _process)
+        work = self.driver.apply_all({message.partition: state}, (_record(message),),
+                                     (message.headers,))
+        if not work.out and not state.unconfirmed:
+            if work.heads:
+                self.staged.write(work.heads)
             return None
-        return self._finish(state, record, applied)
+        return self._finish(state, list(work.out), work.heads)
 
     async def _apply_event(self, message: Any) -> None:
         state = self.partitions.get(message.partition)
@@ -293,43 +296,32 @@ class FaustEngine:
 
     async def _process(self, state: PartitionState, record: Record,
                        headers: Any = None) -> None:
-        """Feed one record to the partition's assembler; publish, then record heads; then
-        move the partition's offset past it. A ``run.start`` naming a toolset version whose
-        answer is not final yet holds its run only (worker/runtime/hold.py): the driver parks
-        the run's records and hands back, at a later record of the partition (a tick at the
-        latest), the parked ones, in order, with their outputs: each is published, confirmed
-        where it finishes its run, and recorded at its own offset (decision 0014)."""
-        partition = record.source.partition
-        for _, applied_record, applied in self.driver.apply_all(
-                {partition: state}, (record,), (headers,), advance=False):
-            if applied is not None:
-                source = applied_record.source
-                await self.sends.publish(state, applied_record.key, applied.emits,
-                                         applied_record.time_ms, source)
-                if applied.confirm:  # a run's done head only after its outputs are delivered
-                    await state.confirm()
-                self.driver.recorded(state, partition, applied, source.offset)
-        # every output of the record (and of the held records it let go) is delivered first
-        await state.confirm()
-        state.next_offset = record.source.offset + 1
+        """Apply one record (the driver: :meth:`Driver.apply_all`), then do what it says:
+        send the outputs, confirm them, write the heads (:meth:`_finish`). A ``run.start``
+        naming a toolset version whose answer is not final yet holds its run only
+        (worker/runtime/hold.py): the driver parks the run's records and applies them, at a
+        later record of the partition (a tick at the latest), in order, before that record:
+        their outputs come first in its work (decision 0014). A policy marker naming a
+        version the registry reader cannot answer for yet is settled first, off the event
+        loop (:meth:`Driver.unsettled`), so that nothing waits inside the driver."""
+        for version, at_ms in self.driver.unsettled((record,)):  # (a marker: decision 0014)
+            await asyncio.to_thread(self.registry.policy_registered, version, at_ms)
+        work = self.driver.apply_all({record.source.partition: state}, (record,), (headers,))
+        await self._finish(state, list(work.out), work.heads)
 
-    async def _finish(self, state: PartitionState, record: Record,
-                      applied: Applied | None) -> None:
+    async def _finish(self, state: PartitionState, out: list[Outgoing], heads: list[HeadWrite]
+                      ) -> None:
         """The rest of a record that the driver says needs more (it emitted or is a tick),
-        or that finds outputs of the partition unconfirmed: publish, confirm, record heads
-        (at a tick, so in stream context), confirm."""
-        source = record.source
-        partition, offset = source.partition, source.offset
-        if applied is not None:
-            await self.sends.publish(state, record.key, applied.emits, record.time_ms, source)
-            if applied.confirm:  # a run's done head only after its outputs are delivered
-                await state.confirm()
-            self.driver.recorded(state, partition, applied, offset)
-        # Every output of this record (a DLQ record, an early commit, an error result) is
-        # delivered before the record is acked: faust's commit only flushes its producer,
-        # and a failed batch would not stop it. A failure raises here, unacked.
+        or that finds outputs of the partition unconfirmed: send its outputs, confirm them,
+        then write its heads (a run's ``done`` head only after its outputs are delivered; in
+        stream context). Every output of the record (a DLQ record, an early commit, an error
+        result) is delivered before the record is acked: faust's commit only flushes its
+        producer, and a failed batch would not stop it. A failure raises here, unacked."""
+        if out:
+            await self.sends.publish(state, out)
         await state.confirm()
-        state.next_offset = offset + 1
+        if heads:
+            self.staged.write(heads)
 
     async def _forward_control(self, record: Record) -> None:
         """Forward a cancel into its run's events partition; anything else goes to the DLQ
@@ -348,16 +340,10 @@ class FaustEngine:
             return
         while not self.driver.tick_due(time.monotonic(), self._control_behind()):
             await asyncio.sleep(_TICK_RECHECK_S)
-        ts = int(time.time() * 1000)
-        value = tick_value(ts)
-        for tp in sorted(self.app.assignor.assigned_actives()):
-            if tp.topic == events:
-                await self.events.send(key=TICK, value=value, partition=tp.partition)
-                state = self.partitions.get(tp.partition)
-                marker = None if state is None else self.driver.markers(state, ts)
-                if marker is not None:  # a new policy set version (driver.py, step 6)
-                    await self.events.send(key=POLICY_MARKER, value=marker,
-                                           partition=tp.partition)
+        owned = [tp.partition for tp in self.app.assignor.assigned_actives()
+                 if tp.topic == events]
+        for partition, key, value in self.driver.ticks(owned, int(time.time() * 1000)):
+            await self.events.send(key=key, value=value, partition=partition)
 
     def _control_behind(self) -> bool:
         """Whether an owned control partition has records in the log not yet forwarded (its
@@ -401,24 +387,30 @@ class FaustEngine:
         offset: the open runs' records before it are read from the log and fed again, their
         outputs discarded (they were flushed before that offset was committed)."""
         revocations = self.revocations
-        with self.hooks.rebuilding(partition) as rebuild:
-            resume = await kafka_io.resume_offset(self.reader_options,
-                                                  self.config.worker.app_id, topic, partition)
-            takeover = self.driver.takeover(partition, resume)
-            if takeover.start is not None:
-                async for record in self._read(topic, partition, takeover.start, resume):
-                    takeover.feed(record)
-                    if takeover.count % _REBUILD_PAUSE_EVERY == 0:
-                        await asyncio.sleep(0)  # heartbeats, fetchers
-            rebuild.state, rebuild.records = takeover.state, takeover.count
-        state = takeover.state
+        resume = await kafka_io.resume_offset(self.reader_options, self.config.worker.app_id,
+                                              topic, partition)
+        # the driver's takeover (worker/runtime/takeover.py), driven with this engine's reads
+        rebuild = self.driver.rebuild(topic, partition, resume)
+        read = next(rebuild)
+        assert read is not None  # (the first thing a rebuild yields: what to read)
+        chunk: list[Record] = []
+        if read.start < read.end:
+            async for record in self._read(topic, partition, read.start, read.end):
+                chunk.append(record)
+                if len(chunk) >= takeover.CHUNK:
+                    rebuild.send(chunk)
+                    chunk = []
+                    await asyncio.sleep(0)  # heartbeats, fetchers
+        if chunk:
+            rebuild.send(chunk)
+        state, work = takeover.end(rebuild)
         # Runs that finished during a rebuild lost their ``done`` head: send their outputs
-        # again (the same bytes), then record them.
-        outputs = self.driver.rebuilt(takeover, topic)
-        if outputs:
-            await self.sends.publish(state, None, [e for e in outputs if e.topic is not Topic.DLQ])
+        # again (the same bytes), then write their heads.
+        if work.out:
+            await self.sends.publish(state, work.out)
             await state.confirm()
-            self.driver.refinished(state, partition, outputs)
+        if work.heads:
+            self.staged.write(work.heads)
         if revocations == self.revocations:
             self.partitions[partition] = state
         return state

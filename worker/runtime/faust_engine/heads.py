@@ -124,3 +124,89 @@ class FaustHeadsMap(MutableMapping[bytes, Any]):
     def items(self) -> Iterator[tuple[bytes, Any]]:  # type: ignore[override]
         return ((key, unpack_head(stored)) for key, stored in self.table.items()
                 if stored is not None)
+
+
+#: One head write the engine makes once the outputs before it are delivered: (key, the head,
+#: or None to delete it).
+HeadWrite = tuple[bytes, dict[str, Any] | None]
+
+
+#: What :meth:`StagedHeads.take_pending` returns when nothing is staged (never written to).
+_NONE: list[HeadWrite] = []
+
+
+class StagedHeads(MutableMapping[bytes, Any]):
+    """The heads as the driver writes them on the faust engine: each write is staged (read
+    back at once) and listed, and the engine writes the list into :attr:`store` (faust's
+    table, whose writes are changelog records) once the outputs of the records that made
+    them are confirmed (:meth:`take_pending`, :meth:`write`): a run's ``done`` head never
+    reaches the changelog before its outcomes."""
+
+    def __init__(self, store: MutableMapping[bytes, Any]) -> None:
+        self.store = store
+        #: The staged heads by key (None: deleted), and the writes in order.
+        self.staged: dict[bytes, dict[str, Any] | None] = {}
+        self.pending: list[HeadWrite] = []
+
+    def __getitem__(self, key: bytes) -> Any:
+        staged = self.staged
+        if key in staged:
+            head = staged[key]
+            if head is None:
+                raise KeyError(key)
+            return head
+        return self.store[key]
+
+    def get(self, key: bytes, default: Any = None) -> Any:
+        staged = self.staged
+        if key in staged:
+            head = staged[key]
+            return default if head is None else head
+        return self.store.get(key, default)
+
+    def __setitem__(self, key: bytes, head: Any) -> None:
+        self.staged[key] = head
+        self.pending.append((key, head))
+
+    def __delitem__(self, key: bytes) -> None:
+        if self.get(key) is None:
+            raise KeyError(key)
+        self.staged[key] = None
+        self.pending.append((key, None))
+
+    def __iter__(self) -> Iterator[bytes]:
+        staged = self.staged
+        yield from (key for key in self.store if key not in staged)
+        yield from (key for key, head in list(staged.items()) if head is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def items(self) -> Iterator[tuple[bytes, Any]]:  # type: ignore[override]
+        staged = self.staged
+        for key, head in self.store.items():
+            if key not in staged:
+                yield key, head
+        yield from ((key, head) for key, head in list(staged.items()) if head is not None)
+
+    def take_pending(self) -> list[HeadWrite]:
+        """The writes staged since the last call (still read back until :meth:`write`); the
+        one empty list :data:`_NONE` when there are none (most records: no list made)."""
+        pending = self.pending
+        if not pending:
+            return _NONE
+        self.pending = []
+        return pending
+
+    def write(self, writes: list[HeadWrite]) -> None:
+        """Write ``writes`` into the store, in order (in the stream's context: faust sends a
+        table write's changelog record to the current event's partition)."""
+        store, staged = self.store, self.staged
+        for key, head in writes:
+            if head is None:
+                if store.get(key) is not None:
+                    del store[key]
+            else:
+                store[key] = head
+            if key in staged and staged[key] is head:
+                del staged[key]

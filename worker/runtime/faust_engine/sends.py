@@ -1,7 +1,7 @@
 """What the faust engine sends for a record, and what it learns from refusals.
 
-The engine (``engine.py``) applies records; the driver says what each needs sent
-(:meth:`Driver.outgoing`); :class:`Sends` sends it, in order, with its run's trace headers
+The engine (``engine.py``) hands the driver a record; the driver returns what it needs
+sent, prepared (:meth:`Driver.apply_all`'s ``Work``); :class:`Sends` sends it, in order
 (:meth:`Sends.publish`; a record's audit records once its other outputs are confirmed, so that
 a refused outcome's says ``refused``), and hands the partition the confirm of each send
 (:class:`_Refusable`, awaited by :meth:`PartitionState.confirm` before the record is acked). A
@@ -29,7 +29,7 @@ from faust.types import TopicT
 from worker.core import Emit, Topic
 from worker.runtime import admin, refusals
 from worker.runtime.config import Config
-from worker.runtime.driver import Driver
+from worker.runtime.driver import Driver, Outgoing
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.partition import PartitionState
 from worker.runtime.step import Source
@@ -51,30 +51,27 @@ class Sends:
         #: is sent.
         self.limits = driver.limits
 
-    async def publish(self, state: PartitionState, key: bytes | None,
-                      emits: Sequence[Emit], record_ms: int | None = None,
-                      source: Source | None = None) -> None:
-        """Send each emit, in order, with its run's trace headers; a DLQ record keeps the
-        input record's key. ``record_ms``: the time of the record that produced them;
-        ``source``: where it was read. An emit over its topic's limit is not sent, and one
-        the broker refuses for its own sake is not sent again: a small ``output_refused``
-        DLQ record goes in its place (worker/runtime/refusals.py, :class:`_Refusable`; over
-        the limit: the driver's, :meth:`Driver.outgoing`).
+    async def publish(self, state: PartitionState, outs: Sequence[Outgoing]) -> None:
+        """Send each prepared output (:attr:`Work.out`: with its run's trace headers, a DLQ
+        record keyed by the input record's key), in order. One over its topic's limit was
+        prepared as its ``output_refused`` DLQ record (:meth:`Driver.outgoing`), and one the
+        broker refuses for its own sake is not sent again: its ``output_refused`` DLQ record
+        goes in its place (worker/runtime/refusals.py, :class:`_Refusable`).
 
-        Audit records go last, once the record's other outputs are confirmed: the broker
-        answers a send after it returns, so only then is it known whether an outcome reached
-        its topic, and a refused outcome's audit record says ``refused`` (decision 0016)."""
-        if any(emit.topic is Topic.AUDIT for emit in emits):
-            await self._send(state, key, [e for e in emits if e.topic is not Topic.AUDIT],
-                             record_ms, source)
+        Audit records go last, once the other outputs are confirmed: the broker answers a
+        send after it returns, so only then is it known whether an outcome reached its
+        topic, and a refused outcome's audit record says ``refused`` (decision 0016,
+        :meth:`Driver.reaudit`)."""
+        if any(out.topic is Topic.AUDIT for out in outs):
+            await self._send(state, [out for out in outs if out.topic is not Topic.AUDIT])
             await state.confirm()  # (a refusal noted by the driver: Driver.refused)
-            emits = [e for e in emits if e.topic is Topic.AUDIT]
-        await self._send(state, key, emits, record_ms, source)
+            driver = self.driver
+            outs = [driver.reaudit(out) for out in outs if out.topic is Topic.AUDIT]
+        await self._send(state, outs)
 
-    async def _send(self, state: PartitionState, key: bytes | None, emits: Sequence[Emit],
-                    record_ms: int | None, source: Source | None) -> None:
-        """:meth:`publish` of ``emits``, in order; their confirms left to the partition."""
-        for out in self.driver.outgoing(key, emits, self.names, source):
+    async def _send(self, state: PartitionState, outs: Sequence[Outgoing]) -> None:
+        """:meth:`publish` of ``outs``, in order; their confirms left to the partition."""
+        for out in outs:
             emit, name, out_key, value, headers = (out.emit, out.name, out.key, out.value,
                                                    out.headers)
             topic = self.outputs[out.topic]
@@ -85,6 +82,7 @@ class Sends:
             # (awaited by the confirm, so never an unretrieved exception); ``send`` returns
             # aiokafka's future instead
             message = topic.as_future_message(key=out_key, value=value, headers=headers)
+            key, source = out.in_key, out.source
             try:
                 await topic.publish_message(message)
             except ProducerSendError as exc:  # refused by aiokafka at once
@@ -98,7 +96,7 @@ class Sends:
             if emit.topic is not Topic.PROGRESS:
                 state.unconfirmed.append(_Refusable(self, message, emit, name, out_key, value,
                                                     headers, key, source))
-                message.add_done_callback(self._delivery(emit.topic, record_ms))
+                message.add_done_callback(self._delivery(emit.topic, out.record_ms))
 
     async def refuse(self, emit: Emit, name: str, out_key: bytes | None, size: int,
                      error: str, key: bytes | None, source: Source | None
@@ -119,11 +117,11 @@ class Sends:
     def read_limits(self) -> None:
         """The output topics' limits (:class:`refusals.Limits`); aiokafka's batches kept
         below the smallest (the broker refuses a whole batch over it)."""
-        names = [topic.get_topic_name() for topic in self.outputs.values()]
-        self.limits.update(admin.max_message_bytes(self.config.kafka.confluent_config(), names))
-        default = int(self.app_conf.producer_max_batch_size)
-        batch = self.limits.batch_bytes(default)
-        if batch < default:
+        _, batch = admin.read_limits(
+            self.limits, self.config.kafka.confluent_config(),
+            [topic.get_topic_name() for topic in self.outputs.values()],
+            int(self.app_conf.producer_max_batch_size))
+        if batch is not None:
             with warnings.catch_warnings():  # the producer is made when the app starts
                 warnings.simplefilter("ignore")
                 self.app_conf.producer_max_batch_size = batch

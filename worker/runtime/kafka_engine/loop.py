@@ -89,10 +89,9 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
 from worker.core import Topic
-from worker.runtime import admin, memory
+from worker.runtime import admin, memory, takeover
 from worker.runtime.config import Config
-from worker.runtime.driver import Driver, tick_value
-from worker.runtime.governance.registry import POLICY_MARKER, marker_version
+from worker.runtime.driver import Driver
 from worker.runtime.governance.registry_io import RegistryError, RegistryReader
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import instance, reader
@@ -111,7 +110,7 @@ from worker.runtime.kafka_engine.transaction import (
 )
 from worker.runtime.observability import logs
 from worker.runtime.observability.metrics import PartitionView
-from worker.runtime.partition import TICK, Heads, PartitionState
+from worker.runtime.partition import Heads, PartitionState
 from worker.runtime.step import Record
 
 _T = TypeVar("_T")
@@ -301,7 +300,7 @@ class KafkaEngine:
         """Apply one ``consume`` call's records, in order: the events records through the
         driver (:meth:`Driver.apply_all`, the hot path), the others (errors, control
         records) through :meth:`_handle`."""
-        events, partitions, txn, table = self.events, self.partitions, self.txn, self.table
+        events, partitions, txn = self.events, self.partitions, self.txn
         record_at = reader.record_at
         # 1. The events records of owned partitions, not read before (a repeat after a
         # rewind), as the core takes them
@@ -325,44 +324,27 @@ class KafkaEngine:
         # bounded hold) with no transaction open: committed first
         if not self._settle_markers(records):
             return
-        # 3. Applied by the driver; it hands back only the records that need more: their
-        # outputs and heads go into the transaction before the next record is applied (a
-        # run held for its toolset: parked by the driver, applied when its answer is final)
-        before = {p: state.next_offset for p, state in partitions.items()}
+        # 3. Applied by the driver, whole; then sent: the outputs, in order, and the heads
+        # into the transaction, the partitions' next offsets noted for its commit (a run
+        # held for its toolset: parked by the driver, applied when its answer is final)
+        work = self.driver.apply_all(partitions, records, headers)
         batch = txn.begin()
-        publish, write_heads, recorded = (self.sends.publish, self.sends.write_heads,
-                                          self.driver.recorded)
-        for state, record, applied in self.driver.apply_all(partitions, records, headers):
-            source = record.source
-            if applied is not None:  # a transaction holds outputs and heads together
-                if applied.emits:
-                    publish(record.key, applied.emits, record.time_ms, source)
-                recorded(state, source.partition, applied, source.offset)
-            if table.pending:
-                write_heads()
-        # the batch's records and offsets are noted once, here: two writes less a record
+        if work.out:
+            self.sends.publish(work.out)
+        if work.heads:
+            self.sends.write_heads(work.heads)
         batch.records += len(records)
-        for partition, state in partitions.items():
-            if state.next_offset != before.get(partition, state.next_offset):
-                batch.events[partition] = state.next_offset
+        if work.offsets:
+            batch.events.update(work.offsets)
 
     def _settle_markers(self, records: Sequence[Record]) -> bool:
-        """Before a ``consume`` call's records are applied: for each policy marker naming a
-        version the registry reader cannot answer for yet (registry.py ``marker_refusal``: a
-        fence round trip when the reader follows the registry), commit the open transaction
-        (its records are all applied: their offsets are noted), then wait for the answer (the
-        reader's bounded hold), so that no transaction stays open through it (decision 0014); only
-        where the registry's policy sets decide. False if that commit aborted: the
+        """Before a ``consume`` call's records are applied: what the driver says they need
+        settled (:meth:`Driver.unsettled`: a policy marker naming a version the registry
+        reader cannot answer for yet) is waited for with no transaction open: the open one
+        (its records are all applied: their offsets are noted) is committed first, then the
+        reader's bounded hold (decision 0014). False if that commit aborted: the
         partitions are rebuilt and the records read again."""
-        if not self.driver.policies.registry:  # (markers change nothing: nothing to wait for)
-            return True
-        for record in records:
-            if record.key != POLICY_MARKER:
-                continue
-            version, at_ms = marker_version(record.value), record.time_ms
-            if version is None or at_ms is None or self.registry.state.policy_registered(
-                    version, at_ms) is not None:  # (the answer is final: nothing to wait for)
-                continue
+        for version, at_ms in self.driver.unsettled(records):
             for commit in (self.txn.settle, self.txn.commit):  # (the one in flight first)
                 outcome = commit()
                 self._after(outcome, rewind=True)
@@ -400,13 +382,10 @@ class KafkaEngine:
         if not self.driver.tick_due(now, self._control_behind()):
             return False
         self.txn.begin()
-        ts = int(time.time() * 1000)
-        value = tick_value(ts)
-        for partition in sorted(self.partitions):
-            self.txn.produce(self.events, TICK, value, partition)
-            marker = self.driver.markers(self.partitions[partition], ts)
-            if marker is not None:  # a new policy set version (driver.py, step 6)
-                self.txn.produce(self.events, POLICY_MARKER, marker, partition)
+        events, produce = self.events, self.txn.produce
+        for partition, key, value in self.driver.ticks(self.partitions,
+                                                       int(time.time() * 1000)):
+            produce(events, key, value, partition)
         return True
 
     def _control_behind(self) -> bool:
@@ -465,14 +444,13 @@ class KafkaEngine:
         """Read the written topics' ``max.message.bytes`` (:class:`refusals.Limits`) and the
         batch size they allow; ``replace``: make the producer again if that changed (none has
         begun a transaction yet); return whether a limit changed."""
-        topics = [*self.outputs.values(), self.events, self.changelog]
-        changed = self.limits.update(admin.max_message_bytes(self.reader_settings, topics))
-        default = int(self.reader_settings.get("batch.size", _BATCH_SIZE))
-        batch_bytes = self.limits.batch_bytes(default)
-        wanted = None if batch_bytes >= default else batch_bytes
+        changed, wanted = admin.read_limits(
+            self.limits, self.reader_settings,
+            [*self.outputs.values(), self.events, self.changelog],
+            int(self.reader_settings.get("batch.size", _BATCH_SIZE)))
         if wanted != self.batch_bytes:
-            log.info("producer batch.size %d: below the smallest max.message.bytes",
-                     batch_bytes)
+            log.info("producer batch.size %s: below the smallest max.message.bytes",
+                     wanted if wanted is not None else "default")
             self.batch_bytes = wanted
             if replace:
                 self.txn.producer = self._new_producer()
@@ -564,23 +542,30 @@ class KafkaEngine:
 
     def _rebuild(self, partition: int, resume: int) -> PartitionState:
         """A fresh assembler for ``partition`` in its state at offset ``resume`` (its heads
-        restored already)."""
-        with self.hooks.rebuilding(partition) as rebuild:
-            takeover = self.driver.takeover(partition, resume)
-            if takeover.start is not None:
-                for msg in reader.read(self.reader_settings, self.events, partition,
-                                       takeover.start, resume):
-                    takeover.feed(reader.record_of(msg))
-            rebuild.state, rebuild.records = takeover.state, takeover.count
-        # Runs that finished during a rebuild have no ``done`` head (never expected with
-        # transactions: a head commits with its outputs): publish them again, record them.
-        outputs = self.driver.rebuilt(takeover, self.events)
-        if outputs:
+        restored already): the driver's takeover (worker/runtime/takeover.py), driven with
+        this engine's reads; what it returns to send (runs that finished during the
+        rebuild, never expected with transactions: a head commits with its outputs) goes
+        into the transaction."""
+        rebuild = self.driver.rebuild(self.events, partition, resume)
+        read = next(rebuild)
+        assert read is not None  # (the first thing a rebuild yields: what to read)
+        chunk: list[Record] = []  # (sent from here: the driver never pulls from a reader)
+        if read.start < read.end:
+            for msg in reader.read(self.reader_settings, read.topic, partition, read.start,
+                                   read.end):
+                chunk.append(reader.record_of(msg))
+                if len(chunk) >= takeover.CHUNK:
+                    rebuild.send(chunk)
+                    chunk = []
+        if chunk:
+            rebuild.send(chunk)
+        rebuilt = takeover.end(rebuild)
+        work = rebuilt.work
+        if work.out or work.heads:
             self.txn.begin()
-            self.sends.publish(None, [e for e in outputs if e.topic is not Topic.DLQ])
-            self.driver.refinished(takeover.state, partition, outputs)
-            self.sends.write_heads()
-        return takeover.state
+            self.sends.publish(work.out)
+            self.sends.write_heads(work.heads)
+        return rebuilt.state
 
     # -- operations: lag, liveness -----------------------------------------------------
 

@@ -1,11 +1,11 @@
 """What the kafka engine sends into its transaction, and what it learns from refusals.
 
-The engine (``loop.py``) applies records; the driver says what each needs sent
-(:meth:`Driver.outgoing`); :class:`Sends` puts it into the open transaction
-(``transaction.py``): a record's outputs, in order, with its run's trace headers
-(:meth:`Sends.publish`), and the heads changelog writes the records made
-(:meth:`Sends.write_heads`). It also reads the producer's delivery reports
-(:meth:`Sends.delivered`, the producer's ``on_delivery``): a failed output is counted, and a
+The engine (``loop.py``) hands the driver a batch of records; the driver returns what they
+need sent, prepared (:meth:`Driver.apply_all`'s ``Work``); :class:`Sends` puts it into the
+open transaction (``transaction.py``): the outputs, in order (:meth:`Sends.publish`), and
+the heads changelog writes the records made (:meth:`Sends.write_heads`). It also reads the
+producer's delivery reports (:meth:`Sends.delivered`, the producer's ``on_delivery``): a
+failed output is counted, and a
 record refused for its own sake (worker/runtime/refusals.py) is noted, so that the
 transaction's abort replaces the producer (transaction.py, step 6) and the record, applied
 again, goes to the DLQ as ``output_refused`` in its place (:meth:`Sends.refuse`).
@@ -17,13 +17,12 @@ from collections.abc import Sequence
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from worker.core import Emit, Topic
+from worker.core import Topic
 from worker.runtime import refusals
-from worker.runtime.driver import Driver
+from worker.runtime.driver import Driver, Outgoing
 from worker.runtime.hooks import EngineHooks
-from worker.runtime.kafka_engine.heads import KafkaHeadsTable
+from worker.runtime.kafka_engine.heads import ChangelogWrite, KafkaHeadsTable
 from worker.runtime.kafka_engine.transaction import Transaction
-from worker.runtime.step import Source
 
 __all__ = ["INVALID", "TOO_LARGE", "Sends"]
 
@@ -52,51 +51,50 @@ class Sends:
         #: Records the broker found invalid: (topic, key, value size) -> the error's name.
         self.invalid: dict[tuple[str, bytes | None, int], str] = {}
 
-    def publish(self, key: bytes | None, emits: Sequence[Emit],
-                record_ms: int | None = None, source: Source | None = None) -> None:
-        """Send each emit, in order, with its run's trace headers; a DLQ record keeps the
-        input record's key. ``record_ms``: the time of the record that produced them;
-        ``source``: where it was read. An emit its topic would refuse (over the topic's
-        limit, or found invalid by the broker before) is not sent: a small ``output_refused``
-        DLQ record goes in its place (:meth:`refuse`; the driver's over the limit,
-        :meth:`Driver.outgoing`)."""
-        outputs, invalid, txn = self.outputs, self.invalid, self.txn
-        dlq = outputs[Topic.DLQ]
-        for out in self.driver.outgoing(key, emits, outputs, source):
-            emit, name, out_key, value, headers = (out.emit, out.name, out.key, out.value,
-                                                   out.headers)
+    def publish(self, outs: Sequence[Outgoing]) -> None:
+        """Send each prepared output (:attr:`Work.out`), in order. One the topic would refuse
+        (found invalid by the broker before, or refused by the client at once) is not
+        sent: a small ``output_refused`` DLQ record goes in its place (:meth:`refuse`; over
+        the topic's limit: prepared so by the driver, :meth:`Driver.outgoing`), and the
+        audit record of a refused outcome, after it, says so (:meth:`Driver.reaudit`)."""
+        invalid, txn, driver = self.invalid, self.txn, self.driver
+        dlq = self.outputs[Topic.DLQ]
+        for out in outs:
             if out.refused:
-                txn.produce(dlq, out_key, value)
+                txn.produce(dlq, out.key, out.value)
                 continue
+            if driver.refusals:  # (an outcome before it refused at its send)
+                out = driver.reaudit(out)
+            name, out_key, value, headers = out.name, out.key, out.value, out.headers
             if invalid and (name, out_key, len(value)) in invalid:
-                self.refuse(emit, name, out_key, refusals.batch_size(out_key, value, headers),
-                            invalid[(name, out_key, len(value))], key, source)
+                self.refuse(out, refusals.batch_size(out_key, value, headers),
+                            invalid[(name, out_key, len(value))])
                 continue
             try:
                 txn.produce(name, out_key, value, headers=headers)
             except KafkaException as exc:  # refused by librdkafka at once
                 if exc.args[0].code() not in TOO_LARGE | INVALID:
                     raise
-                self.refuse(emit, name, out_key, refusals.batch_size(out_key, value, headers),
-                            exc.args[0].name(), key, source)
+                self.refuse(out, refusals.batch_size(out_key, value, headers),
+                            exc.args[0].name())
                 continue
             if out.topic is Topic.COMMITTED and txn.batch is not None:
-                txn.batch.committed.append(record_ms)
+                txn.batch.committed.append(out.record_ms)
 
-    def refuse(self, emit: Emit, name: str, out_key: bytes | None, size: int, error: str,
-               key: bytes | None, source: Source | None) -> None:
-        """Send, instead of ``emit`` (for topic ``name``), its ``output_refused`` DLQ record,
-        keyed by the input record's ``key`` (:meth:`Driver.refused`)."""
-        self.txn.produce(self.outputs[Topic.DLQ], key,
-                         self.driver.refused(emit, name, out_key, size, error, key, source))
+    def refuse(self, out: Outgoing, size: int, error: str) -> None:
+        """Send, instead of ``out``, its ``output_refused`` DLQ record, keyed by the input
+        record's key (:meth:`Driver.refused`)."""
+        self.txn.produce(self.outputs[Topic.DLQ], out.in_key, self.driver.refused(
+            out.emit, out.name, out.key, size, error, out.in_key, out.source))
 
-    def write_heads(self) -> None:
-        """Send the heads changelog writes the applied records made (if any)."""
-        if not self.table.pending:
-            return
-        produce = self.txn.produce
-        for partition, key, value in self.table.take_pending():
-            produce(self.changelog, key, value, partition)
+    def write_heads(self, writes: Sequence[ChangelogWrite] | None = None) -> None:
+        """Send the heads changelog writes the applied records made (``writes``: those the
+        driver took, :attr:`Work.heads`; None: those the table holds)."""
+        if writes is None:
+            writes = self.table.take_pending()
+        produce, changelog = self.txn.produce, self.changelog
+        for partition, key, value in writes:
+            produce(changelog, key, value, partition)
 
     def delivered(self, error: KafkaError | None, msg: Message) -> None:
         """The producer's delivery report of a failed record (served while the transaction
