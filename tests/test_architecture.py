@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka_fakes import EngineMessage
 
 REPO = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
@@ -405,37 +406,6 @@ class Crossings:
             caller = caller.f_back
 
 
-class _Message:
-    """A consumed record, as confluent-kafka hands it over."""
-
-    def __init__(self, topic: str, offset: int, key: bytes, value: bytes) -> None:
-        self._topic, self._offset, self._key, self._value = topic, offset, key, value
-
-    def error(self) -> None:
-        return None
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes:
-        return self._key
-
-    def value(self) -> bytes:
-        return self._value
-
-    def timestamp(self) -> tuple[int, int]:
-        return 1, 1_700_000_000_000 + self._offset
-
-    def headers(self) -> list[tuple[str, bytes]]:
-        return []
-
-
 class _Producer:
     """A transactional producer that sends nowhere."""
 
@@ -481,7 +451,7 @@ def _envelopes(run_id: str) -> list[dict[str, Any]]:
     return chat_run(run_id, tools, chat_calls([("c1", "get_weather", '{"city": "Oslo"}')]))
 
 
-def _kafka_engine(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _Producer, list[_Message]]:
+def _kafka_engine(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _Producer, list[EngineMessage]]:
     """The kafka engine with fake clients, partition 0 its own, and a run's records."""
     import orjson
 
@@ -498,14 +468,14 @@ def _kafka_engine(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _Producer, list
     engine.txn.producer = producer  # type: ignore[assignment]
     engine.consumer = _Consumer()  # type: ignore[assignment]
     engine.partitions[0] = PartitionState(Assembler(config.assemble), next_offset=0)
-    messages = [_Message(engine.events, n, e["run_id"].encode(), orjson.dumps(e))
+    messages = [EngineMessage(engine.events, n, e["run_id"].encode(), orjson.dumps(e))
                 for n, e in enumerate(_envelopes("r1"))]
     monkeypatch.setattr(reader, "read", lambda settings, topic, partition, start, end: [
         m for m in messages if start <= m.offset() < end])
     return engine, producer, messages
 
 
-def _drive_kafka_engine(engine: Any, messages: list[_Message]) -> None:
+def _drive_kafka_engine(engine: Any, messages: list[EngineMessage]) -> None:
     """Apply a run in two ``consume`` calls, tick, commit, take the partition over again
     halfway through the run (its records read back), apply the rest, commit."""
     import time

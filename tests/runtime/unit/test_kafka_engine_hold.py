@@ -10,43 +10,13 @@ import threading
 from typing import Any
 
 import orjson
+from kafka_fakes import EngineMessage
 
 from worker.core import Assembler
 from worker.runtime.config import load_config
 from worker.runtime.governance.registry import POLICY_MARKER, marker_value
 from worker.runtime.kafka_engine.loop import KafkaEngine
 from worker.runtime.partition import PartitionState
-
-
-class _Message:
-    """A consumed events record, as confluent-kafka hands it over."""
-
-    def __init__(self, topic: str, offset: int, key: bytes, value: bytes) -> None:
-        self._topic, self._offset, self._key, self._value = topic, offset, key, value
-
-    def error(self) -> None:
-        return None
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes:
-        return self._key
-
-    def value(self) -> bytes:
-        return self._value
-
-    def timestamp(self) -> tuple[int, int]:
-        return 1, 1_700_000_000_000 + self._offset
-
-    def headers(self) -> None:
-        return None
 
 
 class _Transactions:
@@ -92,11 +62,11 @@ def _engine(**env: str) -> tuple[KafkaEngine, _Transactions]:
     return engine, producer
 
 
-def _run(engine: KafkaEngine, run_id: str, first: int) -> list[_Message]:
+def _run(engine: KafkaEngine, run_id: str, first: int) -> list[EngineMessage]:
     run = {"v": 1, "run_id": run_id, "provider": "openai.chat"}
     docs = [run | {"seq": 0, "type": "run.start", "tenant": "t1", "tools": []},
             run | {"seq": 1, "type": "stream.end"}]
-    return [_Message(engine.events, first + n, run_id.encode(), orjson.dumps(doc))
+    return [EngineMessage(engine.events, first + n, run_id.encode(), orjson.dumps(doc))
             for n, doc in enumerate(docs)]
 
 
@@ -117,7 +87,7 @@ def test_a_marker_for_an_unread_policy_version_waits_with_no_transaction_open() 
     engine.registry.policy_text = lambda version: None  # type: ignore[method-assign]
     engine._apply_events(_run(engine, "r1", 0))  # type: ignore[arg-type]
     assert producer.calls == ["begin 0"]
-    marker = _Message(engine.events, 2, POLICY_MARKER, marker_value(3, 1))
+    marker = EngineMessage(engine.events, 2, POLICY_MARKER, marker_value(3, 1))
     engine._apply_events([marker, *_run(engine, "r2", 3)])  # type: ignore[arg-type]
     assert waits[0][:3] == ["begin 0", "offsets [2]", waits[0][2]]
     assert waits[0][2].startswith("commit") and len(waits[0]) == 3
@@ -131,7 +101,7 @@ def test_without_registry_policies_a_marker_waits_for_nothing() -> None:
     engine, producer = _engine()
     engine.registry.policy_registered = lambda version, at_ms: (  # type: ignore[method-assign]
         _ for _ in ()).throw(AssertionError("waited"))
-    marker = _Message(engine.events, 0, POLICY_MARKER, marker_value(9, 1))
+    marker = EngineMessage(engine.events, 0, POLICY_MARKER, marker_value(9, 1))
     engine._apply_events([marker, *_run(engine, "r1", 1)])  # type: ignore[arg-type]
     assert producer.calls == ["begin 0"] and engine.partitions[0].next_offset == 3
 
