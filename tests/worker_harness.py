@@ -110,8 +110,9 @@ class Stack:
         return load_config(None, env=self.env())
 
     def all_topics(self) -> list[str]:
-        return [s.name for s in admin.specs(self.config())] + [
-            f"{self.app_id}-__assignor-__leader"]
+        names = [s.name for s in admin.specs(self.config())]
+        leader = admin.faust_leader(self.config())  # (the engine's own, when it is kafka)
+        return names if leader in names else [*names, leader]
 
 
 @contextlib.contextmanager

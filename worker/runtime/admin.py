@@ -74,6 +74,14 @@ def heads_changelog(config: Config) -> str:
     return f"{config.worker.app_id}-heads-changelog"
 
 
+def faust_leader(config: Config) -> str:
+    """The name of faust's leader-election topic (``LeaderAssignor``: ``<app_id>-__assignor-
+    __leader``, one partition), which the faust engine otherwise creates as it starts: two
+    workers starting together then each ask for its metadata before the broker has it, and
+    aiokafka logs an ERROR for a topic that is there a moment later."""
+    return f"{config.worker.app_id}-__assignor-__leader"
+
+
 def copartitioned(config: Config) -> list[TopicSpec]:
     """The topics whose partitions must match the events topic's: events, control, changelog."""
     names = {config.topics.events, config.topics.control, heads_changelog(config)}
@@ -106,8 +114,13 @@ def specs(config: Config) -> list[TopicSpec]:
     # carry a content digest), broker append times for the toolset wait rule.
     registry = TopicSpec(t.registry, 1, t.replication_factor,
                          (("cleanup.policy", "compact"), LOG_APPEND_TIME))
+    # The faust engine's leader topic, made here with the rest (not by the first worker's
+    # start, which races the others' metadata: :func:`faust_leader`).
+    leader = ([TopicSpec(faust_leader(config), 1, t.replication_factor)]
+              if config.worker.engine == "faust" else [])
     return [*inputs, *outputs, TopicSpec(heads_changelog(config), t.partitions,
-                                         t.replication_factor, compacted), journal, registry]
+                                         t.replication_factor, compacted), journal, registry,
+            *leader]
 
 
 def create(admin: AdminClient, wanted: Sequence[TopicSpec]) -> list[str]:

@@ -90,9 +90,10 @@ def _parse_settings(pairs: Sequence[str]) -> dict[str, Any]:
 def _check_topics(config: Config, changelog: bool = False) -> None:
     """Fail fast on a missing topic (a send to it would wait) or on events, control or heads
     changelog partitions that differ (runs would not be co-partitioned). The changelog may
-    be missing: faust creates it."""
+    be missing: faust creates it, as it creates its leader topic when that is missing (made
+    by ``latch topics create`` since issue 34, not by an older one)."""
     settings: dict[str, str | int | float | bool] = {**config.kafka.confluent_config()}
-    unused = {config.topics.results, config.topics.journal} | (
+    unused = {config.topics.results, config.topics.journal, admin.faust_leader(config)} | (
         set() if changelog else {admin.heads_changelog(config)})
     required = [s.name for s in admin.specs(config) if s.name not in unused]
     admin.verify(AdminClient(logs.kafka_config(settings)), required, admin.copartitioned(config))

@@ -245,8 +245,10 @@ def ensure_topics(config: Config) -> str:
     except KafkaException as exc:
         raise DemoError(f"Kafka error: {exc.args[0].str() if exc.args else exc}") from None
     created = sum(line.startswith("created") for line in lines)
-    return (f"{len(lines)} topics, {config.topics.partitions} partitions each (the registry "
-            f"1); {created} created, {len(lines) - created} already there")
+    single = "the registry and faust's leader topic" if config.worker.engine == "faust" else (
+        "the registry")
+    return (f"{len(lines)} topics, {config.topics.partitions} partitions each ({single} 1); "
+            f"{created} created, {len(lines) - created} already there")
 
 
 # -- 3. the worker -----------------------------------------------------------------------------

@@ -35,19 +35,21 @@ def test_creates_every_topic_once(stack: Stack, kafka_admin: AdminClient,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     """The first run creates events, control, the seven output topics (audit and pending among
     them), the results topic, the compacted heads changelog, the runner journal
-    (compact,delete) and the registry; the second run changes nothing."""
+    (compact,delete), the registry and, for the faust engine, faust's leader topic; the
+    second run changes nothing."""
     assert admin.main(["create"]) == 0
     first = capsys.readouterr().out.splitlines()
     changelog = f"{stack.app_id}-heads-changelog"
     roles = ("events", "control", "committed", "errors", "final", "progress", "dlq", "audit",
              "results", "pending", "run_ended")
     assert set(OUTPUTS) <= set(roles)
+    leader = f"{stack.app_id}-__assignor-__leader"  # the faust engine's (this stack's)
     names = [stack.topic(r) for r in roles] + [
-        changelog, stack.topic("journal"), stack.topic("registry")]
+        changelog, stack.topic("journal"), stack.topic("registry"), leader]
     assert [line.split()[:2] for line in first] == [["created", n] for n in names], first
 
     partitions = {n: admin._partition_count(kafka_admin, n) for n in names}
-    assert partitions == {**dict.fromkeys(names, 3), stack.topic("registry"): 1}
+    assert partitions == {**dict.fromkeys(names, 3), stack.topic("registry"): 1, leader: 1}
     resource = ConfigResource(ConfigResource.Type.TOPIC, changelog)
     configs = kafka_admin.describe_configs([resource])[resource].result(timeout=30)
     assert configs["cleanup.policy"].value == "compact"

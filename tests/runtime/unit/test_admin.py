@@ -16,3 +16,15 @@ def test_events_topic_is_created_with_log_append_time() -> None:
     (events,) = [s for s in admin.specs(config) if s.name == config.topics.events]
     assert ("message.timestamp.type", "LogAppendTime") in events.config
     assert "message.timestamp.type" in admin.ENFORCED
+
+
+def test_the_faust_engine_s_leader_topic_is_made_with_the_others() -> None:
+    """``latch topics create`` for the faust engine makes faust's leader topic (one
+    partition) with the rest, so that workers starting together never ask for a topic the
+    first of them is still creating (aiokafka logs that as an ERROR); the kafka engine has
+    none. A worker still starts without it (faust makes it): it is not required."""
+    faust = load_config(None, env={"LATCH_WORKER__ENGINE": "faust"})
+    kafka = load_config(None, env={"LATCH_WORKER__ENGINE": "kafka"})
+    [leader] = [s for s in admin.specs(faust) if s.name == admin.faust_leader(faust)]
+    assert (leader.name, leader.partitions) == (f"{faust.worker.app_id}-__assignor-__leader", 1)
+    assert admin.faust_leader(kafka) not in {s.name for s in admin.specs(kafka)}
