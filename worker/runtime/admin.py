@@ -152,7 +152,26 @@ def create(admin: AdminClient, wanted: Sequence[TopicSpec]) -> list[str]:
             extra = "".join(f", {key} {value}" for key, value in spec.config)
             lines[spec.name] = (f"created {spec.name} ({spec.partitions} partitions, "
                                 f"replication {spec.replication_factor}{extra})")
+        _listed(admin, [s.name for s in missing])
     return [lines[s.name] for s in wanted]
+
+
+def _listed(admin: AdminClient, names: Sequence[str]) -> None:
+    """Wait until the broker's metadata lists each of ``names`` whole (a created topic is
+    there once its create answers, but a metadata answer may lag it: a worker started at once
+    would find it missing, as `latch demo` did on a fresh, loaded broker); at most
+    ``_TIMEOUT_S``, then :class:`TopicsError` naming the ones still missing."""
+    deadline = time.monotonic() + _TIMEOUT_S
+    while True:
+        topics = admin.list_topics(timeout=_TIMEOUT_S).topics
+        late = [name for name in names if name not in topics
+                or topics[name].error is not None or not topics[name].partitions]
+        if not late:
+            return
+        if time.monotonic() > deadline:
+            raise TopicsError(f"topics {', '.join(late)} were created but the broker's "
+                              f"metadata does not list them after {_TIMEOUT_S:.0f} s")
+        time.sleep(0.1)
 
 
 def verify(admin: AdminClient, required: Sequence[str], exact: Sequence[TopicSpec]) -> None:
