@@ -458,7 +458,7 @@ def _kafka_engine(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _Producer, list
     from worker.core import Assembler
     from worker.runtime.config import load_config
     from worker.runtime.kafka_engine import reader
-    from worker.runtime.kafka_engine.loop import KafkaEngine
+    from worker.runtime.kafka_engine.engine import KafkaEngine
     from worker.runtime.partition import PartitionState
 
     config = load_config(None, env={"LATCH_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"})
@@ -525,7 +525,7 @@ def test_an_engine_called_from_inside_the_driver_breaks_the_line(
         _drive_kafka_engine(engine, messages)
     finally:
         sys.setprofile(None)
-    assert any(found.startswith("_commit (loop.py) beneath _emitted (driver.py)")
+    assert any(found.startswith("_commit (engine.py) beneath _emitted (driver.py)")
                for found in crossings.found), crossings.found
     assert any(found.startswith("commit (transaction.py)") for found in crossings.found)
 

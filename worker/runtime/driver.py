@@ -2,7 +2,7 @@
 
 Engine-neutral (no I/O, no faust, no Kafka client: an import-linter contract in
 pyproject.toml). An engine (faust's :mod:`worker.runtime.faust_engine.engine`, the confluent-kafka
-:mod:`worker.runtime.kafka_engine.loop`) reads records and writes what the driver says; the
+:mod:`worker.runtime.kafka_engine.engine`) reads records and writes what the driver says; the
 driver decides everything between:
 
 1. :meth:`Driver.apply_all` feeds events records to their partitions in order (the kafka
