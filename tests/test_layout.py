@@ -33,7 +33,7 @@ RUNTIME_UNPINNED = frozenset({
     "runtime/faust_engine/app.py", "runtime/faust_engine/sends.py",
     "runtime/faust_engine/settings.py", "runtime/governance/approvers.py",
     "runtime/governance/policy_source.py", "runtime/governance/registry_io.py",
-    "runtime/hooks.py", "runtime/kafka_engine/heads.py", "runtime/kafka_engine/instance.py",
+    "runtime/kafka_engine/heads.py", "runtime/kafka_engine/instance.py",
     "runtime/kafka_engine/reader.py",
     "runtime/kafka_engine/sends.py", "runtime/kafka_engine/settings.py",
     "runtime/kafka_engine/transaction.py", "runtime/partition.py",

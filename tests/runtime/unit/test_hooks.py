@@ -88,7 +88,7 @@ def test_apply_counts_each_record_and_puts_the_runs_trace_on_its_outputs() -> No
             opened_at.append(record.source.offset)
         for emit in emits:
             if emit.topic is not Topic.PROGRESS:
-                assert hooks.headers(emit, b"{}") == HEADERS
+                assert hooks.headers(emit) == HEADERS
                 traced.append(emit.topic)
     assert asked == 1 and opened_at == [0]
     assert traced == [Topic.COMMITTED, Topic.AUDIT, Topic.ERRORS, Topic.AUDIT, Topic.FINAL]
