@@ -34,9 +34,8 @@ RUNTIME_UNPINNED = frozenset({
     "runtime/faust_engine/settings.py", "runtime/governance/approvers.py",
     "runtime/governance/policy_source.py", "runtime/governance/registry_io.py",
     "runtime/kafka_engine/heads.py", "runtime/kafka_engine/instance.py",
-    "runtime/kafka_engine/reader.py",
     "runtime/kafka_engine/sends.py", "runtime/kafka_engine/settings.py",
-    "runtime/kafka_engine/transaction.py", "runtime/partition.py",
+    "runtime/partition.py",
 })
 
 

@@ -11,13 +11,12 @@ import threading
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError
 
 from worker.core import Assembler
 from worker.runtime import driver
 from worker.runtime.config import load_config
 from worker.runtime.kafka_engine import engine as kafka_engine
-from worker.runtime.kafka_engine import reader, transaction
+from worker.runtime.kafka_engine import transaction
 from worker.runtime.partition import TICK, PartitionState
 
 
@@ -119,13 +118,3 @@ def test_a_wedged_offsets_call_replaces_the_producer_and_too_many_stop_the_worke
             engine._commit(rewind=False)
     finally:
         release.set()
-
-
-def test_a_reader_reads_on_past_errors_the_consumer_recovers_from() -> None:
-    """A broker or node away (transport, all brokers down, destroyed handle, no leader) is
-    passed over by the rebuild's reader; an unknown partition or a fatal error is not."""
-    assert all(reader.passing(KafkaError(code)) for code in (
-        KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._DESTROY_BROKER,
-        KafkaError.LEADER_NOT_AVAILABLE))
-    assert not reader.passing(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
-    assert not reader.passing(KafkaError(KafkaError._TRANSPORT, fatal=True))
