@@ -44,7 +44,7 @@ from confluent_kafka import Message, Producer  # noqa: E402
 import worker.runtime.faust_engine.engine  # noqa: E402,F401
 from worker.core import Assembler, Topic  # noqa: E402
 from worker.runtime.config import load_config  # noqa: E402
-from worker.runtime.kafka_engine.loop import KafkaEngine  # noqa: E402
+from worker.runtime.kafka_engine.engine import KafkaEngine  # noqa: E402
 from worker.runtime.partition import PartitionState  # noqa: E402
 
 PARTITIONS = 6

@@ -2,20 +2,24 @@
 pyproject.toml): ``worker.cli`` -> ``worker.tools`` -> ``worker.runtime`` -> ``worker.core``,
 imports flowing downward only (``worker.client`` between tools and runtime), a core that
 imports no client, framework or I/O library, a partition driver and engine-neutral modules that
-import no Kafka client and no faust, two independent engines, and a kafka engine without faust.
+import no Kafka client, no faust and no engine, two independent engines, and a kafka engine
+without faust.
 
 The contracts are only worth something if they fail on a violation: each breaking test copies
 the package to a temporary directory, adds one forbidden import, and expects ``lint-imports``
 to name the broken contract.
 
 Roles have rooms (issue 35, item 4): :data:`ROLES` names what only one module may do (build a
-run's final message, build its ``run.ended`` record, decide a call held for approval), found
-in each module's syntax tree; the breaking tests make a second module do it in a copy.
+run's final message, build its ``run.ended`` record, decide a call held for approval, call the
+producer's transactional API, sign a record), found in each module's syntax tree; the
+breaking tests make a second module do it in a copy.
 
-Two sizes hold too (issue 24), now a backstop behind the roles: no module of ``worker/core``
-or ``worker/runtime`` over :data:`MAX_MODULE_LINES` lines, and no class of ``worker/`` over
-:data:`MAX_CLASS_METHODS` methods; their breaking tests add one line or one method too many to
-a copy.
+Two sizes hold too (issue 24), a backstop behind the roles, not the reason to split: no module
+of ``worker/core`` or ``worker/runtime`` over :data:`MAX_MODULE_LINES` lines, and no class of
+``worker/`` over :data:`MAX_CLASS_METHODS` methods. The roles catch a second room doing one
+room's work; they cannot see one room taking on a second role. A module that reaches the
+cap is the alarm for that, and is split by the roles it holds (as ``kafka_engine/loop.py``
+was), never by lines. Their breaking tests add one line or one method too many to a copy.
 """
 
 from __future__ import annotations
@@ -113,7 +117,26 @@ def test_a_kafka_client_in_the_driver_breaks_its_neutrality(copy_of_the_package:
     add_import(copy_of_the_package / "worker" / module, f"import {library}  # noqa")
     result = lint_imports(copy_of_the_package)
     assert result.returncode != 0
-    assert "The partition driver imports no Kafka client and no faust BROKEN" in result.stdout
+    assert ("The partition driver imports no Kafka client, no faust and no engine BROKEN"
+            in result.stdout)
+
+
+@pytest.mark.parametrize(("module", "statement"), [
+    ("runtime/driver.py", "from worker.runtime.kafka_engine import transaction"),
+    ("runtime/driver.py", "import worker.runtime.faust_engine.heads"),
+    # an engine-neutral module the driver is built from, lazily inside a function
+    ("runtime/takeover.py", "def _engine():\n    from worker.runtime import kafka_engine"),
+    ("runtime/hooks.py", "import worker.runtime.faust_engine.gaps"),
+])
+def test_an_engine_in_the_driver_or_a_neutral_module_breaks_its_neutrality(
+        copy_of_the_package: Path, module: str, statement: str) -> None:
+    """The driver and the engine-neutral modules import no engine (issue 35, item 4): the
+    engines depend on the driver, never the other way; an engine module imported by the
+    driver, or by a neutral module (even lazily), breaks the neutral contracts."""
+    add_import(copy_of_the_package / "worker" / module, f"{statement}  # noqa")
+    result = lint_imports(copy_of_the_package)
+    assert result.returncode != 0
+    assert "import no Kafka client, no faust and no engine BROKEN" in result.stdout
 
 
 def test_every_package_ships_in_the_wheel() -> None:
@@ -143,7 +166,7 @@ def test_a_kafka_client_in_a_neutral_module_breaks_its_neutrality(copy_of_the_pa
     add_import(copy_of_the_package / "worker" / module, f"import {library}  # noqa")
     result = lint_imports(copy_of_the_package)
     assert result.returncode != 0
-    assert "The engine-neutral modules import no Kafka client and no faust BROKEN" \
+    assert "The engine-neutral modules import no Kafka client, no faust and no engine BROKEN" \
         in result.stdout
 
 
@@ -295,6 +318,26 @@ def _builds_a_run_ended(node: ast.AST) -> bool:
     return _emits_to(node, "RUN_ENDED")
 
 
+#: The producer's transactional API (confluent-kafka's ``Producer``).
+TRANSACTION_API = ("init_transactions", "begin_transaction", "send_offsets_to_transaction",
+                   "commit_transaction", "abort_transaction")
+
+
+def _calls_the_transaction_api(node: ast.AST) -> bool:
+    """A call of the producer's transactional API (:data:`TRANSACTION_API`)."""
+    return _calls(node, *TRANSACTION_API)
+
+
+def _signs_a_record(node: ast.AST) -> bool:
+    """A record signed: a :class:`~worker.runtime.governance.signing.Signer`'s headers asked
+    for (``signer.headers(value)``, ``self.signer.headers(value)``)."""
+    if not _calls(node, "headers"):
+        return False
+    owner = node.func.value  # type: ignore[attr-defined]
+    return (isinstance(owner, ast.Name) and owner.id == "signer") or (
+        isinstance(owner, ast.Attribute) and owner.attr == "signer")
+
+
 def _decides_a_held_call(node: ast.AST) -> bool:
     """A held call decided: the latch asked to ``approve`` or ``edit`` it, or it failed
     ``approval_denied`` or ``approval_timeout``."""
@@ -305,13 +348,19 @@ def _decides_a_held_call(node: ast.AST) -> bool:
 
 #: Who alone may do what: a role, the layers of ``worker/`` it is looked for in, the one
 #: module (relative to ``worker/``) that plays it, and what marks it in a syntax tree. (The
-#: client and the tools send decisions, ``Publisher.approve``: deciding is the core's.)
+#: client and the tools send decisions, ``Publisher.approve``: deciding is the core's. The
+#: client's runner has a transaction of its own, in another program: the worker's are looked
+#: for in the core and the runtime. Signing a committed call is a security control: one step
+#: of the driver's outgoing chain, never the telemetry hooks.)
 ROLES: dict[str, tuple[tuple[str, ...], str, Callable[[ast.AST], bool]]] = {
     "builds a final message": (("core", "runtime", "client", "tools"), "core/ending.py",
                                _builds_a_final),
     "builds a run.ended record": (("core", "runtime", "client", "tools"), "core/ending.py",
                                   _builds_a_run_ended),
     "decides a held call": (("core", "runtime"), "core/waiting.py", _decides_a_held_call),
+    "calls the producer's transactional API": (
+        ("core", "runtime"), "runtime/kafka_engine/transaction.py", _calls_the_transaction_api),
+    "signs a record": (("core", "runtime"), "runtime/governance/signing.py", _signs_a_record),
 }
 
 
@@ -327,7 +376,9 @@ def role_players(package: Path, role: str) -> set[str]:
 def test_each_role_has_one_room(role: str) -> None:
     """Only ``core/ending.py`` builds a run's final message (asks an adapter for its
     ``final``) and its ``run.ended`` record; only ``core/waiting.py`` decides a call held for
-    approval (issue 35, item 4: rooms by role, not by a line cap)."""
+    approval; only ``kafka_engine/transaction.py`` calls the producer's transactional API;
+    only ``governance/signing.py`` (its ``SignCommitted`` step) signs a record (issue 35,
+    item 4: rooms by role, not by a line cap)."""
     assert role_players(REPO / "worker", role) == {ROLES[role][1]}
 
 
@@ -346,12 +397,24 @@ def test_each_role_has_one_room(role: str) -> None:
      "def _deny(call):\n    call.fail(Reason.APPROVAL_DENIED, 'no')"),
     ("decides a held call", "runtime/hooks.py",
      "def _edit(latch, call):\n    latch.edit(call, '{}', len, None)"),
+    ("calls the producer's transactional API", "runtime/kafka_engine/engine.py",
+     "def _commit_now(engine):\n    engine.txn.producer.commit_transaction(10)"),
+    ("calls the producer's transactional API", "runtime/kafka_engine/rebalance.py",
+     "def _abort(producer):\n    producer.abort_transaction()"),
+    ("calls the producer's transactional API", "runtime/driver.py",
+     "def _offsets(p, offsets, group):\n    p.send_offsets_to_transaction(offsets, group)"),
+    ("signs a record", "runtime/hooks.py",
+     "def _signed(self, value):\n    return self.signer.headers(value)"),
+    ("signs a record", "runtime/driver.py",
+     "def _sign(signer, value):\n    return signer.headers(value)"),
 ])
 def test_a_second_room_playing_a_role_breaks_it(copy_of_the_package: Path, role: str,
                                                 module: str, code: str) -> None:
     """Each role check fails on a violation: another module building a final message (by
-    ``Emit`` or from an adapter's ``final``), a ``run.ended`` record, or deciding a held call
-    (``approve``, ``edit``, ``approval_denied``) is named beside the role's own room."""
+    ``Emit`` or from an adapter's ``final``), a ``run.ended`` record, deciding a held call
+    (``approve``, ``edit``, ``approval_denied``), calling the producer's transactional API
+    (the engine committing past its transaction object), or signing a record (the hooks
+    signing again) is named beside the role's own room."""
     package = copy_of_the_package / "worker"
     add_import(package / module, code)
     assert role_players(package, role) == {ROLES[role][1], module}
@@ -458,7 +521,7 @@ def _kafka_engine(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _Producer, list
     from worker.core import Assembler
     from worker.runtime.config import load_config
     from worker.runtime.kafka_engine import reader
-    from worker.runtime.kafka_engine.loop import KafkaEngine
+    from worker.runtime.kafka_engine.engine import KafkaEngine
     from worker.runtime.partition import PartitionState
 
     config = load_config(None, env={"LATCH_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"})
@@ -525,7 +588,7 @@ def test_an_engine_called_from_inside_the_driver_breaks_the_line(
         _drive_kafka_engine(engine, messages)
     finally:
         sys.setprofile(None)
-    assert any(found.startswith("_commit (loop.py) beneath _emitted (driver.py)")
+    assert any(found.startswith("_commit (engine.py) beneath _emitted (driver.py)")
                for found in crossings.found), crossings.found
     assert any(found.startswith("commit (transaction.py)") for found in crossings.found)
 

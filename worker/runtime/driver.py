@@ -2,7 +2,7 @@
 
 Engine-neutral (no I/O, no faust, no Kafka client: an import-linter contract in
 pyproject.toml). An engine (faust's :mod:`worker.runtime.faust_engine.engine`, the confluent-kafka
-:mod:`worker.runtime.kafka_engine.loop`) reads records and writes what the driver says; the
+:mod:`worker.runtime.kafka_engine.engine`) reads records and writes what the driver says; the
 driver decides everything between:
 
 1. :meth:`Driver.apply_all` feeds events records to their partitions in order (the kafka
@@ -71,7 +71,7 @@ from worker.runtime.governance.registry import (
     marker_version,
     policy_head_key,
 )
-from worker.runtime.governance.signing import with_audit_key
+from worker.runtime.governance.signing import SignCommitted, signer, with_audit_key
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.observability import logs
 from worker.runtime.observability.metrics import GovernanceView
@@ -212,6 +212,8 @@ class Driver:
                         NO_APPROVER_KEYS)
         #: The partitions this worker owns, their states and gauges (assignment.py).
         self.owned = Assignment(hooks)
+        #: The outgoing chain's signing step: a committed call's signature (None key id: off).
+        self.sign = SignCommitted(signer(config))
         #: Each written topic's limit, checked before each output is sent (refusals.py):
         #: the engine reads them at start, and again after a refusal for size.
         self.limits = refusals.Limits()
@@ -364,14 +366,16 @@ class Driver:
     def outgoing(self, key: bytes | None, emits: Sequence[Emit],
                  names: Mapping[Topic, str], source: Source | None = None,
                  record_ms: int | None = None) -> Iterator[Outgoing]:
-        """The records to send for ``emits``, in order, with their run's trace headers (and
-        signature, :meth:`EngineHooks.headers`); a DLQ record keeps the input record's
-        ``key``. ``names``: each topic's name; ``source``: where the input record was read.
-        An emit over its topic's limit (:class:`refusals.Limits`) is not sent: its
-        ``output_refused`` DLQ record comes in its place (:meth:`refused`), and the audit
-        record of a refused outcome says so (``outputs.refused_audit``): an outcome comes
-        before its audit record, and the engine refuses it before it asks for the next."""
-        headers_of, over = self.hooks.headers, self.limits.over
+        """The records to send for ``emits``, in order, each through the chain: its run's
+        trace headers (:meth:`EngineHooks.headers`), a committed call's signature
+        (:class:`~worker.runtime.governance.signing.SignCommitted`), its size; a DLQ record
+        keeps the input record's ``key``. ``names``: each topic's name; ``source``: where the
+        input record was read. An emit over its topic's limit (:class:`refusals.Limits`) is
+        not sent: its ``output_refused`` DLQ record comes in its place (:meth:`refused`), and
+        the audit record of a refused outcome says so (``outputs.refused_audit``): an
+        outcome comes before its audit record, and the engine refuses it before it asks for
+        the next."""
+        trace, sign, over = self.hooks.headers, self.sign, self.limits.over
         for emit in emits:
             topic = emit.topic
             if self._refused and (topic is Topic.AUDIT or topic in _AUDITED):
@@ -384,7 +388,7 @@ class Driver:
                     self._refused.pop(noted, None)
             name = names[topic]
             emit_key, value = out_key(emit, key), out_value(emit)
-            headers = headers_of(emit, value)
+            headers = sign(emit, value, trace(emit))
             size = over(name, emit_key, value, headers)
             if size is None:
                 yield Outgoing(emit, topic, name, emit_key, value, headers, False, key, source,

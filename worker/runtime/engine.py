@@ -74,7 +74,7 @@ def _kafka_engine(config: Config, faust_settings: Sequence[str]) -> Engine:
         print("latch worker: the kafka engine ignores --faust-setting (set librdkafka "
               "settings under kafka:)", file=sys.stderr)
     _check_topics(config, changelog=True)
-    return kafka_engine.engine(config)
+    return kafka_engine.build(config)
 
 
 def _parse_settings(pairs: Sequence[str]) -> dict[str, Any]:

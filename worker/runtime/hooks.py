@@ -8,8 +8,9 @@ Either engine (faust's :mod:`worker.runtime.faust_engine.engine`, the confluent-
   (:mod:`worker.runtime.observability.metrics`, a counter increment when nothing ends) and its
   run's span (:mod:`worker.runtime.observability.tracing`);
 * :meth:`EngineHooks.traced` for the trace id of each audit record, from the same run's trace;
-* :meth:`EngineHooks.headers` for the headers of each output record: its run's trace and,
-  on a committed call with ``signing.key_id`` set, the signature (:mod:`signing`);
+* :meth:`EngineHooks.headers` for the trace headers of each output record (its run's; the
+  driver's outgoing chain adds a committed call's signature after them:
+  :class:`worker.runtime.governance.signing.SignCommitted`);
 * :meth:`EngineHooks.delivered` when an output's delivery is known (faust: the send's future;
   the kafka engine: its transaction committed or aborted);
 * :meth:`EngineHooks.assigned` / :meth:`EngineHooks.revoked` with the events partitions of a
@@ -29,7 +30,6 @@ from dataclasses import dataclass
 
 from worker.core import Emit, Topic
 from worker.runtime.config import Config
-from worker.runtime.governance import signing
 from worker.runtime.observability.health import Health, HttpServer
 from worker.runtime.observability.metrics import PartitionView
 from worker.runtime.observability.telemetry import Telemetry
@@ -61,8 +61,6 @@ class EngineHooks:
                                                  "tenant": worker.metrics_label_tenants})
         self.metrics, self.tracing = self.telemetry.metrics, self.telemetry.tracing
         self.health = Health()
-        #: Signs each committed call (None: ``signing.key_id`` is unset).
-        self.signer = signing.signer(config)
 
     # -- per record ---------------------------------------------------------------------
 
@@ -79,13 +77,9 @@ class EngineHooks:
             if emit.topic is Topic.AUDIT:
                 emit.value["trace_id"] = tracing.trace_id(emit.key)
 
-    def headers(self, emit: Emit, value: bytes) -> Headers | None:
-        """The headers of an output record whose value is ``value``: its run's trace (None:
-        no trace and nothing signed); a committed call's signature when signing is on."""
-        headers = self.tracing.headers(emit.key)
-        if self.signer is None or emit.topic is not Topic.COMMITTED:
-            return headers
-        return [*(headers or ()), *self.signer.headers(value)]
+    def headers(self, emit: Emit) -> Headers | None:
+        """The trace headers of an output record: its run's trace (None: no trace)."""
+        return self.tracing.headers(emit.key)
 
     def delivered(self, topic: Topic, record_ms: int | None, ok: bool) -> None:
         """An output record was delivered (visible to readers), or its delivery failed;

@@ -13,7 +13,7 @@ would stand still for good. So both engines, at the send:
 * **take a refusal that comes back from the broker the same way** (the limit was lowered
   while the worker ran, or the broker found the record invalid): the faust engine at the
   send's future, the kafka engine in the delivery report and on the next try of the aborted
-  transaction (``worker/runtime/kafka_engine/loop.py``);
+  transaction (``worker/runtime/kafka_engine/engine.py``);
 * **keep batches under the smallest limit** (:meth:`Limits.batch_bytes`): the broker checks
   a whole batch against ``max.message.bytes`` and refuses every record in it, so records
   that fit one by one must not be batched past it.

@@ -37,7 +37,7 @@ from worker_harness import (
 )
 
 from worker.runtime import admin
-from worker.runtime.faust_engine import recovery as faust_recovery
+from worker.runtime.faust_engine import app as faust_app
 from worker.runtime.partition import encode_head
 
 PARTITIONS = 2
@@ -171,7 +171,7 @@ def test_last_records_skips_markers_and_aborted_records(kafka_bootstrap: str,
     producer.begin_transaction()
     producer.produce(topic, b"v", key=b"k", partition=0)
     producer.commit_transaction(30)
-    for partition, count in ((1, faust_recovery.TAIL * 2), (2, 3)):
+    for partition, count in ((1, faust_app.TAIL * 2), (2, 3)):
         producer.begin_transaction()
         for _ in range(count):
             producer.produce(topic, b"aborted", key=b"k", partition=partition)
@@ -179,9 +179,9 @@ def test_last_records_skips_markers_and_aborted_records(kafka_bootstrap: str,
         producer.abort_transaction(30)
     ends = {p: Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "unused"})
             .get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(4)}
-    assert ends == {0: 3, 1: 2 + faust_recovery.TAIL * 2, 2: 4, 3: 0}  # markers included
+    assert ends == {0: 3, 1: 2 + faust_app.TAIL * 2, 2: 4, 3: 0}  # markers included
     tps = [TP(topic, p) for p in range(4)]
-    found = asyncio.run(faust_recovery.last_records(
+    found = asyncio.run(faust_app.last_records(
         {"bootstrap_servers": kafka_bootstrap}, tps))
     assert found == {tps[0]: 1, tps[1]: 0, tps[2]: -1, tps[3]: -1}
 
@@ -193,7 +193,7 @@ def test_the_faust_engines_consumer_reads_committed(kafka_bootstrap: str) -> Non
     the started consumer's fetcher uses, and fails if an aiokafka or faust upgrade stops it
     from taking."""
     async def isolation() -> int:
-        app = faust_recovery.App("isolation-check", reader_options={},
+        app = faust_app.App("isolation-check", reader_options={},
                                  broker=f"kafka://{kafka_bootstrap}")
         consumer: Any = app.consumer
         created = consumer._new_consumer_thread()._create_worker_consumer(app.transport)

@@ -42,7 +42,7 @@ BACKLOG = 3000
 WEDGE_ONCE = """
 import threading
 import confluent_kafka
-from worker.runtime.kafka_engine import loop
+from worker.runtime.kafka_engine import engine as kafka_engine
 
 class WedgeOnce(confluent_kafka.Producer):
     wedged = False
@@ -54,7 +54,7 @@ class WedgeOnce(confluent_kafka.Producer):
             threading.Event().wait()
         return super().send_offsets_to_transaction(positions, metadata, timeout)
 
-loop.Producer = WedgeOnce
+kafka_engine.Producer = WedgeOnce
 """
 
 

@@ -208,4 +208,4 @@ def test_metrics_readiness_and_traces_on_the_real_broker(stack: Stack, tmp_path:
     if stack.engine == "faust":  # aiokafka's own lines (its coordinator's), as JSON too
         assert any(str(e["logger"]).startswith("aiokafka.") for e in lines)
     # (librdkafka's lines, when it has any, go to the latch.kafka logger: every line above
-    # is JSON, and test_engine_hooks checks the kafka engine's clients log there)
+    # is JSON, and test_hooks checks the kafka engine's clients log there)

@@ -1,7 +1,9 @@
 """The kafka engine's guards against what failed its chaos run, without a broker: a
 transactional call that never returns is reported (so the producer can be replaced), and a
 tick waits for the control records already in the log to be forwarded (for a bounded time).
-The real-broker proofs are ``tests/runtime/integration/test_kafka_engine_recovery.py``."""
+The real-broker proofs are ``tests/runtime/integration/test_kafka_engine_recovery.py``; the
+rebalances' guards (a takeover query outlasting a destroyed broker handle):
+test_kafka_engine_rebalance.py."""
 
 from __future__ import annotations
 
@@ -9,12 +11,12 @@ import threading
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
 
 from worker.core import Assembler
 from worker.runtime import driver
 from worker.runtime.config import load_config
-from worker.runtime.kafka_engine import loop, reader, transaction
+from worker.runtime.kafka_engine import engine as kafka_engine
+from worker.runtime.kafka_engine import transaction
 from worker.runtime.partition import TICK, PartitionState
 
 
@@ -49,7 +51,7 @@ def test_a_tick_waits_for_the_control_backlog_for_a_bounded_time() -> None:
     forward; a tick once it is forwarded; and a tick anyway after ``driver.TICK_DEFER_MAX_S``
     of waiting."""
     config = load_config(None, env={"LATCH_WORKER__TICK_INTERVAL_S": "1"})
-    engine = loop.KafkaEngine(config)
+    engine = kafka_engine.KafkaEngine(config)
     consumer, producer = _Consumer(), _Producer()
     engine.consumer, engine.txn.producer = consumer, producer  # type: ignore[assignment]
     engine.partitions[0] = PartitionState(Assembler(config.assemble), next_offset=0)
@@ -85,7 +87,7 @@ def test_a_wedged_offsets_call_replaces_the_producer_and_too_many_stop_the_worke
     fenced producers."""
     monkeypatch.setattr(transaction, "_WEDGED_GRACE_S", -0.95)  # a wait of 0.05 s, not 3 s
     config = load_config(None, env={"LATCH_WORKER__TRANSACTION_TIMEOUT_S": "1"})
-    engine = loop.KafkaEngine(config)
+    engine = kafka_engine.KafkaEngine(config)
     release = threading.Event()
     made: list[Any] = []
 
@@ -116,35 +118,3 @@ def test_a_wedged_offsets_call_replaces_the_producer_and_too_many_stop_the_worke
             engine._commit(rewind=False)
     finally:
         release.set()
-
-
-def test_a_takeover_query_outlasts_a_destroyed_broker_handle() -> None:
-    """``_query`` calls again after a non-fatal failure (a cluster node killed mid-query:
-    ``_DESTROY_BROKER``, which stopped two workers of the 3-broker chaos run) and returns the
-    answer; a fatal error is raised at once."""
-    engine = loop.KafkaEngine(load_config(None, env={}))
-    failures = [KafkaException(KafkaError(KafkaError._DESTROY_BROKER))]
-
-    def query() -> tuple[int, int]:
-        if failures:
-            raise failures.pop()
-        return 0, 7
-
-    assert engine._query(query) == (0, 7)
-    fatal = KafkaException(KafkaError(KafkaError._FENCED, fatal=True))
-
-    def fenced() -> None:
-        raise fatal
-
-    with pytest.raises(KafkaException):
-        engine._query(fenced)
-
-
-def test_a_reader_reads_on_past_errors_the_consumer_recovers_from() -> None:
-    """A broker or node away (transport, all brokers down, destroyed handle, no leader) is
-    passed over by the rebuild's reader; an unknown partition or a fatal error is not."""
-    assert all(reader.passing(KafkaError(code)) for code in (
-        KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._DESTROY_BROKER,
-        KafkaError.LEADER_NOT_AVAILABLE))
-    assert not reader.passing(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
-    assert not reader.passing(KafkaError(KafkaError._TRANSPORT, fatal=True))

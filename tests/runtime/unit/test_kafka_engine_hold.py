@@ -15,7 +15,7 @@ from kafka_fakes import EngineMessage
 from worker.core import Assembler
 from worker.runtime.config import load_config
 from worker.runtime.governance.registry import POLICY_MARKER, marker_value
-from worker.runtime.kafka_engine.loop import KafkaEngine
+from worker.runtime.kafka_engine.engine import KafkaEngine
 from worker.runtime.partition import PartitionState
 
 

@@ -14,8 +14,8 @@ from faust.serializers import codecs
 
 from worker.core import Assembler, RunStatus, Topic
 from worker.runtime.config import load_config
+from worker.runtime.kafka_engine.engine import KafkaEngine, consumer_settings, producer_settings
 from worker.runtime.kafka_engine.heads import KafkaHeadsTable
-from worker.runtime.kafka_engine.loop import KafkaEngine, consumer_settings, producer_settings
 from worker.runtime.kafka_engine.transaction import Batch
 from worker.runtime.partition import Heads, PartitionState, decode_head, encode_head
 

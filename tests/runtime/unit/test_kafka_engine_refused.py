@@ -13,7 +13,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from worker.runtime.config import load_config
-from worker.runtime.kafka_engine import loop, transaction
+from worker.runtime.kafka_engine import engine as kafka_engine
+from worker.runtime.kafka_engine import transaction
 
 TID = "latch-worker-0"
 FAUST = "run worker.engine: faust, which works without transactions"
@@ -76,14 +77,14 @@ def test_the_engine_stops_at_start_with_one_line_and_exit_status_1(
     config = load_config(None, env={"LATCH_WORKER__INIT_TIMEOUT_S": "3",
                                     "LATCH_WORKER__INSTANCE_ID": "worker-0",
                                     "LATCH_WORKER__HTTP_PORT": "0"})
-    engine = loop.KafkaEngine(config)
+    engine = kafka_engine.KafkaEngine(config)
     producer = _Refusing()
     engine.txn.producer = producer  # type: ignore[assignment]
     subscribed: list[Any] = []
     consumer = _Consumer()
     consumer.subscribe = lambda *a, **k: subscribed.append(a)  # type: ignore[attr-defined]
     engine.consumer = consumer  # type: ignore[assignment]
-    monkeypatch.setattr(loop.instance, "check", lambda *args: None)
+    monkeypatch.setattr(kafka_engine.instance, "check", lambda *args: None)
     monkeypatch.setattr(engine, "_read_limits", lambda replace=True: False)
     monkeypatch.setattr(engine.registry, "start", lambda: None)
     with caplog.at_level(logging.INFO, logger="latch.worker"):
@@ -105,4 +106,4 @@ def test_the_default_init_timeout_is_the_client_timeout() -> None:
     bounded by a short one)."""
     config = load_config(None, env={})
     assert config.worker.init_timeout_s == transaction.CLIENT_TIMEOUT_S
-    assert loop.KafkaEngine(config).txn.init_timeout_s == transaction.CLIENT_TIMEOUT_S
+    assert kafka_engine.KafkaEngine(config).txn.init_timeout_s == transaction.CLIENT_TIMEOUT_S

@@ -15,7 +15,13 @@ from worker.client.runner import Runner
 from worker.core import Assembler, Topic
 from worker.runtime.config import Config, ConfigError, SigningSettings, load_config
 from worker.runtime.governance import signing
-from worker.runtime.governance.signing import KEY_ID_HEADER, SIGNATURE_HEADER, Signer, Verifier
+from worker.runtime.governance.signing import (
+    KEY_ID_HEADER,
+    SIGNATURE_HEADER,
+    SignCommitted,
+    Signer,
+    Verifier,
+)
 from worker.runtime.hooks import EngineHooks
 
 OLD = b"old-key-0123456789abcdef0123456789abcdef"
@@ -141,25 +147,28 @@ def test_a_bad_key_setting_is_a_config_error_that_never_shows_a_key(tmp_path: Pa
 
 def test_the_worker_signs_its_committed_calls_and_nothing_else(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """With signing.key_id set, EngineHooks.headers (what both engines put on each output)
-    adds the key id and the signature of the value to a committed call, after its trace
-    headers, and nothing to the run's other outputs; a runner with the key runs the call."""
+    """With signing.key_id set, the signing step (``SignCommitted``: ``Driver.sign``, in the
+    outgoing chain both engines send through) adds the key id and the signature of the value to a
+    committed call, after its trace headers (``EngineHooks.headers``, telemetry only), and
+    nothing to the run's other outputs; a runner with the key runs the call."""
     config = load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0",
                                      "LATCH_SIGNING__KEY_ID": "k1",
                                      "LATCH_SIGNING__KEYS": "{k1: 'env:LATCH_TEST_K1'}"})
     monkeypatch.setenv("LATCH_TEST_K1", OLD.decode())
     hooks = EngineHooks(config)
+    sign = SignCommitted(signing.signer(config))
     made, ran = runner({"k1": OLD})
     assembler, signed = Assembler(), []
     run = provider_run("openai.chat", "r1", [("c1", "read_file", '{"path": "a"}')])
     for envelope in run:
         for emit in assembler.feed_record(b"r1", orjson.dumps(envelope)):
             value = orjson.dumps(emit.value)
-            names = [name for name, _ in hooks.headers(emit, value) or ()]
+            headers = sign(emit, value, hooks.headers(emit))
+            names = [name for name, _ in headers or ()]
             if emit.topic is Topic.COMMITTED:
                 assert names[-2:] == [KEY_ID_HEADER, SIGNATURE_HEADER]
                 made.tools[emit.value["name"]] = made.tools["add"]
-                signed.append(made.handle(value, None, hooks.headers(emit, value)).status)
+                signed.append(made.handle(value, None, headers).status)
             else:
                 assert KEY_ID_HEADER not in names and SIGNATURE_HEADER not in names
     assert signed == ["executed"] and ran == [{"path": "a"}]  # the call ran, with its args

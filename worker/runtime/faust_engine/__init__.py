@@ -4,7 +4,7 @@
   partitions it owns.
 * :mod:`.heads`: the heads table as faust keeps it (:class:`~.heads.FaustHeadsTable`, its
   :class:`~.heads.HeadsCodec`, and :class:`~.heads.FaustHeadsMap` that the driver writes).
-* :mod:`.recovery`: faust's app, its table recovery reading through transaction markers
+* :mod:`.app`: faust's :class:`~.app.App`, its table recovery reading through transaction markers
   (decision 0009).
 * :mod:`.gaps`: the watch on a partition whose next record faust does not deliver.
 * :mod:`.kafka_io`: aiokafka's connection options and the plain reads of the log.

@@ -48,7 +48,7 @@ from worker.core import Topic
 from worker.runtime import memory, step, takeover
 from worker.runtime.config import Config
 from worker.runtime.driver import Driver, Outgoing
-from worker.runtime.faust_engine import kafka_io, recovery
+from worker.runtime.faust_engine import app, kafka_io
 from worker.runtime.faust_engine.gaps import StallWatch
 from worker.runtime.faust_engine.heads import (
     FaustHeadsMap,
@@ -88,8 +88,8 @@ class FaustEngine:
         monitor = None if settings["web_enabled"] else LeanMonitor()
         # Table: the class app.Table makes (the heads table, the app's only one). The app
         # reads at read_committed and recovers the heads through the kafka engine's
-        # transaction markers (faust_engine/recovery.py; decision 0009).
-        self.app = recovery.App(
+        # transaction markers (faust_engine/app.py; decision 0009).
+        self.app = app.App(
             config.worker.app_id, reader_options=kafka_io.aiokafka_options(config.kafka),
             monitor=monitor, Table=FaustHeadsTable, **settings)
         self.events = self.app.topic(names.events, partitions=names.partitions, **_RAW)

@@ -24,6 +24,11 @@ Keys are read from files or environment variables (``file:PATH``, ``env:NAME``),
 records' argument digests are keyed the same way (``audit.keys``, ``audit.key_id``:
 :func:`audit_key`, :func:`with_audit_key`); the key's bytes reach the core in
 ``AssembleSettings.audit_key``, never the configuration file.
+
+:class:`SignCommitted` is the one place a record is signed: a step of the driver's outgoing
+chain (:meth:`worker.runtime.driver.Driver.outgoing`, trace headers, signature, size check),
+so the telemetry hooks carry no security control (tests/test_architecture.py: the role
+``signs a record``).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from worker.core import Emit, Topic
 from worker.core.settings import AuditKey
 from worker.runtime.config import AuditSettings, Config, ConfigError, SigningSettings
 
@@ -50,6 +56,10 @@ MIN_KEY_BYTES = 32
 
 #: Why a runner refuses a record by its signature (``REJECT_REASONS`` in metrics.py).
 UNSIGNED, UNKNOWN_KEY, BAD_SIGNATURE = "unsigned", "unknown_key", "bad_signature"
+
+
+#: A record's headers, as the Kafka clients take them.
+Headers = list[tuple[str, bytes]]
 
 
 def _mac(key: bytes, value: bytes) -> bytes:
@@ -72,6 +82,22 @@ class Signer:
 
     def __repr__(self) -> str:
         return f"Signer(key_id={self.key_id!r})"
+
+
+class SignCommitted:
+    """The outgoing chain's signing step: a committed call's record gets the signature of
+    its value after the headers it has (its run's trace); every other record, and every
+    record while ``signing.key_id`` is unset (``signer`` None), passes as it is."""
+
+    __slots__ = ("signer",)
+
+    def __init__(self, signer: Signer | None) -> None:
+        self.signer = signer
+
+    def __call__(self, emit: Emit, value: bytes, headers: Headers | None) -> Headers | None:
+        if self.signer is None or emit.topic is not Topic.COMMITTED:
+            return headers
+        return [*(headers or ()), *self.signer.headers(value)]
 
 
 class Verifier:

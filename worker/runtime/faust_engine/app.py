@@ -1,4 +1,5 @@
-"""The faust engine reads the topics the kafka engine writes in transactions (decision 0009).
+"""faust's :class:`App` as the faust engine makes it: reading the topics the kafka engine writes
+in transactions (decision 0009).
 
 The kafka engine writes its heads changelog, its ticks and its forwarded cancels in Kafka
 transactions. A transaction ends with a commit or abort marker: a control record that takes an

@@ -1,12 +1,13 @@
-"""The kafka engine: consume, step, produce, one Kafka transaction per batch.
+"""The kafka engine (:class:`KafkaEngine`): consume, step, produce, one Kafka transaction per
+batch.
 
 The same rules as the faust engine (``worker/runtime/faust_engine/engine.py``; decision 0001), on
 confluent-kafka, with exactly once to readers at ``read_committed`` (decision 0011):
 
 * **One ordered history per run.** Cancels on the control topic are forwarded into the
-  events topic (keyed by ``run_id``, murmur2 as the gateway partitions) and ticks are written
-  into each owned events partition every ``worker.tick_interval_s``: the tick timer is the
-  only clock read. The core decides from the history and record times only.
+  events topic (keyed by ``run_id``, murmur2 as the gateway partitions: forwarding.py) and
+  ticks are written into each owned events partition every ``worker.tick_interval_s``: the
+  tick timer is the only clock read. The core decides from the history and record times only.
 * **One transaction per batch.** A transactional producer (``transactional.id``
   ``<app_id>-<instance>``) sends, between ``begin_transaction`` and ``commit_transaction``: the
   outputs of the batch's records, the heads changelog writes they made, the ticks and the
@@ -37,10 +38,11 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
   held batch is dropped with it (its offsets are past the aborted ones) and the partitions
   rewind as below. The transaction, from begin to settled or aborted, is an object of its
   own (``transaction.py``): it returns what happened and the engine acts on it.
-* **Rebuild on assignment.** For each events partition it gets, the worker restores the
-  partition's heads from the changelog (read to its end), then feeds the open runs' records
-  from the earliest open ``start`` up to the committed offset to a fresh assembler (outputs
-  discarded: they were committed with that offset), and starts consuming at that offset.
+* **Rebuild on assignment** (rebalance.py). For each events partition it gets, the worker
+  restores the partition's heads from the changelog (read to its end), then feeds the open
+  runs' records from the earliest open ``start`` up to the committed offset to a fresh
+  assembler (outputs discarded: they were committed with that offset), and starts consuming
+  at that offset.
 * **Abort and rewind.** A transaction that cannot commit is aborted; every owned partition is
   then rebuilt from its committed offset as on assignment (the in-memory state had moved past
   it). On revocation the open transaction is committed first (aborted if that fails); a lost
@@ -74,7 +76,6 @@ confluent-kafka, with exactly once to readers at ``read_committed`` (decision 00
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
 import signal
@@ -82,20 +83,22 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, Producer
 
 from worker.core import Topic
-from worker.runtime import admin, memory, takeover
+from worker.runtime import admin, memory
 from worker.runtime.config import Config
 from worker.runtime.driver import Driver
 from worker.runtime.governance.registry_io import RegistryError, RegistryReader
 from worker.runtime.hooks import EngineHooks
 from worker.runtime.kafka_engine import instance, reader
+from worker.runtime.kafka_engine.forwarding import Forwarding
 from worker.runtime.kafka_engine.heads import KafkaHeadsTable
+from worker.runtime.kafka_engine.rebalance import Rebalance
 from worker.runtime.kafka_engine.sends import Sends
 from worker.runtime.kafka_engine.settings import consumer_settings, producer_settings
 from worker.runtime.kafka_engine.transaction import (
@@ -110,10 +113,8 @@ from worker.runtime.kafka_engine.transaction import (
 )
 from worker.runtime.observability import logs
 from worker.runtime.observability.metrics import PartitionView
-from worker.runtime.partition import Heads, PartitionState
+from worker.runtime.partition import Heads
 from worker.runtime.step import Record
-
-_T = TypeVar("_T")
 
 __all__ = ["KafkaEngine", "consumer_settings", "producer_settings"]
 
@@ -143,8 +144,9 @@ _HELD_POLL_S = 0.001
 _BATCH_SIZE = 1_000_000
 
 
-class KafkaEngine:
-    """The consumer, the transactional producer, and the partitions this worker owns."""
+class KafkaEngine(Rebalance, Forwarding):
+    """The consumer, the transactional producer, and the partitions this worker owns (its
+    rebalances: rebalance.py; its control forwarding: forwarding.py)."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -355,23 +357,14 @@ class KafkaEngine:
 
     def _handle(self, msg: Message) -> None:
         """A consumer error (a fatal one stops the worker), or a control record: forwarded
-        into the events topic (a cancel, keyed by its run) or to the DLQ."""
+        (:meth:`.forwarding.Forwarding._forward`)."""
         error = msg.error()
         if error is not None:
             if error.fatal():
                 raise Fatal(f"consumer: {error.str()}")
             log.warning("consumer: %s", error.str())
             return
-        _, partition, offset = reader.where(msg)
-        expected = self.control_next.get(partition)
-        if expected is None or offset < expected:
-            return
-        batch = self.txn.begin()
-        topic, key, value = self.driver.forward(reader.record_of(msg))
-        self.txn.produce(self.events if topic is None else self.outputs[topic], key, value)
-        self.control_next[partition] = offset + 1
-        batch.offsets[(self.control, partition)] = offset + 1
-        batch.records += 1
+        self._forward(msg)
 
     def _tick(self, now: float) -> bool:
         """Write a tick into each events partition this worker owns (the only clock read)
@@ -387,32 +380,6 @@ class KafkaEngine:
                                                        int(time.time() * 1000)):
             produce(events, key, value, partition)
         return True
-
-    def _control_behind(self) -> bool:
-        """Whether an owned control partition has records in the log (its end as the last
-        fetch reported it; unknown right after an assignment) not yet forwarded."""
-        return self.owned.control_behind(self._control_ends())
-
-    def _control_forwarding(self) -> None:
-        """Report the control partitions forwarded up to their ends (readiness): their
-        positions, which pass transaction markers, at their ends as the last fetch said."""
-        try:
-            read = {tp.partition: tp.offset for tp in self.consumer.position(
-                [TopicPartition(self.control, p) for p in self.control_next])}
-        except KafkaException:
-            return
-        self.owned.control_forwarding(self._control_ends(), read=read)
-
-    def _control_ends(self) -> dict[int, int | None]:
-        """Each owned control partition's end as the last fetch reported it (None: unknown)."""
-        ends: dict[int, int | None] = {}
-        for partition in self.control_next:
-            try:
-                _, ends[partition] = self.consumer.get_watermark_offsets(
-                    TopicPartition(self.control, partition), cached=True)
-            except KafkaException:
-                ends[partition] = None
-        return ends
 
     # -- the transaction's outcomes -----------------------------------------------------
 
@@ -461,111 +428,6 @@ class KafkaEngine:
         return Producer(logs.kafka_config({
             **producer_settings(self.config, self.instance, self.batch_bytes),
             "on_delivery": self.sends.delivered}))
-
-    # -- assignment -------------------------------------------------------------------
-
-    def _on_assign(self, consumer: Consumer, assigned: list[TopicPartition]) -> None:
-        """Rebuild each events partition as it was at its committed offset; consume every
-        partition from that offset."""
-        self._after(self.txn.settle(), rewind=False)  # (none in flight: revoked first)
-        self.owned.assigned([tp.partition for tp in assigned if tp.topic == self.events],
-                            [tp.partition for tp in assigned if tp.topic == self.control])
-        self._take_over(assigned, seek=False)
-        if not self.ready:
-            self.ready = True
-            log.info("kafka engine ready (transactional.id %s-%s)", self.config.worker.app_id,
-                     self.instance)
-
-    def _on_revoke(self, consumer: Consumer, revoked: list[TopicPartition]) -> None:
-        """Commit the open transaction while the partitions are still ours, then drop them."""
-        self._commit(rewind=False)
-        self._drop(revoked)
-
-    def _on_lost(self, consumer: Consumer, lost: list[TopicPartition]) -> None:
-        """The partitions are someone else's already: abort, drop them."""
-        self._after(self.txn.settle(), rewind=False)  # the commit in flight, done or aborted
-        self._after(self.txn.abandon("the assignment was lost"), rewind=False)
-        self.table.take_pending()  # (a batch not begun: nothing sent, its heads go)
-        self._drop(lost)
-
-    def _drop(self, partitions: Iterable[TopicPartition]) -> None:
-        """The partitions are not ours any more: the driver drops their states and offsets
-        (:meth:`Assignment.revoked`); their heads go from the table."""
-        partitions = list(partitions)
-        events = [tp.partition for tp in partitions if tp.topic == self.events]
-        self.owned.revoked(events, [tp.partition for tp in partitions
-                                    if tp.topic == self.control])
-        for partition in events:
-            self.table.drop(partition)
-
-    def _take_over(self, partitions: list[TopicPartition], seek: bool) -> None:
-        """Rebuild ``partitions`` at their committed offsets and consume from there (assign
-        them, or seek when they are assigned already)."""
-        if not partitions:
-            return
-        committed = self._query(lambda: self.consumer.committed(partitions,
-                                                                timeout=_CLIENT_TIMEOUT_S))
-        changelogs = reader.read_all(self.reader_settings, self.changelog,
-                                     [tp.partition for tp in committed if tp.topic == self.events])
-        positions = []
-        for tp in committed:
-            low, _ = self._query(functools.partial(self.consumer.get_watermark_offsets, tp,
-                                                   timeout=_CLIENT_TIMEOUT_S))
-            resume = max(tp.offset, low)
-            if tp.topic == self.events:
-                self.table.restore(tp.partition, changelogs[tp.partition])
-                self.partitions[tp.partition] = self._rebuild(tp.partition, resume)
-            elif tp.topic == self.control:
-                self.control_next[tp.partition] = resume
-            positions.append(TopicPartition(tp.topic, tp.partition, resume))
-        if seek:
-            for tp in positions:
-                self.consumer.seek(tp)
-        else:
-            self.consumer.assign(positions)
-        self.owned.log_assigned(self.partitions)
-
-    def _query(self, call: Callable[[], _T]) -> _T:
-        """A broker query of a takeover, again while it fails other than fatally (for up to
-        twice the client time-out): a cluster node killed mid-query destroys its broker
-        handle (``_DESTROY_BROKER``), and the takeover must outlast that."""
-        deadline = time.monotonic() + 2 * _CLIENT_TIMEOUT_S
-        while True:
-            try:
-                return call()
-            except KafkaException as exc:
-                error = exc.args[0]
-                if error.fatal() or time.monotonic() > deadline:
-                    raise
-                log.warning("takeover: %s; retrying", error.str())
-                time.sleep(0.5)
-
-    def _rebuild(self, partition: int, resume: int) -> PartitionState:
-        """A fresh assembler for ``partition`` in its state at offset ``resume`` (its heads
-        restored already): the driver's takeover (worker/runtime/takeover.py), driven with
-        this engine's reads; what it returns to send (runs that finished during the
-        rebuild, never expected with transactions: a head commits with its outputs) goes
-        into the transaction."""
-        rebuild = self.driver.rebuild(self.events, partition, resume)
-        read = next(rebuild)
-        assert read is not None  # (the first thing a rebuild yields: what to read)
-        chunk: list[Record] = []  # (sent from here: the driver never pulls from a reader)
-        if read.start < read.end:
-            for msg in reader.read(self.reader_settings, read.topic, partition, read.start,
-                                   read.end):
-                chunk.append(reader.record_of(msg))
-                if len(chunk) >= takeover.CHUNK:
-                    rebuild.send(chunk)
-                    chunk = []
-        if chunk:
-            rebuild.send(chunk)
-        rebuilt = takeover.end(rebuild)
-        work = rebuilt.work
-        if work.out or work.heads:
-            self.txn.begin()
-            self.sends.publish(work.out)
-            self.sends.write_heads(work.heads)
-        return rebuilt.state
 
     # -- operations: lag, liveness -----------------------------------------------------
 

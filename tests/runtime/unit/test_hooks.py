@@ -19,7 +19,7 @@ from worker.runtime import step
 from worker.runtime.config import Config, load_config
 from worker.runtime.driver import Driver
 from worker.runtime.hooks import EngineHooks
-from worker.runtime.kafka_engine import loop
+from worker.runtime.kafka_engine import engine as kafka_engine
 from worker.runtime.partition import TICK, Heads, PartitionState
 from worker.runtime.step import Record, Source
 
@@ -88,7 +88,7 @@ def test_apply_counts_each_record_and_puts_the_runs_trace_on_its_outputs() -> No
             opened_at.append(record.source.offset)
         for emit in emits:
             if emit.topic is not Topic.PROGRESS:
-                assert hooks.headers(emit, b"{}") == HEADERS
+                assert hooks.headers(emit) == HEADERS
                 traced.append(emit.topic)
     assert asked == 1 and opened_at == [0]
     assert traced == [Topic.COMMITTED, Topic.AUDIT, Topic.ERRORS, Topic.AUDIT, Topic.FINAL]
@@ -194,13 +194,13 @@ class FakeConsumer:
 
 
 @pytest.fixture
-def engine(monkeypatch: pytest.MonkeyPatch) -> loop.KafkaEngine:
-    monkeypatch.setattr(loop, "Producer", FakeProducer)
-    monkeypatch.setattr(loop, "Consumer", FakeConsumer)
-    return loop.KafkaEngine(config())
+def engine(monkeypatch: pytest.MonkeyPatch) -> kafka_engine.KafkaEngine:
+    monkeypatch.setattr(kafka_engine, "Producer", FakeProducer)
+    monkeypatch.setattr(kafka_engine, "Consumer", FakeConsumer)
+    return kafka_engine.KafkaEngine(config())
 
 
-def committed_run(engine: loop.KafkaEngine) -> list[Emit]:
+def committed_run(engine: kafka_engine.KafkaEngine) -> list[Emit]:
     """Apply one run to partition 0 (opened with trace headers); its emits."""
     state = engine.partitions[0] = PartitionState(Assembler(config().assemble), 0)
     emits: list[Emit] = []
@@ -211,7 +211,7 @@ def committed_run(engine: loop.KafkaEngine) -> list[Emit]:
 
 
 def test_the_kafka_engine_counts_commit_latency_only_once_its_transaction_commits(
-        engine: loop.KafkaEngine) -> None:
+        engine: kafka_engine.KafkaEngine) -> None:
     """A committed call sent in a transaction that aborts adds no commit latency; sent in one
     that commits, it adds one. Its clients log through ``latch.kafka``; every output of a
     traced run carries the trace headers, and delivery reports come through the producer's
@@ -239,7 +239,7 @@ def test_the_kafka_engine_counts_commit_latency_only_once_its_transaction_commit
 
 
 def test_the_kafka_engine_counts_a_failed_delivery_under_its_topic(
-        engine: loop.KafkaEngine) -> None:
+        engine: kafka_engine.KafkaEngine) -> None:
     """A delivery report with an error counts one send failure for the output's topic."""
     class Msg:
         def topic(self) -> str:
@@ -252,7 +252,7 @@ def test_the_kafka_engine_counts_a_failed_delivery_under_its_topic(
 
 
 def test_the_kafka_engines_lag_is_behind_its_position_not_behind_transaction_markers(
-        engine: loop.KafkaEngine) -> None:
+        engine: kafka_engine.KafkaEngine) -> None:
     """Lag is the cached end offset less the consumer's position: a partition whose last
     record is followed by a transaction marker (position past it) has none; a partition with
     records unread has their count; the gauges show both."""
@@ -272,15 +272,15 @@ def test_the_kafka_engine_logs_one_json_object_per_line_when_asked(
     logging configuration both engines use), at the configured level."""
     import logging
 
-    from worker.runtime import kafka_engine
+    from worker.runtime import kafka_engine as package
     from worker.runtime.observability.logs import JsonFormatter
 
-    monkeypatch.setattr(loop, "Producer", FakeProducer)
-    monkeypatch.setattr(loop, "Consumer", FakeConsumer)
+    monkeypatch.setattr(kafka_engine, "Producer", FakeProducer)
+    monkeypatch.setattr(kafka_engine, "Consumer", FakeConsumer)
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     try:
-        kafka_engine.engine(load_config(None, env={
+        package.build(load_config(None, env={
             "LATCH_WORKER__HTTP_PORT": "0", "LATCH_WORKER__LOG_FORMAT": "json",
             "LATCH_WORKER__LOG_LEVEL": "warning"}))
         added = [h for h in root.handlers if h not in saved[0]]
@@ -300,14 +300,15 @@ def test_the_kafka_engine_exits_2_when_its_http_port_is_taken(
     import signal
     import socket
 
-    monkeypatch.setattr(loop, "Producer", FakeProducer)
-    monkeypatch.setattr(loop, "Consumer", FakeConsumer)
+    monkeypatch.setattr(kafka_engine, "Producer", FakeProducer)
+    monkeypatch.setattr(kafka_engine, "Consumer", FakeConsumer)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        engine = loop.KafkaEngine(load_config(None, env={"LATCH_WORKER__HTTP_PORT": str(port)}))
+        engine = kafka_engine.KafkaEngine(
+            load_config(None, env={"LATCH_WORKER__HTTP_PORT": str(port)}))
         try:
             assert engine.run() == 2
         finally:
