@@ -36,7 +36,7 @@ RUNTIME_UNPINNED = frozenset({
     "runtime/hooks.py", "runtime/kafka_engine/heads.py", "runtime/kafka_engine/instance.py",
     "runtime/kafka_engine/loop.py", "runtime/kafka_engine/reader.py",
     "runtime/kafka_engine/sends.py", "runtime/kafka_engine/settings.py",
-    "runtime/kafka_engine/transaction.py", "runtime/partition.py",
+    "runtime/kafka_engine/transaction.py",
 })
 
 
