@@ -32,7 +32,6 @@ RUNTIME_UNPINNED = frozenset({
     "runtime/faust_engine/heads.py", "runtime/faust_engine/kafka_io.py",
     "runtime/faust_engine/recovery.py", "runtime/faust_engine/sends.py",
     "runtime/faust_engine/settings.py",
-    "runtime/governance/registry_io.py",
     "runtime/hooks.py", "runtime/kafka_engine/heads.py", "runtime/kafka_engine/instance.py",
     "runtime/kafka_engine/loop.py", "runtime/kafka_engine/reader.py",
     "runtime/kafka_engine/sends.py", "runtime/kafka_engine/settings.py",
