@@ -1,12 +1,11 @@
 """Approvers judged by Cedar (issue 32 item 3): principal ``Latch::Approver::"<id>"`` (a
 member of its ``approvers.groups``), action ``approve``/``deny``/``edit``, resource the call's
 tool, context the run's tenant and the call's arguments. "Only the on-call group may approve
-deletes for tenant acme" is one policy; the worker's keys and signer come from the
-``approvers`` section, read as ``signing`` reads its keys."""
+deletes for tenant acme" is one policy. (The worker's keys and signer, read from the
+``approvers`` section: test_governance_approvers.py.)"""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -16,8 +15,6 @@ from builders import CHAT, PATH_SCHEMA, decision, dlq, errors, feed, provider_ru
 from worker.core import Assembler, AssembleSettings, Topic
 from worker.core.approvers import ApproverRequest, Approvers
 from worker.core.settings import ApprovalSettings
-from worker.runtime.config import ConfigError, load_config
-from worker.runtime.governance.approvers import approvers, decision_signer
 from worker.runtime.governance.policy import CedarPolicy
 
 POLICIES = """\
@@ -113,31 +110,6 @@ def test_an_approve_of_a_call_the_new_policy_forbids_is_denied() -> None:
     done = feed(a, [_signed(decision("r1", "approve", "c2", by="alice"), "alice-1")])
     assert not values(done, Topic.COMMITTED)
     assert [e["reason"] for e in errors(done)] == ["policy_denied"]
-
-
-def test_the_approvers_section_gives_keys_owners_and_a_signer(tmp_path: Path) -> None:
-    """Keys are read from files or variables (never printed); every key needs an owner; an
-    approval tool's signer signs only decisions by its key's owner, and the worker's
-    approvers accept what it signs."""
-    (tmp_path / "k").write_bytes(b"k" * 40)
-    path = tmp_path / "latch.yaml"
-    path.write_text(f"approvers:\n  key_id: alice-1\n  keys: {{alice-1: 'file:{tmp_path}/k', "
-                    "bob-1: 'env:BOB_KEY'}\n  owners: {alice-1: alice, bob-1: bob}\n"
-                    "  groups: {alice: [oncall]}\n")
-    config = load_config(path)
-    worker = approvers(config, {"BOB_KEY": "b" * 40})
-    assert worker is not None and worker.groups == {"alice": ("oncall",)}
-    assert "k" * 40 not in repr(worker)
-    signer = decision_signer(config)
-    assert signer is not None
-    env = signer.sign(decision("r1", "approve", "c2", by="alice"), 5)
-    from worker.core.envelope import decode
-    assert worker.refusal(decode(b"r1", orjson.dumps(env))) is None  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="belongs to alice"):
-        signer.sign(decision("r1", "approve", "c2", by="bob"), 5)
-    path.write_text("approvers:\n  keys: {x-1: 'env:X'}\n")
-    with pytest.raises(ConfigError, match="x-1 has no owner"):
-        approvers(load_config(path), {"X": "x" * 40})
 
 
 def test_the_forward_carries_the_signature_and_it_still_verifies() -> None:

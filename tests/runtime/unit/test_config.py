@@ -502,24 +502,6 @@ def test_a_secret_of_the_wrong_type_is_named_not_shown(tmp_path: Path, text: str
     assert SECRET not in message
 
 
-def test_a_policy_file_that_does_not_parse_stops_with_file_line_and_column(
-        tmp_path: Path) -> None:
-    """policy.mode enforce with a .cedar file Cedar cannot parse: the configuration is plain
-    data (load_config reads no Cedar), and the governance package's build of it, which the
-    worker, ``latch assemble`` and ``latch replay`` run first, refuses it naming the file,
-    line and column; an unquoted YAML `off` is the mode off."""
-    from worker.runtime.governance.policy_source import assembler_policy
-
-    bad = tmp_path / "p.cedar"
-    bad.write_text("permit(principal, action, resource);\nforbid(principal,\n action resource);")
-    config = load_config(env={"LATCH_POLICY__MODE": "enforce", "LATCH_POLICY__FILE": str(bad)})
-    with pytest.raises(ValueError, match=rf"{bad}:3:9: unexpected token"):
-        assembler_policy(config)
-    path = tmp_path / "latch.yaml"
-    path.write_text("policy:\n  mode: off\n")
-    assert load_config(path, env={}).policy.mode == "off"
-
-
 def test_protocol_repair_and_echo_tenants_load(tmp_path: Path) -> None:
     """``on_invalid_json: drop_with_protocol_repair`` (refused before issue 26 item 3) and
     ``echo_invalid_input_tenants`` load from the file and from LATCH_ variables; the echo is

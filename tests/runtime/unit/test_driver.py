@@ -208,28 +208,6 @@ def test_a_tick_value_carries_the_engines_clock() -> None:
     assert orjson.loads(tick_value(1234)) == {"v": 1, "type": "tick", "ts": 1234}
 
 
-def test_the_assignment_drops_what_a_revoked_partition_held(
-        caplog: pytest.LogCaptureFixture) -> None:
-    """``Assignment`` (both engines' bookkeeping, issue 24): a revocation drops the events
-    partitions' states and the control partitions' offsets and makes the worker not ready;
-    the control backlog counts a control partition without an offset as unread; the log line
-    of an assignment is the one the tests and tools read."""
-    driver = _driver()
-    owned = driver.owned
-    owned.assigned([0, 1])
-    owned.partitions.update({p: PartitionState(Assembler(_config().assemble), 0) for p in (0, 1)})
-    owned.control_next.update({0: 3, 1: 4})
-    assert [v.partition for v in owned.views(lambda p, s: 0)] == [0, 1]
-    assert not owned.control_behind({0: 3, 1: 4}) and owned.control_behind({0: 3, 1: 4}, [0, 2])
-    owned.revoked([1], [0])
-    assert list(owned.partitions) == [0] and owned.control_next == {1: 4}
-    assert driver.hooks.health.ready()[1]["owned"] == [0]
-    with caplog.at_level("INFO", logger="latch.worker"):
-        owned.log_assigned({3: None, 1: None}, dropped=2)
-    assert "events partitions assigned: [1, 3] (dropped 2 heads of partitions owned " \
-           "elsewhere)" in caplog.text
-
-
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 
 

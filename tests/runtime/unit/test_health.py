@@ -114,32 +114,3 @@ def test_ready_only_with_every_owned_control_partition_forwarding() -> None:
     assert health.ready()[0]
     health.assigned([], [])  # more workers than partitions
     assert health.ready()[0]
-
-
-def test_the_assignment_reports_control_partitions_forwarded_to_their_ends() -> None:
-    """``Assignment.control_forwarding`` (both engines, once their forwards are in the
-    events log) reports as forwarding each owned control partition whose next offset reached
-    its known end; one with an unknown end, or records left, is not."""
-    from worker.runtime.assignment import Assignment
-    from worker.runtime.config import load_config
-    from worker.runtime.hooks import EngineHooks
-
-    hooks = EngineHooks(load_config(None, env={}))
-    owned = Assignment(hooks)
-    owned.assigned([0], [0, 1, 2])
-    owned.control_next.update({0: 3, 1: 4})
-    owned.control_forwarding({0: 3, 1: 9}, [0, 1, 2])
-    assert hooks.health.ready()[1]["control_not_forwarding"] == [1, 2]
-    owned.control_next.update({1: 9, 2: 0})
-    owned.control_forwarding({0: 3, 1: 9, 2: None})
-    assert hooks.health.ready()[1]["control_not_forwarding"] == [2]
-    owned.control_forwarding({0: 3, 1: 9, 2: 0})
-    assert hooks.health.ready()[1]["control_not_forwarding"] == []
-    # a transaction's commit marker ends partition 1: read past it, the partition forwards
-    owned.revoked([], [1])
-    owned.assigned([0], [0, 1])
-    owned.control_next[1] = 9
-    owned.control_forwarding({0: 3, 1: 10})
-    assert hooks.health.ready()[1]["control_not_forwarding"] == [1]
-    owned.control_forwarding({0: 3, 1: 10}, read={1: 10})
-    assert hooks.health.ready()[1]["control_not_forwarding"] == []

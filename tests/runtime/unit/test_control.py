@@ -1,4 +1,6 @@
-"""The control topic's approvals (issue 26): ``approve``, ``deny`` and ``edit`` are forwarded
+"""The control topic (worker/runtime/control.py): a cancel is forwarded into its run's events
+partition as its cancel marker; anything else but a decision goes to the DLQ, refused by the
+core's own reasons. Its approvals (issue 26): ``approve``, ``deny`` and ``edit`` are forwarded
 into the run's events partition like a cancel, as a canonical envelope of their checked fields
 (so take-over and replay read what the live worker applied); a malformed one goes to the DLQ
 with its original bytes."""
@@ -57,3 +59,32 @@ def test_a_malformed_decision_goes_to_the_dlq(doc: dict[str, object]) -> None:
     assert isinstance(routed, Emit)
     assert routed.value["reason"] == "invalid_envelope"
     assert base64.b64decode(routed.value["original_b64"]) == orjson.dumps(doc)
+
+
+def test_a_cancel_is_forwarded_as_its_marker_keyed_by_its_run() -> None:
+    """A cancel becomes the events topic's cancel marker (its reason, ``cancelled`` when it
+    gives none; nothing else of it), keyed by its run, with or without a source."""
+    assert _route({"v": 1, "type": "cancel", "run_id": "r1", "ts": 5, "reason": "user"}) == (
+        b"r1", orjson.dumps({"v": 1, "run_id": "r1", "type": "cancel", "reason": "user"}))
+    key, value = route(Record(b"r1", orjson.dumps({"v": 1, "type": "cancel", "run_id": "r1",
+                                                   "ts": 5}), None, None))  # type: ignore[misc]
+    assert key == b"r1" and orjson.loads(value)["reason"] == "cancelled"
+
+
+@pytest.mark.parametrize(("key", "value", "reason", "detail"), [
+    (b"r1", orjson.dumps({"v": 1, "type": "stream.end", "run_id": "r1", "ts": 5, "seq": 0}),
+     "invalid_envelope", "the control topic takes only cancel, approve, deny and edit"),
+    (b"x", orjson.dumps({"v": 1, "type": "cancel", "run_id": "r1", "ts": 5}),
+     "key_mismatch", "the record key differs from run_id"),
+    (b"x", b"not json", "undecodable", "not JSON"),
+], ids=["events_envelope", "key_mismatch", "not_json"])
+def test_any_other_control_record_goes_to_the_dlq(key: bytes, value: bytes, reason: str,
+                                                    detail: str) -> None:
+    """A valid envelope of the events topic, a cancel under another run's key, or bytes that
+    are not JSON: one DLQ record under the control record's key, with the reason, the
+    control record it came from and its original bytes; never a forward."""
+    routed = route(Record(key, value, None, SOURCE))
+    assert isinstance(routed, Emit) and routed.key == key.decode()
+    assert routed.value["reason"] == reason and detail in routed.value["detail"]
+    assert routed.value["source"]["offset"] == 7
+    assert base64.b64decode(routed.value["original_b64"]) == value

@@ -1,4 +1,10 @@
-"""A cancel that reaches the events log before its run's ``run.start`` survives a takeover
+"""What a worker holds for one events partition, and the run heads behind it
+(worker/runtime/partition.py): the heads as a table keeps them (packed) and as the changelog
+holds them (JSON objects, anything else ignored), :class:`PartitionState` applying records and
+confirming its sends, :func:`replay`'s filter of a rebuild, and the heads that keep a cancel
+across a takeover.
+
+A cancel that reaches the events log before its run's ``run.start`` survives a takeover
 (issue 9, item 7, in the runtime).
 
 The core remembers such a cancel (``remember_early_cancels``, ``early_cancel_ttl_s`` of record
@@ -20,12 +26,14 @@ engines do, record by record, without Kafka:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import driving
 import orjson
+import pytest
 from builders import cancel, chat_calls, chat_run, chat_tool
 
 from worker.core import Assembler, AssembleSettings, Emit, Topic
@@ -34,7 +42,21 @@ from worker.runtime import step
 from worker.runtime.config import load_config
 from worker.runtime.driver import Driver
 from worker.runtime.hooks import EngineHooks
-from worker.runtime.partition import Heads, PartitionState
+from worker.runtime.partition import (
+    POLICY_AT,
+    TICK,
+    Heads,
+    PartitionState,
+    decode_head,
+    encode_head,
+    finished_runs,
+    head_partition,
+    head_policy,
+    pack_head,
+    refinished,
+    replay,
+    unpack_head,
+)
 from worker.runtime.step import Record
 
 TOOLS = [chat_tool("read_file", {"type": "object"})]
@@ -192,3 +214,118 @@ def test_a_rebuild_feeds_a_run_only_from_its_heads_start() -> None:
     assert rebuilt.assembler.is_open("r") and rebuilt.assembler.is_open("q")
     rest = log.envelopes(_run("r")[2:], 1006)
     assert _ends(process(rebuilt, Heads(table, 3600), rest), "r") == ("completed", ["call_r"])
+
+
+@pytest.mark.parametrize(("head", "stored"), [
+    ({"p": 2, "start": 7}, (2, 7)),
+    ({"p": 2, "start": 7, POLICY_AT: 4}, (2, 7, 4)),
+    ({"p": 2, "start": 7, "cancel": True}, None),
+    ({"p": 2, "start": 7, POLICY_AT: "4"}, None),
+    ({"p": True, "start": 7}, None),
+    ({"p": 2, "done": True, "seq": 3, "status": "completed", "at": 9}, None),
+], ids=["open", "open_with_policy", "waiting_cancel", "policy_not_int", "p_bool", "done"])
+def test_an_open_head_is_kept_packed_and_read_back_as_its_dict(
+        head: dict[str, Any], stored: tuple[int, ...] | None) -> None:
+    """``pack_head``: an open run's head (with its policy version or not) is kept as a tuple,
+    any other head (a waiting cancel, a done head, a member of another type) as its dict;
+    ``unpack_head`` gives the same dict back, and ``head_partition`` its ``p`` either way."""
+    packed = pack_head(head)
+    assert packed == (head if stored is None else stored)
+    assert unpack_head(packed) == head
+    assert head_partition(packed) == head["p"]
+
+
+def test_a_heads_policy_version_is_read_only_when_it_is_one() -> None:
+    """``head_policy``: the ``pv`` of an open head when it is an integer version (1 or
+    more); None for a head without one, a value that is no version, or no dict at all."""
+    assert head_policy({"p": 0, "start": 1, POLICY_AT: 3}) == 3
+    for head in ({"p": 0, "start": 1}, {POLICY_AT: 0}, {POLICY_AT: "3"}, {POLICY_AT: True},
+                 {POLICY_AT: 2.0}, (0, 1, 3), None):
+        assert head_policy(head) is None, head
+
+
+def test_the_changelog_holds_a_head_as_a_json_object_and_nothing_else() -> None:
+    """``encode_head`` writes the head as JSON and ``decode_head`` reads it back; a value
+    that is not JSON, or JSON that is not an object, reads as None (ignored, not trusted)."""
+    head = {"p": 1, "done": True, "seq": 4, "status": "cancelled", "at": 12, "d": [[0, 3]]}
+    assert orjson.loads(encode_head(head)) == head
+    assert decode_head(encode_head(head)) == head
+    for value in (b"", b"not json", b"[1, 2]", b'"head"', b"7", b"null"):
+        assert decode_head(value) is None, value
+
+
+def test_applying_a_record_moves_the_partitions_clock_forward_only() -> None:
+    """``PartitionState.apply`` gives the core's emits of the record and keeps the latest
+    record time seen: an earlier record, or one without a time, leaves it."""
+    log = Log()
+    state = PartitionState(Assembler(_settings()), next_offset=0)
+    first, *rest = log.envelopes(_run("r"), 5_000)
+    assert state.apply(first) == [] and state.clock_ms == 5_000
+    assert state.assembler.is_open("r")
+    state.apply(log.tick(4_000))
+    assert state.clock_ms == 5_000
+    state.apply(Record(TICK, orjson.dumps({"v": 1, "type": "tick", "ts": 1}), None,
+                       step.Source("ev", 0, 99)))
+    assert state.clock_ms == 5_000
+    emits = [e for record in rest for e in state.apply(record)]
+    assert finished_runs(emits) == ["r"] and state.clock_ms == 5_000
+
+
+def test_confirm_waits_for_every_send_and_raises_when_one_failed() -> None:
+    """``PartitionState.confirm`` awaits the sends not yet confirmed and forgets them;
+    a send that failed raises from it."""
+    async def scenario() -> None:
+        state = PartitionState(Assembler(_settings()), next_offset=0)
+        await state.confirm()  # none: nothing to wait for
+        done: list[int] = []
+
+        async def send(n: int) -> None:
+            done.append(n)
+
+        async def failed() -> None:
+            raise RuntimeError("not delivered")
+
+        state.unconfirmed += [send(1), send(2)]
+        await state.confirm()
+        assert done == [1, 2] and state.unconfirmed == []
+        state.unconfirmed.append(failed())
+        with pytest.raises(RuntimeError, match="not delivered"):
+            await state.confirm()
+        assert state.unconfirmed == []
+
+    asyncio.run(scenario())
+
+
+def test_replay_feeds_ticks_and_the_open_runs_from_their_start_only() -> None:
+    """``replay``: a record of a run without an open head, or before its head's start, is not
+    fed (the assembler never sees it); a tick always is; the records of a run from its
+    start are, and its progress records are dropped."""
+    log = Log()
+    records = log.envelopes(_run("r"), 1_000)
+    other = log.envelopes(_run("q")[:1], 1_001)
+    state = PartitionState(Assembler(_settings(emit_progress=True)), next_offset=0)
+    assert replay(state, {b"r": 1}, records[0]) == []  # before r's head's start
+    assert replay(state, {b"r": 0}, other[0]) == []  # q has no head
+    assert not state.assembler.is_open("q") and not state.assembler.is_open("r")
+    replay(state, {b"r": 0}, log.tick(1_002))
+    assert state.clock_ms == 1_002
+    live = PartitionState(Assembler(_settings(emit_progress=True)), next_offset=0)
+    applied = [e for record in records for e in live.apply(record)]
+    fed = [e for record in records for e in replay(state, {b"r": 0}, record)]
+    assert any(e.topic is Topic.PROGRESS for e in applied)
+    assert fed == [e for e in applied if e.topic is not Topic.PROGRESS]
+    assert finished_runs(fed) == ["r"]
+
+
+def test_runs_finished_in_a_rebuild_are_published_again_and_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``refinished``: the emits of the runs whose final message came during a rebuild (their
+    done head was lost), all of them and no other run's; a warning names the partition and
+    the count; nothing finished, nothing logged."""
+    emits = [Emit(Topic.COMMITTED, "r", {"n": 1}), Emit(Topic.COMMITTED, "q", {"n": 2}),
+             Emit(Topic.FINAL, "r", {"status": "completed"})]
+    with caplog.at_level("WARNING", logger="latch.worker"):
+        assert refinished(3, emits) == [emits[0], emits[2]]
+    assert "partition 3: 1 runs finished during the rebuild without a done head" in caplog.text
+    caplog.clear()
+    assert refinished(3, emits[:2]) == [] and not caplog.text
