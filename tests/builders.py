@@ -111,6 +111,29 @@ def tick(ts: int) -> dict[str, Any]:
     return {"v": 1, "type": "tick", "ts": ts}
 
 
+def tool_result(call: dict[str, Any], content: str = "ok", *, is_error: bool = False,
+                structured: Any = None, source: tuple[int, int] | None = None,
+                size: int | None = None, keep_content: bool = True, **changes: Any
+                ) -> dict[str, Any]:
+    """The ``tool.result`` marker the worker forwards into the events log for a runner's result
+    answering the committed ``call`` (a committed call record's value); ``changes`` replace
+    fields (a forged name or key)."""
+    counted = len(content.encode()) + (len(orjson.dumps(structured)) if structured is not None
+                                       else 0)
+    env: dict[str, Any] = {"v": 1, "run_id": call["run_id"], "type": "tool.result",
+                           "tool_call_id": call["call_id"], "name": call["name"],
+                           "idempotency_key": call["idempotency_key"], "is_error": is_error,
+                           "size": counted if size is None else size}
+    if keep_content:
+        env["content"] = content
+        if structured is not None:
+            env["structured"] = structured
+    if source is not None:
+        env["source"] = list(source)
+    env.update(changes)
+    return env
+
+
 def _marker(kind: str, run_id: str | None, seq: int | None) -> dict[str, Any]:
     env: dict[str, Any] = {"v": 1, "type": kind}
     if run_id is not None:

@@ -105,14 +105,22 @@ from worker.core.envelope import (
     RunStart,
     StreamError,
     Tick,
+    ToolResult,
     checked,
     decode,
     undecodable,
 )
 from worker.core.identity import identities
-from worker.core.latch import Latch
+from worker.core.latch import (
+    TOOLSET_REQUIRED,
+    UNKNOWN_TOOLSET,
+    Latch,
+    toolset_required,
+    unknown_toolset,
+)
 from worker.core.ledger import Ledger, Rules
 from worker.core.model import DlqReason, Emit, Reason, RunStatus
+from worker.core.pairing import Pairing, paired
 from worker.core.policy import Policy
 from worker.core.providers import adapter_for
 from worker.core.remembered import Remembered
@@ -210,6 +218,11 @@ class Assembler:
         self.toolsets: ToolsetLookup | None = None
         #: The policy set in force (None: no policy decides; set by the worker's driver).
         self.policy: Policy | None = None
+        results = self.settings.results
+        #: The result latch (core/pairing.py; None: ``results.enabled`` is off).
+        self.pairing: Pairing | None = Pairing(
+            results, self._reject, self.settings.audit_key,
+            self.settings.remember_finished_runs) if results.enabled else None
         #: Tenants whose runs must name a registered toolset (:func:`_toolset_required`).
         self._require_toolsets: frozenset[str | None] = frozenset(
             self.settings.require_toolsets_for)
@@ -238,10 +251,17 @@ class Assembler:
 
     # -- entry points -----------------------------------------------------------------
 
-    def feed_record(
-        self, key: bytes | None, value: bytes, now_ms: int | None = None,
-        source: RecordSource | None = None,
-    ) -> list[Emit]:
+    def feed_record(self, key: bytes | None, value: bytes, now_ms: int | None = None,
+                    source: RecordSource | None = None) -> list[Emit]:
+        """:meth:`_feed_record`; the result latch sees what it emits (core/pairing.py)."""
+        emits = self._feed_record(key, value, now_ms, source)
+        pairing = self.pairing
+        if emits and pairing is not None:
+            return pairing.observe(emits, self._clock)
+        return emits
+
+    def _feed_record(self, key: bytes | None, value: bytes, now_ms: int | None,
+                     source: RecordSource | None) -> list[Emit]:
         """Decode one input record and apply it; a bad record becomes one DLQ record.
 
         ``now_ms`` is the record time; offline (None) it is the envelope's ``ts``, else the
@@ -320,18 +340,25 @@ class Assembler:
                        now_ms: int | None, source: RecordSource | None) -> list[Emit]:
         if isinstance(envelope, Rejected):
             return [self._reject(envelope, key, value, source)]
-        return self.feed(envelope, self._now(now_ms, envelope.ts), raw=(key, value, source))
+        return self._feed(envelope, self._now(now_ms, envelope.ts), raw=(key, value, source))
 
-    def feed(
-        self,
-        envelope: Envelope,
-        now_ms: int,
-        raw: tuple[bytes | None, bytes, RecordSource | None] | None = None,
-    ) -> list[Emit]:
-        """Apply one decoded envelope at record time ``now_ms``."""
+    def feed(self, envelope: Envelope, now_ms: int,
+             raw: tuple[bytes | None, bytes, RecordSource | None] | None = None) -> list[Emit]:
+        """Apply one decoded envelope at record time ``now_ms``; the result latch sees what
+        it emits (core/pairing.py)."""
+        emits = self._feed(envelope, now_ms, raw)
+        pairing = self.pairing
+        if emits and pairing is not None:
+            return pairing.observe(emits, max(self._clock, now_ms))
+        return emits
+
+    def _feed(self, envelope: Envelope, now_ms: int,
+              raw: tuple[bytes | None, bytes, RecordSource | None] | None = None) -> list[Emit]:
         self._ledger.at = raw[2] if raw is not None else None
         if isinstance(envelope, Tick):
-            return self.expire(now_ms)  # the record time, never the payload's ts
+            return self._expire(now_ms)  # the record time, never the payload's ts
+        if isinstance(envelope, ToolResult):  # (core/pairing.py; a DLQ record when off)
+            return paired(self.pairing, envelope, now_ms, raw, self._reject)
         run = self._runs.get(envelope.run_id)
         if run is None and self._waiting:
             waiting = self._waiting.get(envelope.run_id)
@@ -357,8 +384,17 @@ class Assembler:
         return run.stream_end()
 
     def expire(self, now_ms: int) -> list[Emit]:
-        """Fail every run that has seen no event for ``assemble_idle_timeout_s``, and forget
-        the cancels that waited ``early_cancel_ttl_s`` for their ``run.start`` in vain."""
+        """:meth:`_expire`; the result latch sees what it emits (core/pairing.py)."""
+        emits = self._expire(now_ms)
+        pairing = self.pairing
+        if emits and pairing is not None:
+            return pairing.observe(emits, now_ms)
+        return emits
+
+    def _expire(self, now_ms: int) -> list[Emit]:
+        """Fail every run that has seen no event for ``assemble_idle_timeout_s``, forget
+        the cancels that waited ``early_cancel_ttl_s`` for their ``run.start`` in vain, and
+        answer ``tool_timeout`` the committed calls whose results are late."""
         if self._early_cancels:  # by record time too: what the worker's heads mirror
             self._remembered.forget_early_cancels(now_ms)
         limit = self.settings.assemble_idle_timeout_s * 1000
@@ -374,6 +410,9 @@ class Assembler:
             wait_ms = self.settings.approvals.approval_timeout_s * 1000
             for run in [*self._waiting.values(), *held]:
                 emits += self._approvals.expire(run, now_ms, wait_ms)
+        pairing = self.pairing
+        if pairing is not None and pairing.turns:
+            emits += pairing.expire(now_ms)
         return emits
 
     @property
@@ -394,8 +433,10 @@ class Assembler:
 
     def is_open(self, run_id: str) -> bool:
         """Whether ``run_id`` has started and not yet finished (its final message not yet
-        emitted: it may wait for approvals)."""
-        return run_id in self._runs or run_id in self._waiting
+        emitted: it may wait for approvals; or, with the result latch, its turn record)."""
+        pairing = self.pairing
+        return run_id in self._runs or run_id in self._waiting or (
+            pairing is not None and run_id in pairing.turns)
 
     def finished(self, run_id: str) -> tuple[int, RunStatus] | None:
         """The last applied ``seq`` and the status of a remembered finished run, else None."""
@@ -445,10 +486,10 @@ class Assembler:
             detail = (f"the worker's open-run budget ({limit} runs) was exhausted; the least "
                       "recently active run was ended")
             emits += self._evict(self._approvals.least_active(), detail, "evicted_open_runs")
-        required = start.toolset is None and _toolset_required(self._require_toolsets,
+        required = start.toolset is None and toolset_required(self._require_toolsets,
                                                                start.tenant)
         given = None if required else self._given_tools(start, now_ms)
-        tools, cost, emits_ = (_UNKNOWN_TOOLSET, 0, []) if required else self._tools(start, given)
+        tools, cost, emits_ = (UNKNOWN_TOOLSET, 0, []) if required else self._tools(start, given)
         emits += emits_
         budget = self.settings.max_tool_calls_per_run
         if start.max_tool_calls is not None:
@@ -461,9 +502,9 @@ class Assembler:
                       tool_attributes(given, tools, start.toolset),
                       identities(start.provider, given))
         if required:
-            latch.unknown = _TOOLSET_REQUIRED
+            latch.unknown = TOOLSET_REQUIRED
         elif start.toolset is not None and not tools:
-            latch.unknown = _unknown_toolset(start.toolset, tools is _UNKNOWN_TOOLSET,
+            latch.unknown = unknown_toolset(start.toolset, tools is UNKNOWN_TOOLSET,
                                              self.toolsets is not None)
         run = self._new_run(start, adapter, latch, now_ms, raw[0] if raw is not None else None)
         if not adapter.peeked:
@@ -501,7 +542,7 @@ class Assembler:
         ``given``: :meth:`_given_tools` (None for a registry toolset not known: no tools)."""
         limit, budget = self.settings.max_tool_schema_bytes, self._ledger.limit
         if start.toolset is not None and given is None:
-            return _UNKNOWN_TOOLSET, 0, []
+            return UNKNOWN_TOOLSET, 0, []
         tools = {name: self._validators.prepare(schema, limit)
                  for name, schema in client_tools(start.provider, given).items()}
         cost = sum(len(t.text) for t in tools.values() if t.text is not None)
@@ -557,37 +598,3 @@ class Assembler:
     def _reject(self, rejected: Rejected, key: bytes | None, value: bytes,
                 source: RecordSource | None) -> Emit:
         return self._ledger.reject(rejected, key, value, source)
-
-
-def _toolset_required(required: frozenset[str | None], tenant: str | None) -> bool:
-    """Whether a run of ``tenant`` must name a registered toolset (``required``:
-    ``require_toolsets_for``; ``*``: every run). ``tenant`` is the gateway's word (it writes
-    the envelope); the tools a run.start carries inline are the tenant's, MCP annotations
-    included, so such a run gets none (``toolset_required``)."""
-    return bool(required) and ("*" in required or tenant in required)
-
-
-#: The tool map of a run whose registry toolset is unknown (never changed).
-_UNKNOWN_TOOLSET: dict[str, ToolSchema] = {}
-#: Why every call fails of a run that must name a registered toolset and did not.
-_TOOLSET_REQUIRED = (Reason.TOOLSET_REQUIRED, "the run's tenant must name a registered "
-                     "toolset (registry.require_toolsets_for) and its run.start named none: "
-                     "tools given inline are not used")
-
-
-def _unknown_toolset(toolset: tuple[str, int], unknown: bool, registry: bool = True
-                     ) -> tuple[Reason, str]:
-    """Why every call of a run that names ``toolset`` fails: the version is unknown (or no
-    registry is read at all: ``registry`` False, e.g. ``latch assemble`` without
-    ``--registry``), or it holds no client tool of the run's provider (``unknown_tool``, as
-    an empty ``tools``)."""
-    name, version = toolset
-    if unknown and not registry:
-        return Reason.UNKNOWN_TOOLSET, (f"the run names toolset {name!r} version {version} "
-                                        "and no registry is read here (offline: latch "
-                                        "assemble --registry reads the registry topic)")
-    if unknown:
-        return Reason.UNKNOWN_TOOLSET, (f"the registry holds no toolset {name!r} version "
-                                        f"{version} for this run")
-    return Reason.UNKNOWN_TOOL, (f"toolset {name!r} version {version} has no client tool of "
-                                 "the run's provider")

@@ -135,6 +135,35 @@ class Decision(NamedTuple):
     signature: Signature | None = None
 
 
+#: The type of a forwarded result (``worker.runtime.results`` writes it into the events log).
+RESULT = "tool.result"
+#: The longest idempotency key accepted on a result (Latch's own are 64 hex characters).
+MAX_IDEMPOTENCY_KEY_LENGTH = 256
+
+
+class ToolResult(NamedTuple):
+    """A runner's result for one committed call, forwarded from the results topic into its
+    run's events partition (``worker.runtime.results``), so that pairing it with its call
+    takes its place in the run's one ordered history (core/pairing.py)."""
+
+    run_id: str
+    ts: int | None
+    tool_call_id: str
+    name: str
+    idempotency_key: str
+    is_error: bool
+    #: UTF-8 bytes of the result's content plus its structured content's JSON text.
+    size: int
+    #: The content (None: over the forwarder's ``results.max_bytes``, left in the results
+    #: topic; the latch answers the call ``result_too_large``).
+    content: str | None
+    #: An MCP tool's ``structuredContent`` (None: none, or left out with the content).
+    structured: Any = None
+    #: The results record it was forwarded from, (partition, offset) (None: not forwarded by
+    #: a worker): a result forwarded twice is recognised by it.
+    source: tuple[int, int] | None = None
+
+
 class Source(NamedTuple):
     """Where an input record was read: what a DLQ record's ``source`` says of it."""
 
@@ -147,7 +176,8 @@ class Source(NamedTuple):
 #: a mapping (offline callers; a DLQ record copies it).
 RecordSource = Source | dict[str, Any]
 
-Envelope = RunStart | ProviderEvent | StreamEnd | StreamError | Cancel | Decision | Tick
+Envelope = (RunStart | ProviderEvent | StreamEnd | StreamError | Cancel | Decision | Tick
+            | ToolResult)
 RunEnvelope = RunStart | ProviderEvent | StreamEnd | StreamError | Cancel | Decision
 
 
@@ -223,6 +253,8 @@ def from_dict(doc: dict[str, Any], key: bytes | None = None) -> Envelope | Rejec
         return Cancel(run_id, ts, reason[:64] if isinstance(reason, str) else "cancelled")
     if kind in DECISIONS:
         return _decision(doc, kind, run_id, ts)
+    if kind == RESULT:
+        return _result(doc, run_id, ts)
     seq = doc.get("seq")
     if type(seq) is not int or seq < 0:  # _is_count inlined: this runs for every record
         return Rejected(DlqReason.INVALID_ENVELOPE, "seq is not a non-negative integer", run_id)
@@ -323,6 +355,38 @@ def _decision(doc: dict[str, Any], kind: str, run_id: str, ts: int | None
         return Rejected(DlqReason.INVALID_ENVELOPE, signature, run_id)
     return Decision(run_id, ts, kind, call_id, by, reason,
                     arguments if kind == EDIT else None, control, signature)
+
+
+def _result(doc: dict[str, Any], run_id: str, ts: int | None) -> ToolResult | Rejected:
+    """A forwarded ``tool.result``: the call it answers (``tool_call_id``, ``name``,
+    ``idempotency_key``, each bounded), ``is_error``, ``size``, the ``content`` (a string, or
+    absent when over the limit), ``structured`` (any JSON) and ``source``."""
+    call_id, name, key = doc.get("tool_call_id"), doc.get("name"), doc.get("idempotency_key")
+    if not isinstance(call_id, str) or not call_id or len(call_id) > _MAX_CALL_ID:
+        return Rejected(DlqReason.INVALID_ENVELOPE, "tool_call_id is missing, empty or longer "
+                        f"than {_MAX_CALL_ID} characters", run_id)
+    if not isinstance(name, str) or not name or len(name) > _MAX_CALL_ID:
+        return Rejected(DlqReason.INVALID_ENVELOPE, "name is missing, empty or longer than "
+                        f"{_MAX_CALL_ID} characters", run_id)
+    if not isinstance(key, str) or not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
+        return Rejected(DlqReason.INVALID_ENVELOPE, "idempotency_key is missing, empty or "
+                        f"longer than {MAX_IDEMPOTENCY_KEY_LENGTH} characters", run_id)
+    is_error, size, content = doc.get("is_error"), doc.get("size"), doc.get("content")
+    if type(is_error) is not bool:
+        return Rejected(DlqReason.INVALID_ENVELOPE, "is_error is not a boolean", run_id)
+    if not _is_count(size):
+        return Rejected(DlqReason.INVALID_ENVELOPE, "size is not a non-negative integer", run_id)
+    if content is not None and not isinstance(content, str):
+        return Rejected(DlqReason.INVALID_ENVELOPE, "content is not a string", run_id)
+    source = doc.get("source")
+    if source is not None:
+        if (not isinstance(source, list) or len(source) != 2
+                or not all(type(n) is int and n >= 0 for n in source)):
+            return Rejected(DlqReason.INVALID_ENVELOPE, "source is not [partition, offset] of "
+                            "non-negative integers", run_id)
+        source = (source[0], source[1])
+    return ToolResult(run_id, ts, call_id, name, key, is_error, int(size), content,
+                      doc.get("structured"), source)
 
 
 def _signature(value: Any) -> Signature | str | None:

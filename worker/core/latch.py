@@ -286,3 +286,40 @@ def denial(decision: PolicyDecision) -> str:
 def _json_type(value: Any) -> str:
     names = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
     return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+# -- why every call of a run fails: its toolset (the assembler sets ``Latch.unknown``) ----
+
+
+def toolset_required(required: frozenset[str | None], tenant: str | None) -> bool:
+    """Whether a run of ``tenant`` must name a registered toolset (``required``:
+    ``require_toolsets_for``; ``*``: every run). ``tenant`` is the gateway's word (it writes
+    the envelope); the tools a run.start carries inline are the tenant's, MCP annotations
+    included, so such a run gets none (``toolset_required``)."""
+    return bool(required) and ("*" in required or tenant in required)
+
+
+#: The tool map of a run whose registry toolset is unknown (never changed).
+UNKNOWN_TOOLSET: dict[str, ToolSchema] = {}
+#: Why every call fails of a run that must name a registered toolset and did not.
+TOOLSET_REQUIRED = (Reason.TOOLSET_REQUIRED, "the run's tenant must name a registered "
+                     "toolset (registry.require_toolsets_for) and its run.start named none: "
+                     "tools given inline are not used")
+
+
+def unknown_toolset(toolset: tuple[str, int], unknown: bool, registry: bool = True
+                     ) -> tuple[Reason, str]:
+    """Why every call of a run that names ``toolset`` fails: the version is unknown (or no
+    registry is read at all: ``registry`` False, e.g. ``latch assemble`` without
+    ``--registry``), or it holds no client tool of the run's provider (``unknown_tool``, as
+    an empty ``tools``)."""
+    name, version = toolset
+    if unknown and not registry:
+        return Reason.UNKNOWN_TOOLSET, (f"the run names toolset {name!r} version {version} "
+                                        "and no registry is read here (offline: latch "
+                                        "assemble --registry reads the registry topic)")
+    if unknown:
+        return Reason.UNKNOWN_TOOLSET, (f"the registry holds no toolset {name!r} version "
+                                        f"{version} for this run")
+    return Reason.UNKNOWN_TOOL, (f"toolset {name!r} version {version} has no client tool of "
+                                 "the run's provider")

@@ -222,6 +222,22 @@ class DlqReason(StrEnum):
     APPROVAL_BAD_SIGNATURE = "approval_bad_signature"
     #: A signed decision whose approver the policy in force does not allow to make it.
     APPROVER_NOT_ALLOWED = "approver_not_allowed"
+    #: A result for a call that already has its one result (the first valid one counts).
+    RESULT_DUPLICATE = "result_duplicate"
+    #: A result for a call the latch already answered ``tool_timeout``.
+    RESULT_LATE = "result_late"
+
+
+class ResultReason(StrEnum):
+    """Why a committed call's result is an error the latch wrote or put in its place
+    (core/pairing.py): the turn record's ``outcome`` and the result's ``reason``."""
+
+    #: No result came within the call's deadline (``results.deadline_s``).
+    TOOL_TIMEOUT = "tool_timeout"
+    #: The result's content is larger than ``results.max_bytes``: its size, never its text.
+    RESULT_TOO_LARGE = "result_too_large"
+    #: The structured result does not match the MCP tool's ``outputSchema``.
+    RESULT_SCHEMA_INVALID = "result_schema_invalid"
 
 
 class RunStatus(StrEnum):
@@ -250,6 +266,12 @@ class Topic(StrEnum):
     #: ``run.ended`` records: a run Latch ended while its stream may still be running
     #: (:data:`ABORT_REASONS`; decision 0015), for the gateway to stop reading the provider.
     RUN_ENDED = "run_ended"
+    #: A result the latch writes for a committed call no runner answered in time
+    #: (``tool_timeout``): the results topic, beside the runners' own (core/pairing.py).
+    RESULTS = "results"
+    #: One turn record per run once every call of it has its one result
+    #: (``schemas/turn.schema.json``, ``topics.turns``; core/pairing.py).
+    TURNS = "turns"
 
 
 #: The reasons for which Latch ends a run that the gateway cannot see in its own stream (a

@@ -52,6 +52,46 @@ class ApprovalSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolResultLimits:
+    """One tool's own result limits (``results.tools.<name>``): None keeps the section's."""
+
+    deadline_s: float | None = None
+    max_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResultSettings:
+    """The result latch (the ``results`` section of ``latch.yaml``; docs/contract.md, "The
+    result latch"): every committed call answered once, on time and checked, and each run's
+    turn record once every call of it has its one result."""
+
+    #: Whether the worker pairs results with their calls and writes turn records. The core's
+    #: default is off (``latch assemble`` and the core's tests see no turn records); the
+    #: worker's configuration turns it on.
+    enabled: bool = False
+    #: Record time a committed call may wait for its result (from the record that committed
+    #: it); then the latch answers it ``tool_timeout`` (checked at ticks, like the idle timeout).
+    deadline_s: float = 300.0
+    #: UTF-8 bytes of a result's content (and of its structured content's JSON text) above
+    #: which it is replaced by an error result ``result_too_large`` (its size, never its text).
+    max_bytes: int = 262_144
+    #: Per tool (the name the run registered): its own ``deadline_s`` and ``max_bytes``.
+    tools: tuple[tuple[str, ToolResultLimits], ...] = ()
+
+    def limits(self, name: str) -> tuple[int, int]:
+        """``(deadline_ms, max_bytes)`` for a call of tool ``name``."""
+        deadline_s, max_bytes = self.deadline_s, self.max_bytes
+        for tool, own in self.tools:
+            if tool == name:
+                if own.deadline_s is not None:
+                    deadline_s = own.deadline_s
+                if own.max_bytes is not None:
+                    max_bytes = own.max_bytes
+                break
+        return int(deadline_s * 1000), max_bytes
+
+
+@dataclass(frozen=True, slots=True)
 class AuditKey:
     """The key that makes an audit record's argument digest (``arguments.hmac``): its id, as
     the record names it (``audit.key_id``), and its bytes, read by the worker from the file or
@@ -150,6 +190,8 @@ class AssembleSettings:
     #: run fails ``toolset_required``; ``"*"``: every tenant, a run without one too. From
     #: ``registry.require_toolsets_for``, merged in by the config.
     require_toolsets_for: tuple[str, ...] = ()
+    #: The result latch (the ``results`` section, merged in by the config).
+    results: ResultSettings = ResultSettings()
 
 
 def largest_records(settings: AssembleSettings) -> list[tuple[str, int, tuple[str, ...]]]:

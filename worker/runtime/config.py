@@ -55,6 +55,8 @@ from worker.core.settings import (
     OUTPUT_RECORD_BYTES,
     ApprovalSettings,
     AssembleSettings,
+    ResultSettings,
+    ToolResultLimits,
     largest_records,
 )
 from worker.runtime.schemas import load_schema, validator
@@ -186,6 +188,7 @@ class TopicNames:
     audit: str = "latch.audit"
     run_ended: str = "llm.runs.ended"
     results: str = "tool.calls.results"
+    turns: str = "llm.turns"
     journal: str = "tool.calls.journal"
     registry: str = "latch.registry"
     pending: str = "tool.calls.pending"
@@ -289,6 +292,28 @@ class AuditSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ResultsSection:
+    """The ``results`` section (the result latch; core ``ResultSettings``)."""
+
+    enabled: bool = True
+    deadline_s: float = 300.0
+    max_bytes: int = 262_144
+    tools: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tools", MappingProxyType(
+            {name: MappingProxyType(dict(own)) for name, own in self.tools.items()}))
+
+    def settings(self) -> ResultSettings:
+        """The core's settings of the result latch."""
+        tools = tuple((name, ToolResultLimits(
+            None if own.get("deadline_s") is None else float(own["deadline_s"]),
+            None if own.get("max_bytes") is None else int(own["max_bytes"])))
+            for name, own in sorted(self.tools.items()))
+        return ResultSettings(self.enabled, self.deadline_s, self.max_bytes, tools)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration; ``source`` is the file it was read from (None: no file)."""
 
@@ -302,6 +327,7 @@ class Config:
     approvals: ApprovalSettings = field(default_factory=ApprovalSettings)
     approvers: ApproverSettings = field(default_factory=ApproverSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
+    results: ResultsSection = field(default_factory=ResultsSection)
     source: Path | None = None
 
 
@@ -318,6 +344,7 @@ _SECTIONS: Mapping[str, tuple[type[Any], str]] = MappingProxyType(
         "approvals": (ApprovalSettings, "approvals"),
         "approvers": (ApproverSettings, "approvers"),
         "audit": (AuditSettings, "audit"),
+        "results": (ResultsSection, "results"),
     }
 )
 
@@ -489,8 +516,10 @@ def _build(data: Mapping[str, Any], source: Path | None) -> Config:
         built[attribute] = cls(**{k: _convert(v, props.get(k, {})) for k, v in values.items()})
     # The core reads the approvals with the rest of its settings (AssembleSettings.approvals).
     # ...and the tenants that must name a registered toolset (registry.require_toolsets_for).
+    # ...and the result latch (the results section).
     built["assemble"] = replace(built["assemble"], approvals=built["approvals"],
-                                require_toolsets_for=built["registry"].require_toolsets_for)
+                                require_toolsets_for=built["registry"].require_toolsets_for,
+                                results=built["results"].settings())
     return Config(**built, source=source)
 
 

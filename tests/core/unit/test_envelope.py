@@ -238,12 +238,15 @@ WORKER_ONLY = {DlqReason.INTERNAL_ERROR, DlqReason.OUTPUT_REFUSED}
 #: reached in tests/core/unit/test_approvers.py and tests/runtime/unit/test_approver_policy.py.
 SIGNED_ONLY = {DlqReason.APPROVAL_UNSIGNED, DlqReason.APPROVER_UNKNOWN_KEY,
                DlqReason.APPROVAL_BAD_SIGNATURE, DlqReason.APPROVER_NOT_ALLOWED}
+#: Reasons given only with the result latch on: each is reached in
+#: tests/core/unit/test_pairing.py.
+RESULTS_ONLY = {DlqReason.RESULT_DUPLICATE, DlqReason.RESULT_LATE}
 
 
 def test_every_dlq_reason_is_reached() -> None:
     """Every DLQ reason the core can give has a case above: adding a reason without a case
     fails this test."""
-    assert ({c[1] for c in CASES} | {DlqReason.RUN_FINISHED} | SIGNED_ONLY) == (
+    assert ({c[1] for c in CASES} | {DlqReason.RUN_FINISHED} | SIGNED_ONLY | RESULTS_ONLY) == (
         set(DlqReason) - WORKER_ONLY)
     assert LATE_CASES  # run_finished: the summary of late events (test_late_event_is_summed_up)
     assert {c[1] for c in CASES}.isdisjoint(WORKER_ONLY)
