@@ -7,8 +7,10 @@ from __future__ import annotations
 import copy
 import pickle
 import re
+from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -277,6 +279,19 @@ def test_a_redactor_pickles_and_copies_and_its_repr_shows_names_only() -> None:
         assert clone.apply(f"{SECRET} bc") == ("[key] c", {"live_key": 1, "b": 1})
     assert "SECRET" not in repr(redactor)
     assert repr(redactor) == "Redactor(['live_key', 'b'])"
+
+
+def test_the_documented_example_parses_and_redacts() -> None:
+    """The ``results.redact`` example in docs/policies.md ("Redacting results") is a valid
+    configuration and does what the page says."""
+    page = (Path(__file__).resolve().parents[3] / "docs" / "policies.md").read_text()
+    block = page.split("## Redacting results", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
+    parsed = parse_tenant_rules(yaml.safe_load(block)["results"]["redact"])
+    acme = redactor_for(parsed, "acme")
+    assert acme is not None
+    assert acme.apply("sk-live-ABCDEFGHIJKLMNOP Bob@ACME.example 4111 1111 1111 1234") == (
+        "[redacted] <mail> [card ending 1234]", {"live_key": 1, "mail": 1, "card": 1})
+    assert redactor_for(parsed, None) is parsed["*"]
 
 
 # -- properties -----------------------------------------------------------------------------
