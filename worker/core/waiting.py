@@ -21,7 +21,16 @@ from typing import Any
 from worker.core import ending
 from worker.core.approvers import ApproverRequest, Approvers, approver_refusal
 from worker.core.call import Call, utf8_len
-from worker.core.envelope import Cancel, Decision, Envelope, Rejected, RunStart, StreamEnd, Tick
+from worker.core.envelope import (
+    Cancel,
+    Decision,
+    Envelope,
+    Rejected,
+    RunStart,
+    StreamEnd,
+    Tick,
+    ToolResult,
+)
 from worker.core.ledger import Ledger
 from worker.core.model import CallState, DlqReason, Emit, Reason, RunStatus
 from worker.core.remembered import raw_or_empty
@@ -118,7 +127,7 @@ class Waiting:
         if isinstance(envelope, Cancel):
             run.last_ms = now_ms
             return run.finish(RunStatus.CANCELLED, Reason.CANCELLED, envelope.reason)
-        if isinstance(envelope, Tick):  # (never: ticks have no run)
+        if isinstance(envelope, (Tick, ToolResult)):  # (never: the assembler takes them)
             return []
         if envelope.seq <= run.last_seq or isinstance(envelope, StreamEnd):
             self.ledger.stats["duplicates" if envelope.seq <= run.last_seq

@@ -50,6 +50,7 @@ from typing import Any, NoReturn
 
 import yaml
 
+from worker.core.redaction import RedactionError, Redactor, parse_tenant_rules
 from worker.core.settings import (
     MAX_RECORD_BYTES,
     OUTPUT_RECORD_BYTES,
@@ -120,7 +121,7 @@ class ConfigError(ValueError):
         super().__init__(message)
 
 
-class _FrozenDict(dict[str, str]):
+class _FrozenDict(dict[str, Any]):
     """A dict that refuses changes, yet copies, pickles and ``asdict``s like a dict."""
 
     def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
@@ -252,7 +253,7 @@ class ApproverSettings:
         object.__setattr__(self, "keys", _FrozenDict(self.keys))
         object.__setattr__(self, "owners", _FrozenDict(self.owners))
         groups = {k: tuple(v) for k, v in self.groups.items()}
-        object.__setattr__(self, "groups", _FrozenDict(groups))  # type: ignore[arg-type]
+        object.__setattr__(self, "groups", _FrozenDict(groups))
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,9 +301,19 @@ class ResultsSection:
     max_bytes: int = 262_144
     tools: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
 
+    #: Tenant (``*``: every tenant) -> its redaction rules (``worker.core.redaction``).
+    redact: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tools", MappingProxyType(
-            {name: MappingProxyType(dict(own)) for name, own in self.tools.items()}))
+        object.__setattr__(self, "tools", _FrozenDict(
+            {name: _FrozenDict(own) for name, own in self.tools.items()}))
+        object.__setattr__(self, "redact", _FrozenDict(self.redact))
+
+    def redactors(self) -> dict[str, Redactor]:
+        """The tenants' redactors (``worker.core.redaction.parse_tenant_rules``); raises
+        ``RedactionError`` naming the rule (checked when the configuration loads)."""
+        return parse_tenant_rules({tenant: [dict(rule) for rule in rules]
+                                   for tenant, rules in self.redact.items()})
 
     def settings(self) -> ResultSettings:
         """The core's settings of the result latch."""
@@ -317,7 +328,8 @@ class ResultsSection:
 class Config:
     """The whole configuration; ``source`` is the file it was read from (None: no file)."""
 
-    assemble: AssembleSettings = field(default_factory=AssembleSettings)
+    assemble: AssembleSettings = field(default_factory=lambda: AssembleSettings(
+        results=ResultsSection().settings()))
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     topics: TopicNames = field(default_factory=TopicNames)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
@@ -370,6 +382,10 @@ def load_config(
         raise ConfigError(source, problems)
     config = _build(data, source)
     problems = _record_problems(config.assemble)
+    try:
+        config.results.redactors()
+    except RedactionError as exc:  # (names the rule, never its pattern)
+        problems.append(str(exc))
     if problems:
         raise ConfigError(source, problems)
     return config
