@@ -75,12 +75,16 @@ def test_bedrock_one_user_message_of_tool_results() -> None:
     structured content as a ``json`` block; empty text as ``{"json": {}}``."""
     mcp = Answer("t3", "lookup", "mcp", False, '{"n": 1}', {"n": 1})
     empty = Answer("t4", "touch", "function", False, "")
-    assert tool_messages("bedrock.converse", [OK, BAD, mcp, empty]) == [{"role": "user", "content": [
+    [message] = tool_messages("bedrock.converse", [OK, BAD, mcp, empty])
+    assert message == {"role": "user", "content": [
         {"toolResult": {"toolUseId": "call_1", "content": [{"text": "the file"}]}},
         {"toolResult": {"toolUseId": "call_2", "content": [{"text": BAD.content}],
                         "status": "error"}},
         {"toolResult": {"toolUseId": "t3", "content": [{"json": {"n": 1}}]}},
-        {"toolResult": {"toolUseId": "t4", "content": [{"json": {}}]}}]}]
+        {"toolResult": {"toolUseId": "t4", "content": [{"json": {}}]}}]}
+    listed = Answer("t5", "rows", "mcp", False, "[1, 2]", [1, 2])  # (not an object: text)
+    [message] = tool_messages("bedrock.converse", [listed])
+    assert message["content"][0]["toolResult"]["content"] == [{"text": "[1, 2]"}]
 
 
 def test_gemini_function_responses_with_the_id_when_there_is_one() -> None:
