@@ -31,8 +31,8 @@ from setuptools.command.build_ext import build_ext
 #: pickled, which a compiled frozen dataclass does not survive), tools.py and schemacheck.py
 #: (jsonschema's keyword callables and the tests' spies replace their functions at run time,
 #: which compiled callers would not see; they are not on the per-event path), identity.py
-#: (asked once at a run's start and once per decided call, never per event), _mypyc.py (the
-#: decorator shim).
+#: (asked once at a run's start and once per decided call, never per event), turns.py (once
+#: per run's turn, never per event; it compiles), _mypyc.py (the decorator shim).
 COMPILED = [
     "worker/core/__init__.py",
     "worker/core/assembler.py",
