@@ -32,7 +32,8 @@ from setuptools.command.build_ext import build_ext
 #: (jsonschema's keyword callables and the tests' spies replace their functions at run time,
 #: which compiled callers would not see; they are not on the per-event path), identity.py
 #: (asked once at a run's start and once per decided call, never per event), redaction.py
-#: (RE2's bindings are untyped, and a result is redacted once, never per event), _mypyc.py
+#: (RE2's bindings are untyped, and a result is redacted once, never per event), turns.py and
+#: pairing.py (once per committed call or turn, never per event; they compile), _mypyc.py
 #: (the decorator shim).
 COMPILED = [
     "worker/core/__init__.py",

@@ -58,9 +58,6 @@ FAILED, DROPPED = "failed", "dropped"
 LATCH = "latch"
 #: A closed turn's call: answered by a runner, or by the latch (``tool_timeout``).
 _CLOSED_ANSWERED, _CLOSED_TIMED_OUT = "a", "x"
-#: The final message's outcome kinds, as the kinds of ``core/identity.py`` name them.
-_KINDS = {"custom": "custom", "computer_call": "computer", "local_shell_call": "local_shell",
-          "mcp_approval_request": "mcp", "shell_call": "shell", "apply_patch_call": "apply_patch"}
 
 #: ``(run_id, tool name) -> checker``: the checker of a tool's ``outputSchema``, which returns
 #: None for a valid structured result and else why not (a detail that quotes no result text);
@@ -319,7 +316,7 @@ class Pairing:
             return TurnEntry(call_id, name, DROPPED, reason, None, None)
         sendable = outcome.get("choice", 0) == top and call_id not in answered
         answered.add(call_id)
-        kind = _KINDS.get(outcome.get("kind") or "", "function")
+        kind = outcome.get("kind") or "function"  # (the final's kinds: core/turns.py)
         message_id = self._message_id(turn, call_id, outcome)
         done = turn.done.get(call_id) if outcome.get("state") == "committed" else None
         if done is not None:

@@ -14,7 +14,7 @@ from worker.runtime.schemas import load_schema, schema_names, schema_path, valid
 
 ALL = schema_names()
 OUTPUTS = ("committed-call", "error-result", "final-message", "progress", "dlq-record",
-           "audit")
+           "audit", "turn")
 
 #: The contract's committed-call example, verbatim.
 CONTRACT_COMMITTED: dict[str, Any] = {
@@ -112,11 +112,12 @@ def walk_properties(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str
 def test_the_expected_files_exist() -> None:
     """schemas/ holds exactly the record kinds the contract, the worker and the runner need
     (issue 26: pending-call, a call waiting for approval; run-ended, decision 0015; issue 25:
-    audit)."""
+    audit; issue 36: turn, the next turn's tool-result messages)."""
     assert set(ALL) == {
         "stream-envelope", "control-envelope", "tick-envelope", "committed-call",
         "error-result", "final-message", "progress", "dlq-record", "output-line", "config",
         "tool-result", "journal-entry", "registry", "pending-call", "run-ended", "audit",
+        "turn",
     }  # fmt: skip
 
 
