@@ -385,7 +385,8 @@ def _result(doc: dict[str, Any], run_id: str, ts: int | None) -> ToolResult | Re
             return Rejected(DlqReason.INVALID_ENVELOPE, "source is not [partition, offset] of "
                             "non-negative integers", run_id)
         source = (source[0], source[1])
-    return ToolResult(run_id, ts, call_id, name, key, is_error, size if type(size) is int else 0, content,
+    counted = size if type(size) is int else 0
+    return ToolResult(run_id, ts, call_id, name, key, is_error, counted, content,
                       doc.get("structured"), source)
 
 

@@ -98,7 +98,7 @@ def specs(config: Config) -> list[TopicSpec]:
     large = (("max.message.bytes", str(OUTPUT_MAX_BYTES)),)
     outputs = [TopicSpec(name, t.partitions, t.replication_factor, large)
                for name in (t.committed, t.errors, t.final, t.progress, t.dlq, t.audit,
-                            t.results, t.pending, t.run_ended)]
+                            t.results, t.pending, t.run_ended, t.turns)]
     # Compacted, with hourly segments and an eager cleaner: Kafka never compacts the active
     # segment (7 days by default), and every takeover reads the whole changelog back
     # (docs/recovery.md: 41,000 records took 5.4 s, 2.8 s once compacted).

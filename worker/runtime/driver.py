@@ -57,7 +57,7 @@ import orjson
 
 from worker.core import Emit, Topic
 from worker.core.outputs import refused_audit
-from worker.runtime import control, hold, refusals
+from worker.runtime import control, hold, refusals, results
 from worker.runtime import takeover as takeover_module
 from worker.runtime.assignment import Assignment, control_behind
 from worker.runtime.config import Config
@@ -221,6 +221,8 @@ class Driver:
         hooks.health.reports["registry"] = self._registry_report
         hooks.health.reports["approvers"] = self._approvers_report
         hooks.metrics.watch_governance(self._governance)
+        #: The most result bytes a forwarded result carries (runtime/results.py).
+        self.result_limit = results.forward_limit(self.assemble.results)
         #: Each output topic's name (the engine sends by name).
         self.names = {t: str(getattr(config.topics, t.value)) for t in Topic}
         #: What the last :meth:`apply_all` left the engine to do (reused).
@@ -316,7 +318,7 @@ class Driver:
             heads.applied(state, key, source.partition, source.offset, opened, emits)
         if emits:
             self.work.out.extend(self.outgoing(key, emits, self.names, source, time_ms))
-            finished = finished_runs(emits)
+            finished = finished_runs(emits, state.assembler.pairing is not None)
             if finished:  # (a held run's record is behind the partition's next offset)
                 heads.finished(state, source.partition, finished,
                                max(source.offset + 1, state.next_offset))
@@ -353,11 +355,20 @@ class Driver:
             self.hooks.routed(routed)
         return routed
 
-    def forward(self, record: Record) -> tuple[Topic | None, bytes | None, bytes]:
-        """What the engine sends for a control record (:meth:`route`): ``(topic, key,
-        value)``; topic None: the events topic (a cancel, keyed by its run, into its run's
-        partition by the key's hash), else the DLQ (keyed by the control record's key)."""
-        routed = self.route(record)
+    def forward(self, record: Record) -> tuple[Topic | None, bytes | None, bytes] | None:
+        """What the engine sends for a control record (:meth:`route`) or a results record
+        (:func:`results.route`): ``(topic, key, value)``; topic None: the events topic (a
+        cancel or a result, keyed by its run, into its run's partition by the key's hash),
+        else the DLQ (keyed by the record's key); None: nothing (the latch's own result)."""
+        routed: control.Forward | Emit | None
+        if record.source.topic == self.config.topics.results:
+            routed = results.route(record, self.result_limit)
+            if routed is None:
+                return None
+            if isinstance(routed, Emit):
+                self.hooks.routed(routed)
+        else:
+            routed = self.route(record)
         if isinstance(routed, Emit):
             return Topic.DLQ, record.key, out_value(routed)
         key, value = routed
@@ -468,7 +479,8 @@ class Driver:
     def refinished(self, state: PartitionState, partition: int, outputs: Sequence[Emit]
                    ) -> None:
         """The outputs of :meth:`rebuilt` are delivered: record their runs as finished."""
-        self.heads.finished(state, partition, finished_runs(outputs), state.next_offset)
+        self.heads.finished(state, partition, finished_runs(
+            outputs, state.assembler.pairing is not None), state.next_offset)
 
     # -- the registry's policy set in force (module doc, step 6) --------------------------
 

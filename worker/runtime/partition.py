@@ -149,9 +149,12 @@ class PartitionState:
         await asyncio.gather(*pending)
 
 
-def finished_runs(emits: Sequence[Emit]) -> list[str]:
-    """The runs that ``emits`` finish (one final message each)."""
-    return [e.key for e in emits if e.topic is Topic.FINAL and e.key is not None]
+def finished_runs(emits: Sequence[Emit], turns: bool = False) -> list[str]:
+    """The runs that ``emits`` finish: one final message each, or with the result latch on
+    (``turns``), one turn record each (a run whose final message is out waits for its
+    results: its head stays open, so that a take-over replays it)."""
+    topic = Topic.TURNS if turns else Topic.FINAL
+    return [e.key for e in emits if e.topic is topic and e.key is not None]
 
 
 def replay(state: PartitionState, open_runs: Mapping[bytes, int], record: Record
@@ -169,11 +172,11 @@ def replay(state: PartitionState, open_runs: Mapping[bytes, int], record: Record
     return [e for e in state.apply(record) if e.topic is not Topic.PROGRESS]
 
 
-def refinished(partition: int, replayed: Sequence[Emit]) -> list[Emit]:
-    """The emits of the runs that finished during a rebuild: they lost their ``done`` head, so
-    their outcomes are published again (the same bytes) and recorded. Expected never to
-    happen; logged if it does."""
-    runs = {e.key for e in replayed if e.topic is Topic.FINAL}
+def refinished(partition: int, replayed: Sequence[Emit], turns: bool = False) -> list[Emit]:
+    """The emits of the runs that finished during a rebuild (``turns``: as
+    :func:`finished_runs`): they lost their ``done`` head, so their outcomes are published
+    again (the same bytes) and recorded. Expected never to happen; logged if it does."""
+    runs = set(finished_runs(replayed, turns))
     if runs:
         log.warning("partition %d: %d runs finished during the rebuild without a done head; "
                     "publishing their outcomes again", partition, len(runs))
@@ -248,6 +251,10 @@ class Heads:
             decided = state.assembler.decided.get(run_id)
             if decided:  # (a decision forwarded twice is then a repeat after a take-over)
                 head["d"] = [list(c) for c in sorted(decided)]
+            pairing = state.assembler.pairing
+            closed = pairing.closed_calls(run_id) if pairing is not None else None
+            if closed is not None and (closed[0] or closed[1]):
+                head["r"] = [closed[0], closed[1]]  # (a late result is named so after one)
             # one assignment, whole: a faust table writes its changelog record when a key is
             # set, so a head changed in place after that would differ from its changelog's
             self.table[key] = head
@@ -294,9 +301,20 @@ class Heads:
                 state.assembler.remember_finished(
                     key.decode(), head["seq"], RunStatus(head["status"]),
                     read_to if type(read_to) is int else None, _controls(head.get("d")))
+                closed = head.get("r")
+                pairing = state.assembler.pairing
+                if pairing is not None and _is_closed(closed):
+                    pairing.remember_closed(key.decode(), closed[0], closed[1])
                 done.append((head.get("at", 0), key))
         state.done.extend(sorted(done))
         return open_runs
+
+
+def _is_closed(value: Any) -> bool:
+    """Whether a done head's ``r`` is [answered ids, timed-out ids]."""
+    return (isinstance(value, list) and len(value) == 2
+            and all(isinstance(ids, list) and all(isinstance(i, str) for i in ids)
+                    for ids in value))
 
 
 def _controls(value: Any) -> list[tuple[int, int]] | None:

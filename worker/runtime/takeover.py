@@ -198,7 +198,8 @@ def rebuilt(takeover: Takeover, topic: str) -> list[Emit]:
              partition, resume, takeover.count, takeover.state.assembler.open_runs,
              f", {len(holds.runs)} held for their toolset" if holds.runs else "",
              extra=logs.where(topic, partition, resume))
-    return partition_module.refinished(partition, takeover.replayed)
+    return partition_module.refinished(partition, takeover.replayed,
+                                       takeover.state.assembler.pairing is not None)
 
 
 

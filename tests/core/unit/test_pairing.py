@@ -236,7 +236,8 @@ def test_off_by_default_a_result_is_a_dlq_record() -> None:
 
 
 def test_replay_of_the_same_log_decides_the_same() -> None:
-    """The same log fed twice decides the same, byte for byte (replay and take-over equal to live)."""
+    """The same log fed twice decides the same, byte for byte (replay and take-over equal to
+    live)."""
     log = [*two_calls(), tick(2_000)]
     first = feed(paired(), log)
     calls = committed(first)

@@ -152,6 +152,9 @@ class KafkaEngine(Rebalance, Forwarding):
         self.config = config
         topics, worker = config.topics, config.worker
         self.events, self.control = topics.events, topics.control
+        #: The results topic, forwarded like the control topic (None: the result latch off).
+        self.results = topics.results if config.results.enabled else None
+        self.results_next: dict[int, int] = {}
         self.changelog = admin.heads_changelog(config)
         self.outputs = {t: str(getattr(topics, t.value)) for t in Topic}
         self.table = KafkaHeadsTable()
@@ -218,7 +221,8 @@ class KafkaEngine(Rebalance, Forwarding):
             self._read_limits()
             self.registry.start()
             self.txn.start()
-            self.consumer.subscribe([self.events, self.control], on_assign=self._on_assign,
+            read = [self.events, self.control, *([self.results] if self.results else [])]
+            self.consumer.subscribe(read, on_assign=self._on_assign,
                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
             # What start-up made (the modules, the configuration, the clients) never
             # becomes garbage: out of the cyclic GC's way, which otherwise walked it on each

@@ -30,19 +30,27 @@ class Forwarding:
     driver: Driver
     owned: Assignment
     control_next: dict[int, int]
+    #: The results topic (None: the result latch is off) and the next offset to forward of
+    #: each results partition this worker owns.
+    results: str | None
+    results_next: dict[int, int]
 
     def _forward(self, msg: Message) -> None:
-        """A control record of an owned partition, not forwarded before: into the events
-        topic (a cancel, keyed by its run) or to the DLQ, with its partition's next offset."""
-        _, partition, offset = reader.where(msg)
-        expected = self.control_next.get(partition)
+        """A control or results record of an owned partition, not forwarded before: into the
+        events topic (a cancel, a result, keyed by its run) or to the DLQ, with its
+        partition's next offset."""
+        name, partition, offset = reader.where(msg)
+        forwarded = self.results_next if name == self.results else self.control_next
+        expected = forwarded.get(partition)
         if expected is None or offset < expected:
             return
         batch = self.txn.begin()
-        topic, key, value = self.driver.forward(reader.record_of(msg))
-        self.txn.produce(self.events if topic is None else self.outputs[topic], key, value)
-        self.control_next[partition] = offset + 1
-        batch.offsets[(self.control, partition)] = offset + 1
+        routed = self.driver.forward(reader.record_of(msg))
+        if routed is not None:  # (None: the latch's own result, not forwarded)
+            topic, key, value = routed
+            self.txn.produce(self.events if topic is None else self.outputs[topic], key, value)
+        forwarded[partition] = offset + 1
+        batch.offsets[(name, partition)] = offset + 1
         batch.records += 1
 
     def _control_behind(self) -> bool:

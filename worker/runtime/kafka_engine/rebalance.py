@@ -61,6 +61,8 @@ class Rebalance:
     owned: Assignment
     partitions: dict[int, PartitionState]
     control_next: dict[int, int]
+    results: str | None
+    results_next: dict[int, int]
     reader_settings: dict[str, str]
 
     if TYPE_CHECKING:  # the engine's (engine.py)
@@ -98,6 +100,9 @@ class Rebalance:
         events = [tp.partition for tp in partitions if tp.topic == self.events]
         self.owned.revoked(events, [tp.partition for tp in partitions
                                     if tp.topic == self.control])
+        for tp in partitions:
+            if tp.topic == self.results:
+                self.results_next.pop(tp.partition, None)
         for partition in events:
             self.table.drop(partition)
 
@@ -120,6 +125,8 @@ class Rebalance:
                 self.partitions[tp.partition] = self._rebuild(tp.partition, resume)
             elif tp.topic == self.control:
                 self.control_next[tp.partition] = resume
+            elif tp.topic == self.results:
+                self.results_next[tp.partition] = resume
             positions.append(TopicPartition(tp.topic, tp.partition, resume))
         if seek:
             for tp in positions:
