@@ -456,7 +456,7 @@ class Reader:
             elif msg.error() is None:
                 self.positions[(msg.topic(), msg.partition())] = msg.offset() + 1
                 self.records.append(Out(self.roles[msg.topic()], msg.partition(),
-                                        msg.key(), orjson.loads(msg.value()),
+                                        msg.key(), _decoded(msg.value()),
                                         tuple(msg.headers() or ())))
 
     def of(self, role: str) -> list[Out]:
@@ -467,6 +467,16 @@ class Reader:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def _decoded(value: bytes | None) -> dict[str, Any]:
+    """A record's JSON value; what is not JSON (a test wrote it on an input topic read here)
+    as ``{"undecodable": its bytes}``."""
+    try:
+        decoded = orjson.loads(value or b"null")
+    except orjson.JSONDecodeError:
+        return {"undecodable": value}
+    return decoded if isinstance(decoded, dict) else {"undecodable": value}
 
 
 def finished(run_ids: Iterable[str]) -> Callable[[list[Out]], bool]:
