@@ -11,8 +11,9 @@ to name the broken contract.
 
 Roles have rooms (issue 35, item 4): :data:`ROLES` names what only one module may do (build a
 run's final message, build its ``run.ended`` record, decide a call held for approval, call the
-producer's transactional API, sign a record), found in each module's syntax tree; the
-breaking tests make a second module do it in a copy.
+producer's transactional API, sign a record; and, one room per engine, forward a control
+record, take a partition over), found in each module's syntax tree; the breaking tests make a
+second module do it in a copy.
 
 Two sizes hold too (issue 24), a backstop behind the roles, not the reason to split: no module
 of ``worker/core`` or ``worker/runtime`` over :data:`MAX_MODULE_LINES` lines, and no class of
@@ -338,6 +339,28 @@ def _signs_a_record(node: ast.AST) -> bool:
         isinstance(owner, ast.Attribute) and owner.attr == "signer")
 
 
+def _asks_the_driver(node: ast.AST, method: str) -> bool:
+    """A call of the driver's ``method`` (``self.driver.forward(...)``,
+    ``driver.rebuild(...)``)."""
+    if not _calls(node, method):
+        return False
+    owner = node.func.value  # type: ignore[attr-defined]
+    return (isinstance(owner, ast.Name) and owner.id == "driver") or (
+        isinstance(owner, ast.Attribute) and owner.attr == "driver")
+
+
+def _forwards_a_control_record(node: ast.AST) -> bool:
+    """A control record forwarded: the driver asked where it goes (``Driver.forward``: the
+    events topic, keyed by its run, or the DLQ)."""
+    return _asks_the_driver(node, "forward")
+
+
+def _takes_a_partition_over(node: ast.AST) -> bool:
+    """A partition taken over: the driver's takeover begun (``Driver.rebuild``, the generator
+    the engine feeds with its reads)."""
+    return _asks_the_driver(node, "rebuild")
+
+
 def _decides_a_held_call(node: ast.AST) -> bool:
     """A held call decided: the latch asked to ``approve`` or ``edit`` it, or it failed
     ``approval_denied`` or ``approval_timeout``."""
@@ -347,12 +370,15 @@ def _decides_a_held_call(node: ast.AST) -> bool:
 
 
 #: Who alone may do what: a role, the layers of ``worker/`` it is looked for in, the one
-#: module (relative to ``worker/``) that plays it, and what marks it in a syntax tree. (The
+#: module (relative to ``worker/``) that plays it (or one room per engine: a tuple), and what
+#: marks it in a syntax tree. (The
 #: client and the tools send decisions, ``Publisher.approve``: deciding is the core's. The
 #: client's runner has a transaction of its own, in another program: the worker's are looked
 #: for in the core and the runtime. Signing a committed call is a security control: one step
-#: of the driver's outgoing chain, never the telemetry hooks.)
-ROLES: dict[str, tuple[tuple[str, ...], str, Callable[[ast.AST], bool]]] = {
+#: of the driver's outgoing chain, never the telemetry hooks. Each engine forwards control
+#: records in its forwarding room and takes partitions over in its rebalance room, never in
+#: its loop.)
+ROLES: dict[str, tuple[tuple[str, ...], str | tuple[str, ...], Callable[[ast.AST], bool]]] = {
     "builds a final message": (("core", "runtime", "client", "tools"), "core/ending.py",
                                _builds_a_final),
     "builds a run.ended record": (("core", "runtime", "client", "tools"), "core/ending.py",
@@ -361,7 +387,21 @@ ROLES: dict[str, tuple[tuple[str, ...], str, Callable[[ast.AST], bool]]] = {
     "calls the producer's transactional API": (
         ("core", "runtime"), "runtime/kafka_engine/transaction.py", _calls_the_transaction_api),
     "signs a record": (("core", "runtime"), "runtime/governance/signing.py", _signs_a_record),
+    "forwards a control record": (
+        ("core", "runtime"),
+        ("runtime/faust_engine/forwarding.py", "runtime/kafka_engine/forwarding.py"),
+        _forwards_a_control_record),
+    "takes a partition over": (
+        ("core", "runtime"),
+        ("runtime/faust_engine/rebalance.py", "runtime/kafka_engine/rebalance.py"),
+        _takes_a_partition_over),
 }
+
+
+def rooms(role: str) -> set[str]:
+    """The modules (relative to ``worker/``) that alone may play ``role`` (:data:`ROLES`)."""
+    room = ROLES[role][1]
+    return {room} if isinstance(room, str) else set(room)
 
 
 def role_players(package: Path, role: str) -> set[str]:
@@ -377,9 +417,10 @@ def test_each_role_has_one_room(role: str) -> None:
     """Only ``core/ending.py`` builds a run's final message (asks an adapter for its
     ``final``) and its ``run.ended`` record; only ``core/waiting.py`` decides a call held for
     approval; only ``kafka_engine/transaction.py`` calls the producer's transactional API;
-    only ``governance/signing.py`` (its ``SignCommitted`` step) signs a record (issue 35,
-    item 4: rooms by role, not by a line cap)."""
-    assert role_players(REPO / "worker", role) == {ROLES[role][1]}
+    only ``governance/signing.py`` (its ``SignCommitted`` step) signs a record; each engine's
+    ``forwarding.py`` alone forwards a control record and its ``rebalance.py`` alone takes
+    a partition over (issue 35, item 4: rooms by role, not by a line cap)."""
+    assert role_players(REPO / "worker", role) == rooms(role)
 
 
 @pytest.mark.parametrize(("role", "module", "code"), [
@@ -407,17 +448,26 @@ def test_each_role_has_one_room(role: str) -> None:
      "def _signed(self, value):\n    return self.signer.headers(value)"),
     ("signs a record", "runtime/driver.py",
      "def _sign(signer, value):\n    return signer.headers(value)"),
+    ("forwards a control record", "runtime/faust_engine/engine.py",
+     "async def _cancel(self, record):\n    return self.driver.forward(record)"),
+    ("forwards a control record", "runtime/kafka_engine/engine.py",
+     "def _cancel(driver, record):\n    return driver.forward(record)"),
+    ("takes a partition over", "runtime/faust_engine/engine.py",
+     "def _again(self, topic, partition):\n    return self.driver.rebuild(topic, partition, 0)"),
+    ("takes a partition over", "runtime/kafka_engine/transaction.py",
+     "def _rewind(self, partition):\n    return self.driver.rebuild('e', partition, 0)"),
 ])
 def test_a_second_room_playing_a_role_breaks_it(copy_of_the_package: Path, role: str,
                                                 module: str, code: str) -> None:
     """Each role check fails on a violation: another module building a final message (by
     ``Emit`` or from an adapter's ``final``), a ``run.ended`` record, deciding a held call
     (``approve``, ``edit``, ``approval_denied``), calling the producer's transactional API
-    (the engine committing past its transaction object), or signing a record (the hooks
-    signing again) is named beside the role's own room."""
+    (the engine committing past its transaction object), signing a record (the hooks
+    signing again), forwarding a control record or taking a partition over outside an
+    engine's forwarding or rebalance room is named beside the role's own rooms."""
     package = copy_of_the_package / "worker"
     add_import(package / module, code)
-    assert role_players(package, role) == {ROLES[role][1], module}
+    assert role_players(package, role) == rooms(role) | {module}
 
 # -- the engine/driver line: crossed one way (issue 35) ------------------------------------
 #

@@ -58,7 +58,6 @@ from worker.core import Assembler, Topic
 from worker.runtime.config import load_config
 from worker.runtime.faust_engine import kafka_io
 from worker.runtime.faust_engine.engine import FaustEngine
-from worker.runtime.faust_engine.gaps import StallWatch
 from worker.runtime.faust_engine.heads import FaustHeadsMap
 from worker.runtime.faust_engine.settings import app_settings
 from worker.runtime.partition import Heads, PartitionState
@@ -254,16 +253,6 @@ def test_an_assignment_drops_the_heads_of_partitions_owned_elsewhere() -> None:
 
 
 # -- a control range faust never delivers ---------------------------------------------------
-
-
-def test_stall_watch_reads_a_range_only_after_it_stood_still() -> None:
-    """A partition is read by the worker itself only when its next offset to apply is below
-    the log end and has not moved between two looks (faust may be about to deliver it)."""
-    watch = StallWatch()
-    assert watch.stalled({0: 5, 1: 3}, {0: 6, 1: 3}) == {}  # first look: remember
-    assert watch.stalled({0: 5, 1: 3}, {0: 6, 1: 4}) == {0: (5, 6)}  # 1: offset 3 is new
-    assert watch.stalled({0: 6, 1: 3}, {0: 7, 1: 4}) == {1: (3, 4)}  # 0 moved
-    assert watch.stalled({0: 6, 1: 4}, {0: 9, 1: 4}) == {0: (6, 9)}  # 1 caught up
 
 
 def test_a_cancel_faust_never_delivers_is_forwarded_at_the_next_ticks(

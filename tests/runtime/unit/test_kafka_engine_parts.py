@@ -1,6 +1,6 @@
-"""The kafka engine's pieces without a broker: the heads table and its changelog records (the
-faust engine's encoding), a batch's bounds and offsets, and the client settings that make
-exactly once hold."""
+"""The kafka engine's pieces without a broker: a batch's bounds and offsets, and the loop's
+batches and commits. The heads table and its changelog records: ``test_kafka_engine_heads.py``;
+the client settings that make exactly once hold: ``test_kafka_engine_settings.py``."""
 
 from __future__ import annotations
 
@@ -10,74 +10,12 @@ from typing import Any
 
 import orjson
 from confluent_kafka import KafkaError, KafkaException
-from faust.serializers import codecs
 
-from worker.core import Assembler, RunStatus, Topic
+from worker.core import Assembler, Topic
 from worker.runtime.config import load_config
-from worker.runtime.kafka_engine.engine import KafkaEngine, consumer_settings, producer_settings
-from worker.runtime.kafka_engine.heads import KafkaHeadsTable
+from worker.runtime.kafka_engine.engine import KafkaEngine
 from worker.runtime.kafka_engine.transaction import Batch
-from worker.runtime.partition import Heads, PartitionState, decode_head, encode_head
-
-
-def test_heads_written_become_pending_changelog_records_in_their_partition() -> None:
-    """Each head written or deleted through ``Heads`` is one pending changelog record in the
-    head's partition (a tombstone for a delete), taken once."""
-    table = KafkaHeadsTable()
-    heads = Heads(table, retention_s=1)
-    state = PartitionState(Assembler(load_config(None, env={}).assemble), next_offset=0)
-    heads.opened(b"run-1", 2, 40)
-    heads.opened(b"run-2", 0, 41)
-    del table[b"run-2"]
-    assert table.take_pending() == [(2, b"run-1", b'{"p":2,"start":40}'),
-                                    (0, b"run-2", b'{"p":0,"start":41}'), (0, b"run-2", None)]
-    assert table.take_pending() == []
-    assert dict(table) == {b"run-1": {"p": 2, "start": 40}}
-    assert table.data[b"run-1"] == (2, 40)  # an open run's head is kept compact
-    heads.finished(state, 2, ["run-1"])  # any other head is kept as it is
-    assert table[b"run-1"]["done"] is True and isinstance(table.data[b"run-1"], dict)
-    table.drop(2)
-    assert dict(table) == {}
-    assert state.next_offset == 0
-
-
-def test_restore_replays_a_partitions_changelog_and_writes_nothing() -> None:
-    """Restoring a partition keeps the last value of each key, drops tombstoned keys and
-    values that are not JSON objects, leaves other partitions' heads alone, and queues no
-    changelog record."""
-    table = KafkaHeadsTable()
-    table.data[b"other"] = {"p": 1, "start": 3}
-    table.data[b"stale"] = {"p": 0, "start": 1}
-    table.restore(0, [(b"a", encode_head({"p": 0, "start": 5})),
-                      (b"b", encode_head({"p": 0, "start": 6})),
-                      (b"a", encode_head({"p": 0, "done": True, "seq": 9, "status": "completed"})),
-                      (b"b", None), (b"c", b"[1, 2]"), (b"d", b"\xff"), (None, b"{}")])
-    assert dict(table) == {b"other": {"p": 1, "start": 3},
-                           b"a": {"p": 0, "done": True, "seq": 9, "status": "completed"}}
-    assert table.pending == []
-    table.drop(1)
-    assert list(table) == [b"a"]
-
-
-def test_changelog_values_are_read_by_faust_and_faust_values_by_us() -> None:
-    """A head this engine writes decodes with faust's ``json`` codec (the faust engine's
-    table values), and a head faust writes decodes here: the engines share one changelog."""
-    head = {"p": 3, "done": True, "seq": 12, "status": "cancelled", "at": 1700000000000}
-    json_codec = codecs.get_codec("json")
-    assert json_codec.loads(encode_head(head)) == head
-    assert decode_head(json_codec.dumps(head)) == head
-
-
-def test_restored_heads_give_the_assembler_its_finished_runs_and_the_open_starts() -> None:
-    """After a restore, ``Heads.load`` registers the partition's finished runs with the new
-    assembler and returns the open runs' start offsets (the rebuild's starting points)."""
-    table = KafkaHeadsTable()
-    table.restore(1, [(b"open", encode_head({"p": 1, "start": 17})),
-                      (b"done", encode_head({"p": 1, "done": True, "seq": 4,
-                                             "status": "cancelled"}))])
-    state = PartitionState(Assembler(load_config(None, env={}).assemble), next_offset=30)
-    assert Heads(table, retention_s=60).load(state, 1) == {b"open": 17}
-    assert state.assembler.finished("done") == (4, RunStatus.CANCELLED)
+from worker.runtime.partition import PartitionState
 
 
 def test_a_batch_is_due_by_records_or_by_age_and_commits_the_next_offsets() -> None:
@@ -98,42 +36,6 @@ def test_a_batch_is_due_by_records_or_by_age_and_commits_the_next_offsets() -> N
     batch.events[2] = 11  # the events partitions the loop records by number
     assert [(tp.topic, tp.partition, tp.offset) for tp in batch.positions()] == [
         ("control", 0, 2), ("events", 1, 5), ("events", 2, 11)]
-
-
-def test_client_settings_hold_exactly_once_whatever_the_kafka_section_says() -> None:
-    """The consumer reads committed records and never commits on its own, in the worker's
-    group, even when pass-through settings say otherwise; the producer is transactional,
-    named after the app and the instance, with the configured timeout and Java's
-    partitioner (a forwarded cancel lands in its run's partition)."""
-    config = load_config(None, env={
-        "LATCH_WORKER__APP_ID": "app", "LATCH_WORKER__TRANSACTION_TIMEOUT_S": "7",
-        "LATCH_KAFKA__ENABLE_AUTO_COMMIT": "true", "LATCH_KAFKA__ISOLATION_LEVEL":
-        "read_uncommitted", "LATCH_KAFKA__SESSION_TIMEOUT_MS": "6000"})
-    consumer = consumer_settings(config)
-    assert (consumer["group.id"], consumer["enable.auto.commit"],
-            consumer["isolation.level"], consumer["session.timeout.ms"]) == (
-        "app", False, "read_committed", "6000")
-    producer = producer_settings(config, "slot-1")
-    assert (producer["transactional.id"], producer["transaction.timeout.ms"],
-            producer["partitioner"]) == ("app-slot-1", 7000, "murmur2_random")
-
-
-def test_the_transactional_producer_retries_quickly_unless_configured_otherwise() -> None:
-    """The producer's retry backoff is 2 ms (librdkafka's 100 ms default made each
-    ``send_offsets_to_transaction`` wait out CONCURRENT_TRANSACTIONS retries right after the
-    previous commit); a ``kafka:`` setting still overrides it."""
-    assert producer_settings(load_config(None, env={}), "i")["retry.backoff.ms"] == 2
-    config = load_config(None, env={"LATCH_KAFKA__RETRY_BACKOFF_MS": "50"})
-    assert producer_settings(config, "i")["retry.backoff.ms"] == "50"
-
-
-def test_the_consumer_fetches_8_mib_a_partition_unless_configured_otherwise() -> None:
-    """The group consumer asks for up to 8 MiB a partition a fetch (librdkafka's 1 MiB held
-    the engine back under a backlog, issue 24); a ``kafka:`` setting still overrides it."""
-    settings = consumer_settings(load_config(None, env={}))
-    assert settings["max.partition.fetch.bytes"] == 8 * 1024 * 1024
-    config = load_config(None, env={"LATCH_KAFKA__MAX_PARTITION_FETCH_BYTES": "1048576"})
-    assert consumer_settings(config)["max.partition.fetch.bytes"] == "1048576"
 
 
 class _Message:

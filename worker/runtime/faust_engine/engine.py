@@ -1,20 +1,27 @@
-"""The Kafka worker (``latch worker``): faust around the pure core.
+"""The faust engine (:class:`FaustEngine`): the events agent, one record at a time through
+the partition driver, its outputs sent and confirmed before its heads and its ack.
+
+Its rooms, as the kafka engine's: the rebalance signals and the takeover of a partition
+(rebalance.py), the control records forwarded into the events topic and the control repair
+(forwarding.py), the sends and their confirms (sends.py); this module holds the app, the
+events loop, the offset order and the ticks.
 
 Four rules keep the promises of ``guarantees.md``; the reasons are in
 ``docs/decisions/0001-state-in-the-events-log.md`` and ``0002-exactly-once.md``.
 
 * **One ordered history per run.** Everything that can change an outcome is a record in the
   run's partition of the events topic: the gateway's envelopes, the cancels that the control
-  agent forwards there, and the ticks that a timer writes into each events partition this
-  worker owns. The core decides from that history and record times only.
+  agent forwards there (forwarding.py), and the ticks that a timer writes into each events
+  partition this worker owns. The core decides from that history and record times only.
 * **State lives in the events log; the table holds only run heads.** Each events partition
   has an in-memory :class:`~worker.core.Assembler` holding the argument buffers. The table
   ``heads`` (changelog-backed, co-partitioned with the events topic) holds per run
   ``{"p", "start"}``, the offset of its ``run.start``, while it is open, and
   ``{"p", "done", "seq", "status"}`` once it has finished: two small records per run, whatever
   the size of the arguments. When a worker gets a partition, its first record rebuilds the
-  assembler: the open runs' records from the earliest ``start`` up to the group's committed
-  offset are read from the log with a plain consumer and fed again, their outputs discarded.
+  assembler (rebalance.py): the open runs' records from the earliest ``start`` up to the
+  group's committed offset are read from the log with a plain consumer and fed again, their
+  outputs discarded.
 * **Offset order, whatever faust delivers.** faust can skip or repeat records around a
   rebalance; the worker applies each partition's records strictly in offset order from the
   committed offset, reads a skipped range from the log itself, and drops a repeat.
@@ -33,7 +40,6 @@ after a restart. Unconfirmed sends never outlive the record that made them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 import time
@@ -45,10 +51,11 @@ import faust
 from faust.types import TP
 
 from worker.core import Topic
-from worker.runtime import memory, step, takeover
+from worker.runtime import memory, step
 from worker.runtime.config import Config
 from worker.runtime.driver import Driver, Outgoing
 from worker.runtime.faust_engine import app, kafka_io
+from worker.runtime.faust_engine.forwarding import Forwarding
 from worker.runtime.faust_engine.gaps import StallWatch
 from worker.runtime.faust_engine.heads import (
     FaustHeadsMap,
@@ -56,6 +63,7 @@ from worker.runtime.faust_engine.heads import (
     HeadWrite,
     StagedHeads,
 )
+from worker.runtime.faust_engine.rebalance import Rebalance
 from worker.runtime.faust_engine.sends import Sends
 from worker.runtime.faust_engine.settings import LeanMonitor, app_settings
 from worker.runtime.governance.registry import POLICY_MARKER
@@ -76,8 +84,10 @@ _RAW: dict[str, Any] = {
     "key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
 
 
-class FaustEngine:
-    """The faust app, its topics and table, and the state of the partitions it owns."""
+class FaustEngine(Rebalance, Forwarding):
+    """The faust app, its topics and table, and the state of the partitions it owns; its
+    rebalances (:class:`~.rebalance.Rebalance`) and its control forwarding
+    (:class:`~.forwarding.Forwarding`) mixed in."""
 
     def __init__(self, config: Config, faust_settings: Mapping[str, Any] | None = None) -> None:
         self.config = config
@@ -121,12 +131,11 @@ class FaustEngine:
         #: The outputs sent for a record, their confirms, refusals and limits (sends.py).
         self.sends = Sends(config, self.driver, self.hooks, self.outputs, self.names,
                            self.app.conf)
-        #: One forwarder at a time per control partition: faust's agent, or the tick's repair.
-        self.control_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # The control forwarding's (forwarding.py): its locks, its stall watch, the ends.
+        self.control_locks = defaultdict(asyncio.Lock)
         self.control_watch = StallWatch()
-        #: The end offsets of the owned control partitions, as the repair last read them.
-        self.control_ends: dict[int, int] = {}
-        self.revocations = 0
+        self.control_ends = {}
+        self.revocations = 0  # (rebalance.py)
         #: Records processed without outputs and not yet counted (telemetry in batches).
         #: A record could not be processed: the worker is stopping, nothing more is handled.
         self.failed = False
@@ -146,7 +155,7 @@ class FaustEngine:
         self.idle_trim = memory.IdleTrim(memory.malloc_trim())
         self.app.timer(memory.IDLE_S, name=f"{app_id}.trim")(self._trim_when_idle)
 
-    # -- agents -----------------------------------------------------------------------
+    # -- the events agent -------------------------------------------------------------
 
     async def _events_agent(self, stream: Any) -> None:
         await self._consume(stream, self._step_event)
@@ -154,9 +163,6 @@ class FaustEngine:
     async def _trim_when_idle(self) -> None:
         """Every ``memory.IDLE_S``: the heap is trimmed once no record came for as long."""
         self.idle_trim.idle()
-
-    async def _control_agent(self, stream: Any) -> None:
-        await self._consume(stream, self._apply_control)
 
     async def _consume(self, stream: Any,
                        handle: Callable[[Any], Awaitable[None] | None]) -> None:
@@ -226,53 +232,6 @@ class FaustEngine:
             live = record.source.offset == message.offset  # not read back from the log
             await self._process(state, record, message.headers if live else None)
 
-    async def _apply_control(self, message: Any) -> None:
-        partition = message.partition
-        async with self.control_locks[partition]:
-            await self._control_resume(message.topic, partition)
-            async for record in self._in_order(message, self.control_next[partition]):
-                await self._forward_control(record)
-                self.control_next[partition] = record.source.offset + 1
-
-    async def _control_resume(self, topic: str, partition: int) -> None:
-        if partition not in self.control_next:
-            self.control_next[partition] = await kafka_io.resume_offset(
-                self.reader_options, self.config.worker.app_id, topic, partition)
-
-    async def _repair_control(self) -> None:
-        """Read and forward what faust left unread of the control partitions this worker
-        owns (:mod:`worker.runtime.faust_engine.gaps`), then commit it."""
-        topic = self.control.get_topic_name()
-        owned = sorted(tp.partition for tp in self.app.assignor.assigned_actives()
-                       if tp.topic == topic)
-        for partition in owned:
-            async with self.control_locks[partition]:
-                await self._control_resume(topic, partition)
-        ends = await kafka_io.end_offsets(self.reader_options, topic, owned)
-        self.control_ends = ends  # what the tick waits for (driver.TickRule), and readiness
-        # readiness: each forward was delivered before its offset moved
-        self.owned.control_forwarding(ends, owned)
-        applied = {p: self.control_next[p] for p in owned if p in self.control_next}
-        for partition, (start, end) in self.control_watch.stalled(applied, ends).items():
-            log.warning("%s[%d]: records %d..%d were not delivered; reading them from the log",
-                        topic, partition, start, end - 1)
-            async with (self.control_locks[partition],
-                        contextlib.aclosing(self._read(topic, partition, start, end)) as records):
-                async for record in records:
-                    offset = record.source.offset
-                    if partition not in self.control_next:  # revoked meanwhile
-                        break
-                    if offset >= self.control_next[partition]:
-                        await self._forward_control(record)
-                        self.control_next[partition] = offset + 1
-                else:
-                    # forwarded and confirmed: commit, as faust would had it delivered them
-                    # (a private API, like _add_gap in _in_order: faust has no public one).
-                    await self.app.consumer._commit_offsets(  # type: ignore[attr-defined]
-                        {TP(topic, partition): self.control_next[partition]})
-                    # read to its end: forwarding, even if a transaction marker ends it
-                    self.owned.control_forwarding(ends, [partition], read={partition: end})
-
     async def _in_order(self, message: Any, expected: int) -> AsyncIterator[Record]:
         """The records to apply for ``message`` when ``expected`` is the partition's next
         offset: faust can skip or repeat records around a rebalance, so a skipped range is
@@ -323,14 +282,6 @@ class FaustEngine:
         if heads:
             self.staged.write(heads)
 
-    async def _forward_control(self, record: Record) -> None:
-        """Forward a cancel into its run's events partition; anything else goes to the DLQ
-        (:meth:`Driver.forward`)."""
-        topic, key, value = self.driver.forward(record)
-        sent = await (self.events if topic is None else self.outputs[topic]).send(
-            key=key, value=value)
-        await sent  # delivered before the control record is acked (a failure raises)
-
     async def _tick(self) -> None:
         """Write a tick into each events partition this worker owns (the only clock read),
         once the driver says it is due: not while a control record in the log (as the
@@ -345,75 +296,7 @@ class FaustEngine:
         for partition, key, value in self.driver.ticks(owned, int(time.time() * 1000)):
             await self.events.send(key=key, value=value, partition=partition)
 
-    def _control_behind(self) -> bool:
-        """Whether an owned control partition has records in the log not yet forwarded (its
-        end as the repair last read it; unknown, as its next offset, until it has run)."""
-        topic = self.control.get_topic_name()
-        owned = [tp.partition for tp in self.app.assignor.assigned_actives()
-                 if tp.topic == topic]
-        return self.owned.control_behind(self.control_ends, owned)
-
-    async def _repair_tick(self) -> None:
-        """At each tick interval, read what faust left unread of the owned control
-        partitions (:meth:`_repair_control`); a failure waits for the next interval."""
-        try:
-            await self._repair_control()
-        except Exception as exc:  # nothing moved that was not confirmed: the next tick retries
-            log.warning("reading unread control records failed (%s); retrying at the next "
-                        "tick", type(exc).__name__)
-
-    async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
-        """faust's ``on_partitions_revoked`` signal: ``(app, revoked: set[TP], signal=...)``.
-        Drop the assemblers; the next owner rebuilds them from the log."""
-        revoked: set[TP] = args[0]
-        self.revocations += 1
-        events, control = self.events.get_topic_name(), self.control.get_topic_name()
-        self.owned.revoked([tp.partition for tp in revoked if tp.topic == events],
-                           [tp.partition for tp in revoked if tp.topic == control])
-
-    async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
-        """faust's ``on_partitions_assigned`` signal: drop the local heads of partitions we
-        no longer own (``FaustHeadsMap.keep_only``) and log the ones we own."""
-        events, control = self.events.get_topic_name(), self.control.get_topic_name()
-        owned = sorted(tp.partition for tp in args[0] if tp.topic == events)
-        dropped = self.heads_store.keep_only(owned)
-        self.owned.assigned(owned, [tp.partition for tp in args[0] if tp.topic == control])
-        self.owned.log_assigned(owned, dropped)
-
-    # -- recovery ---------------------------------------------------------------------
-
-    async def _take_over(self, topic: str, partition: int) -> PartitionState:
-        """A fresh assembler for ``partition``, in the state it had at the group's committed
-        offset: the open runs' records before it are read from the log and fed again, their
-        outputs discarded (they were flushed before that offset was committed)."""
-        revocations = self.revocations
-        resume = await kafka_io.resume_offset(self.reader_options, self.config.worker.app_id,
-                                              topic, partition)
-        # the driver's takeover (worker/runtime/takeover.py), driven with this engine's reads
-        rebuild = self.driver.rebuild(topic, partition, resume)
-        read = next(rebuild)
-        assert read is not None  # (the first thing a rebuild yields: what to read)
-        chunk: list[Record] = []
-        if read.start < read.end:
-            async for record in self._read(topic, partition, read.start, read.end):
-                chunk.append(record)
-                if len(chunk) >= takeover.CHUNK:
-                    rebuild.send(chunk)
-                    chunk = []
-                    await asyncio.sleep(0)  # heartbeats, fetchers
-        if chunk:
-            rebuild.send(chunk)
-        state, work = takeover.end(rebuild)
-        # Runs that finished during a rebuild lost their ``done`` head: send their outputs
-        # again (the same bytes), then write their heads.
-        if work.out:
-            await self.sends.publish(state, work.out)
-            await state.confirm()
-        if work.heads:
-            self.staged.write(work.heads)
-        if revocations == self.revocations:
-            self.partitions[partition] = state
-        return state
+    # -- reads from the log (the takeover's, the control repair's, a skipped range's) ------
 
     async def _read(self, topic: str, partition: int, start: int,
                     end: int) -> AsyncGenerator[Record, None]:

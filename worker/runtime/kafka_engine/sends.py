@@ -1,6 +1,6 @@
 """What the kafka engine sends into its transaction, and what it learns from refusals.
 
-The engine (``loop.py``) hands the driver a batch of records; the driver returns what they
+The engine (``engine.py``) hands the driver a batch of records; the driver returns what they
 need sent, prepared (:meth:`Driver.apply_all`'s ``Work``); :class:`Sends` puts it into the
 open transaction (``transaction.py``): the outputs, in order (:meth:`Sends.publish`), and
 the heads changelog writes the records made (:meth:`Sends.write_heads`). It also reads the

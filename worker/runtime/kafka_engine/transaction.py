@@ -2,7 +2,7 @@
 
 Quix Streams' ``Checkpoint`` is the model: one object owns the transactional producer and the
 open batch (what it consumed, what it sent) and takes it from begin to commit or abort. The
-engine (``loop.py``) applies records and puts their outputs, heads and forwarded records into
+engine (``engine.py``) applies records and puts their outputs, heads and forwarded records into
 the transaction (:meth:`Transaction.produce`); it asks the transaction to commit and gets back
 what happened, an :data:`Outcome`: :class:`Settled` (visible to ``read_committed`` readers)
 or :class:`Aborted` (the engine then forgets the batch's heads and, where its partitions stay,
