@@ -135,6 +135,8 @@ class FaustEngine(Rebalance, Forwarding):
         self.control_locks = defaultdict(asyncio.Lock)
         self.control_watch = StallWatch()
         self.control_ends = {}
+        self.results_next = {}
+        self.results_locks = defaultdict(asyncio.Lock)
         self.revocations = 0  # (rebalance.py)
         #: Records processed without outputs and not yet counted (telemetry in batches).
         #: A record could not be processed: the worker is stopping, nothing more is handled.
@@ -143,6 +145,12 @@ class FaustEngine(Rebalance, Forwarding):
         self.app.agent(self.events, name=f"{app_id}.events", concurrency=1)(self._events_agent)
         self.app.agent(self.control, name=f"{app_id}.control", concurrency=1)(
             self._control_agent)
+        #: The results topic, forwarded like the control topic (None: the result latch off).
+        self.results: faust.TopicT | None = None
+        if config.results.enabled:
+            self.results = self.app.topic(names.results, partitions=names.partitions, **_RAW)
+            self.app.agent(self.results, name=f"{app_id}.results", concurrency=1)(
+                self._results_agent)
         self.app.timer(config.worker.tick_interval_s, name=f"{app_id}.tick")(self._tick)
         # Its own timer: a slow repair (a broker away) must not hold the ticks back.
         self.app.timer(config.worker.tick_interval_s, name=f"{app_id}.repair")(

@@ -63,6 +63,9 @@ class Forwarding:
     control_watch: StallWatch
     #: The end offsets of the owned control partitions, as the repair last read them.
     control_ends: dict[int, int]
+    #: The next offset to forward of each results partition, and one forwarder at a time.
+    results_next: dict[int, int]
+    results_locks: defaultdict[int, asyncio.Lock]
 
     if TYPE_CHECKING:  # the engine's (engine.py)
         async def _consume(self, stream: Any,
@@ -128,12 +131,32 @@ class Forwarding:
                     self.owned.control_forwarding(ends, [partition], read={partition: end})
 
     async def _forward_control(self, record: Record) -> None:
-        """Forward a cancel into its run's events partition; anything else goes to the DLQ
-        (:meth:`Driver.forward`)."""
-        topic, key, value = self.driver.forward(record)
+        """Forward a cancel or a result into its run's events partition; anything else goes
+        to the DLQ; the latch's own result nowhere (:meth:`Driver.forward`)."""
+        routed = self.driver.forward(record)
+        if routed is None:
+            return
+        topic, key, value = routed
         sent = await (self.events if topic is None else self.outputs[topic]).send(
             key=key, value=value)
         await sent  # delivered before the control record is acked (a failure raises)
+
+    async def _results_agent(self, stream: Any) -> None:
+        """faust's agent of the results topic (the result latch on): each runner's result
+        forwarded into its run's events partition like a control record, in offset order
+        from the partition's committed offset, acked once delivered (a repeat after a crash
+        is recognised by the core by its ``source``: core/pairing.py)."""
+        await self._consume(stream, self._apply_result)
+
+    async def _apply_result(self, message: Any) -> None:
+        partition = message.partition
+        async with self.results_locks[partition]:
+            if partition not in self.results_next:
+                self.results_next[partition] = await kafka_io.resume_offset(
+                    self.reader_options, self.config.worker.app_id, message.topic, partition)
+            async for record in self._in_order(message, self.results_next[partition]):
+                await self._forward_control(record)
+                self.results_next[partition] = record.source.offset + 1
 
     def _control_behind(self) -> bool:
         """Whether an owned control partition has records in the log not yet forwarded (its

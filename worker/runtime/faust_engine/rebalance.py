@@ -45,6 +45,8 @@ class Rebalance:
     config: Config
     events: faust.TopicT
     control: faust.TopicT
+    results: faust.TopicT | None
+    results_next: dict[int, int]
     driver: Driver
     owned: Assignment
     partitions: dict[int, PartitionState]
@@ -67,6 +69,10 @@ class Rebalance:
         events, control = self.events.get_topic_name(), self.control.get_topic_name()
         self.owned.revoked([tp.partition for tp in revoked if tp.topic == events],
                            [tp.partition for tp in revoked if tp.topic == control])
+        results = self.results.get_topic_name() if self.results is not None else None
+        for tp in revoked:
+            if tp.topic == results:
+                self.results_next.pop(tp.partition, None)
 
     async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         """faust's ``on_partitions_assigned`` signal: drop the local heads of partitions we
