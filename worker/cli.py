@@ -31,6 +31,7 @@ import orjson
 
 from worker.core import Assembler
 from worker.core.envelope import PROVIDERS
+from worker.core.settings import offline
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -129,7 +130,8 @@ def _assemble(args: argparse.Namespace) -> int:
         policy = assembler_policy(config)
     except (ConfigError, ValueError) as exc:  # (a PolicyFileError is a ValueError)
         raise CliError(str(exc)) from exc
-    assembler = Assembler(config.assemble)
+    # (offline, no runner answers: the result latch is off, as with results.enabled false)
+    assembler = Assembler(offline(config.assemble))
     assembler.policy = policy
     assembler.approvals.approvers = approvers_for(config)
     if args.registry:

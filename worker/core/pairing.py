@@ -283,7 +283,9 @@ class Pairing:
             "tool_call_id": call_id, "name": waiting.name, "outcome": done.outcome,
             "reason": None if answered else done.outcome, "policy": {"mode": "off"},
             "arguments": None, "result": {**digest, "is_error": done.is_error},
-            "trace_id": None, "source": None, "idempotency_key": waiting.key})
+            "trace_id": None, "source": None,
+            # (its own: the committed call's audit record has the call's key)
+            "idempotency_key": f"{waiting.key}:result"})
 
     def _close(self, turn: _Turn) -> Emit:
         """The run's turn record; the turn is closed (its call ids remembered)."""
@@ -317,7 +319,7 @@ class Pairing:
         sendable = outcome.get("choice", 0) == top and call_id not in answered
         answered.add(call_id)
         kind = outcome.get("kind") or "function"  # (the final's kinds: core/turns.py)
-        message_id = self._message_id(turn, call_id, outcome)
+        message_id = call_id  # (a Gemini call without one: Latch's, as the final names it)
         done = turn.done.get(call_id) if outcome.get("state") == "committed" else None
         if done is not None:
             answer = Answer(message_id, name, kind, done.is_error, done.content, done.structured)
@@ -329,15 +331,6 @@ class Pairing:
         answer = Answer(message_id, name, kind, True, content)
         return TurnEntry(call_id, name, FAILED, reason, answer if sendable else None,
                          len(content.encode("utf-8", "surrogatepass")))
-
-    @staticmethod
-    def _message_id(turn: _Turn, call_id: str, outcome: dict[str, Any]) -> str:
-        """The id the tool result names: the call's, but for a Gemini call that had none ("":
-        Latch's own id, ``latch-<candidate>-<n>-<run_id>``, is not Gemini's)."""
-        if turn.provider == "google.gemini" and call_id == (
-                f"latch-{outcome.get('choice', 0)}-{outcome.get('index', 0)}-{turn.run_id}"):
-            return ""
-        return call_id
 
     # -- a take-over ---------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ loads, validates and overrides them, then hands one instance to :class:`~worker.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 #: ``max.message.bytes`` of the output topics (``worker.runtime.admin`` creates them with it;
 #: the worker's producers take the same limit): no record the worker sends may be larger.
@@ -192,6 +192,13 @@ class AssembleSettings:
     require_toolsets_for: tuple[str, ...] = ()
     #: The result latch (the ``results`` section, merged in by the config).
     results: ResultSettings = ResultSettings()
+
+
+def offline(settings: AssembleSettings) -> AssembleSettings:
+    """``settings`` with the result latch off: for a core that reads captured streams or
+    plans them (``latch assemble``, ``latch chaos``'s expectations), where no runner answers
+    and no turn record is due."""
+    return replace(settings, results=ResultSettings())
 
 
 def largest_records(settings: AssembleSettings) -> list[tuple[str, int, tuple[str, ...]]]:

@@ -50,13 +50,14 @@ a control record's destination; :func:`tick_value`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import orjson
 
 from worker.core import Emit, Topic
 from worker.core.outputs import refused_audit
+from worker.core.redaction import redactor_for
 from worker.runtime import control, hold, refusals, results
 from worker.runtime import takeover as takeover_module
 from worker.runtime.assignment import Assignment, control_behind
@@ -221,6 +222,8 @@ class Driver:
         hooks.health.reports["registry"] = self._registry_report
         hooks.health.reports["approvers"] = self._approvers_report
         hooks.metrics.watch_governance(self._governance)
+        #: The tenants' redaction rules (``results.redact``; checked when the config loads).
+        self._redactors = config.results.redactors()
         #: The most result bytes a forwarded result carries (runtime/results.py).
         self.result_limit = results.forward_limit(self.assemble.results)
         #: Each output topic's name (the engine sends by name).
@@ -230,6 +233,11 @@ class Driver:
         #: Outcomes (committed calls, error results) refused by Kafka whose audit records are
         #: not sent yet: (run key, idempotency key) -> Kafka's error (:meth:`refused`).
         self._refused: dict[tuple[str | None, str], str] = {}
+
+    def redact(self, tenant: str | None) -> Callable[[str], tuple[str, dict[str, int]]] | None:
+        """The result latch's rewrite of a tenant's result text (None: no rule applies)."""
+        redactor = redactor_for(self._redactors, tenant) if self._redactors else None
+        return None if redactor is None else redactor.apply
 
     # -- per record ---------------------------------------------------------------------
 

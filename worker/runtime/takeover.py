@@ -153,6 +153,9 @@ def begin(driver: Driver, partition: int, resume: int) -> Takeover:
     assembler = Assembler(driver.assemble)
     assembler.policy = driver.policies.initial()
     assembler.approvals.approvers = driver.approvers
+    if assembler.pairing is not None:  # the result latch: the operator's redaction rules
+        assembler.pairing.redact = driver.redact
+        assembler.pairing.redactions = driver.hooks.metrics.redactions
     state = PartitionState(assembler, next_offset=resume)
     bounds = driver.config.registry
     state.holds = Holds(bounds.hold_max_records, bounds.hold_max_bytes)

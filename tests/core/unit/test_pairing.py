@@ -205,14 +205,16 @@ def test_every_provider_gets_one_turn_with_every_call(provider: str) -> None:
 
 
 def test_gemini_call_without_an_id_is_answered_without_one() -> None:
-    """A Gemini call without an id keeps Latch's id in outcomes."""
+    """A Gemini call without an id is answered under the id the final message gave it
+    (Latch's own), so that the response pairs with the call in the history."""
     a = paired()
     out = feed(a, provider_run(GEMINI, "r1", SCHEMAS, [(None, "read_file", '{"path": "/a"}')]))
     [call] = committed(out)
     assert call["call_id"].startswith("latch-")
     [turn] = turns(feed(a, [tool_result(call, "A")]))
     assert turn["outcomes"][0]["tool_call_id"] == call["call_id"]
-    assert a.pairing is not None
+    [part] = turn["messages"][0]["parts"]  # the id the final message's functionCall carries
+    assert part["functionResponse"]["id"] == call["call_id"]
 
 
 def test_audit_has_size_and_keyed_digest_never_text() -> None:

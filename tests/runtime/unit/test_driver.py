@@ -47,7 +47,10 @@ class ChangelogTable(dict[bytes, Any]):
         return [decode_head(v) for v in super().values()]
 
 def _config() -> Any:
-    return load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0"})
+    """The driver with the result latch off: a run closes at its final message (with it on,
+    at its turn record: tests/runtime/unit/test_results.py)."""
+    return load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0",
+                                  "LATCH_RESULTS__ENABLED": "false"})
 
 
 def _driver(table: dict[bytes, Any] | None = None) -> Driver:

@@ -31,7 +31,9 @@ def _engine(sent: list[Any] | None = None) -> FaustEngine:
     noted in ``sent`` instead of sent."""
     latch = FaustEngine(load_config(None, env={"LATCH_TOPICS__EVENTS": "ev",
                                                "LATCH_TOPICS__CONTROL": "ctl",
-                                               "LATCH_WORKER__WEB_PORT": "0"}))
+                                               "LATCH_WORKER__WEB_PORT": "0",
+                                               # (done heads at the final message)
+                                               "LATCH_RESULTS__ENABLED": "false"}))
     latch.staged.store = {}  # type: ignore[assignment]
     noted = [] if sent is None else sent
 

@@ -59,7 +59,9 @@ class Registry:
 
 
 def _driver(table: dict[bytes, Any], **env: str) -> tuple[Driver, Registry]:
-    config = load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0", **env})
+    # (the result latch off: a run's done head at its final message)
+    config = load_config(None, env={"LATCH_WORKER__HTTP_PORT": "0",
+                                    "LATCH_RESULTS__ENABLED": "false", **env})
     driver = Driver(config, EngineHooks(config), Heads(table, 3600))
     registry = Registry()
     driver.registry = registry

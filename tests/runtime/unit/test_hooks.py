@@ -348,6 +348,7 @@ class _Failing:
     sizes = None
     early_cancels_waiting = 0
     runs_opened = 0
+    pairing = None
 
     def is_open(self, run_id: str) -> bool:
         return False

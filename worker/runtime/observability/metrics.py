@@ -48,6 +48,9 @@ Prometheus names (the exporter appends ``_total`` to counters)::
     latch_policy_decisions_total               counter    {mode, result}  policy decisions
     latch_policy_versions_refused_total        counter    registry policy set versions not built
     latch_registry_following                   gauge      1 while the registry reader follows
+    latch_results_total                        counter    {outcome}  committed calls' answers
+    latch_turns_total                          counter    {provider}  turn records
+    latch_result_redactions_total              counter    {rule}  result text rewrites
 
 ``latch_policy_decisions_total`` counts the decisions of the policy in force (issue 25):
 ``mode`` log_only or enforce, ``result`` allow, deny or error (an evaluation error, which
@@ -91,7 +94,10 @@ METRIC_NAMES: frozenset[str] = frozenset({
     "latch_buffered_bytes_budget", "latch_consumer_lag_records", "latch_consumer_lag_seconds",
     "latch_rebuild_seconds", "latch_rebuild_records_total",
     "latch_policy_versions_refused_total", "latch_registry_following",
+    "latch_results_total", "latch_turns_total", "latch_result_redactions_total",
 })
+#: A committed call's answer (the result latch, core/pairing.py): ``latch_results_total``.
+RESULT_OUTCOMES = ("answered", "tool_timeout", "result_too_large", "result_schema_invalid")
 
 #: Why a runner refuses a record (``tool_execute_rejected_not_committed_total{reason}``):
 #: not JSON, not a committed call (the committed-call schema fails), or the wrong topic; with
@@ -216,6 +222,11 @@ class Metrics:
             {t.value: 0 for t in Topic if t is not Topic.PROGRESS})
         self.rejected: Counter[str] = Counter(dict.fromkeys(REJECT_REASONS, 0))
         self.rebuild_records = 0
+        #: The result latch's answers by outcome, turn records by provider, and each
+        #: redaction rule's rewrites by rule name (the operator's names, never text).
+        self.results: Counter[str] = Counter(dict.fromkeys(RESULT_OUTCOMES, 0))
+        self.turns: Counter[str] = Counter()
+        self.redactions: Counter[str] = Counter()
         self._partitions: Callable[[], Iterable[PartitionView]] = tuple
         self._governance: Callable[[], GovernanceView | None] = lambda: None
 
@@ -252,6 +263,12 @@ class Metrics:
         counter("latch_records_processed", [self._records],
                 description="Input records applied (events and control)")
         counter("latch_dlq_records", [self._dlq], description="Records sent to the DLQ")
+        counter("latch_results", [lambda _: self._by(self.results, "outcome")],
+                description="Committed calls' answers by outcome (the result latch)")
+        counter("latch_turns", [lambda _: self._by(self.turns, "provider")],
+                description="Turn records written, by provider")
+        counter("latch_result_redactions", [lambda _: self._by(self.redactions, "rule")],
+                description="Rewrites of result text by redaction rule (never the text)")
         counter("latch_send_failures", [self._send_failures],
                 description="Output records whose delivery failed")
         counter("latch_rebuild_records", [self._rebuild_records],
@@ -281,9 +298,16 @@ class Metrics:
         self.records += 1
         for emit in emits:
             topic = emit.topic
-            if topic is Topic.PROGRESS or topic is Topic.AUDIT:  # (audits: one per outcome)
+            if topic is Topic.PROGRESS:
                 continue
             value = emit.value
+            if topic is Topic.AUDIT:  # (one per outcome: counted there; an answer's here)
+                if "result" in value:
+                    self.results[value["outcome"]] += 1
+                continue
+            if topic is Topic.TURNS:
+                self.turns[value["provider"]] += 1
+                continue
             if topic is Topic.COMMITTED:
                 self._outcome(value, "committed", "", value.get("name"), True)
             elif topic is Topic.ERRORS:

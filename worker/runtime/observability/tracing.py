@@ -160,7 +160,7 @@ class RunTracer:
                     "latch.reason": value["reason"]})
             elif topic is Topic.PENDING:
                 span.add_event("latch.call.pending", {"latch.tool_call_id": value["call_id"]})
-            else:
+            elif topic is Topic.FINAL:  # (a turn record comes after: the span has ended)
                 span.set_attribute("latch.status", value["status"])
                 span.set_attribute("latch.calls", len(value["outcomes"]))
                 span.end()

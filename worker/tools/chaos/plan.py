@@ -45,6 +45,7 @@ import orjson
 from worker.core import Assembler, Emit, Topic, decode
 from worker.core.approvers import Approvers
 from worker.core.envelope import TICK_KEY, Rejected
+from worker.core.settings import offline
 from worker.runtime.config import Config
 from worker.runtime.governance.approvers import approvers as approvers_for
 from worker.runtime.governance.approvers import decision_signer
@@ -529,7 +530,7 @@ def expected_emits(run: RunPlan, config: Config, keys: Approvers | None = None) 
     its cancel, its approval decisions (each where the approver sends it: after the call's
     pending record); an idle run gets one tick past the idle timeout, a run with a call left
     undecided one tick past the approval timeout."""
-    assembler = Assembler(config.assemble)
+    assembler = Assembler(offline(config.assemble))
     assembler.policy = assembler_policy(config)
     assembler.approvals.approvers = keys
     emits = [e for value in run.envelopes for e in assembler.feed_record(None, value)]
@@ -656,7 +657,7 @@ def _dlq_reason(key: bytes, value: bytes, control: bool, config: Config) -> str:
     if control:
         envelope = decode(key, value)
         return str(envelope.reason) if isinstance(envelope, Rejected) else "invalid_envelope"
-    emits = Assembler(config.assemble).feed_record(key, value)
+    emits = Assembler(offline(config.assemble)).feed_record(key, value)
     if len(emits) != 1 or emits[0].topic is not Topic.DLQ:
         raise PlanError(f"bad input {key!r} does not go to the DLQ offline")
     return str(emits[0].value["reason"])

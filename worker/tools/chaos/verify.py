@@ -215,6 +215,8 @@ def verify(plan: Plan, records: Iterable[OutRecord],
             dlq[(key, base64.b64decode(value.get("original_b64") or ""))].append(value)
             continue
         raw = record.value
+        if record.role == "audit" and "result" in value:
+            continue  # (a committed call's answer, the result latch's: not in the plan)
         if record.role == "audit":  # where it was read and the trace: the live worker's only
             if rolled:
                 _policy_version(value, audits)
