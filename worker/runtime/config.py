@@ -289,6 +289,17 @@ class AuditSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RunnerSettings:
+    """The ``runner`` section: ``latch runner --mcp`` (worker/client/mcp.py, docs/runner.md)."""
+
+    mcp: str | None = None
+    mcp_timeout_s: float = 30.0
+    tool_timeout_s: float = 120.0
+    group_id: str = "latch-runner"
+    transactional_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration; ``source`` is the file it was read from (None: no file)."""
 
@@ -302,6 +313,7 @@ class Config:
     approvals: ApprovalSettings = field(default_factory=ApprovalSettings)
     approvers: ApproverSettings = field(default_factory=ApproverSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
+    runner: RunnerSettings = field(default_factory=RunnerSettings)
     source: Path | None = None
 
 
@@ -318,6 +330,7 @@ _SECTIONS: Mapping[str, tuple[type[Any], str]] = MappingProxyType(
         "approvals": (ApprovalSettings, "approvals"),
         "approvers": (ApproverSettings, "approvers"),
         "audit": (AuditSettings, "audit"),
+        "runner": (RunnerSettings, "runner"),
     }
 )
 

@@ -20,6 +20,7 @@ from worker.runtime.config import (
     KafkaSettings,
     PolicySettings,
     RegistrySettings,
+    RunnerSettings,
     SigningSettings,
     TopicNames,
     WorkerSettings,
@@ -40,6 +41,7 @@ SECTIONS: dict[str, Any] = {
     "approvals": ApprovalSettings,
     "approvers": ApproverSettings,
     "audit": AuditSettings,
+    "runner": RunnerSettings,
 }
 
 
