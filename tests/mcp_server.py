@@ -68,6 +68,18 @@ def _server() -> Any:
         meta = ctx.request_context.meta or {}
         return str(meta.get("latch/idempotency_key"))
 
+    executions: dict[str, int] = {}
+
+    @server.tool(description="Counts an execution under the text; its count.",
+                 structured_output=False)
+    def record(text: str) -> str:
+        executions[text] = executions.get(text, 0) + 1
+        return str(executions[text])
+
+    @server.tool(description="The executions counted by record.")
+    def executed() -> dict[str, int]:
+        return dict(executions)
+
     @server.tool(description="n bytes of text.", structured_output=False)
     def big(n: int) -> str:
         return "x" * n

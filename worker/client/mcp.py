@@ -96,7 +96,8 @@ def where(url: str) -> str:
 def _quiet_sdk() -> None:
     """The SDK's loggers held where they log no message content (module doc)."""
     logging.getLogger("mcp").setLevel(logging.CRITICAL)
-    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    for name in ("httpx2", "httpcore2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 class McpClient:
