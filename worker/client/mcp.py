@@ -437,11 +437,11 @@ def runner_main(argv: Sequence[str] | None = None) -> int:
         print(f"latch runner: {exc}", file=sys.stderr)
         return 1
     log.info("MCP server at %s: %d tools", where(url), len(tools))
-    runner = Runner(config, tools, group_id=args.group_id or settings.group_id,
-                    transactional_id=args.transactional_id or settings.transactional_id,
-                    # the bridge answers a slow call first (tool_timeout: ...)
-                    tool_timeout_s=settings.tool_timeout_s + settings.mcp_timeout_s + 10)
     try:
+        runner = Runner(config, tools, group_id=args.group_id or settings.group_id,
+                        transactional_id=args.transactional_id or settings.transactional_id,
+                        # the bridge answers a slow call first (tool_timeout: ...)
+                        tool_timeout_s=settings.tool_timeout_s + settings.mcp_timeout_s + 10)
         if args.max_records is not None:  # (tests: a bounded run)
             print("started", flush=True)
             runner.run(max_records=args.max_records)
