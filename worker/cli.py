@@ -7,6 +7,7 @@ Subcommands::
     latch worker [--config FILE]                         run the Kafka worker
     latch topics create [--config FILE]                  provision every topic
     latch registry put|list|show [--config FILE]         toolsets and policy sets by version
+    latch runner --mcp URL [--config FILE]               run committed calls on an MCP server
     latch broker start|stop|status                       a local Kafka for development
     latch publish [--config FILE] FILE                   send JSON-Lines envelopes
     latch tail [--config FILE]                           print the output topics
@@ -88,8 +89,10 @@ def _parser() -> argparse.ArgumentParser:
 _LAZY = [
     ("worker", "worker.runtime.engine:main", "run the Kafka worker"),
     ("topics", "worker.runtime.admin:main", "provision the topics (topics create)"),
-    ("registry", "worker.runtime.governance.registry_io:main",
-     "toolsets and policy sets by version: put, list, show"),
+    ("registry", "worker.client.mcp:registry_main",
+     "toolsets and policy sets by version: put (--from-mcp URL too), list, show"),
+    ("runner", "worker.client.mcp:runner_main",
+     "run committed calls on an MCP server (--mcp URL)"),
     ("broker", "worker.tools.broker:main", "a local Kafka broker: start, stop, status"),
     ("publish", "worker.client.publisher:main", "publish JSON-Lines envelopes"),
     ("tail", "worker.tools.tail:main", "print the output topics"),

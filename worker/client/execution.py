@@ -40,12 +40,13 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from confluent_kafka import TopicPartition
 
-__all__ = ["HOLD_AFTER_S", "POLL_EVERY_S", "TOOL_TIMEOUT", "Holding", "ToolRun", "key_id_of",
-           "tool_input", "wait"]
+__all__ = ["HOLD_AFTER_S", "POLL_EVERY_S", "TOOL_TIMEOUT", "Holding", "ToolRun", "current_call",
+           "key_id_of", "tool_input", "wait"]
 
 #: How long a tool may run before the runner pauses its partitions and polls while it waits
 #: (a pause drops the prefetched records: quick tools do not pay for it).
@@ -54,6 +55,16 @@ HOLD_AFTER_S = 1.0
 POLL_EVERY_S = 0.5
 #: The first word of a timed-out call's error result.
 TOOL_TIMEOUT = "tool_timeout"
+#: The committed call whose tool runs in this context (:class:`ToolRun` sets it).
+_CALL: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
+    "latch_committed_call", default=None)
+
+
+def current_call() -> Mapping[str, Any] | None:
+    """Inside a tool: the committed call it runs for (``schemas/committed-call.schema.json``;
+    its ``idempotency_key`` for a tool that keeps its own record, or passes the key on, as an
+    MCP tool does: :mod:`worker.client.mcp`); None outside a :class:`ToolRun`. Read only."""
+    return _CALL.get()
 
 
 def tool_input(call: Mapping[str, Any]) -> Any:
@@ -97,12 +108,15 @@ class ToolRun:
 
     __slots__ = ("_done", "error", "result", "thread")
 
-    def __init__(self, tool: Callable[[Any], Any], argument: Any, name: str) -> None:
+    def __init__(self, tool: Callable[[Any], Any], argument: Any, name: str,
+                 call: Mapping[str, Any] | None = None) -> None:
         self.result: Any = None
         #: What the tool raised (any ``BaseException``), or None.
         self.error: BaseException | None = None
         self._done = threading.Event()
         context = contextvars.copy_context()
+        # (:func:`current_call`: in the tool's context only, read only)
+        context.run(_CALL.set, None if call is None else MappingProxyType(call))
         self.thread = threading.Thread(target=context.run, args=(self._run, tool, argument),
                                        name=f"latch-tool-{name[:40]}", daemon=True)
         self.thread.start()

@@ -80,10 +80,11 @@ from worker.client.journal import (
 )
 from worker.client.results import (
     MAX_RESULT_BYTES,
+    ToolResult,
     answer,
-    content_of,
     escaped,
     failure,
+    outcome_of,
     result_record,
 )
 from worker.runtime.config import Config
@@ -93,13 +94,15 @@ from worker.runtime.observability.metrics import Metrics
 from worker.runtime.schemas import validator
 
 __all__ = ["CLIENT_TIMEOUT_S", "DedupStore", "JournalError", "JournalStore", "MemoryStore",
-           "Outcome", "Runner", "SigningKeyError", "answer", "journal_record", "result_record"]
+           "Outcome", "Runner", "SigningKeyError", "ToolResult", "answer", "journal_record",
+           "result_record"]
 
 log = logging.getLogger("latch.runner")
 
 #: A tool: what :func:`~worker.client.execution.tool_input` gives (a function call's decoded
 #: arguments, a custom call's input text, a client item's fields) in, a JSON-serialisable
-#: result (or a string) out.
+#: result (or a string, or a :class:`~worker.client.results.ToolResult`) out. The committed
+#: call itself (its ``idempotency_key``) is :func:`~worker.client.execution.current_call`.
 Tool = Callable[[Any], Any]
 #: How long past :data:`CLIENT_TIMEOUT_S` a transaction's commit may take before its producer
 #: counts as wedged (librdkafka's ``send_offsets_to_transaction`` can wait without bound,
@@ -218,12 +221,13 @@ class Runner:
         if self.store.seen(key):
             return Outcome("duplicate", idempotency_key=key)
         self._step("before_tool", key)
-        is_error, content = self._execute(call)
+        is_error, content, structured = self._execute(call)
         self._step("after_tool", key)
-        return self._executed(call, is_error, content)
+        return self._executed(call, is_error, content, structured)
 
-    def _executed(self, call: dict[str, Any], is_error: bool, content: str) -> Outcome:
-        value = answer(call, is_error, content, self.max_result_bytes)
+    def _executed(self, call: dict[str, Any], is_error: bool, content: str,
+                  structured: Any = None) -> Outcome:
+        value = answer(call, is_error, content, self.max_result_bytes, structured)
         journal = orjson.dumps(journal_record(call, orjson.loads(value)["is_error"]))
         return Outcome("executed", call["run_id"].encode(), value, call["idempotency_key"],
                        journal=journal)
@@ -237,18 +241,19 @@ class Runner:
         log.warning("refused a record that is not a committed call (%s)", reason)
         return Outcome("rejected", reason=reason)
 
-    def _execute(self, call: dict[str, Any]) -> tuple[bool, str]:
+    def _execute(self, call: dict[str, Any]) -> tuple[bool, str, Any]:
         """Run the call's tool in a thread of its own and wait for it (holding the
-        membership when inside :meth:`run`), up to ``tool_timeout_s``."""
+        membership when inside :meth:`run`), up to ``tool_timeout_s``: ``(is_error, content,
+        structured)``."""
         tool = self.tools.get(call["name"])
         if tool is None:
-            return True, f"no tool named {call['name']!r} is registered with this runner"
+            return True, f"no tool named {call['name']!r} is registered with this runner", None
         self._strays = [run for run in self._strays if not run.wait(0)]
         if len(self._strays) >= MAX_STRAY_TOOLS:
             raise RuntimeError(f"{len(self._strays)} timed-out tools are still running; "
                                "stopping before the next call runs (a restart ends them)")
         self.executed += 1
-        run = ToolRun(tool, execution.tool_input(call), call["name"])
+        run = ToolRun(tool, execution.tool_input(call), call["name"], call)
         deadline = (None if self.tool_timeout_s is None
                     else time.monotonic() + self.tool_timeout_s)
         if self._message is not None:
@@ -258,17 +263,17 @@ class Runner:
         self._strays.append(run)
         return self._timed_out(call)
 
-    def _timed_out(self, call: dict[str, Any]) -> tuple[bool, str]:
+    def _timed_out(self, call: dict[str, Any]) -> tuple[bool, str, Any]:
         log.warning("tool %s did not return within %g s: answered %s", call["name"],
                     self.tool_timeout_s, TOOL_TIMEOUT, extra=logs.where(run_id=call["run_id"]))
         return True, (f"{TOOL_TIMEOUT}: the tool did not return within "
-                      f"{self.tool_timeout_s:g} s")
+                      f"{self.tool_timeout_s:g} s"), None
 
-    def _ran(self, call: dict[str, Any], run: ToolRun) -> tuple[bool, str]:
+    def _ran(self, call: dict[str, Any], run: ToolRun) -> tuple[bool, str, Any]:
         """A finished run's result, or its exception as an error result."""
         exc = run.error
         if exc is None:
-            return content_of(run.result)
+            return outcome_of(run.result)
         if isinstance(exc, KeyboardInterrupt):
             raise exc  # the operator stops the runner: the interrupted call runs again
         # sys.exit in a tool is answered, too. The arguments are never logged: only where
@@ -276,7 +281,7 @@ class Runner:
         log.warning("tool %s raised %s", call["name"], escaped(type(exc).__name__),
                     extra=logs.where(run_id=call["run_id"]))
         log.debug(escaped("".join(traceback.format_tb(exc.__traceback__))))
-        return True, failure(exc)
+        return True, failure(exc), None
 
     # -- the loop -----------------------------------------------------------------------
 

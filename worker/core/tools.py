@@ -37,9 +37,10 @@ A gateway sends the model a tool list; the same list arrives on ``run.start``. O
 * Any provider: MCP ``tools/list`` entries (issue 25), ``{"name", "inputSchema",
   "outputSchema"?, "annotations"?}``, told apart by their ``inputSchema`` member (no provider
   format has one at the top of an entry). ``inputSchema`` is the tool's parameter schema, under
-  the same bounds as any other; ``outputSchema`` describes the tool's result, which Latch never
-  sees, and is not used. The annotations' four hints (``readOnlyHint``, ``destructiveHint``,
-  ``idempotentHint``, ``openWorldHint``), when they are booleans, are attributes a policy sees
+  the same bounds as any other; ``outputSchema`` (the tool's structured result's) is kept as
+  the entry holds it, read by :func:`output_schemas`, and decides nothing here. The four hints
+  of the annotations (``readOnlyHint``, ``destructiveHint``, ``idempotentHint``,
+  ``openWorldHint``), when they are booleans, are attributes a policy sees
   (:func:`tool_attributes`); any other annotation (``title``) is not.
 
 A missing ``parameters`` / ``input_schema`` registers the tool with the empty schema.
@@ -373,6 +374,10 @@ def _client_tool(provider: str, tool: Mapping[str, Any]) -> tuple[str, Any] | No
 
 #: The member that makes a ``tools`` entry an MCP ``tools/list`` entry.
 MCP_INPUT_SCHEMA = "inputSchema"
+#: The member of an MCP ``tools/list`` entry that describes the tool's structured result.
+MCP_OUTPUT_SCHEMA = "outputSchema"
+#: The member of an MCP ``tools/list`` entry that holds its annotations (``ToolAnnotations``).
+MCP_ANNOTATIONS = "annotations"
 #: The MCP tool annotations a policy sees, as attributes of the tool (``ToolAnnotations``).
 MCP_HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 
@@ -382,6 +387,17 @@ def _mcp_tool(tool: Mapping[str, Any]) -> tuple[str, Any] | None:
     if not isinstance(name, str) or not name:
         return None
     return name, ({} if schema is None else schema)
+
+
+def output_schemas(provider: str, tools: Any) -> dict[str, Any]:
+    """The ``outputSchema`` of each MCP entry of ``tools`` that states one, as it holds it, by
+    the key the tool registers under (:func:`client_tools`: the first entry of a key)."""
+    found: dict[str, Any] = {}
+    for key, _, entry in client_entries(provider, tools):
+        schema = entry.get(MCP_OUTPUT_SCHEMA) if MCP_INPUT_SCHEMA in entry else None
+        if key not in found and schema is not None:
+            found[key] = schema
+    return found
 
 
 def tool_attributes(tools: Any, registered: Mapping[str, Any] | None = None,

@@ -325,6 +325,17 @@ class ResultsSection:
 
 
 @dataclass(frozen=True, slots=True)
+class RunnerSettings:
+    """The ``runner`` section: ``latch runner --mcp`` (worker/client/mcp.py, docs/runner.md)."""
+
+    mcp: str | None = None
+    mcp_timeout_s: float = 30.0
+    tool_timeout_s: float = 120.0
+    group_id: str = "latch-runner"
+    transactional_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration; ``source`` is the file it was read from (None: no file)."""
 
@@ -340,6 +351,7 @@ class Config:
     approvers: ApproverSettings = field(default_factory=ApproverSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
     results: ResultsSection = field(default_factory=ResultsSection)
+    runner: RunnerSettings = field(default_factory=RunnerSettings)
     source: Path | None = None
 
 
@@ -357,6 +369,7 @@ _SECTIONS: Mapping[str, tuple[type[Any], str]] = MappingProxyType(
         "approvers": (ApproverSettings, "approvers"),
         "audit": (AuditSettings, "audit"),
         "results": (ResultsSection, "results"),
+        "runner": (RunnerSettings, "runner"),
     }
 )
 

@@ -10,7 +10,15 @@ from typing import Any
 
 import orjson
 
-from worker.client.results import answer, content_of, escaped, failure, result_record
+from worker.client.results import (
+    ToolResult,
+    answer,
+    content_of,
+    escaped,
+    failure,
+    outcome_of,
+    result_record,
+)
 
 CALL = {"run_id": "r1", "tenant": "t1", "provider": "openai.chat", "call_id": "c1",
         "name": "read_file", "idempotency_key": "r1:c1", "arguments": {"path": "/secret"}}
@@ -70,3 +78,23 @@ def test_an_answer_is_always_one_record_that_fits() -> None:
     big = load(answer(CALL, False, "x" * 11, 10))
     assert big["is_error"] is True and "larger than 10 bytes" in big["content"]
     assert load(answer(CALL, False, '"' * 5, 10))["is_error"] is False  # 10 escaped bytes
+
+
+def test_a_tool_result_says_error_and_structured_and_both_count_in_the_bound() -> None:
+    """A ``ToolResult`` is sent as it says (``is_error``, ``content``, ``structured``); its
+    structured value counts with the content in ``max_bytes`` (over it: an error result
+    without it), one that is not JSON is an error result naming only its type, and a
+    structured value of None is left out of the record."""
+    assert outcome_of(ToolResult("t", True, {"a": 1})) == (True, "t", {"a": 1})
+    assert outcome_of({"a": 1}) == (False, '{"a":1}', None)
+    assert outcome_of(ToolResult(123))[0] is True  # type: ignore[arg-type]
+    record = orjson.loads(answer(CALL, False, "ok", 100, {"n": 1}))
+    assert (record["is_error"], record["content"], record["structured"]) == (False, "ok",
+                                                                             {"n": 1})
+    assert "structured" not in orjson.loads(answer(CALL, False, "ok", 100))
+    over = orjson.loads(answer(CALL, False, "ok", 10, {"text": "x" * 20}))
+    assert over["is_error"] is True and "structured" not in over
+    assert over["content"] == "the tool's result is larger than 10 bytes"
+    bad = orjson.loads(answer(CALL, False, "ok", 100, {"s": {1, 2}}))
+    assert bad["is_error"] is True and "structured" not in bad
+    assert bad["content"] == "the tool's structured result is not JSON (TypeError)"

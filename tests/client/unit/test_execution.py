@@ -213,3 +213,31 @@ def test_the_tool_thread_runs_inside_the_execution_span() -> None:
     runner.run(stop, timeout=0)
     (span,) = exported.get_finished_spans()
     assert span.name == "latch.tool.execute" and seen == [span.context.span_id]
+
+
+def test_a_tool_reads_its_committed_call_and_nothing_else_does() -> None:
+    """Inside a tool, ``current_call()`` is the committed call it runs for (its
+    idempotency_key: what an MCP tool passes on in ``_meta``), read only; outside a tool run it
+    is None, and a second run sees its own call."""
+    seen: list[Any] = []
+    writable: list[bool] = []
+
+    def tool(args: Any) -> str:
+        call = execution.current_call()
+        seen.append(None if call is None else dict(call))
+        try:
+            call["name"] = "other"  # type: ignore[index]
+            writable.append(True)
+        except TypeError:
+            writable.append(False)
+        return "ok"
+
+    runner = Runner(Config(), {"add": tool}, consumer=object(), producer=object())
+    for key in ("k-1", "k-2"):
+        value = orjson.dumps({"v": 1, "run_id": "r", "tenant": "t", "provider": "openai.chat",
+                              "call_id": key, "name": "add", "index": 0, "arguments": {},
+                              "idempotency_key": key})
+        assert runner.handle(value).status == "executed"
+    assert [s["idempotency_key"] for s in seen] == ["k-1", "k-2"]
+    assert writable == [False, False]
+    assert execution.current_call() is None

@@ -357,3 +357,18 @@ def test_quick_properties_decide_as_jsonschema(props: dict[str, Any], required: 
     stock = SchemaCheck(js_validators.validator_for(schema)(canonical))
     assert quick.validator is not None and type(quick.validator) is not type(stock.validator)
     assert quick.errors(instance) == stock.errors(instance)
+
+
+def test_output_schemas_are_read_from_mcp_entries_by_their_key() -> None:
+    """``output_schemas``: the ``outputSchema`` of each MCP tools/list entry that has one, by
+    the key the tool registers under, the first of two entries with one key, in any
+    provider's format; entries in a provider's own format, and MCP entries without one, have
+    none."""
+    weather = {"name": "weather", "inputSchema": {}, "outputSchema": {"type": "object"}}
+    tools = [weather, {"name": "weather", "inputSchema": {}, "outputSchema": {"type": "null"}},
+             {"name": "plain", "inputSchema": {}},
+             {"type": "function", "function": {"name": "chat", "parameters": {}},
+              "outputSchema": {"type": "string"}}]
+    for provider in ("openai.chat", "anthropic.messages", "google.gemini"):
+        assert tools_module.output_schemas(provider, tools) == {"weather": {"type": "object"}}
+    assert tools_module.output_schemas("openai.chat", None) == {}

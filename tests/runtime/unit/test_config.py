@@ -20,6 +20,7 @@ from worker.runtime.config import (
     KafkaSettings,
     PolicySettings,
     RegistrySettings,
+    RunnerSettings,
     SigningSettings,
     TopicNames,
     WorkerSettings,
@@ -40,6 +41,7 @@ SECTIONS: dict[str, Any] = {
     "approvals": ApprovalSettings,
     "approvers": ApproverSettings,
     "audit": AuditSettings,
+    "runner": RunnerSettings,
 }
 
 
@@ -523,3 +525,22 @@ def test_protocol_repair_and_echo_tenants_load(tmp_path: Path) -> None:
         write(tmp_path, "agent_stream_assemble:\n  on_invalid_json: repair\n"))
     assert "echo_invalid_input_tenants" in config_error(
         write(tmp_path, "agent_stream_assemble:\n  echo_invalid_input_tenants: acme\n"))
+
+
+def test_the_runner_section_names_the_mcp_server(tmp_path: Path) -> None:
+    """``runner:`` (latch runner --mcp): absent, no server and the documented bounds; a file's
+    URL, and ``LATCH_RUNNER__MCP`` over it; a URL that is not http(s), or a timeout of 0, is
+    refused naming the key."""
+    defaults = load_config(env={}).runner
+    assert (defaults.mcp, defaults.mcp_timeout_s, defaults.tool_timeout_s, defaults.group_id,
+            defaults.transactional_id) == (None, 30.0, 120.0, "latch-runner", None)
+    path = tmp_path / "latch.yaml"
+    path.write_text("runner:\n  mcp: http://127.0.0.1:8000/mcp\n  tool_timeout_s: 5\n")
+    loaded = load_config(path, env={})
+    assert (loaded.runner.mcp, loaded.runner.tool_timeout_s) == ("http://127.0.0.1:8000/mcp", 5.0)
+    over = load_config(path, env={"LATCH_RUNNER__MCP": "https://mcp.internal/mcp"})
+    assert over.runner.mcp == "https://mcp.internal/mcp"
+    with pytest.raises(ConfigError, match=r"runner\.mcp"):
+        load_config(path, env={"LATCH_RUNNER__MCP": "ftp://x"})
+    with pytest.raises(ConfigError, match=r"runner\.mcp_timeout_s"):
+        load_config(path, env={"LATCH_RUNNER__MCP_TIMEOUT_S": "0"})

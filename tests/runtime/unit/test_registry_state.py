@@ -244,3 +244,23 @@ def test_latch_assemble_without_a_registry_fails_a_referenced_run_saying_why(
     assert [(e["tool_call_id"], e["reason"]) for e in errors] == [("c1", "unknown_toolset")]
     assert "no registry is read here" in errors[0]["content"]
     assert "latch assemble --registry" in errors[0]["content"]
+
+
+def test_put_bounds_an_mcp_tools_output_schema_and_keeps_its_annotations() -> None:
+    """An MCP tools/list entry registers in every format with its ``outputSchema`` and
+    ``annotations`` kept as given (the operator's word); an output schema is held to the input
+    schemas' bounds (not a schema, or over ``max_tool_schema_bytes``: refused, naming the tool),
+    and annotations that are not an object are refused."""
+    entry = {"name": "weather", "description": "d", "inputSchema": {"type": "object"},
+             "outputSchema": {"type": "object", "required": ["celsius"]},
+             "annotations": {"readOnlyHint": True}}
+    assert len(registry.check_toolset("w", [entry])) == 5
+    key, value = registry.encode(TOOLSET, "w", 1, [entry])
+    assert registry.decode(key, value)[3] == [entry]
+    with pytest.raises(Invalid, match="'weather': its outputSchema is not usable"):
+        registry.check_toolset("w", [entry | {"outputSchema": {"type": "no-such-type"}}])
+    huge = {"type": "object", "description": "x" * 140_000}
+    with pytest.raises(Invalid, match=r"outputSchema is not usable \(more than"):
+        registry.check_toolset("w", [entry | {"outputSchema": huge}])
+    with pytest.raises(Invalid, match="annotations are not an object"):
+        registry.check_toolset("w", [entry | {"annotations": ["readOnlyHint"]}])

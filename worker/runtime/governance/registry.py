@@ -38,7 +38,13 @@ import orjson
 from worker.core import strictjson
 from worker.core.envelope import MAX_TOOLSET_NAME_LENGTH, PROVIDERS
 from worker.core.settings import AssembleSettings
-from worker.core.tools import ValidatorCache, client_tools
+from worker.core.tools import (
+    MCP_ANNOTATIONS,
+    MCP_INPUT_SCHEMA,
+    ValidatorCache,
+    client_tools,
+    output_schemas,
+)
 
 __all__ = ["FENCE", "POLICY", "TOOLSET", "Entry", "Invalid", "RegistryState", "check_policy",
            "check_toolset", "content_key", "decode", "encode"]
@@ -130,7 +136,9 @@ def check_toolset(name: str, tools: Any, settings: AssembleSettings | None = Non
                   ) -> list[str]:
     """Check a toolset to register; return the providers whose format reads its every entry
     as a client tool. Raises :class:`Invalid` saying what is wrong where: the bounds of a
-    ``run.start``'s tools (nesting, schema size, a schema the worker cannot use)."""
+    ``run.start``'s tools (nesting, schema size, a schema the worker cannot use), which an MCP
+    entry's ``outputSchema`` meets too, and an MCP entry's ``annotations`` that is not an
+    object (both are kept as the entry holds them: ``worker.core.tools.output_schemas``)."""
     settings = settings or AssembleSettings()
     if not _is_name(name):
         raise Invalid(f"a toolset name has 1 to {MAX_TOOLSET_NAME_LENGTH} characters, no '/'")
@@ -150,9 +158,18 @@ def check_toolset(name: str, tools: Any, settings: AssembleSettings | None = Non
             if broken is not None:
                 raise Invalid(f"tool {tool!r} ({provider} format): its schema is not usable "
                               f"({broken})")
+        for tool, schema in output_schemas(provider, tools).items():
+            broken = cache.prepare(schema, settings.max_tool_schema_bytes).check().broken
+            if broken is not None:
+                raise Invalid(f"tool {tool!r}: its outputSchema is not usable ({broken})")
         readers.append(provider)
     if not readers:
         raise Invalid("no entry of tools is a client tool in any provider's format")
+    for entry in tools:
+        if isinstance(entry, dict) and MCP_INPUT_SCHEMA in entry and \
+                entry.get(MCP_ANNOTATIONS) is not None and \
+                not isinstance(entry[MCP_ANNOTATIONS], dict):
+            raise Invalid(f"tool {entry.get('name')!r}: its annotations are not an object")
     return readers
 
 

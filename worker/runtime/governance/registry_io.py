@@ -20,7 +20,9 @@ differ). A lookup that is still not final blocks (:meth:`RegistryReader.toolsets
 same bound): only a rebuild's, whose reader has not yet read as far as the previous owner's.
 
 ``latch registry put|list|show`` (:func:`main`): ``put`` reads the registry whole first and
-refuses a version that exists already, or whose content does not validate.
+refuses a version that exists already, or whose content does not validate. ``put toolset
+--from-mcp URL`` registers an MCP server's ``tools/list``, read by the ``from_mcp`` that
+``latch registry`` gives :func:`main` (``worker.client.mcp``: this layer has no MCP client).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -410,11 +412,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(required=True, dest="action", metavar="ACTION")
     put_cmd = sub.add_parser("put", help="register a version (versions are immutable)")
     put_sub = put_cmd.add_subparsers(required=True, dest="kind", metavar="KIND")
-    ts = put_sub.add_parser(TOOLSET, help="a toolset: NAME --version N --tools FILE")
+    ts = put_sub.add_parser(TOOLSET, help="a toolset: NAME --version N --tools FILE | "
+                                          "--from-mcp URL")
     ts.add_argument("name")
     ts.add_argument("--version", type=int, required=True)
-    ts.add_argument("--tools", required=True, metavar="FILE",
-                    help="a JSON array of tools, in a provider's format as run.start takes")
+    given = ts.add_mutually_exclusive_group(required=True)
+    given.add_argument("--tools", metavar="FILE",
+                       help="a JSON array of tools, in a provider's format as run.start takes")
+    given.add_argument("--from-mcp", metavar="URL", help=(
+        "an MCP server's streamable HTTP endpoint: its tools/list (every page), each tool "
+        "with its inputSchema, outputSchema and annotations (the operator's word)"))
     pol = put_sub.add_parser(POLICY, help="a policy set: --version N --file FILE.cedar")
     pol.add_argument("--version", type=int, required=True)
     pol.add_argument("--file", required=True, metavar="FILE")
@@ -425,12 +432,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``latch registry put|list|show``."""
+#: Reads an MCP server's tools as a toolset: (URL, config) -> the tools array; raises
+#: :class:`Invalid` (``worker.client.mcp``).
+FromMcp = Callable[[str, Config], Any]
+
+
+def main(argv: Sequence[str] | None = None, from_mcp: FromMcp | None = None) -> int:
+    """``latch registry put|list|show``; ``from_mcp`` reads ``--from-mcp URL``."""
     args = _parser().parse_args(argv)
     try:
         config = load_config(args.config)
-        return _run(config, args)
+        return _run(config, args, from_mcp)
     except (ConfigError, Invalid) as exc:
         print(f"latch registry: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -439,10 +451,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_KAFKA
 
 
-def _run(config: Config, args: argparse.Namespace) -> int:
+def _run(config: Config, args: argparse.Namespace, from_mcp: FromMcp | None = None) -> int:
     if args.action == "put":
         if args.kind == TOOLSET:
-            content: Any = _read(args.tools, json=True)
+            if args.from_mcp is not None and from_mcp is None:
+                raise Invalid("--from-mcp needs the MCP client: run it as latch registry")
+            content: Any = (from_mcp(args.from_mcp, config) if from_mcp is not None
+                            and args.from_mcp is not None else _read(args.tools, json=True))
             print(put(config, TOOLSET, args.name, args.version, content))
         else:
             print(put(config, POLICY, "", args.version, _read(args.file, json=False)))
