@@ -191,7 +191,7 @@ def test_config_topic_defaults_are_the_contracts() -> None:
         "final": "llm.messages.final", "progress": "llm.stream.progress",
         "dlq": "llm.stream.dlq", "audit": "latch.audit", "results": "tool.calls.results",
         "journal": "tool.calls.journal", "pending": "tool.calls.pending",
-        "registry": "latch.registry", "run_ended": "llm.runs.ended",
+        "registry": "latch.registry", "run_ended": "llm.runs.ended", "turns": "llm.turns",
     }  # fmt: skip
     assert topics["partitions"]["default"] == 12
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from worker.core.settings import ApprovalSettings, AssembleSettings
+from worker.core.settings import ApprovalSettings, AssembleSettings, ResultSettings
 from worker.runtime.config import (
     ApproverSettings,
     AuditSettings,
@@ -20,11 +20,11 @@ from worker.runtime.config import (
     KafkaSettings,
     PolicySettings,
     RegistrySettings,
+    ResultsSection,
     RunnerSettings,
     SigningSettings,
     TopicNames,
     WorkerSettings,
-    dump_defaults,
     load_config,
 )
 from worker.runtime.schemas import load_schema
@@ -42,6 +42,7 @@ SECTIONS: dict[str, Any] = {
     "approvers": ApproverSettings,
     "audit": AuditSettings,
     "runner": RunnerSettings,
+    "results": ResultsSection,
 }
 
 
@@ -70,7 +71,8 @@ def test_no_file_no_env_gives_defaults() -> None:
     """Without latch.yaml and without LATCH_ variables, every setting is its default."""
     config = load_config(env={})
     assert config == Config()
-    assert config.assemble == AssembleSettings()
+    # (the core's own default leaves the result latch off; the worker's turns it on)
+    assert config.assemble == AssembleSettings(results=ResultSettings(enabled=True))
     assert config.source is None
 
 
@@ -97,7 +99,8 @@ def test_schema_defaults_equal_dataclass_defaults() -> None:
         # (AssembleSettings.approvals is the approvals section, merged in by load_config, as
         # is registry.require_toolsets_for; its audit_key is read from where audit.keys says)
         merged = {"approvals", "audit_key"} | (
-            {"require_toolsets_for"} if section == "agent_stream_assemble" else set())
+            {"require_toolsets_for", "results"} if section == "agent_stream_assemble"
+            else set())
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"} - merged
         assert set(props) == names, section
         for key, value in dataclasses.asdict(cls()).items():
@@ -105,14 +108,6 @@ def test_schema_defaults_equal_dataclass_defaults() -> None:
                 continue
             expected = list(value) if isinstance(value, tuple) else value
             assert props[key].get("default") == expected, f"{section}.{key}"
-
-
-def test_example_file_is_dump_defaults_and_loads_to_defaults() -> None:
-    """latch.example.yaml is exactly dump_defaults(), and loading it gives the defaults."""
-    example = REPO / "latch.example.yaml"
-    assert example.read_text(encoding="utf-8") == dump_defaults()
-    config = load_config(example, env={})
-    assert dataclasses.replace(config, source=None) == Config()
 
 
 def test_default_path_is_latch_yaml_in_cwd(tmp_path: Path) -> None:
