@@ -658,7 +658,9 @@ def test_the_faust_engine_applies_through_the_driver_which_never_calls_it() -> N
     from worker.runtime.faust_engine.engine import FaustEngine
     from worker.runtime.partition import PartitionState
 
-    latch = FaustEngine(load_config(None, env={"LATCH_WORKER__WEB_PORT": "0"}))
+    # (the result latch off: the run closes at its final message, its done head written)
+    latch = FaustEngine(load_config(None, env={"LATCH_WORKER__WEB_PORT": "0",
+                                               "LATCH_RESULTS__ENABLED": "false"}))
     sent: list[Any] = []
 
     async def publish(state: Any, outs: Any) -> None:

@@ -38,6 +38,7 @@ set -eu
 : "${JOURNAL:=tool.calls.journal}"
 : "${REGISTRY:=latch.registry}"
 : "${PENDING:=tool.calls.pending}"
+: "${TURNS:=llm.turns}"
 
 # allow PRINCIPAL RESOURCE NAME PATTERN OPERATION...   (RESOURCE: topic, group,
 # transactional-id; PATTERN: literal or prefixed)
@@ -72,6 +73,10 @@ allow "$WORKER" topic "$PROGRESS" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$DLQ" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$RUN_ENDED" literal Write Describe DescribeConfigs
 allow "$WORKER" topic "$PENDING" literal Write Describe DescribeConfigs
+# The result latch (docs/contract.md): reads the runners' results (forwarded into the events
+# log), writes its own tool_timeout results there, and the turn records.
+allow "$WORKER" topic "$RESULTS" literal Read Write Describe DescribeConfigs
+allow "$WORKER" topic "$TURNS" literal Write Describe DescribeConfigs
 # The registry (decision 0014): read whole at start and followed; the worker writes only its
 # clock probes (null values under the key "fence"). `latch registry put` runs as an admin.
 allow "$WORKER" topic "$REGISTRY" literal Read Write Describe DescribeConfigs
@@ -94,6 +99,7 @@ allow "$RUNNER" transactional-id "$RUNNER_GROUP-" prefixed Write Describe
 allow "$AGENT" topic "$FINAL" literal Read Describe
 allow "$AGENT" topic "$ERRORS" literal Read Describe
 allow "$AGENT" topic "$RESULTS" literal Read Describe
+allow "$AGENT" topic "$TURNS" literal Read Describe
 allow "$AGENT" topic "$PROGRESS" literal Read Describe
 # the calls waiting for approval (docs/policies.md, Approvals): the agent loop or its approval UI shows
 # them; decisions go back on the control topic (the gateway's, or the operator's latch approve)

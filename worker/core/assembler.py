@@ -221,7 +221,7 @@ class Assembler:
         results = self.settings.results
         #: The result latch (core/pairing.py; None: ``results.enabled`` is off).
         self.pairing: Pairing | None = Pairing(
-            results, self._reject, self.settings.audit_key,
+            results, self._ledger.reject, self.settings.audit_key,
             self.settings.remember_finished_runs) if results.enabled else None
         #: Tenants whose runs must name a registered toolset (:func:`_toolset_required`).
         self._require_toolsets: frozenset[str | None] = frozenset(
@@ -293,7 +293,7 @@ class Assembler:
         try:
             parsed: Any = self._loads(value)
         except JSONDecodeError as exc:
-            return [self._reject(undecodable(exc), key, value, source)]
+            return [self._ledger.reject(undecodable(exc), key, value, source)]
         # 2. Any provider event, parsed by orjson. Each test below is one that
         # ``envelope.decode`` and ``feed`` make of such a record.
         # (``doc`` is declared a dict so that the compiled core reads it with dict operations.)
@@ -331,15 +331,10 @@ class Assembler:
         self._entered = run.active = self._entered + 1
         self._move_to_end(run.run_id)
 
-    def _feed_general(self, key: bytes | None, value: bytes, now_ms: int | None,
-                      source: RecordSource | None) -> list[Emit]:
-        """``feed_record`` without its fast paths: decode the envelope, then ``feed`` it."""
-        return self._feed_envelope(decode(key, value), key, value, now_ms, source)
-
     def _feed_envelope(self, envelope: Envelope | Rejected, key: bytes | None, value: bytes,
                        now_ms: int | None, source: RecordSource | None) -> list[Emit]:
         if isinstance(envelope, Rejected):
-            return [self._reject(envelope, key, value, source)]
+            return [self._ledger.reject(envelope, key, value, source)]
         return self._feed(envelope, self._now(now_ms, envelope.ts), raw=(key, value, source))
 
     def feed(self, envelope: Envelope, now_ms: int,
@@ -358,7 +353,7 @@ class Assembler:
         if isinstance(envelope, Tick):
             return self._expire(now_ms)  # the record time, never the payload's ts
         if isinstance(envelope, ToolResult):  # (core/pairing.py; a DLQ record when off)
-            return paired(self.pairing, envelope, now_ms, raw, self._reject)
+            return paired(self.pairing, envelope, now_ms, raw, self._ledger.reject)
         run = self._runs.get(envelope.run_id)
         if run is None and self._waiting:
             waiting = self._waiting.get(envelope.run_id)
@@ -478,7 +473,7 @@ class Assembler:
             if start.seq <= seen:
                 self.stats["duplicates"] += 1
                 return []
-            return [self._reject(Rejected(DlqReason.DUPLICATE_RUN_START, "run already started",
+            return [self._ledger.reject(Rejected(DlqReason.DUPLICATE_RUN_START, "run already started",
                                           start.run_id), *_raw(raw))]
         emits: list[Emit] = []
         limit = self.settings.max_open_runs
@@ -488,7 +483,10 @@ class Assembler:
             emits += self._evict(self._approvals.least_active(), detail, "evicted_open_runs")
         required = start.toolset is None and toolset_required(self._require_toolsets,
                                                                start.tenant)
-        given = None if required else self._given_tools(start, now_ms)
+        # The run's tool definitions: its ``tools``, or, for a run naming a registry toolset,
+        # that version's, read at its run.start's record time (None: an unknown version).
+        given = None if required else start.tools if start.toolset is None else (
+            None if self.toolsets is None else self.toolsets(*start.toolset, now_ms))
         tools, cost, emits_ = (UNKNOWN_TOOLSET, 0, []) if required else self._tools(start, given)
         emits += emits_
         budget = self.settings.max_tool_calls_per_run
@@ -525,14 +523,6 @@ class Assembler:
                  key: bytes | None) -> Run:
         """The run ``start`` opens (tests make a spy of it: tests/mutation_fuzz.py)."""
         return Run(start, adapter, latch, now_ms, key, self._ledger, self._rules)
-
-    def _given_tools(self, start: RunStart, now_ms: int) -> Any:
-        """The tool definitions of the run: its ``tools``, or, for a run naming a registry
-        toolset, that version's, read at ``now_ms``, its run.start's record time
-        (:data:`ToolsetLookup`); None for an unknown version."""
-        if start.toolset is None:
-            return start.tools
-        return None if self.toolsets is None else self.toolsets(*start.toolset, now_ms)
 
     def _tools(self, start: RunStart, given: Any
                ) -> tuple[dict[str, ToolSchema], int, list[Emit]]:
@@ -592,9 +582,3 @@ class Assembler:
         status = run.status
         assert status is not None
         self.remember_finished(run.run_id, run.last_seq, status)
-
-    # -- the dead-letter topic --------------------------------------------------------
-
-    def _reject(self, rejected: Rejected, key: bytes | None, value: bytes,
-                source: RecordSource | None) -> Emit:
-        return self._ledger.reject(rejected, key, value, source)

@@ -366,7 +366,7 @@ def test_only_the_worker_may_write_the_committed_topic() -> None:
     """deploy/kafka/acls.sh and the Strimzi users in deploy/kafka/users.yaml grant the same
     ACLs, for the default topic names and app id; each topic has exactly its writers: the
     committed calls (which runners execute) and the other outputs the worker alone, results
-    the runners alone, control the gateway, events the gateway and the worker (its ticks);
+    the runners and the worker (its tool_timeout results), control the gateway, events the gateway and the worker (its ticks);
     the runner writes nothing but results and its journal (and its transactional ids); every
     topic of `latch topics create` is covered."""
     acls = script_acls()
@@ -375,9 +375,10 @@ def test_only_the_worker_may_write_the_committed_topic() -> None:
     topics, app_id = config.topics, config.worker.app_id
     gateway, worker, runner = "User:latch-gateway", "User:latch-worker", "User:latch-runner"
     for name in (topics.committed, topics.errors, topics.final, topics.progress, topics.dlq,
-                 topics.run_ended):
+                 topics.run_ended, topics.turns):
         assert writers(acls, name) == {worker}, name
-    assert writers(acls, topics.results) == {runner}
+    # the runners' results, and the result latch's own tool_timeout (never read back)
+    assert writers(acls, topics.results) == {runner, worker}
     assert writers(acls, topics.control) == {gateway}
     assert writers(acls, topics.events) == {gateway, worker}
     assert writers(acls, f"{app_id}-heads-changelog") == {worker}

@@ -213,7 +213,9 @@ def test_shadow_topics_are_prefixed_with_the_live_partition_counts() -> None:
         "replay.tool.calls.committed": 4, "replay.tool.calls.errors": 12,
         "replay.llm.messages.final": 12, "replay.llm.stream.progress": 12,
         "replay.llm.stream.dlq": 12, "replay.llm.runs.ended": 12,
-        "replay.tool.calls.pending": 12, "replay.latch.audit": 12}
+        "replay.tool.calls.pending": 12, "replay.latch.audit": 12,
+        # the result latch's: its tool_timeout results and turn records, never the live ones
+        "replay.tool.calls.results": 12, "replay.llm.turns": 12}
 
 
 def test_a_prefix_that_names_a_live_topic_is_refused() -> None:
