@@ -107,7 +107,6 @@ from worker.core.envelope import (
     Tick,
     ToolResult,
     checked,
-    decode,
     undecodable,
 )
 from worker.core.identity import identities
