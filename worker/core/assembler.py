@@ -107,7 +107,6 @@ from worker.core.envelope import (
     Tick,
     ToolResult,
     checked,
-    decode,
     undecodable,
 )
 from worker.core.identity import identities
@@ -473,8 +472,9 @@ class Assembler:
             if start.seq <= seen:
                 self.stats["duplicates"] += 1
                 return []
-            return [self._ledger.reject(Rejected(DlqReason.DUPLICATE_RUN_START, "run already started",
-                                          start.run_id), *_raw(raw))]
+            return [self._ledger.reject(Rejected(DlqReason.DUPLICATE_RUN_START,
+                                                 "run already started", start.run_id),
+                                        *_raw(raw))]
         emits: list[Emit] = []
         limit = self.settings.max_open_runs
         while self.open_runs and self.open_runs >= limit:
