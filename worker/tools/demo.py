@@ -441,6 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if tally.runner is not None:
             say(summary(tally.runner, tally.turns))
         say(f"again: latch tail --from-beginning --run {prefix} --timeout 5")
+        if tally.runner is not None and tally.runner.left is not None:
+            say(f"a run's next turn: latch results {tally.runner.left[0]}")
         status = EXIT_OK
     except (DemoError, Timeout, PublishError, tail.TailError, KafkaException) as exc:
         steps.failed(str(exc))
