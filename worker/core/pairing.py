@@ -336,9 +336,10 @@ class Pairing:
         done = turn.done.get(call_id) if outcome.get("state") == "committed" else None
         if done is not None:
             answer = Answer(message_id, name, kind, done.is_error, done.content, done.structured)
+            timed_out = done.outcome == ResultReason.TOOL_TIMEOUT  # (no result: no size)
             return TurnEntry(call_id, name, done.outcome,
                              None if done.outcome == ANSWERED else done.outcome,
-                             answer if sendable else None, done.size)
+                             answer if sendable else None, None if timed_out else done.size)
         error = turn.errors.get(call_id)
         content = error["content"] if error is not None else f"{reason}"
         answer = Answer(message_id, name, kind, True, content)

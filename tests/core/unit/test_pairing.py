@@ -83,6 +83,7 @@ def test_no_result_by_the_deadline_is_tool_timeout_written_by_the_latch() -> Non
     [turn] = turns(out)
     assert [o["outcome"] for o in turn["outcomes"]] == ["answered", "tool_timeout"]
     assert turn["messages"][1]["content"].startswith("tool_timeout: ")
+    assert [o["size"] for o in turn["outcomes"]] == [1, None]  # (no result: no size)
     # the runner's answer after that is late
     out = feed(a, [tool_result(calls[1], "B")])
     assert [d["reason"] for d in dlq(out)] == ["result_late"] and not turns(out)
