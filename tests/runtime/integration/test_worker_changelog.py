@@ -61,7 +61,9 @@ def test_changelog_bytes_do_not_grow_with_argument_bytes(
                              size=FRAGMENT)
     assert len(envelopes) > ARGUMENT_BYTES // FRAGMENT
 
-    with make_stack(kafka_bootstrap, request.node.name, partitions=1) as stack:
+    # (the result latch off: a run's head closes at its final message, not at its turn)
+    with make_stack(kafka_bootstrap, request.node.name, partitions=1,
+                    results__enabled="false") as stack:
         worker = WorkerProcess(stack, tmp_path / "worker.log")
         try:
             worker.wait_ready()
@@ -110,6 +112,7 @@ def test_finished_heads_are_tombstoned_after_the_retention(
     envelopes = provider_run("openai.chat", done_run, [("call_1", "read_file", '{"path": "/a"}')])
     opened = provider_run("openai.chat", open_run, [("call_2", "read_file", '{"path": "/b"}')])
     with make_stack(kafka_bootstrap, request.node.name, partitions=1,
+                    results__enabled="false",  # (done heads at the final message)
                     worker__finished_run_retention_s="1",
                     agent_stream_assemble__assemble_idle_timeout_s="600") as stack:
         worker = WorkerProcess(stack, tmp_path / "worker.log")

@@ -41,7 +41,7 @@ def test_creates_every_topic_once(stack: Stack, kafka_admin: AdminClient,
     first = capsys.readouterr().out.splitlines()
     changelog = f"{stack.app_id}-heads-changelog"
     roles = ("events", "control", "committed", "errors", "final", "progress", "dlq", "audit",
-             "results", "pending", "run_ended")
+             "results", "pending", "run_ended", "turns")
     assert set(OUTPUTS) <= set(roles)
     leader = f"{stack.app_id}-__assignor-__leader"  # the faust engine's (this stack's)
     names = [stack.topic(r) for r in roles] + [

@@ -36,6 +36,9 @@ from worker_harness import (
     run_ids,
 )
 
+#: The outputs compared, the turn records too (the result latch: replay decides them alike).
+ROLES = (*OUTPUTS, "turns")
+
 PREFIX = "replay."
 
 
@@ -265,7 +268,7 @@ def run_live(stack: Stack, log_path: Path) -> Live:
     finally:
         if worker.proc.poll() is None:
             worker.kill()
-    records = read_all(stack.bootstrap, {stack.topic(role): role for role in OUTPUTS})
+    records = read_all(stack.bootstrap, {stack.topic(role): role for role in ROLES})
     offsets = committed_offsets(stack.bootstrap, stack.app_id, stack.topic("events"),
                                 stack.partitions)
     return Live(records, runs, offsets)
@@ -282,7 +285,7 @@ def stack(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Stac
             yield made
         finally:
             client = AdminClient({"bootstrap.servers": kafka_bootstrap})
-            shadows = [PREFIX + made.topic(role) for role in OUTPUTS]
+            shadows = [PREFIX + made.topic(role) for role in ROLES]
             for future in client.delete_topics(shadows, operation_timeout=30).values():
                 with contextlib.suppress(KafkaException):  # never created
                     future.result(timeout=60)
@@ -337,7 +340,7 @@ def test_replay_decides_as_the_live_worker(stack: Stack, tmp_path: Path) -> None
 
     by_file = from_file(out)
     by_topics = read_all(stack.bootstrap, {PREFIX + stack.topic(role): role
-                                           for role in OUTPUTS})
+                                           for role in ROLES})
     live_runs = per_run(live.records)
     every = {run_id for ids in live.runs.values() for run_id in ids}
     assert {run_id for _, run_id in live_runs} == every
