@@ -81,6 +81,7 @@ from worker.tools.chaos.plan import (
     APPROVER_KEY_VAR,
     EARLY_SETTINGS,
     GATED,
+    HANG,
     Misbehaviour,
     Plan,
     PlanError,
@@ -1055,7 +1056,7 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
         durations["drain"] = time.monotonic() - t
         if runners is not None:
             t = time.monotonic()
-            notes += _wait_results(stack, options.drain_timeout_s)
+            notes += _wait_results(stack, options.drain_timeout_s, misbehaviour)
             notes += _wait_turns(stack, options.drain_timeout_s)
             durations["runners"] = time.monotonic() - t
     finally:
@@ -1144,17 +1145,27 @@ def _rollouts_done(rollouts: rollout.Rollouts, faults: Faults, total: int) -> li
     return [note] + ([rollouts.error] if rollouts.error else [])
 
 
-def _wait_results(stack: Stack, timeout: float) -> list[str]:
-    """Wait until every committed call has a result (read_committed); what is left, as a
-    note."""
+def _wait_results(stack: Stack, timeout: float,
+                  misbehaviour: Misbehaviour | None = None) -> list[str]:
+    """Wait until every committed call has a result (read_committed): a runner's, or the
+    latch's ``tool_timeout`` for a call the runners hang on (``misbehaviour``); what is left,
+    as a note."""
+    bad = misbehaviour or Misbehaviour()
     deadline = time.monotonic() + timeout
     left: set[str] = set()
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):  # the broker may be restarting
             records = read_outputs(stack, ("committed", "results"))
-            keys = {role: {str(orjson.loads(r.value).get("idempotency_key")) for r in records
-                           if r.role == role} for role in ("committed", "results")}
-            left = keys["committed"] - keys["results"]
+            committed: set[str] = set()
+            answered: set[str] = set()
+            for record in records:
+                value = orjson.loads(record.value)
+                key = str(value.get("idempotency_key"))
+                if record.role == "committed":
+                    committed.add(key)
+                elif (value.get("by") == "latch") == (bad.of(key) == HANG):
+                    answered.add(key)  # (a runner's answer; the latch's for a hung call)
+            left = committed - answered
             if not left:
                 return []
         time.sleep(3)

@@ -123,6 +123,10 @@ class Verdict:
     #: tell (either outcome accepted).
     deadline_checked: int = 0
     deadline_either: int = 0
+    #: Result DLQ records (``result_duplicate``) that are the answer which counted, forwarded
+    #: again after its turn closed (the faust engine's at-least-once forwarding): counted as
+    #: duplicates too.
+    reforwarded: int = 0
 
     @property
     def ok(self) -> bool:
@@ -144,6 +148,7 @@ class Verdict:
                 + (f" turns={self.turns} tool_timeouts={self.tool_timeouts}(hung:{self.hung},"
                    f"late:{self.late}) result_dlq="
                    + (",".join(f"{k}:{v}" for k, v in sorted(self.result_dlq.items())) or "0")
+                   + (f" reforwarded={self.reforwarded}" if self.reforwarded else "")
                    + (f" deadlines_replayed={self.deadline_checked}(either:"
                       f"{self.deadline_either})" if self.deadline_checked else "")
                    if self.latch else "")
@@ -208,6 +213,11 @@ class _LatchRecords:
     #: A committed call's key -> where its call was decided in the events log (its audit
     #: record's ``source``), for calls not held for approval.
     commits: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: A committed call's key -> where its runners' answers are on the results topic.
+    sources: dict[str, set[tuple[int, int]]] = field(default_factory=lambda: defaultdict(set))
+    #: ... and where the answers in the DLQ were read (the forwarded record's ``source``).
+    dlq_sources: dict[str, set[tuple[int, int]]] = field(
+        default_factory=lambda: defaultdict(set))
     #: (idempotency_key of the call, forwarded bytes) -> the DLQ records.
     dlq: dict[tuple[str, bytes], list[dict[str, Any]]] = field(
         default_factory=lambda: defaultdict(list))
@@ -217,8 +227,12 @@ class _LatchRecords:
         if record.role == "turns":
             self.turns[str(value.get("run_id"))].append(record.value)
         elif record.role == "results":
-            by = self.latch if value.get("by") == "latch" else self.runner
-            by[str(value.get("idempotency_key"))].append(record.value)
+            key = str(value.get("idempotency_key"))
+            if value.get("by") == "latch":
+                self.latch[key].append(record.value)
+            else:
+                self.runner[key].append(record.value)
+                self.sources[key].add((record.partition, record.offset))
         elif record.role == "audit" and "result" in value:
             value["source"] = value["trace_id"] = None  # (the live worker's only)
             key = str(value.get("idempotency_key")).removesuffix(":result")
@@ -238,6 +252,9 @@ class _LatchRecords:
                 forwarded = None
             named = forwarded.get("idempotency_key") if isinstance(forwarded, dict) else None
             self.dlq[(str(named), original)].append(value)
+            where = forwarded.get("source") if isinstance(forwarded, dict) else None
+            if isinstance(where, list) and len(where) == 2:
+                self.dlq_sources[str(named)].add((where[0], where[1]))
         else:
             return False
         return True
@@ -551,6 +568,12 @@ def _check_answer(verdict: Verdict, key: str, outcome: Any, kept: _LatchRecords,
     if intent == HANG and runner:
         verdict.fail("mismatched", f"{key}: the plan made it hang, and a runner answered it")
     extra = len(runner) - (outcome == "answered")
+    if outcome == "answered" and runner and kept.dlq_sources.get(key) == kept.sources.get(key):
+        # every runner answer is in the DLQ, the one that counted too: forwarded again after
+        # its turn closed (at least once), a repeat the latch no longer knew by its source
+        verdict.reforwarded += 1
+        verdict.duplicates += 1
+        extra += 1
     wanted = "result_duplicate" if outcome == "answered" else "result_late"
     if sum(dlq.values()) < extra:
         verdict.fail("missing", f"{key}: {len(runner)} runner answers, "
