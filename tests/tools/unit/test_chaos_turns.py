@@ -63,7 +63,7 @@ def _outputs(plan: Plan, late: Collection[str] = ()) -> tuple[Records, str]:
         runner = {"v": 1, "run_id": call["run_id"], "tool_call_id": call["call_id"],
                   "name": call["name"], "idempotency_key": call["idempotency_key"],
                   "is_error": False, "content": f"done {call['idempotency_key']}"}
-        out.append(OutRecord("results", 0, len(out), None, orjson.dumps(runner)))
+        out.append(OutRecord("results", 0, source[1], None, orjson.dumps(runner)))
         forwarded = orjson.dumps({**runner, "type": "tool.result", "size": 9,
                                   "source": list(source)})
         result = ToolResult(str(call["run_id"]), None, str(call["call_id"]), str(call["name"]),
@@ -337,3 +337,26 @@ def test_an_answer_against_its_replayed_deadline_fails(plan: Plan) -> None:
     wrong = [f for f in verdict.failures if "by the events log" in f]
     assert len(wrong) == 2, verdict.failures[:6]
     assert verdict.deadline_checked == 2
+
+
+def test_the_counted_answer_forwarded_again_after_its_turn_closed_is_a_repeat(
+        plan: Plan) -> None:
+    """Every runner answer of a call in the DLQ, the one that counted too (its results record
+    forwarded again once its turn had closed, the faust engine's at-least-once forwarding):
+    ``reforwarded``, a duplicate (allowed at least once, a failure at read_committed)."""
+    records, log = _outputs(plan)
+    dlq = next(r for r in records if r.role == "dlq" and b"result_duplicate" in r.value)
+    value = orjson.loads(dlq.value)
+    forwarded = orjson.loads(base64.b64decode(value["original_b64"]))
+    key = forwarded["idempotency_key"]
+    first = next(r.offset for r in records if r.role == "results" and b'"by"' not in r.value
+                 and orjson.loads(r.value)["idempotency_key"] == key
+                 and r.offset != forwarded["source"][1])
+    forwarded["source"] = [0, first]
+    value["original_b64"] = base64.b64encode(orjson.dumps(forwarded)).decode()
+    again = [*records, OutRecord("dlq", 0, 0, None, orjson.dumps(value))]
+    verdict = _verify(plan, again, log)
+    assert verdict.ok, verdict.failures[:3]
+    assert (verdict.reforwarded, verdict.duplicates) == (1, 1)
+    assert "reforwarded=1" in verdict.summary(0, 0)
+    assert not _verify(plan, again, log, exactly_once=True).ok
