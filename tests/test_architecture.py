@@ -319,6 +319,14 @@ def _builds_a_run_ended(node: ast.AST) -> bool:
     return _emits_to(node, "RUN_ENDED")
 
 
+def _builds_a_turn_record(node: ast.AST) -> bool:
+    """A turn record: an ``Emit`` for ``Topic.TURNS``, or ``turn_record(...)`` (core/turns.py
+    formats it; only the result latch, core/pairing.py, decides one)."""
+    return _emits_to(node, "TURNS") or _calls(node, "turn_record") or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and node.func.id == "turn_record")
+
+
 #: The producer's transactional API (confluent-kafka's ``Producer``).
 TRANSACTION_API = ("init_transactions", "begin_transaction", "send_offsets_to_transaction",
                    "commit_transaction", "abort_transaction")
@@ -384,6 +392,8 @@ ROLES: dict[str, tuple[tuple[str, ...], str | tuple[str, ...], Callable[[ast.AST
     "builds a run.ended record": (("core", "runtime", "client", "tools"), "core/ending.py",
                                   _builds_a_run_ended),
     "decides a held call": (("core", "runtime"), "core/waiting.py", _decides_a_held_call),
+    "builds a turn record": (("core", "runtime", "client", "tools"), "core/pairing.py",
+                             _builds_a_turn_record),
     "calls the producer's transactional API": (
         ("core", "runtime"), "runtime/kafka_engine/transaction.py", _calls_the_transaction_api),
     "signs a record": (("core", "runtime"), "runtime/governance/signing.py", _signs_a_record),
@@ -432,6 +442,10 @@ def test_each_role_has_one_room(role: str) -> None:
      "def _final(run_id):\n    return Emit(topic=Topic.FINAL, key=run_id, value={})"),
     ("builds a run.ended record", "core/run.py",
      "def _ended(run_id):\n    return [Emit(Topic.RUN_ENDED, run_id, {})]"),
+    ("builds a turn record", "core/ending.py",
+     "def _turn(run_id):\n    return Emit(Topic.TURNS, run_id, {})"),
+    ("builds a turn record", "runtime/driver.py",
+     "def _turn(entries):\n    return turn_record('r', None, 'openai.chat', 'k', entries)"),
     ("decides a held call", "core/run.py",
      "def _approve(run, call):\n    run.latch.approve(call, None)"),
     ("decides a held call", "core/assembler.py",

@@ -11,7 +11,7 @@ Subcommands::
     latch broker start|stop|status                       a local Kafka for development
     latch publish [--config FILE] FILE                   send JSON-Lines envelopes
     latch tail [--config FILE]                           print the output topics
-    latch results [--config FILE] RUN                    one run's calls and their answers
+    latch results [--config FILE] RUN                    one run's turn record, or its calls
     latch replay [--config FILE] --from-... --to-...     re-run a range of the events topic
     latch policy check|test|schema ...                   write and try Cedar policies
     latch demo                                           everything above, end to end
@@ -96,7 +96,8 @@ _LAZY = [
     ("broker", "worker.tools.broker:main", "a local Kafka broker: start, stop, status"),
     ("publish", "worker.client.publisher:main", "publish JSON-Lines envelopes"),
     ("tail", "worker.tools.tail:main", "print the output topics"),
-    ("results", "worker.tools.results:main", "one run's calls, error results and results"),
+    ("results", "worker.tools.results:main",
+     "one run's turn record, or its calls joined with their answers"),
     ("demo", "worker.tools.demo:main", "run the end-to-end demo"),
     ("replay", "worker.tools.replay:main", "replay a range of the events topic"),
     ("approve", "worker.tools.approvals:approve", "approve a call waiting for approval"),

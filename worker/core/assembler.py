@@ -107,7 +107,6 @@ from worker.core.envelope import (
     Tick,
     ToolResult,
     checked,
-    decode,
     undecodable,
 )
 from worker.core.identity import identities
@@ -134,6 +133,7 @@ from worker.core.tools import (
     ToolSchema,
     ValidatorCache,
     client_tools,
+    output_schemas,
     shared_validators,
     tool_attributes,
 )
@@ -222,7 +222,8 @@ class Assembler:
         #: The result latch (core/pairing.py; None: ``results.enabled`` is off).
         self.pairing: Pairing | None = Pairing(
             results, self._ledger.reject, self.settings.audit_key,
-            self.settings.remember_finished_runs) if results.enabled else None
+            self.settings.remember_finished_runs, self._validators,
+            self.settings.max_tool_schema_bytes) if results.enabled else None
         #: Tenants whose runs must name a registered toolset (:func:`_toolset_required`).
         self._require_toolsets: frozenset[str | None] = frozenset(
             self.settings.require_toolsets_for)
@@ -473,8 +474,9 @@ class Assembler:
             if start.seq <= seen:
                 self.stats["duplicates"] += 1
                 return []
-            return [self._ledger.reject(Rejected(DlqReason.DUPLICATE_RUN_START, "run already started",
-                                          start.run_id), *_raw(raw))]
+            return [self._ledger.reject(Rejected(DlqReason.DUPLICATE_RUN_START,
+                                                 "run already started", start.run_id),
+                                        *_raw(raw))]
         emits: list[Emit] = []
         limit = self.settings.max_open_runs
         while self.open_runs and self.open_runs >= limit:
@@ -513,6 +515,8 @@ class Assembler:
         self._entered = run.active = self._entered + 1
         self.runs_opened += 1
         self.stats["runs_started"] += 1
+        if self.pairing is not None and given:  # its MCP tools' outputSchema (core/pairing.py)
+            self.pairing.started(start.run_id, output_schemas(start.provider, given))
         early = self._remembered.early_cancel(start.run_id, now_ms)
         if early is not None:  # cancelled before it started: it ends as a cancel right after
             self.stats["early_cancels_applied"] += 1  # its run.start would have ended it

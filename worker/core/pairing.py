@@ -44,6 +44,7 @@ from worker.core.envelope import Rejected, ToolResult
 from worker.core.model import DlqReason, Emit, ResultReason, Topic
 from worker.core.outputs import keyed_digest
 from worker.core.settings import AuditKey, ResultSettings
+from worker.core.tools import ToolSchema, ValidatorCache
 from worker.core.turns import Answer, TurnEntry, turn_record
 
 __all__ = ["ANSWERED", "LATCH", "Pairing", "paired", "result_size"]
@@ -53,16 +54,14 @@ ANSWERED = "answered"
 #: A call that never committed (its error result is its answer), and one left out of the
 #: final message (no answer goes back to the model).
 FAILED, DROPPED = "failed", "dropped"
+#: No output schemas (never changed).
+_NONE: dict[str, ToolSchema] = {}
 #: The ``by`` of a result the latch itself wrote (``tool_timeout``): the forwarder never
 #: forwards one, so it never pairs, whoever wrote it.
 LATCH = "latch"
 #: A closed turn's call: answered by a runner, or by the latch (``tool_timeout``).
 _CLOSED_ANSWERED, _CLOSED_TIMED_OUT = "a", "x"
 
-#: ``(run_id, tool name) -> checker``: the checker of a tool's ``outputSchema``, which returns
-#: None for a valid structured result and else why not (a detail that quotes no result text);
-#: None when the tool declares none.
-OutputSchemas = Callable[[str, str], Callable[[Any], str | None] | None]
 #: ``(tenant) -> rewrite``: the operator's redaction of result text for a tenant (None: none);
 #: the rewrite returns the text and how many rewrites each rule made.
 Redactions = Callable[[str | None], Callable[[str], tuple[str, dict[str, int]]] | None]
@@ -111,11 +110,18 @@ class Pairing:
     """The result latch of one events partition (module docstring)."""
 
     def __init__(self, settings: ResultSettings, reject: Callable[..., Emit],
-                 audit_key: AuditKey | None = None, remember: int = 100_000) -> None:
+                 audit_key: AuditKey | None = None, remember: int = 100_000,
+                 validators: ValidatorCache | None = None,
+                 max_schema_bytes: int | None = None) -> None:
         self.settings = settings
         self._reject = reject
         self._audit_key = audit_key
         self._remember = remember
+        self._validators = validators
+        self._max_schema_bytes = max_schema_bytes
+        #: The output schemas of the runs whose tools state one (most runs: none), by run id
+        #: and tool name, compiled when a structured result is checked.
+        self.schemas: dict[str, dict[str, ToolSchema]] = {}
         #: The open turns, by run id, oldest first.
         self.turns: dict[str, _Turn] = {}
         #: The closed turns' calls: run id -> {tool_call_id: answered or timed out}.
@@ -123,8 +129,6 @@ class Pairing:
         self.stats: Counter[str] = Counter()
         #: Each redaction rule's rewrites, by rule name (a metric, never a log line).
         self.redactions: Counter[str] = Counter()
-        #: Where a tool's output schema is found (None: no tool has one).
-        self.output_schemas: OutputSchemas | None = None
         #: The tenants' redaction rules (None: none).
         self.redact: Redactions | None = None
 
@@ -136,6 +140,14 @@ class Pairing:
     def waiting(self, run_id: str) -> bool:
         """Whether ``run_id``'s turn record is still to be written."""
         return run_id in self.turns
+
+    def started(self, run_id: str, schemas: dict[str, Any]) -> None:
+        """A run started whose tools state these ``outputSchema``s (MCP tools: a registered
+        toolset's, or its ``run.start``'s), by tool name."""
+        if schemas and self._validators is not None:
+            prepare = self._validators.prepare
+            self.schemas[run_id] = {name: prepare(schema, self._max_schema_bytes)
+                                    for name, schema in schemas.items()}
 
     # -- what the assembler emitted ------------------------------------------------------
 
@@ -204,9 +216,9 @@ class Pairing:
                          f"result_too_large: the tool's result is {size} bytes, more than "
                          f"{waiting.max_bytes}", None, size, result.source)
         structured = result.structured
-        if structured is not None and self.output_schemas is not None:
-            check = self.output_schemas(turn.run_id, waiting.name)
-            invalid = check(structured) if check is not None else None
+        schema = self.schemas.get(turn.run_id, _NONE).get(waiting.name)
+        if structured is not None and schema is not None:
+            invalid = schema.check().errors(structured)
             if invalid is not None:
                 return _Done(ResultReason.RESULT_SCHEMA_INVALID.value, True,
                              f"result_schema_invalid: {invalid}", None, size, result.source)
@@ -292,6 +304,7 @@ class Pairing:
         final = turn.final
         assert final is not None
         del self.turns[turn.run_id]
+        self.schemas.pop(turn.run_id, None)
         outcomes: list[dict[str, Any]] = final.get("outcomes") or []
         top = min((o.get("choice", 0) for o in outcomes), default=0)
         order = sorted(outcomes, key=lambda o: (o.get("choice", 0), o.get("index", 0)))
@@ -323,9 +336,10 @@ class Pairing:
         done = turn.done.get(call_id) if outcome.get("state") == "committed" else None
         if done is not None:
             answer = Answer(message_id, name, kind, done.is_error, done.content, done.structured)
+            timed_out = done.outcome == ResultReason.TOOL_TIMEOUT  # (no result: no size)
             return TurnEntry(call_id, name, done.outcome,
                              None if done.outcome == ANSWERED else done.outcome,
-                             answer if sendable else None, done.size)
+                             answer if sendable else None, None if timed_out else done.size)
         error = turn.errors.get(call_id)
         content = error["content"] if error is not None else f"{reason}"
         answer = Answer(message_id, name, kind, True, content)

@@ -1,6 +1,6 @@
 """Redaction of tool results (issue 36, item 4): the operator's rules, per tenant, rewrite a
 result's text before it goes back to the model (``docs/policies.md``, "Redacting results";
-``docs/decisions/9002-result-redaction.md``).
+``docs/decisions/0026-result-redaction.md``).
 
 A rule is a name, an RE2 pattern (google-re2: linear time in the text, whatever the pattern,
 so a result cannot make a rule run for long) and a replacement. :class:`Redactor` compiles a

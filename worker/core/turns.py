@@ -53,7 +53,7 @@ runner) is sent where the provider takes JSON: Bedrock a ``{"json": ...}`` block
 sends ``{"json": {}}`` (both refuse an empty text block). Gemini: ``id`` only when the call has
 one (:attr:`Answer.call_id` non-empty); Latch writes its own ``latch-<candidate>-<n>-<run_id>``
 into each id-less ``functionCall`` of the final message, and the response carries that same
-id, since the history the loop sends holds it. docs/decisions/9001-turn-record.md has the
+id, since the history the loop sends holds it. docs/decisions/0025-turn-record.md has the
 reasons.
 """
 

@@ -15,9 +15,14 @@
    its run, and that run's later envelopes are held back until the worker has applied the
    cancel, then sent (the worker ignores them, as the contract says);
 5. **outcomes**: print each record the worker emits for these runs (``latch tail``'s lines)
-   until every run has its final message, or ``--timeout`` seconds pass. A call the policy
-   holds for approval (its pending record) is approved on the control topic, as an operator
-   would with ``latch approve``, signed (:mod:`worker.tools.demo_approver`), and commits.
+   until every run has its final message and its turn record, or ``--timeout`` seconds pass.
+   A call the policy holds for approval (its pending record) is approved on the control topic,
+   as an operator would with ``latch approve``, signed (:mod:`worker.tools.demo_approver`),
+   and commits. The demo plays the runner (:mod:`worker.tools.demo_runner`): it answers each
+   committed call with a made-up result on the results topic, but one, the first of the
+   ``anthropic.messages`` run, which the latch answers ``tool_timeout`` after the demo
+   worker's ``results.deadline_s`` (5 s); each run's turn record is shown (provider,
+   outcomes), and the messages of two runs of different providers.
 
 The worker runs with ``policy.mode`` ``enforce`` and the shipped ``examples/demo.cedar``
 (tenant ``acme`` may call its tools, and search files only under ``/srv/``), so exactly one
@@ -32,8 +37,8 @@ Then it stops what it started: the worker (SIGTERM), and the broker unless it wa
 already or ``--keep`` is given. The configured topic names are used, so ``latch tail
 --from-beginning --run PREFIX`` shows the demo's records again afterwards.
 
-Exit 0 when every run got its final message; 1 when a step failed or the wait timed out;
-2 when the configuration or the example file is unusable.
+Exit 0 when every run got its final message (and its turn record); 1 when a step failed or
+the wait timed out; 2 when the configuration or the example file is unusable.
 """
 
 from __future__ import annotations
@@ -50,7 +55,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +68,9 @@ from worker.client.publisher import Publisher, PublishError
 from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.observability import logs
 from worker.tools import broker, tail
-from worker.tools.demo_approver import APPROVER, approver_env
+from worker.tools.demo_approver import approver_env
+from worker.tools.demo_outcomes import Tally, Timeout, indented, say, watch
+from worker.tools.demo_runner import DemoRunner, ResultsProducer, left_run, results_env, summary
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -74,6 +80,8 @@ DEFAULT_TIMEOUT_S = 120.0
 WORKER_STOP_TIMEOUT_S = 30.0
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 OUTPUT_TOPICS = ("committed", "errors", "final", "dlq", "pending")
+#: What the demo reads besides, with the result latch on.
+RESULT_TOPICS = ("results", "turns")
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # worker/
 #: Where the example files are looked for: a source checkout, then installed package data.
@@ -151,14 +159,6 @@ class Steps:
     @staticmethod
     def failed(detail: str) -> None:
         say(f" FAILED: {detail}")
-
-
-def say(text: str = "", end: str = "\n") -> None:
-    print(text, end=end, flush=True)
-
-
-def indented(text: str, prefix: str = "      ") -> str:
-    return "\n".join(prefix + line for line in text.rstrip().splitlines())
 
 
 # -- 1. the broker ---------------------------------------------------------------------------
@@ -334,7 +334,7 @@ def stop_worker(started: Started) -> str:
     return f"exit status {proc.returncode}"
 
 
-# -- 4. publish, 5. outcomes -------------------------------------------------------------------
+# -- 4. publish (5. outcomes: demo_outcomes.py) ----------------------------------------------
 
 
 def publish(publisher: Publisher, envelopes: list[dict[str, Any]], started: Started) -> str:
@@ -361,94 +361,6 @@ def publish(publisher: Publisher, envelopes: list[dict[str, Any]], started: Star
     if held:
         text += f"; {held} after a cancel held back until the worker applies it"
     return text
-
-
-@dataclass
-class Tally:
-    finals: dict[str, str] = field(default_factory=dict)
-    counts: Counter[str] = field(default_factory=Counter)
-    reasons: Counter[str] = field(default_factory=Counter)
-    #: The held calls the demo approved: (run id, call id).
-    approved: set[tuple[str, str]] = field(default_factory=set)
-
-    def add(self, record: tail.Record) -> None:
-        self.counts[record.topic] += 1
-        value = record.value if isinstance(record.value, dict) else {}
-        if record.topic == "final" and record.key is not None:
-            self.finals[record.key] = str(value.get("status"))
-        elif record.topic == "errors":
-            self.reasons[str(value.get("reason"))] += 1
-
-
-def watch(config: Config, consumer: Any, publisher: Publisher, runs: list[str], prefix: str,
-          started: Started, timeout: float) -> Tally:
-    """Print the records of these runs until every run has its final message."""
-    names = {kafka: name for name, kafka in tail.topic_names(config).items()}
-    tally = Tally()
-    # The outputs come from several topics, so a run's final message may be read before its
-    # last calls: it is shown once every outcome it lists has been shown.
-    shown: Counter[str] = Counter()
-    finals: dict[str, tail.Record] = {}
-    deadline = time.monotonic() + timeout
-    while len(tally.finals) < len(runs):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            waiting = [r.removeprefix(prefix) for r in runs if r not in tally.finals]
-            raise DemoError(f"timed out after {timeout:g}s; no final message yet for: "
-                            f"{', '.join(waiting)}; worker log: {started.log}")
-        _check_worker_alive(started)
-        for record in tail.records(consumer, names, timeout=min(1.0, left), run_prefix=prefix):
-            key = record.key or ""
-            if record.topic == "final":
-                finals[key] = record
-            elif record.topic == "pending":
-                say(indented(tail.format_record(record)))
-                _approve(publisher, record, tally)
-            else:
-                say(indented(tail.format_record(record)))
-                tally.add(record)
-                shown[key] += record.topic in ("committed", "errors")
-            for run_id, final in list(finals.items()):
-                if shown[run_id] >= _outcome_count(final):
-                    del finals[run_id]
-                    say(indented(tail.format_record(final)))
-                    tally.add(final)
-                    _release_held(publisher, started, run_id)
-            if len(tally.finals) == len(runs):
-                break
-    return tally
-
-
-def _approve(publisher: Publisher, record: tail.Record, tally: Tally) -> None:
-    """Approve a call the worker holds for a person's decision (once: a pending record may
-    be written again), as an operator would with ``latch approve``."""
-    value = record.value if isinstance(record.value, dict) else {}
-    run_id, call_id = str(value.get("run_id") or record.key), value.get("call_id")
-    if not isinstance(call_id, str) or (run_id, call_id) in tally.approved:
-        return
-    tally.approved.add((run_id, call_id))
-    publisher.approve(run_id, call_id, by=APPROVER, reason="shown by the demo")
-    publisher.flush()
-    say(indented(f"(approved {run_id} {call_id} on the control topic, signed with the demo "
-                 f"approver's key, as `latch approve RUN CALL --by '{APPROVER}'` does; it "
-                 "commits next)"))
-
-
-def _outcome_count(final: tail.Record) -> int:
-    outcomes = final.value.get("outcomes") if isinstance(final.value, dict) else None
-    return len(outcomes) if isinstance(outcomes, list) else 0
-
-
-def _release_held(publisher: Publisher, started: Started, run_id: str) -> None:
-    """Send the envelopes of a cancelled run that followed its cancel in the file."""
-    late = started.held.pop(run_id, None)
-    if not late:
-        return
-    for envelope in late:
-        publisher.send_envelope(envelope)
-    publisher.flush()
-    say(indented(f"(sent the {len(late)} envelopes of {run_id} that follow its cancel; "
-                 "the worker ignores them)"))
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -491,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if policy is not None:  # the worker subprocess reads them as well
             started.env["LATCH_POLICY__MODE"] = "enforce"
             started.env["LATCH_POLICY__FILE"] = str(policy.resolve())
-        started.env |= approver_env(config)  # (a policy file that does not parse stops here)
+        started.env |= approver_env(config) | results_env(config)  # (a bad policy stops here)
         config = load_config(args.config, env={**os.environ, **started.env})
         path = args.file or example_file()
         envelopes = load_envelopes(path, prefix)
@@ -526,9 +438,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"approvals: {held} call{'s' * (held != 1)} waited for a person "
                 f"(tool.calls.pending) and {'were' if held != 1 else 'was'} approved, "
                 "then committed")
+        if tally.runner is not None:
+            say(summary(tally.runner, tally.turns))
         say(f"again: latch tail --from-beginning --run {prefix} --timeout 5")
+        if tally.runner is not None and tally.runner.left is not None:
+            say(f"a run's next turn: latch results {tally.runner.left[0]}")
         status = EXIT_OK
-    except (DemoError, PublishError, tail.TailError, KafkaException) as exc:
+    except (DemoError, Timeout, PublishError, tail.TailError, KafkaException) as exc:
         steps.failed(str(exc))
     except KeyboardInterrupt:
         say("\ninterrupted")
@@ -550,7 +466,9 @@ def _policy_text(config: Config) -> str:
 
 def _publish_and_watch(config: Config, envelopes: list[dict[str, Any]], runs: list[str],
                        prefix: str, started: Started, steps: Steps, timeout: float) -> Tally:
-    topics = [getattr(config.topics, name) for name in OUTPUT_TOPICS]
+    latch = config.results.enabled
+    topics = [getattr(config.topics, name)
+              for name in OUTPUT_TOPICS + (RESULT_TOPICS if latch else ())]
     consumer, missing = tail.open_consumer(config, topics, from_beginning=False, exact_end=True)
     try:
         if missing:
@@ -560,8 +478,20 @@ def _publish_and_watch(config: Config, envelopes: list[dict[str, Any]], runs: li
             publisher.check_topics()
             steps.ok(publish(publisher, envelopes, started))
             steps.start("outcomes")
-            say(f" waiting for {len(runs)} final messages (up to {timeout:g}s)")
-            tally = watch(config, consumer, publisher, runs, prefix, started, timeout)
+            tally = Tally()
+            if latch:
+                tally.runner = DemoRunner(
+                    ResultsProducer(config, publisher.producer_config()).send,
+                    left_run(envelopes), config.results.max_bytes, config.topics.results)
+            say(f" waiting for {len(runs)} final messages"
+                f"{' and turn records' if latch else ''} (up to {timeout:g}s)")
+            if latch:
+                say(indented("(the demo plays the runner: it answers each committed call with a "
+                             f"made-up result on {config.topics.results}, but one)"))
+            watch(config, consumer, publisher, runs, prefix, timeout, tally, held=started.held,
+                  alive=lambda: _check_worker_alive(started), log=started.log)
+            for line in tally.turns.messages(runs):
+                say(indented(line))
         return tally
     finally:
         consumer.close()

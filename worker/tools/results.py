@@ -1,14 +1,31 @@
-"""``latch results RUN``: one run's calls and their answers, for an agent loop that resumes.
+"""``latch results RUN``: one run's next turn, or its calls and their answers, for an agent loop
+that resumes.
 
 ::
 
-    latch results [--config FILE] RUN [--table] [--timeout S] [--progress | --no-progress]
+    latch results [--config FILE] RUN [--table] [--calls] [--timeout S]
+                  [--progress | --no-progress]
 
-Reads the committed calls (``tool.calls.committed``), the error results
-(``tool.calls.errors``) and the runners' results (``tool.calls.results``) of the run, at
-``read_committed`` (an aborted transaction's result is never shown), from each partition's
-beginning to its end as it is when the command starts, and joins them by call id. One JSON
-line per call, in the run's call order (``index``)::
+Reads the run's turn record (``llm.turns``, ``topics.turns``), its committed calls
+(``tool.calls.committed``), error results (``tool.calls.errors``) and the runners' results
+(``tool.calls.results``), at ``read_committed`` (an aborted transaction's record is never
+shown), from each partition's beginning to its end as it is when the command starts.
+
+**When the run has its turn record** (the result latch writes it once every call of the run
+has its one result: docs/contract.md, "The turn record"), that is what it prints: one JSON
+line, the record as the worker wrote it (``schemas/turn.schema.json``), whose ``messages`` are
+the tool results in the provider's own format, ready to append to the next request after the
+final message, and whose ``outcomes`` say what became of each call (``answered``,
+``tool_timeout``, ``failed``, ...)::
+
+    {"v": 1, "run_id": "r1", "tenant": "acme", "provider": "openai.chat",
+     "final_idempotency_key": "r1:final", "messages": [{"role": "tool",
+     "tool_call_id": "call_1", "content": "5"}], "outcomes": [{"tool_call_id": "call_1",
+     "name": "add", "outcome": "answered", "reason": null, "is_error": false, "size": 1}]}
+
+**Otherwise** (the turn is not complete yet, the result latch is off, or there is no turns
+topic), and with ``--calls`` always, it joins the other three by call id. One JSON line per
+call, in the run's call order (``index``)::
 
     {"run_id": "r1", "call_id": "toolu_1", "name": "add", "index": 0,
      "idempotency_key": "r1:toolu_1", "status": "result", "is_error": false, "content": "5"}
@@ -18,7 +35,7 @@ line per call, in the run's call order (``index``)::
 ``reason`` from the error result) or ``pending`` (committed, no result yet: run it, or wait
 for the runner). A resuming loop keeps the calls with an answer and waits for, or runs, the
 pending ones. Arguments are never printed. ``--table`` prints a readable table instead
-(content cut to 60 characters).
+(content cut to 60 characters; for a turn record, its outcomes, with the messages' count).
 
 The read is bounded: ``--timeout`` seconds (default 60); a read that does not reach the ends
 in time prints nothing on standard output and says how far it got (a partial join would show
@@ -32,7 +49,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import Any
 
 import orjson
@@ -43,7 +60,7 @@ from worker.runtime.config import Config, ConfigError, load_config
 from worker.runtime.observability import logs
 from worker.tools.tail import consumer_config
 
-__all__ = ["ResultsError", "join", "main", "read_run"]
+__all__ = ["ResultsError", "join", "main", "read_run", "turn_of", "turn_table"]
 
 EXIT_OK, EXIT_TIMEOUT, EXIT_FAILED = 0, 1, 2
 CONTENT_CHARS = 60
@@ -61,16 +78,17 @@ class Incomplete(ResultsError):
 
 def read_run(config: Config, run_id: str, *, timeout_s: float = 60.0,
              progress: bool | None = None) -> dict[str, list[dict[str, Any]]]:
-    """The run's records on the committed, errors and results topics (logical name -> the
-    decoded values, in offset order), read to the ends the partitions have now."""
+    """The run's records on the committed, errors, results and turns topics (logical name ->
+    the decoded values, in offset order), read to the ends the partitions have now. A turns
+    topic that does not exist is read as empty (a deployment from before the result latch)."""
     names = {config.topics.committed: "committed", config.topics.errors: "errors",
-             config.topics.results: "results"}
+             config.topics.results: "results", config.topics.turns: "turns"}
     settings = {**consumer_config(config), "isolation.level": "read_committed"}
     consumer = Consumer(logs.kafka_config(settings))
     found: dict[str, list[dict[str, Any]]] = {name: [] for name in names.values()}
     key = run_id.encode()
     try:
-        ends = _ends(consumer, list(names))
+        ends = _ends(consumer, list(names), optional={config.topics.turns})
         total = sum(high - low for low, high in ends.values())
         consumer.assign([TopicPartition(t, p, low) for (t, p), (low, _) in ends.items()])
         left = {tp: high for tp, (low, high) in ends.items() if high > low}
@@ -116,13 +134,15 @@ def read_run(config: Config, run_id: str, *, timeout_s: float = 60.0,
     return found
 
 
-def _ends(consumer: Consumer, topics: Sequence[str]
+def _ends(consumer: Consumer, topics: Sequence[str], optional: Set[str] = frozenset()
           ) -> dict[tuple[str, int], tuple[int, int]]:
     metadata = consumer.list_topics(timeout=LOOKUP_S)
     ends: dict[tuple[str, int], tuple[int, int]] = {}
     for topic in topics:
         meta = metadata.topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
+            if topic in optional:
+                continue
             raise ResultsError(f"topic {topic} does not exist (run `latch topics create`)")
         for partition in sorted(meta.partitions):
             ends[(topic, partition)] = consumer.get_watermark_offsets(
@@ -165,6 +185,35 @@ def join(run_id: str, records: dict[str, list[dict[str, Any]]]) -> list[dict[str
         line["index"] if isinstance(line["index"], int) else 1 << 30, order[line["call_id"]]))
 
 
+def turn_of(run_id: str, records: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """The run's turn record: the first one read that names the run and has its messages and
+    outcomes (the faust engine may write a turn record twice, the same); None when none."""
+    for turn in records.get("turns", []):
+        if (turn.get("run_id") == run_id and isinstance(turn.get("messages"), list)
+                and isinstance(turn.get("outcomes"), list)):
+            return turn
+    return None
+
+
+def turn_table(turn: dict[str, Any]) -> str:
+    """A turn record as a readable table: a line on the run, one row per call's outcome."""
+    count = len(turn["messages"])
+    head = (f"turn record of {turn.get('run_id')} ({turn.get('provider')}), after the final "
+            f"message {turn.get('final_idempotency_key')}: {count} message{'s' * (count != 1)} "
+            "to append (the JSON line has them)")
+    rows = [("CALL", "NAME", "OUTCOME", "ERROR", "REASON", "SIZE")]
+    for outcome in turn["outcomes"]:
+        if not isinstance(outcome, dict):
+            continue
+        size = outcome.get("size")
+        rows.append((str(outcome.get("tool_call_id")), str(outcome.get("name") or "-"),
+                     str(outcome.get("outcome")), "yes" if outcome.get("is_error") else "-",
+                     str(outcome.get("reason") or "-"), "-" if size is None else str(size)))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    return "\n".join([head, *("  ".join([*(cell.ljust(w) for cell, w in zip(
+        row, widths, strict=False)), row[5]]).rstrip() for row in rows)])
+
+
 def table(lines: Sequence[dict[str, Any]]) -> str:
     """The joined lines as a readable table."""
     rows = [("CALL", "NAME", "STATUS", "ERROR", "CONTENT")]
@@ -185,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("run", metavar="RUN", help="the run id")
     parser.add_argument("--config", help="latch.yaml (default: ./latch.yaml if present)")
     parser.add_argument("--table", action="store_true", help="a readable table, not JSON lines")
+    parser.add_argument("--calls", action="store_true",
+                        help="the calls joined with their answers, even when the run has its "
+                             "turn record")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds the read may take (default 60)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction,
@@ -200,17 +252,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         return _fail(str(exc), EXIT_FAILED)
     try:
-        lines = join(args.run, read_run(config, args.run, timeout_s=args.timeout,
-                                        progress=args.progress))
+        records = read_run(config, args.run, timeout_s=args.timeout, progress=args.progress)
     except Incomplete as exc:
         return _fail(str(exc), EXIT_TIMEOUT)
     except ResultsError as exc:
         return _fail(str(exc), EXIT_FAILED)
+    turn = None if args.calls else turn_of(args.run, records)
     try:
-        if args.table:
-            sys.stdout.write(table(lines) + "\n")
+        if turn is not None:
+            sys.stdout.write((turn_table(turn) if args.table else orjson.dumps(turn).decode())
+                             + "\n")
+        elif args.table:
+            sys.stdout.write(table(join(args.run, records)) + "\n")
         else:
-            sys.stdout.write("".join(orjson.dumps(line).decode() + "\n" for line in lines))
+            sys.stdout.write("".join(orjson.dumps(line).decode() + "\n"
+                                     for line in join(args.run, records)))
         sys.stdout.flush()
     except BrokenPipeError:  # `latch results RUN | head`
         sys.stderr.close()

@@ -14,11 +14,15 @@ Lines (times are the records' timestamps, local time)::
     14:02:07 progress r1 call_abc read_file 128 bytes
     14:02:07 audit r1 call_abc read_file committed policy=log_only:deny(forbid-rm) 16 bytes
     14:02:07 pending r1 call_abc delete_file waits for approval {"path": "/tmp/a"}
+    14:02:07 results r1 call_abc read_file error tool_timeout by latch: tool_timeout: no ...
+    14:02:07 turns r1 anthropic.messages 2 calls (answered, tool_timeout), 1 message
 
 ``--json`` prints ``{"topic", "key", "value"}`` lines instead, the shape ``latch assemble``
 writes, with ``topic`` the logical name (``committed``, ``errors``, ...). ``--topics`` takes
-logical names: the six output topics, ``pending`` (calls waiting for approval), and
-``events`` / ``control`` for the inputs.
+logical names: the six output topics, ``pending`` (calls waiting for approval), ``turns``
+(the result latch's turn records), ``results`` (the runners' results, and the latch's
+``tool_timeout`` answers), and ``events`` / ``control`` for the inputs. A result's or a turn
+record's text is cut as arguments are (``--json`` prints it whole).
 
 The consumer is assigned its partitions directly and never commits, so a tail leaves no
 consumer group behind and never moves the worker's offsets. It stops after ``--max``
@@ -59,13 +63,14 @@ __all__ = [
     "format_record",
     "main",
     "open_consumer",
+    "outcome_text",
     "records",
     "topic_names",
 ]
 
 #: Every logical topic name ``--topics`` accepts, outputs first.
 LOGICAL_TOPICS = ("committed", "errors", "final", "progress", "dlq", "audit", "pending",
-                  "events", "control")
+                  "turns", "results", "events", "control")
 DEFAULT_TOPICS = ("committed", "errors", "final", "dlq")
 #: Argument JSON longer than this is cut in readable lines (``--json`` prints it whole).
 MAX_ARGUMENTS_CHARS = 200
@@ -167,6 +172,41 @@ def _audit(run_id: str, _key: str | None, v: dict[str, Any]) -> list[str]:
             f"policy={decision}", f"{_s(arguments.get('bytes'))} bytes"]
 
 
+def _results(run_id: str, _key: str | None, v: dict[str, Any]) -> list[str]:
+    words = [run_id, _s(v.get("tool_call_id")), _s(v.get("name")),
+             "error" if v.get("is_error") else "ok"]
+    if v.get("reason"):
+        words.append(_s(v["reason"]))
+    if v.get("by"):
+        words.append(f"by {v['by']}")
+    content = _s(v.get("content"))
+    if len(content) > MAX_ARGUMENTS_CHARS:
+        content = content[: MAX_ARGUMENTS_CHARS - 3] + "..."
+    return [*words[:-1], words[-1] + ":", content]
+
+
+def _turns(run_id: str, _key: str | None, v: dict[str, Any]) -> list[str]:
+    outcomes = v.get("outcomes")
+    outcomes = [o for o in outcomes if isinstance(o, dict)] if isinstance(outcomes, list) else []
+    messages = v.get("messages")
+    m = len(messages) if isinstance(messages, list) else 0
+    n = len(outcomes)
+    words = [run_id, _s(v.get("provider")), f"{n} call{'s' * (n != 1)}"]
+    if outcomes:
+        words.append("(" + ", ".join(outcome_text(o) for o in outcomes) + "),")
+    return [*words, f"{m} message{'s' * (m != 1)}"]
+
+
+def outcome_text(outcome: Mapping[str, Any]) -> str:
+    """A turn record's outcome in a word: ``answered``, ``tool_timeout``, ``failed
+    invalid_json`` (a failed or dropped call's reason after it)."""
+    text = _s(outcome.get("outcome"))
+    reason = outcome.get("reason")
+    if reason and reason != outcome.get("outcome"):
+        text += f" {reason}"
+    return text
+
+
 def _events(run_id: str, _key: str | None, v: dict[str, Any]) -> list[str]:
     kind = _s(v.get("type"))
     words = [run_id, f"#{v['seq']}" if "seq" in v else "-", kind]
@@ -196,6 +236,8 @@ _FORMATTERS = {
     "progress": _progress,
     "audit": _audit,
     "pending": _pending,
+    "results": _results,
+    "turns": _turns,
     "events": _events,
     "control": _control,
 }

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mutation_fuzz import SETTINGS, records
 
-from worker.core import Assembler
+from worker.core import Assembler, decode
 from worker.core import ops as op
 from worker.core.providers.openai_chat import OpenAIChat
 
@@ -129,8 +129,8 @@ def test_an_envelope_without_ts_is_read_as_the_general_path_reads_it(
                    "event": {"type": "message_stop"}}]
     for each in docs:
         value = _envelope(each)
-        assert fast.feed_record(b"r", value, now) == general._feed_general(b"r", value, now,
-                                                                             None)
+        assert fast.feed_record(b"r", value, now) == general._feed_envelope(
+            decode(b"r", value), b"r", value, now, None)
     assert fast.stats == general.stats
 
 

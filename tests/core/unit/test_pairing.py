@@ -83,6 +83,7 @@ def test_no_result_by_the_deadline_is_tool_timeout_written_by_the_latch() -> Non
     [turn] = turns(out)
     assert [o["outcome"] for o in turn["outcomes"]] == ["answered", "tool_timeout"]
     assert turn["messages"][1]["content"].startswith("tool_timeout: ")
+    assert [o["size"] for o in turn["outcomes"]] == [1, None]  # (no result: no size)
     # the runner's answer after that is late
     out = feed(a, [tool_result(calls[1], "B")])
     assert [d["reason"] for d in dlq(out)] == ["result_late"] and not turns(out)
@@ -142,17 +143,24 @@ def test_a_result_over_max_bytes_is_result_too_large_never_its_text() -> None:
 
 
 def test_structured_result_checked_against_the_output_schema() -> None:
-    """A structured result that fails its tool's outputSchema is result_schema_invalid."""
+    """A structured result that fails its MCP tool's outputSchema is result_schema_invalid,
+    the detail naming the keyword, never the value; a valid one and a text-only one count."""
     a = paired()
-    assert a.pairing is not None
-    a.pairing.output_schemas = lambda run, name: (
-        lambda value: None if isinstance(value, dict) and "n" in value else "n is required")
-    calls = committed(feed(a, two_calls()))
-    out = feed(a, [tool_result(calls[0], "{}", structured={"m": 1}),
-                   tool_result(calls[1], '{"n": 1}', structured={"n": 1})])
+    tools = [{"name": "read_file", "inputSchema": PATH_SCHEMA,
+              "outputSchema": {"type": "object", "required": ["n"],
+                               "properties": {"n": {"type": "integer"}}}}]
+    calls = committed(feed(a, run_envelopes("r1", CHAT, tools, chat_calls([
+        ("c1", "read_file", '{"path": "/a"}'), ("c2", "read_file", '{"path": "/b"}'),
+        ("c3", "read_file", '{"path": "/c"}')]))))
+    assert len(calls) == 3
+    out = feed(a, [tool_result(calls[0], "{}", structured={"n": "s3cret"}),
+                   tool_result(calls[1], '{"n": 1}', structured={"n": 1}),
+                   tool_result(calls[2], "plain text")])
     [turn] = turns(out)
-    assert [o["outcome"] for o in turn["outcomes"]] == ["result_schema_invalid", "answered"]
-    assert turn["messages"][0]["content"] == "result_schema_invalid: n is required"
+    assert [o["outcome"] for o in turn["outcomes"]] == [
+        "result_schema_invalid", "answered", "answered"]
+    assert turn["messages"][0]["content"].startswith("result_schema_invalid: ")
+    assert "s3cret" not in orjson.dumps(out).decode()
 
 
 def test_failed_calls_answered_by_their_error_results() -> None:

@@ -366,7 +366,8 @@ def test_only_the_worker_may_write_the_committed_topic() -> None:
     """deploy/kafka/acls.sh and the Strimzi users in deploy/kafka/users.yaml grant the same
     ACLs, for the default topic names and app id; each topic has exactly its writers: the
     committed calls (which runners execute) and the other outputs the worker alone, results
-    the runners and the worker (its tool_timeout results), control the gateway, events the gateway and the worker (its ticks);
+    the runners and the worker (its tool_timeout results), control the gateway, events the
+    gateway and the worker (its ticks);
     the runner writes nothing but results and its journal (and its transactional ids); every
     topic of `latch topics create` is covered."""
     acls = script_acls()

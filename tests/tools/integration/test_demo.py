@@ -4,8 +4,11 @@ The demo gets its own topic names and worker ``app_id`` (so its consumer group a
 are fresh), provisions them itself, and must print the documented outcomes of
 ``examples/demo.jsonl``: five committed calls (one of them Gemini's), a cancelled call, a
 ``stream_error`` and an ``invalid_json`` error, Bedrock's ``glob_search`` denied by the shipped
-``examples/demo.cedar`` in ``enforce`` (``policy_denied``), one final message per run. The
-topics are deleted afterwards.
+``examples/demo.cedar`` in ``enforce`` (``policy_denied``), one final message per run; and the
+result latch (issue 36): four committed calls answered by the demo playing the runner, the
+Anthropic run's left to the latch, which answers it ``tool_timeout``, one turn record per run,
+the messages of the Anthropic and a chat run shown, and ``latch results`` reading the turn
+record back. The topics are deleted afterwards.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 from confluent_kafka import KafkaException
@@ -28,7 +32,7 @@ from confluent_kafka.admin import AdminClient
 from worker.tools import broker
 
 TOPICS = ("events", "control", "committed", "errors", "final", "progress", "dlq", "audit",
-          "results", "journal", "pending", "registry", "run_ended")
+          "results", "journal", "pending", "registry", "run_ended", "turns")
 
 
 def latch_demo(config: Path, *args: str, env: dict[str, str] | None = None,
@@ -125,7 +129,51 @@ def check_outcomes(out: str) -> str:
     assert out.index(pending.group(0)) < approved < committed, out
     assert ("approvals: 1 call waited for a person (tool.calls.pending) and was approved, "
             "then committed") in out
+    check_result_latch(out, prefix.group(1))
     return prefix.group(1)
+
+
+def check_result_latch(out: str, prefix: str) -> None:
+    """The result latch in the demo's output: the Anthropic run's call left to the latch and
+    answered ``tool_timeout`` (its result line before its turn record, after its final), every
+    other committed call answered by the demo's runner, one turn record per run (two
+    providers' messages shown) and the summary line."""
+    p = re.escape(prefix)
+    left = re.search(rf"\(the demo's runner leaves {p}anthropic-tool-use (toolu_\w+) unanswered "
+                     r"on purpose: the latch answers it tool_timeout after results\.deadline_s, "
+                     r"5s\)", out)
+    assert left, out
+    timeout = re.search(rf" results {p}anthropic-tool-use {left.group(1)} get_weather error "
+                        r"tool_timeout by latch: tool_timeout: no result within the call's "
+                        r"deadline \(5 s\)", out)
+    assert timeout, out
+    turn = out.index(f" turns {prefix}anthropic-tool-use anthropic.messages 1 call "
+                     "(tool_timeout), 1 message")
+    assert out.index(f" final {prefix}anthropic-tool-use") < timeout.start() < turn
+    assert len(re.findall(rf"\(the demo's runner answered {p}", out)) == 4, out
+    expected = [
+        rf"turns {p}chat-parallel openai\.chat 2 calls \(answered, answered\), 2 messages",
+        rf"turns {p}responses-call openai\.responses 1 call \(answered\), 1 message",
+        rf"turns {p}gemini-partial-args google\.gemini 1 call \(answered\), 1 message",
+        rf"turns {p}bedrock-kimi-tool-use bedrock\.converse 1 call \(failed policy_denied\)",
+        rf"turns {p}chat-cancelled openai\.chat 1 call \(failed cancelled\)",
+        rf"turns {p}anthropic-broken-stream anthropic\.messages 1 call \(failed stream_error\)",
+        rf"turns {p}chat-invalid-json openai\.chat 1 call \(failed invalid_json\)",
+        # the messages of two runs of two providers, ready to append
+        rf"{p}anthropic-tool-use \(anthropic\.messages\): the next request is its history \+ "
+        r"the final message \+ this\n +\{\"role\":\"user\",\"content\":\[\{\"type\":"
+        r"\"tool_result\",\"tool_use_id\":\"toolu_\w+\",\"content\":\"tool_timeout: [^\n]*"
+        r"\"is_error\":true\}\]\}",
+        rf"{p}chat-parallel \(openai\.chat\): the next request is its history \+ the final "
+        r"message \+ these\n +\{\"role\":\"tool\",\"tool_call_id\":\"call_\w+\",\"content\":"
+        r"\"made-up result of GetWeatherArgs \(latch demo\)\"\}",
+    ]
+    for pattern in expected:
+        assert re.search(pattern, out), f"{pattern!r} not in:\n{out}"
+    assert len(re.findall(rf" turns {p}", out)) == 8, out
+    assert ("results: 4 answered by the demo's runner, 1 tool_timeout (answered by the latch), "
+            "8 turn records") in out
+    assert f"a run's next turn: latch results {prefix}anthropic-tool-use" in out
 
 
 def worker_pid(out: str) -> int:
@@ -145,8 +193,8 @@ def test_demo_prints_every_outcome_and_stops_its_worker(demo_config: Path) -> No
     out = first.stdout
     assert ", engine kafka, " in out
     assert "[1/5] broker ... ok (using the cluster at" in out
-    assert re.search(r"\[2/5\] topics \.\.\. ok \(14 topics, 3 partitions each \(the registry "
-                     r"1\); 14 created", out)
+    assert re.search(r"\[2/5\] topics \.\.\. ok \(15 topics, 3 partitions each \(the registry "
+                     r"1\); 15 created", out)
     assert "rdkafka" not in out + first.stderr  # librdkafka's lines go through logging
     assert "[4/5] publish ... ok (133 envelopes for 8 runs; 7 after a cancel held back" in out
     prefix = check_outcomes(out)
@@ -156,14 +204,24 @@ def test_demo_prints_every_outcome_and_stops_its_worker(demo_config: Path) -> No
     assert "stopping the worker ... exit status 0" in out
     assert "stopping the broker" not in out  # it was running before the demo
     assert not pid_alive(worker_pid(out))
+    # the agent loop's next turn, read back: the Anthropic run's turn record
+    read = subprocess.run(
+        [sys.executable, "-m", "worker", "results", "--config", str(demo_config),
+         f"{prefix}anthropic-tool-use", "--no-progress"],
+        text=True, capture_output=True, timeout=120, check=False)
+    assert read.returncode == 0, read.stderr
+    [record] = [orjson.loads(line) for line in read.stdout.splitlines()]
+    assert record["provider"] == "anthropic.messages"
+    assert [o["outcome"] for o in record["outcomes"]] == ["tool_timeout"]
+    assert record["messages"][0]["content"][0]["is_error"] is True
 
     # Again, on the same topics and group: a new prefix, the same outcomes, no collision.
     second = latch_demo(demo_config, "--timeout", "120", "--engine", "faust")
     assert second.returncode == 0, second.stdout + second.stderr
     assert ", engine faust, " in second.stdout
     # faust's leader topic is the one topic the faust engine adds (made with the others)
-    assert ("15 topics, 3 partitions each (the registry and faust's leader topic 1); "
-            "1 created, 14 already there") in second.stdout
+    assert ("16 topics, 3 partitions each (the registry and faust's leader topic 1); "
+            "1 created, 15 already there") in second.stdout
     assert check_outcomes(second.stdout) != prefix
     assert not pid_alive(worker_pid(second.stdout))
 

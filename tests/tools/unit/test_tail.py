@@ -87,3 +87,38 @@ def test_tail_topic_list() -> None:
         "final", "dlq"]
     with pytest.raises(SystemExit):
         tail.build_parser().parse_args(["--topics", "committed,bogus"])
+
+
+def test_tail_prints_results_and_turn_records_on_one_line() -> None:
+    """``latch tail --topics results,turns`` (issue 36): a runner's result with its text cut as
+    arguments are, the latch's ``tool_timeout`` answer naming who wrote it, and a turn record
+    as its provider, its calls' outcomes (a failed call's reason after it) and its message
+    count; both topics are logical names ``--topics`` takes."""
+    answered = {"run_id": "r1", "tool_call_id": "c1", "name": "add", "is_error": False,
+                "content": "5"}
+    timeout = {"run_id": "r1", "tool_call_id": "c2", "name": "get", "is_error": True,
+               "content": "tool_timeout: no result\nwithin 5 s", "reason": "tool_timeout",
+               "by": "latch"}
+    long = {**answered, "content": "y" * 500}
+    turn = {"run_id": "r1", "provider": "anthropic.messages",
+            "messages": [{"role": "user", "content": []}],
+            "outcomes": [{"tool_call_id": "c1", "outcome": "answered", "reason": None},
+                         {"tool_call_id": "c2", "outcome": "tool_timeout",
+                          "reason": "tool_timeout"},
+                         {"tool_call_id": "c3", "outcome": "failed",
+                          "reason": "invalid_json"}]}
+    empty = {"run_id": "r2", "provider": "openai.chat", "messages": [], "outcomes": []}
+    lines = [without_clock(tail.format_record(r)) for r in [
+        rec("results", answered), rec("results", timeout), rec("turns", turn),
+        rec("turns", empty, key="r2")]]
+    assert lines == [
+        "results r1 c1 add ok: 5",
+        "results r1 c2 get error tool_timeout by latch: tool_timeout: no result\\nwithin 5 s",
+        "turns r1 anthropic.messages 3 calls (answered, tool_timeout, failed invalid_json), "
+        "1 message",
+        "turns r2 openai.chat 0 calls 0 messages",
+    ]
+    cut = without_clock(tail.format_record(rec("results", long)))
+    assert cut.endswith("...") and len(cut) < 230
+    assert tail.build_parser().parse_args(["--topics", "turns,results"]).topics == [
+        "turns", "results"]

@@ -225,7 +225,7 @@ class Metrics:
         #: The result latch's answers by outcome, turn records by provider, and each
         #: redaction rule's rewrites by rule name (the operator's names, never text).
         self.results: Counter[str] = Counter(dict.fromkeys(RESULT_OUTCOMES, 0))
-        self.turns: Counter[str] = Counter()
+        self.turns: Counter[str] = Counter(dict.fromkeys(PROVIDERS, 0))
         self.redactions: Counter[str] = Counter()
         self._partitions: Callable[[], Iterable[PartitionView]] = tuple
         self._governance: Callable[[], GovernanceView | None] = lambda: None
