@@ -360,3 +360,23 @@ def test_the_counted_answer_forwarded_again_after_its_turn_closed_is_a_repeat(
     assert (verdict.reforwarded, verdict.duplicates) == (1, 1)
     assert "reforwarded=1" in verdict.summary(0, 0)
     assert not _verify(plan, again, log, exactly_once=True).ok
+
+
+def test_the_misbehaviour_flags_parse_and_need_runners() -> None:
+    """``--hang-rate``, ``--twice-rate``, ``--runner-deaths``, ``--results-deadline`` parse;
+    without ``--runners``, or with shares over 1, the command refuses before doing anything."""
+    from worker.tools.chaos import run as chaos
+
+    args = chaos.build_parser().parse_args(
+        ["--runners", "2", "--hang-rate", "0.1", "--twice-rate", "0.2", "--runner-deaths", "1",
+         "--results-deadline", "20"])
+    assert (args.hang_rate, args.twice_rate, args.runner_deaths, args.results_deadline) == (
+        0.1, 0.2, 1, 20.0)
+    for argv in (["--hang-rate", "0.1"], ["--runners", "1", "--hang-rate", "0.7",
+                                          "--twice-rate", "0.5"]):
+        with pytest.raises(SystemExit) as exited:
+            chaos.main(argv)
+        assert exited.value.code == 2
+    stack = chaos.Stack("b:1", "app", 6, 45.0, 1.0, results_deadline_s=20.0)
+    assert stack.env()["LATCH_RESULTS__DEADLINE_S"] == "20.0"
+    assert stack.env()["LATCH_TOPICS__TURNS"] == "app.turns"
