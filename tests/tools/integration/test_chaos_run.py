@@ -23,7 +23,11 @@ SHORT = chaos.Options(runs=120, workers=2, kills=2, broker_restarts=1, seed=4, p
                       drain_timeout_s=180.0,
                       # faust, as before issue 34 made kafka the default (the kafka engine's
                       # chaos runs are docs/chaos.md's, `latch chaos`)
-                      engine="faust")
+                      engine="faust",
+                      # issue 36: runners that are killed (one stays dead), hang on some
+                      # calls and answer others twice
+                      runners=2, runner_kills=3, runner_deaths=1, hang_rate=0.1,
+                      twice_rate=0.1, results_deadline_s=30.0)
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +50,18 @@ def result(own_broker: chaos.Broker, tmp_path_factory: pytest.TempPathFactory) -
 def test_promises_hold_under_kills_and_a_broker_restart(result: chaos.Result) -> None:
     """Two workers, two SIGKILLs, one broker restart (SIGTERM) under load: every call has one
     outcome, equal to the offline core's, every run one final, the DLQ exactly the bad
-    inputs."""
+    inputs; with misbehaving runners, every run one turn record, each committed call one
+    answer in it, hung calls ``tool_timeout``, second answers in the DLQ."""
     details = "\n".join(result.verdict.failures[:20] + result.notes)
-    assert result.verdict.ok, f"{result.summary}\n{details}"
+    assert result.ok, f"{result.summary}\n{details}"
     assert (result.kills, result.broker_restarts) == (2, 1), details
-    assert result.summary.endswith("missing=0 contradictions=0 mismatched=0 -> PASS")
+    assert "missing=0 contradictions=0 mismatched=0 turns=" in result.summary
+    assert result.verdict.turns == len(result.plan.runs)
+    assert result.verdict.hung > 0 and result.verdict.tool_timeouts >= result.verdict.hung
+    assert result.runners is not None and result.runners.twice > 0
+    assert result.verdict.result_dlq.get("result_duplicate", 0) + result.verdict.result_dlq.get(
+        "result_late", 0) >= result.runners.twice
+    assert result.verdict.deadline_checked > 0
     assert result.verdict.calls > 150
     # A raced cancel (cancel_mid) may land before some of its run's calls open: those runs
     # have at most their planned outcomes; every other run has exactly its planned ones.
@@ -58,7 +69,7 @@ def test_promises_hold_under_kills_and_a_broker_restart(result: chaos.Result) ->
                 if e.topic.value in ("committed", "errors"))
     outcomes = result.verdict.committed + result.verdict.errors
     assert result.verdict.calls - raced <= outcomes <= result.verdict.calls
-    assert result.verdict.dlq == len(result.plan.bad)
+    assert result.verdict.dlq == len(result.plan.bad)  # (the result latch's: result_dlq)
 
 
 def test_verifier_fails_on_doctored_outputs(result: chaos.Result) -> None:

@@ -6,6 +6,7 @@ kills themselves are tests/tools/integration/test_chaos_run.py's."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -52,3 +53,73 @@ def test_the_log_it_writes_is_what_the_verifier_reads(log: Path) -> None:
     runner_child._step("before_tool", "k1")
     runner_child._tool({})
     assert verify_runners(records, log.read_text()).once == 0
+
+
+class _Producer:
+    """Records what the runner does with its producer."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def begin_transaction(self) -> None:
+        self.calls.append(("begin", None))
+
+    def produce(self, topic: str, key: bytes | None = None, value: bytes | None = None,
+                headers: object = None) -> None:
+        self.calls.append(("produce", value))
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.calls.append(("commit", None))
+
+
+def _misbehaving(monkeypatch: pytest.MonkeyPatch) -> tuple[runner_child.MisbehavingRunner,
+                                                            _Producer]:
+    from worker.runtime.config import load_config
+    from worker.tools.chaos.plan import Misbehaviour
+
+    producer = _Producer()
+    runner = runner_child.MisbehavingRunner(
+        load_config(None, env={}), dict.fromkeys(runner_child.TOOL_SCHEMAS, runner_child._tool),
+        consumer=object(), producer=producer)
+    runner._on_step = runner_child._step
+    monkeypatch.setattr(runner_child.MisbehavingRunner, "misbehaviour",
+                        Misbehaviour(seed=1, hang_rate=0.5, twice_rate=0.5))
+    return runner, producer
+
+
+def _call(key: str) -> bytes:
+    return orjson.dumps({"v": 1, "run_id": "r1", "tenant": "t", "provider": "openai.chat",
+                         "call_id": "c1", "name": "read_file", "arguments": {"path": "/a"},
+                         "idempotency_key": key, "index": 0})
+
+
+def test_a_hung_call_is_taken_and_never_answered(log: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call the misbehaviour hangs on: no tool runs, no result (the offset only), ``H``."""
+    from worker.tools.chaos.plan import HANG
+
+    runner, _ = _misbehaving(monkeypatch)
+    key = next(f"r1:k{n}" for n in range(100) if runner.misbehaviour.of(f"r1:k{n}") == HANG)
+    outcome = runner.handle(_call(key))
+    assert (outcome.status, outcome.value) == ("duplicate", None)
+    assert log.read_text().split() == ["H", key, str(os.getpid())]
+
+
+def test_a_call_answered_twice_gets_the_same_result_in_a_second_transaction(
+        log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call the misbehaviour answers twice: its first transaction as any call's, then one
+    more with the same result record, logged ``D`` once committed; another call: once."""
+    from worker.tools.chaos.plan import TWICE
+
+    runner, producer = _misbehaving(monkeypatch)
+    monkeypatch.setattr(runner_child.Runner, "_transact", lambda *args: None)
+    keys = [f"r1:k{n}" for n in range(100)]
+    key = next(k for k in keys if runner.misbehaviour.of(k) == TWICE)
+    outcome = runner.handle(_call(key))
+    assert outcome.status == "executed"
+    runner._transact(outcome, None, None)
+    assert producer.calls == [("begin", None), ("produce", outcome.value), ("commit", None)]
+    assert log.read_text().splitlines()[-1].split() == ["D", key, str(os.getpid())]
+    producer.calls.clear()
+    runner._transact(dataclasses.replace(outcome, status="duplicate"), None, None)
+    assert producer.calls == []

@@ -33,6 +33,7 @@ also knows what each call is *meant* to get (commit with these arguments, or a r
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import random
 import string
@@ -189,6 +190,34 @@ class Plan:
     @property
     def events(self) -> int:
         return sum(len(r.envelopes) + (r.cancel is not None) for r in self.runs) + len(self.bad)
+
+
+#: What a misbehaving runner does with a committed call (``--hang-rate``, ``--twice-rate``,
+#: issue 36): never answer it, or answer it twice.
+HANG, TWICE = "hang", "twice"
+
+
+@dataclass(frozen=True, slots=True)
+class Misbehaviour:
+    """Which committed calls the chaos runners hang on or answer twice: a pure function of the
+    call's ``idempotency_key`` and the seed, so that the runners (which act) and the verifier
+    (which checks) agree without talking."""
+
+    seed: int = 0
+    hang_rate: float = 0.0
+    twice_rate: float = 0.0
+
+    def of(self, key: str) -> str | None:
+        """:data:`HANG`, :data:`TWICE` or None (the runner answers the call once)."""
+        if not (self.hang_rate or self.twice_rate):
+            return None
+        digest = hashlib.sha256(f"latch-chaos:{self.seed}:{key}".encode()).digest()
+        draw = int.from_bytes(digest[:8], "big") / 2 ** 64
+        if draw < self.hang_rate:
+            return HANG
+        if draw < self.hang_rate + self.twice_rate:
+            return TWICE
+        return None
 
 
 class PlanError(Exception):

@@ -81,12 +81,15 @@ from worker.tools.chaos.plan import (
     APPROVER_KEY_VAR,
     EARLY_SETTINGS,
     GATED,
+    HANG,
+    Misbehaviour,
     Plan,
     PlanError,
     RunPlan,
     build_plan,
 )
 from worker.tools.chaos.verify import (
+    Latch,
     OutRecord,
     Rollout,
     RunnerVerdict,
@@ -97,6 +100,9 @@ from worker.tools.chaos.verify import (
 )
 
 OUTPUT_ROLES = ("committed", "errors", "final", "dlq", "audit", "pending", "run_ended")
+#: With ``--runners``, the result latch's topics too: the runners' and the latch's results,
+#: and the turn records.
+LATCH_ROLES = ("results", "turns")
 #: librdkafka settings that do the same for the kafka engine.
 FAST_KAFKA = {"LATCH_KAFKA__SESSION_TIMEOUT_MS": "6000",
               "LATCH_KAFKA__HEARTBEAT_INTERVAL_MS": "1000"}
@@ -147,13 +153,15 @@ class Stack:
     approval_timeout_s: float | None = None
     #: The chaos approver's key (hex), which signs its decisions (``--approvals``).
     approver_key: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
+    #: ``results.deadline_s`` of the workers (``--results-deadline``); None: the default.
+    results_deadline_s: float | None = None
 
     def topic(self, role: str) -> str:
         return f"{self.app_id}.{role}"
 
     def env(self) -> dict[str, str]:
         roles = ("events", "control", "committed", "errors", "final", "progress", "dlq", "audit",
-                 "results", "pending", "run_ended", "journal", "registry")
+                 "results", "pending", "run_ended", "journal", "registry", "turns")
         env = {f"LATCH_TOPICS__{role.upper()}": self.topic(role) for role in roles}
         return env | {
             "LATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
@@ -171,7 +179,9 @@ class Stack:
              ) | ({"LATCH_APPROVALS__REQUIRE_APPROVAL": GATED,
                    "LATCH_APPROVALS__APPROVAL_TIMEOUT_S": str(self.approval_timeout_s),
                    **self._approvers()}
-                  if self.approval_timeout_s is not None else {})
+                  if self.approval_timeout_s is not None else {}
+             ) | ({"LATCH_RESULTS__DEADLINE_S": str(self.results_deadline_s)}
+                  if self.results_deadline_s is not None else {})
 
     def _approvers(self) -> dict[str, str]:
         """The chaos approver's key and identity (workers verify, the driver signs)."""
@@ -227,7 +237,7 @@ def read_outputs(stack: Stack, roles: Sequence[str] = OUTPUT_ROLES,
                     continue
                 if offset < ends[where]:
                     records.append(OutRecord(topics[topic], partition, offset, msg.key(),
-                                             msg.value() or b""))
+                                             msg.value() or b"", msg.timestamp()[1]))
                 if offset + 1 >= ends[where]:
                     left.discard(where)
         return records
@@ -549,17 +559,25 @@ class Workers:
 class Runners(threading.Thread):
     """``--runners N``: N transactional runners (:mod:`worker.tools.chaos.runner_child`), each
     with a stable transactional id; ``kills`` SIGKILLs at random moments over ``span`` seconds,
-    each runner restarted at once; a runner that exits on its own is restarted too."""
+    each runner restarted at once, but for ``deaths`` of them, chosen at random, after which the
+    runner stays dead (never the last one alive: the group's others take its partitions over);
+    a runner that exits on its own is restarted too. ``misbehaviour``: the calls the runners
+    hang on or answer twice (``runner_child``)."""
 
     def __init__(self, stack: Stack, count: int, log_dir: Path, rng: random.Random,
-                 kills: int, span: float) -> None:
+                 kills: int, span: float, deaths: int = 0,
+                 misbehaviour: Misbehaviour | None = None) -> None:
         super().__init__(name="chaos-runners", daemon=True)
         self.stack, self.log_dir, self.rng = stack, log_dir, rng
         self.exec_log = log_dir / "executions.log"
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * count
         self.generation = itertools.count()
         self.kill_at = schedule(rng, span, kills, 0.05, 0.95)
-        self.kills = self.respawns = 0
+        self.die_at = set(rng.sample(range(kills), min(deaths, kills)))
+        self.misbehaviour = misbehaviour or Misbehaviour()
+        self.kills = self.respawns = self.deaths = 0
+        self.dead: set[int] = set()
+        self.scheduled = itertools.count()
         self.exits: list[str] = []
         self.stopping = threading.Event()
         self.began = time.monotonic()
@@ -569,6 +587,9 @@ class Runners(threading.Thread):
         args = [self.stack.bootstrap, self.stack.topic("committed"), self.stack.topic("results"),
                 self.stack.topic("journal"), f"{self.stack.app_id}-runners",
                 f"{self.stack.app_id}-runner-{slot}", str(self.exec_log)]
+        bad = self.misbehaviour
+        if bad.hang_rate or bad.twice_rate:
+            args += [str(bad.seed), repr(bad.hang_rate), repr(bad.twice_rate)]
         with open(log, "wb") as out:
             self.procs[slot] = subprocess.Popen(
                 [sys.executable, "-m", "worker.tools.chaos.runner_child", *args],
@@ -580,12 +601,18 @@ class Runners(threading.Thread):
             now = time.monotonic() - self.began
             while self.kill_at and self.kill_at[0] <= now:
                 self.kill_at.pop(0)
-                slot = self.rng.randrange(len(self.procs))
+                alive = [s for s in range(len(self.procs)) if s not in self.dead]
+                slot = self.rng.choice(alive)
                 proc = self.procs[slot]
                 if proc is not None and proc.poll() is None:
                     proc.send_signal(signal.SIGKILL)
                     proc.wait()
                     self.kills += 1
+                if next(self.scheduled) in self.die_at and len(alive) > 1:
+                    self.procs[slot] = None  # it stays dead
+                    self.dead.add(slot)
+                    self.deaths += 1
+                    continue
                 self.spawn(slot)
                 self.respawns += 1
             for slot, proc in enumerate(self.procs):
@@ -756,6 +783,14 @@ class Options:
     runners: int = 0
     #: SIGKILLs of runners over the run (``--runner-kills``).
     runner_kills: int = 8
+    #: Of those, how many leave their runner dead (``--runner-deaths``; never the last).
+    runner_deaths: int = 0
+    #: Shares of the committed calls the runners hang on (never answer) and answer twice
+    #: (``--hang-rate``, ``--twice-rate``; plan.Misbehaviour picks them).
+    hang_rate: float = 0.0
+    twice_rate: float = 0.0
+    #: ``results.deadline_s`` of the workers with ``--runners`` (``--results-deadline``).
+    results_deadline_s: float = 30.0
     #: ``--policy-rollouts N``: the workers take ``policy`` from the registry; version 1
     #: before the runs, N more while publishing (rollout.py); 0: the file decides.
     policy_rollouts: int = 0
@@ -950,7 +985,8 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
                   options.idle_timeout_s, options.tick_interval_s, options.engine,
                   replication=min(3, options.cluster), policy=options.policy,
                   approval_timeout_s=options.approval_timeout_s,
-                  policy_registry=bool(options.policy_rollouts))
+                  policy_registry=bool(options.policy_rollouts),
+                  results_deadline_s=options.results_deadline_s if options.runners else None)
     if isinstance(broker, ClusterBroker):
         broker.watch_topic = stack.topic("events")
     # (the plan's offline core enforces the file: every rolled-out version decides alike)
@@ -977,6 +1013,7 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
              + ", ".join(f"{k} {v}" for k, v in sorted(held.items())))
     faults: Faults | None = None
     runners: Runners | None = None
+    misbehaviour = Misbehaviour(options.seed, options.hang_rate, options.twice_rate)
     approver: Approver | None = None
     rollouts: rollout.Rollouts | None = None
     try:
@@ -985,7 +1022,8 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
             _wait_markers(stack, 1, 120.0, "before publishing")
         if options.runners:
             runners = Runners(stack, options.runners, work_dir, random.Random(options.seed + 3),
-                              options.runner_kills, plan.events / options.rate + 60)
+                              options.runner_kills, plan.events / options.rate + 60,
+                              options.runner_deaths, misbehaviour)
             for slot in range(options.runners):
                 runners.spawn(slot)
             runners.start()
@@ -1018,7 +1056,8 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
         durations["drain"] = time.monotonic() - t
         if runners is not None:
             t = time.monotonic()
-            notes += _wait_results(stack, options.drain_timeout_s)
+            notes += _wait_results(stack, options.drain_timeout_s, misbehaviour)
+            notes += _wait_turns(stack, options.drain_timeout_s)
             durations["runners"] = time.monotonic() - t
     finally:
         if rollouts is not None:
@@ -1032,8 +1071,15 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
             approver.close()
         notes += workers.stop_all()
     t = time.monotonic()
-    verdict = verify(plan, read_outputs(stack), acked_cancels=driver.acked_cancels,
-                     exactly_once=options.engine == "kafka",
+    execution_log = ""
+    if runners is not None and runners.exec_log.exists():
+        execution_log = runners.exec_log.read_text()
+    latch = None if runners is None else Latch(
+        misbehaviour, execution_log, read_outputs(stack, ("events",), timeout=300.0),
+        round(options.results_deadline_s * 1000))
+    outputs = read_outputs(stack, OUTPUT_ROLES + (LATCH_ROLES if latch else ()))
+    verdict = verify(plan, outputs, acked_cancels=driver.acked_cancels,
+                     exactly_once=options.engine == "kafka", latch=latch,
                      rollout=None if rollouts is None else Rollout(
                          tuple(rollouts.registered),
                          markers(read_outputs(stack, ("events",), timeout=300.0)),
@@ -1050,8 +1096,9 @@ def run_chaos(options: Options, broker: Broker | None, bootstrap: str, work_dir:
     notes += _what_happened(options, faults, workers, broker)
     runner_verdict = None
     if runners is not None:
-        log = runners.exec_log.read_text() if runners.exec_log.exists() else ""
-        runner_verdict = verify_runners(read_outputs(stack, ("committed", "results")), log)
+        runner_verdict = verify_runners([r for r in outputs if r.role in ("committed", "results")],
+                                        execution_log, misbehaviour)
+        notes.append(f"runners: {runners.deaths} of the runner kills left the runner dead")
     return Result(verdict, plan, stack, faults.kills, faults.broker_restarts, faults.respawns,
                   durations, notes, runner_verdict, runners.kills if runners else 0)
 
@@ -1098,21 +1145,47 @@ def _rollouts_done(rollouts: rollout.Rollouts, faults: Faults, total: int) -> li
     return [note] + ([rollouts.error] if rollouts.error else [])
 
 
-def _wait_results(stack: Stack, timeout: float) -> list[str]:
-    """Wait until every committed call has a result (read_committed); what is left, as a
-    note."""
+def _wait_results(stack: Stack, timeout: float,
+                  misbehaviour: Misbehaviour | None = None) -> list[str]:
+    """Wait until every committed call has a result (read_committed): a runner's, or the
+    latch's ``tool_timeout`` for a call the runners hang on (``misbehaviour``); what is left,
+    as a note."""
+    bad = misbehaviour or Misbehaviour()
     deadline = time.monotonic() + timeout
     left: set[str] = set()
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):  # the broker may be restarting
             records = read_outputs(stack, ("committed", "results"))
-            keys = {role: {str(orjson.loads(r.value).get("idempotency_key")) for r in records
-                           if r.role == role} for role in ("committed", "results")}
-            left = keys["committed"] - keys["results"]
+            committed: set[str] = set()
+            answered: set[str] = set()
+            for record in records:
+                value = orjson.loads(record.value)
+                key = str(value.get("idempotency_key"))
+                if record.role == "committed":
+                    committed.add(key)
+                elif (value.get("by") == "latch") == (bad.of(key) == HANG):
+                    answered.add(key)  # (a runner's answer; the latch's for a hung call)
+            left = committed - answered
             if not left:
                 return []
         time.sleep(3)
     return [f"{len(left)} committed calls had no result after {timeout:.0f}s"]
+
+
+def _wait_turns(stack: Stack, timeout: float) -> list[str]:
+    """Wait until every run with a final message has a turn record (read_committed); what is
+    left, as a note (the verifier counts each as ``missing``)."""
+    deadline = time.monotonic() + timeout
+    left: set[bytes | None] = set()
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):  # the broker may be restarting
+            records = read_outputs(stack, ("final", "turns"))
+            left = ({r.key for r in records if r.role == "final"}
+                    - {r.key for r in records if r.role == "turns"})
+            if not left:
+                return []
+        time.sleep(3)
+    return [f"{len(left)} runs had no turn record after {timeout:.0f}s"]
 
 
 def _start_faults(options: Options, plan: Plan, workers: Workers, broker: Broker | None,
@@ -1226,6 +1299,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="N transactional runners (journal mode) execute the committed calls, killed "
         "with SIGKILL at random moments and restarted; each call must get one result")
     add("--runner-kills", type=int, default=defaults.runner_kills)
+    add("--runner-deaths", type=int, default=defaults.runner_deaths, metavar="D",
+        help="D of the runner kills leave their runner dead (never the last one): the "
+        "group's other runners take its calls over")
+    add("--hang-rate", type=float, default=defaults.hang_rate, metavar="P",
+        help="with --runners: the runners take a share P of the committed calls and never "
+        "answer them; the worker's result latch must answer each tool_timeout")
+    add("--twice-rate", type=float, default=defaults.twice_rate, metavar="P",
+        help="with --runners: the runners answer a share P of the committed calls twice; "
+        "the second answer must reach the DLQ as result_duplicate, never the turn record")
+    add("--results-deadline", type=float, default=defaults.results_deadline_s, metavar="S",
+        help="with --runners: the workers' results.deadline_s (a hung call's tool_timeout "
+        "comes S seconds of record time after its commit)")
     add("--work-dir", type=Path, help="logs (and the own broker); default: a temp dir, kept "
         "when the verdict is FAIL")
     return parser
@@ -1244,9 +1329,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           args.idle_timeout if args.approvals < 0
                                           else args.approvals),
                       runners=args.runners, runner_kills=args.runner_kills,
-                      policy_rollouts=args.policy_rollouts)
+                      policy_rollouts=args.policy_rollouts, runner_deaths=args.runner_deaths,
+                      hang_rate=args.hang_rate, twice_rate=args.twice_rate,
+                      results_deadline_s=args.results_deadline)
     if options.policy_rollouts and not options.policy:
         build_parser().error("--policy-rollouts needs --policy")
+    if (options.hang_rate or options.twice_rate or options.runner_deaths) and not options.runners:
+        build_parser().error("--hang-rate, --twice-rate and --runner-deaths need --runners")
+    if not 0 <= options.hang_rate + options.twice_rate <= 1 or min(
+            options.hang_rate, options.twice_rate) < 0:
+        build_parser().error("--hang-rate and --twice-rate are shares: each >= 0, their sum <= 1")
     # absolute: workers and the broker run in directories of their own
     work_dir = (args.work_dir or Path(tempfile.mkdtemp(prefix="latch-chaos-"))).absolute()
     work_dir.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,18 @@ at its decision or timeout); every events partition has markers, their versions 
 and never going back, the last version last. Who writes what: the markers are the workers'
 (anyone who can write the events topic could add one: a marker the verifier does not
 understand is a failure, never skipped), the versions are chaos's own.
+
+With runners (``--runners``, a :class:`Latch`) the result latch is checked too
+(:func:`_check_turns`): every run with a final message has exactly one turn record (a
+byte-identical repeat is a duplicate, another one a contradiction); its outcomes are the final
+message's calls, in order, each id answered at most once; a call that never committed is
+``failed`` with its final's reason; a committed call is ``answered``, or ``tool_timeout`` if
+the plan made its runners hang on it, or if its runner's answer came after the deadline (in
+log order: the answer is then in the DLQ as ``result_late``, the only evidence that counts);
+the latch's own ``tool_timeout`` result stands on the results topic for exactly the calls so
+answered; every runner answer past the first is in the DLQ (``result_duplicate``, or
+``result_late`` after a timeout) and the DLQ holds no other result record; each answer has its
+audit record, with the turn's outcome.
 """
 
 from __future__ import annotations
@@ -49,15 +61,16 @@ from __future__ import annotations
 import base64
 import itertools
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from worker.core.envelope import RESULT, TICK_KEY
 from worker.core.outputs import idempotency_key
 from worker.runtime.governance.registry import POLICY_MARKER, marker_version
-from worker.tools.chaos.plan import UNRECORDED, BadInput, Plan
+from worker.tools.chaos.plan import HANG, TWICE, UNRECORDED, BadInput, Misbehaviour, Plan
 
 #: run_id -> tool call id -> the (state, reason) pairs its records carry.
 States = dict[str, dict[str, set[tuple[Any, Any]]]]
@@ -70,6 +83,8 @@ class OutRecord:
     offset: int
     key: bytes | None
     value: bytes
+    #: The record time (ms; 0: not read).
+    timestamp: int = 0
 
 
 @dataclass(slots=True)
@@ -94,6 +109,24 @@ class Verdict:
     #: markers read from the events log.
     policy_audits: dict[Any, int] = field(default_factory=dict)
     policy_markers: int = 0
+    #: ``--runners``: the result latch was checked; turn records checked; committed calls
+    #: answered ``tool_timeout`` (of them: hung by plan, answered late by their runner);
+    #: the result latch's DLQ records by reason.
+    latch: bool = False
+    turns: int = 0
+    tool_timeouts: int = 0
+    hung: int = 0
+    late: int = 0
+    result_dlq: dict[str, int] = field(default_factory=dict)
+    #: Committed calls whose answer-or-timeout was replayed from the events log
+    #: (:func:`deadlines`), and of them the ones whose deadline fell too close to a tick to
+    #: tell (either outcome accepted).
+    deadline_checked: int = 0
+    deadline_either: int = 0
+    #: Result DLQ records (``result_duplicate``) that are the answer which counted, forwarded
+    #: again after its turn closed (the faust engine's at-least-once forwarding): counted as
+    #: duplicates too.
+    reforwarded: int = 0
 
     @property
     def ok(self) -> bool:
@@ -112,6 +145,13 @@ class Verdict:
                 + (" approvals=" + ",".join(f"{k}:{v}" for k, v in sorted(self.approvals.items()))
                    if self.approvals else "")
                 + (f" policy_versions={self.policy_versions}" if self.policy_versions else "")
+                + (f" turns={self.turns} tool_timeouts={self.tool_timeouts}(hung:{self.hung},"
+                   f"late:{self.late}) result_dlq="
+                   + (",".join(f"{k}:{v}" for k, v in sorted(self.result_dlq.items())) or "0")
+                   + (f" reforwarded={self.reforwarded}" if self.reforwarded else "")
+                   + (f" deadlines_replayed={self.deadline_checked}(either:"
+                      f"{self.deadline_either})" if self.deadline_checked else "")
+                   if self.latch else "")
                 + f" -> {'PASS' if self.ok else 'FAIL'}")
 
 
@@ -140,6 +180,84 @@ def markers(records: Iterable[OutRecord]) -> dict[int, list[tuple[int, int]]]:
 #: An audit record's call position and policy version: (key, events partition, offset,
 #: version, held for approval).
 _Audit = tuple[tuple[str, str], int, int, Any, bool]
+
+
+#: DLQ reasons of the result latch (docs/contract.md, "The result latch").
+RESULT_DLQ = frozenset({"result_duplicate", "result_late", "unknown_call"})
+#: Turn outcomes that answer a committed call.
+_ANSWERS = frozenset({"answered", "tool_timeout", "result_too_large", "result_schema_invalid"})
+
+
+@dataclass(frozen=True, slots=True)
+class Latch:
+    """``--runners``: check the result latch (module doc). ``misbehaviour`` says which calls
+    the runners hang on or answer twice; ``execution_log`` is theirs (``D KEY PID``: a call's
+    second answer committed)."""
+
+    misbehaviour: Misbehaviour = field(default_factory=Misbehaviour)
+    execution_log: str = ""
+    #: The events log (role ``events``, with record times) and ``results.deadline_s`` in ms:
+    #: each call's deadline is then replayed (:func:`deadlines`); none: not replayed.
+    events: Sequence[OutRecord] = ()
+    deadline_ms: int | None = None
+
+
+@dataclass(slots=True)
+class _LatchRecords:
+    #: run_id -> its turn records' bytes; idempotency_key -> results' bytes (the runners',
+    #: the latch's own), answer audits' outcomes and (normalized) bytes.
+    turns: dict[str, list[bytes]] = field(default_factory=lambda: defaultdict(list))
+    runner: dict[str, list[bytes]] = field(default_factory=lambda: defaultdict(list))
+    latch: dict[str, list[bytes]] = field(default_factory=lambda: defaultdict(list))
+    audits: dict[str, list[bytes]] = field(default_factory=lambda: defaultdict(list))
+    #: A committed call's key -> where its call was decided in the events log (its audit
+    #: record's ``source``), for calls not held for approval.
+    commits: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: A committed call's key -> where its runners' answers are on the results topic.
+    sources: dict[str, set[tuple[int, int]]] = field(default_factory=lambda: defaultdict(set))
+    #: ... and where the answers in the DLQ were read (the forwarded record's ``source``).
+    dlq_sources: dict[str, set[tuple[int, int]]] = field(
+        default_factory=lambda: defaultdict(set))
+    #: (idempotency_key of the call, forwarded bytes) -> the DLQ records.
+    dlq: dict[tuple[str, bytes], list[dict[str, Any]]] = field(
+        default_factory=lambda: defaultdict(list))
+
+    def take(self, record: OutRecord, value: dict[str, Any]) -> bool:
+        """Keep ``record`` if it is the result latch's; whether it was."""
+        if record.role == "turns":
+            self.turns[str(value.get("run_id"))].append(record.value)
+        elif record.role == "results":
+            key = str(value.get("idempotency_key"))
+            if value.get("by") == "latch":
+                self.latch[key].append(record.value)
+            else:
+                self.runner[key].append(record.value)
+                self.sources[key].add((record.partition, record.offset))
+        elif record.role == "audit" and "result" in value:
+            value["source"] = value["trace_id"] = None  # (the live worker's only)
+            key = str(value.get("idempotency_key")).removesuffix(":result")
+            self.audits[key].append(orjson.dumps(value))
+        elif record.role == "audit":
+            source = value.get("source")
+            if (isinstance(source, dict) and "approval" not in value
+                    and isinstance(source.get("partition"), int)):
+                self.commits[str(value.get("idempotency_key"))] = (source["partition"],
+                                                                  source.get("offset", -1))
+            return False  # (checked as the plan's too)
+        elif record.role == "dlq" and value.get("reason") in RESULT_DLQ:
+            original = base64.b64decode(value.get("original_b64") or "")
+            try:
+                forwarded = orjson.loads(original)
+            except orjson.JSONDecodeError:
+                forwarded = None
+            named = forwarded.get("idempotency_key") if isinstance(forwarded, dict) else None
+            self.dlq[(str(named), original)].append(value)
+            where = forwarded.get("source") if isinstance(forwarded, dict) else None
+            if isinstance(where, list) and len(where) == 2:
+                self.dlq_sources[str(named)].add((where[0], where[1]))
+        else:
+            return False
+        return True
 
 
 def _policy_version(value: dict[str, Any], audits: list[_Audit]) -> None:
@@ -185,11 +303,12 @@ def _outcome(value: dict[str, Any]) -> tuple[Any, ...]:
 
 def verify(plan: Plan, records: Iterable[OutRecord],
            acked_cancels: Collection[str] | None = None, exactly_once: bool = False,
-           rollout: Rollout | None = None) -> Verdict:
+           rollout: Rollout | None = None, latch: Latch | None = None) -> Verdict:
     """Check the promises on ``records`` (every output record) against the plan;
     ``acked_cancels`` are the runs whose cancel the broker acknowledged (default: every run
     with a cancel); with ``exactly_once`` a duplicate fails the verdict too; ``rollout``:
-    the policy versions came from the registry (module doc)."""
+    the policy versions came from the registry; ``latch``: check the result latch's records
+    (roles ``results`` and ``turns``, answer audits, result DLQ records; module doc)."""
     verdict = Verdict(runs=len(plan.runs), calls=plan.calls, exactly_once=exactly_once)
     flexible = {run.run_id for run in plan.runs if run.flexible}
     rolled = rollout is not None
@@ -202,6 +321,7 @@ def verify(plan: Plan, records: Iterable[OutRecord],
     dlq: dict[tuple[bytes | None, bytes], list[dict[str, Any]]] = defaultdict(list)
     decoded: dict[tuple[str, str], dict[str, Any]] = {}
     states: States = defaultdict(lambda: defaultdict(set))
+    kept = _LatchRecords()
     for record in records:
         try:
             value = orjson.loads(record.value)
@@ -209,6 +329,10 @@ def verify(plan: Plan, records: Iterable[OutRecord],
             verdict.fail("mismatched", f"{record.role}[{record.partition}]@{record.offset} is "
                          "not JSON")
             continue
+        if latch is not None and isinstance(value, dict) and kept.take(record, value):
+            continue
+        if record.role in ("results", "turns"):
+            continue  # (the result latch's: checked with ``latch`` only)
         if record.role == "dlq":
             raw_key = value.get("source", {}).get("key_b64")
             key = None if raw_key is None else base64.b64decode(raw_key)
@@ -249,7 +373,223 @@ def verify(plan: Plan, records: Iterable[OutRecord],
     verdict.approvals = _approvals(decoded)
     if rollout is not None:
         _check_rollout(verdict, rollout, audits)
+    if latch is not None:
+        _check_turns(verdict, plan, decoded, kept, latch)
     return verdict
+
+
+#: What the events log says of a committed call's deadline: answered in time, timed out
+#: before its first answer, or too close to tell (a tick within the span its commit time may
+#: take).
+IN_TIME, TIMED_OUT, EITHER = "answered", "tool_timeout", "either"
+
+
+def deadlines(events: Iterable[OutRecord], commits: dict[str, tuple[int, int]],
+              deadline_ms: int) -> dict[str, str]:
+    """Replay each committed call's deadline from the events log, as the latch decides it
+    (worker/core/pairing.py): the call waits from its commit, at record time ``commit_ms``,
+    the latest record time of its partition up to the record that committed it (the
+    assembler's clock: at least that record's own time, at most the largest before it); a
+    tick (key ``__latch_tick__``) whose record time is ``commit_ms + deadline_ms`` or later
+    times it out, unless a forwarded ``tool.result`` for it comes first. A call decided one
+    way with the lower and the other with the upper bound of ``commit_ms`` is :data:`EITHER`;
+    a call with neither a tick past its deadline nor a result has no entry."""
+    at: dict[tuple[int, int], list[str]] = defaultdict(list)
+    for key, where in commits.items():
+        at[where].append(key)
+    decided: dict[str, set[str]] = defaultdict(set)
+    by_partition: dict[int, list[OutRecord]] = defaultdict(list)
+    for record in events:
+        by_partition[record.partition].append(record)
+    tick = TICK_KEY.encode()
+    for partition, records in by_partition.items():
+        clock = 0
+        waiting: dict[str, tuple[int, int]] = {}  # key -> (earliest, latest) deadline
+        for record in sorted(records, key=lambda r: r.offset):
+            for key in at.get((partition, record.offset), []):
+                waiting[key] = (record.timestamp + deadline_ms,
+                                max(clock, record.timestamp) + deadline_ms)
+            clock = max(clock, record.timestamp)
+            if record.key == tick:
+                for key, (early, late) in list(waiting.items()):
+                    if early <= record.timestamp:
+                        decided[key].add(TIMED_OUT)
+                        if late <= record.timestamp:
+                            del waiting[key]
+            elif b'"' + RESULT.encode() + b'"' in record.value:
+                try:
+                    key = str(orjson.loads(record.value).get("idempotency_key"))
+                except (orjson.JSONDecodeError, AttributeError):
+                    continue
+                if key in waiting:
+                    del waiting[key]
+                    decided[key].add(IN_TIME)
+    return {key: EITHER if len(ways) > 1 else next(iter(ways)) for key, ways in decided.items()}
+
+
+def _check_turns(verdict: Verdict, plan: Plan, decoded: dict[tuple[str, str], dict[str, Any]],
+                 kept: _LatchRecords, latch: Latch) -> None:
+    """The result latch's promises on every run with a final message (module doc)."""
+    verdict.latch = True
+    replayed = (deadlines(latch.events, kept.commits, latch.deadline_ms)
+                if latch.events and latch.deadline_ms is not None else None)
+    twice = {line.split(" ")[1] for line in latch.execution_log.splitlines()
+             if line.startswith("D ") and len(line.split(" ")) == 3}
+    dlq: dict[str, Counter[str]] = defaultdict(Counter)
+    reasons: Counter[str] = Counter()
+    for (key, _), found in kept.dlq.items():
+        verdict.duplicates += len(found) - 1
+        named = {str(g.get("reason")) for g in found}
+        if len(named) > 1:
+            verdict.fail("contradictions", f"one result of {key} is in the DLQ as "
+                         f"{sorted(named)}")
+        dlq[key][min(named)] += 1
+        reasons[min(named)] += 1
+    verdict.result_dlq = dict(reasons)
+    keys = {(str(v.get("run_id")), str(v.get("call_id"))): str(v.get("idempotency_key"))
+            for (role, _), v in decoded.items() if role == "committed"}
+    checked: set[str] = set()
+    for run in plan.runs:
+        final = decoded.get(("final", idempotency_key(run.run_id, "final")))
+        if final is None:
+            continue  # (missing: counted by _check_records or _check_cancels)
+        got = kept.turns.get(run.run_id)
+        if not got:
+            verdict.fail("missing", f"no turn record for {run.run_id}")
+            continue
+        verdict.turns += 1
+        verdict.duplicates += len(got) - 1
+        if len(set(got)) > 1:
+            verdict.fail("contradictions", f"{len(set(got))} different turn records for "
+                         f"{run.run_id}")
+        _check_turn(verdict, run.run_id, final, orjson.loads(got[0]), keys, kept, dlq,
+                    latch.misbehaviour, twice, checked, replayed)
+    for key, got in kept.latch.items():
+        verdict.duplicates += len(got) - 1
+        if len(set(got)) > 1:
+            verdict.fail("contradictions", f"{len(set(got))} different tool_timeout results "
+                         f"of the latch for {key}")
+        if key not in checked:
+            verdict.fail("mismatched", f"a tool_timeout result of the latch for {key}, a call "
+                         "of no turn record")
+    for key, counts in dlq.items():
+        if key not in checked:
+            verdict.fail("mismatched", f"result DLQ records {dict(counts)} for {key}, a call "
+                         "of no turn record")
+    for key, got in kept.audits.items():
+        verdict.duplicates += len(got) - 1
+        if len(set(got)) > 1:
+            verdict.fail("contradictions", f"{len(set(got))} different answer audits for {key}")
+
+
+def _check_turn(verdict: Verdict, run_id: str, final: dict[str, Any], turn: dict[str, Any],
+                keys: dict[tuple[str, str], str], kept: _LatchRecords,
+                dlq: dict[str, Counter[str]], misbehaviour: Misbehaviour, twice: set[str],
+                checked: set[str], replayed: dict[str, str] | None) -> None:
+    """One run's turn record against its final message and the results (module doc)."""
+    said = sorted(final.get("outcomes") or [],
+                  key=lambda o: (o.get("choice", 0), o.get("index", 0)))
+    entries = turn.get("outcomes") or []
+    answers = Counter(e.get("tool_call_id") for e in entries if e.get("outcome") in _ANSWERS)
+    for call_id, n in answers.items():
+        if n > 1:
+            verdict.fail("contradictions", f"{run_id} {call_id} is answered {n} times in its "
+                         "turn record")
+    if ([o.get("tool_call_id") for o in said] != [e.get("tool_call_id") for e in entries]
+            or turn.get("final_idempotency_key") != final.get("idempotency_key")):
+        verdict.fail("mismatched", f"the turn record of {run_id} lists calls "
+                     f"{[e.get('tool_call_id') for e in entries]}, its final message "
+                     f"{[o.get('tool_call_id') for o in said]}")
+        return
+    for said_one, entry in zip(said, entries, strict=True):
+        call_id, outcome = said_one.get("tool_call_id"), entry.get("outcome")
+        if said_one.get("dropped"):
+            if outcome != "dropped":
+                verdict.fail("mismatched", f"{run_id} {call_id}: dropped from the final "
+                             f"message, but {outcome} in the turn record")
+        elif said_one.get("state") != "committed":
+            if (outcome, entry.get("reason")) != ("failed", said_one.get("reason")):
+                verdict.fail("mismatched", f"{run_id} {call_id}: {said_one.get('state')}/"
+                             f"{said_one.get('reason')} in the final message, "
+                             f"{outcome}/{entry.get('reason')} in the turn record")
+        elif (key := keys.get((run_id, str(call_id)))) is None:
+            verdict.fail("missing", f"{run_id} {call_id}: committed in the final message, no "
+                         "committed record")
+        else:
+            checked.add(key)
+            _check_answer(verdict, key, outcome, kept, dlq.get(key, Counter()),
+                          misbehaviour.of(key), key in twice)
+            if replayed is not None and key in kept.commits:
+                _check_deadline(verdict, key, outcome, replayed.get(key))
+
+
+def _check_deadline(verdict: Verdict, key: str, outcome: Any, replayed: str | None) -> None:
+    """A committed call's answer against its deadline replayed from the events log."""
+    verdict.deadline_checked += 1
+    if replayed == EITHER:
+        verdict.deadline_either += 1
+    elif replayed is None:
+        verdict.fail("mismatched", f"{key}: {outcome} in the turn record, but the events log "
+                     "has neither its answer nor a tick past its deadline")
+    elif outcome in (IN_TIME, TIMED_OUT) and outcome != replayed:
+        said = ("answered in time" if replayed == IN_TIME
+                else "not answered before a tick past its deadline")
+        verdict.fail("mismatched", f"{key}: {outcome} in the turn record, but by the events "
+                     f"log it was {said}")
+
+
+def _check_answer(verdict: Verdict, key: str, outcome: Any, kept: _LatchRecords,
+                  dlq: Counter[str], intent: str | None, twice: bool) -> None:
+    """One committed call's answer in its turn record, against the plan's intent, the
+    results topic and the result DLQ (module doc)."""
+    runner, timed_out = kept.runner.get(key, []), bool(kept.latch.get(key))
+    if outcome == "tool_timeout":
+        verdict.tool_timeouts += 1
+        if intent == HANG:
+            verdict.hung += 1
+        elif dlq["result_late"]:
+            verdict.late += 1
+        else:
+            verdict.fail("mismatched", f"{key}: tool_timeout in the turn record, but the plan "
+                         "did not make it hang and no answer of it came late (result_late)")
+        if not timed_out:
+            verdict.fail("missing", f"{key}: tool_timeout in the turn record, no tool_timeout "
+                         "result of the latch")
+    elif outcome == "answered":
+        if intent == HANG:
+            verdict.fail("mismatched", f"{key}: answered, but the plan made its runners hang")
+        if timed_out:
+            verdict.fail("contradictions", f"{key}: answered in the turn record, and the latch "
+                         "answered it tool_timeout")
+    else:
+        verdict.fail("mismatched", f"{key}: {outcome} in the turn record, expected answered "
+                     "or tool_timeout")
+        return
+    if intent == HANG and runner:
+        verdict.fail("mismatched", f"{key}: the plan made it hang, and a runner answered it")
+    extra = len(runner) - (outcome == "answered")
+    if outcome == "answered" and runner and kept.dlq_sources.get(key) == kept.sources.get(key):
+        # every runner answer is in the DLQ, the one that counted too: forwarded again after
+        # its turn closed (at least once), a repeat the latch no longer knew by its source
+        verdict.reforwarded += 1
+        verdict.duplicates += 1
+        extra += 1
+    wanted = "result_duplicate" if outcome == "answered" else "result_late"
+    if sum(dlq.values()) < extra:
+        verdict.fail("missing", f"{key}: {len(runner)} runner answers, "
+                     f"{sum(dlq.values())} in the DLQ")
+    elif sum(dlq.values()) > extra or set(dlq) - {wanted}:
+        verdict.fail("mismatched", f"{key}: result DLQ records {dict(dlq)} for {len(runner)} "
+                     f"runner answers and a call {outcome}")
+    if twice and len(runner) < 2:
+        verdict.fail("missing", f"{key}: answered twice (the runner's log), "
+                     f"{len(runner)} runner answers on the results topic")
+    audits = {orjson.loads(a).get("outcome") for a in kept.audits.get(key, [])}
+    if not audits:
+        verdict.fail("missing", f"{key}: no audit record of its answer")
+    elif audits != {outcome}:
+        verdict.fail("contradictions", f"{key}: answer audits say {sorted(map(str, audits))}, "
+                     f"the turn record {outcome}")
 
 
 def _check_rollout(verdict: Verdict, rollout: Rollout, audits: list[_Audit]) -> None:
@@ -415,7 +755,12 @@ class RunnerVerdict:
     the runners' log: a call is ``once`` when it ran once; a call that ran more often is
     ``repeated_in_tool`` / ``repeated_after_tool`` when every run of it but the last was cut
     short by a SIGKILL inside the tool / after the tool returned and before its transaction
-    committed (the runner journal's documented exception), and ``unexplained`` otherwise."""
+    committed (the runner journal's documented exception), and ``unexplained`` otherwise.
+
+    With misbehaving runners (``--hang-rate``, ``--twice-rate``): the results the latch wrote
+    (``"by": "latch"``) are not the runners'; a call the plan made hang has no runner result
+    and no execution (``hung``; a runner answer of it is a duplicate), a call answered twice
+    may have two (``twice``)."""
 
     calls: int = 0
     results: int = 0
@@ -426,6 +771,8 @@ class RunnerVerdict:
     repeated_after_tool: int = 0
     unexplained: int = 0
     executions: int = 0
+    hung: int = 0
+    twice: int = 0
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -438,13 +785,18 @@ class RunnerVerdict:
                 f"executions={self.executions} executed_once={self.once} "
                 f"repeated_after_kill_in_tool={self.repeated_in_tool} "
                 f"repeated_after_kill_after_tool={self.repeated_after_tool} "
-                f"unexplained_repeats={self.unexplained} -> {'PASS' if self.ok else 'FAIL'}")
+                f"unexplained_repeats={self.unexplained}"
+                + (f" hung={self.hung} answered_twice={self.twice}"
+                   if self.hung or self.twice else "")
+                + f" -> {'PASS' if self.ok else 'FAIL'}")
 
 
-def verify_runners(records: Iterable[OutRecord], execution_log: str) -> RunnerVerdict:
+def verify_runners(records: Iterable[OutRecord], execution_log: str,
+                   misbehaviour: Misbehaviour | None = None) -> RunnerVerdict:
     """Check the committed calls (role ``committed``) against their results (role
-    ``results``) and the runners' execution log (lines ``S|E|C KEY PID``)."""
+    ``results``) and the runners' execution log (lines ``S|E|C|H|D KEY PID``)."""
     verdict = RunnerVerdict()
+    bad = misbehaviour or Misbehaviour()
     committed: set[str] = set()
     results: dict[str, set[bytes]] = defaultdict(set)
     counts: dict[str, int] = defaultdict(int)
@@ -454,6 +806,8 @@ def verify_runners(records: Iterable[OutRecord], execution_log: str) -> RunnerVe
         if record.role == "committed":
             committed.add(key)
         elif record.role == "results":
+            if value.get("by") == "latch":
+                continue  # (the result latch's tool_timeout: not a runner's)
             results[key].add(record.value)
             counts[key] += 1
     marks: dict[str, list[tuple[str, str]]] = defaultdict(list)  # key -> (mark, pid), in order
@@ -463,6 +817,17 @@ def verify_runners(records: Iterable[OutRecord], execution_log: str) -> RunnerVe
             marks[parts[1]].append((parts[0], parts[2]))
     verdict.calls, verdict.results = len(committed), sum(1 for k in committed if k in results)
     for key in sorted(committed):
+        intent = bad.of(key)
+        if intent == HANG:
+            verdict.hung += 1
+            if key in results:
+                verdict.duplicates += 1
+                verdict.failures.append(f"duplicates: {counts[key]} results for {key}, a "
+                                        "call the runners hang on")
+            continue
+        if intent == TWICE and counts[key] == 2:  # (its second answer: the DLQ's)
+            verdict.twice += 1
+            counts[key] = 1
         if key not in results:
             verdict.missing += 1
             verdict.failures.append(f"missing: no result for {key}")
