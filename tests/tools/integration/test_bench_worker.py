@@ -53,3 +53,30 @@ def test_bench_worker_quick_reads_everything_and_counts_outputs(kafka_bootstrap:
         runs = sorted(row["run"] for row in rows if row["contender"] == name)
         assert runs == [f"run-{n:05d}" for n in range(16)], name
     assert "visible_p99_over_bare_faust" in latency["latch-faust"]
+
+
+def test_bench_worker_results_on_and_off(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """``--results on,off``: the kafka engine read the whole backlog twice in the round, with
+    the result latch on and off; both wrote the offline core's committed calls and one final
+    per run; with it on, a turn record for each run the offline core (latch on) gives one
+    (the runs with committed calls wait: the backlog has no runners); the on/off ratio is
+    reported."""
+    figures_path = tmp_path / "figures.json"
+    out = subprocess.run([sys.executable, "bench/bench_worker.py", "--quick", "--bootstrap",
+                          kafka_bootstrap, "--json", str(figures_path), "--contenders",
+                          "latch-kafka", "--results", "on,off",
+                          "--topic-prefix", f"latch-test-bench-{uuid.uuid4().hex[:8]}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    figures = json.loads(figures_path.read_text())
+    contenders = figures["contenders"]
+    on, off = contenders["latch-kafka-results-on"], contenders["latch-kafka-results-off"]
+    expected_on = figures["expected_results_on"]
+    assert 0 < expected_on["turns"] < figures["runs"]
+    for figures_of in (on, off):
+        assert figures_of["read_all"]
+        assert figures_of["outputs"]["final"] == figures["runs"]
+        assert figures_of["outputs"]["committed"] == figures["expected"]["committed"]
+    assert on["outputs"]["turns"] == expected_on["turns"]
+    assert "turns" not in off["outputs"]
+    assert "latch-kafka-results-on/latch-kafka-results-off" in figures["ratios"]
