@@ -24,6 +24,11 @@ Contenders (``--contenders``, a comma list; each a process of its own):
   rounds (``--results off``: only off), and reports on/off. The backlog has no runners: with
   the latch on, a run with committed calls keeps waiting for their results (its heads stay
   open, no turn record), a run without one gets its turn record (counted, ``turns``);
+* ``latch-faust-results-answered``, ``latch-kafka-results-answered`` (``--results answered``):
+  the latch on, and the benchmark answers every committed call as a runner would (a process
+  of its own reads the committed calls at ``read_committed`` and publishes a result for each,
+  ``worker.client.results.answer``), so that every run gets its turn record; the round waits
+  for them all and reports how long after the last final record the last one came;
 * ``bare-faust``: a faust agent that parses each value and forwards one record per
   ``stream.end`` (``bench/bare.py faust``);
 * ``bare-loop``: a confluent-kafka consume -> parse -> produce loop (``bench/bare.py loop``).
@@ -74,6 +79,7 @@ import concurrent.futures
 import contextlib
 import functools
 import json
+import math
 import multiprocessing
 import os
 import statistics
@@ -106,6 +112,7 @@ from confluent_kafka import (  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from tests import worker_harness  # noqa: E402
+from worker.client.results import MAX_RESULT_BYTES, answer  # noqa: E402
 from worker.core import Assembler, AssembleSettings  # noqa: E402
 from worker.core.settings import ResultSettings  # noqa: E402
 from worker.runtime import admin  # noqa: E402
@@ -315,6 +322,9 @@ class Contender:
     unavailable: Callable[[], str | None] = lambda: None
     #: Output roles counted besides ``OUTPUTS`` (the result latch's ``turns``).
     more_outputs: tuple[str, ...] = ()
+    #: Whether the benchmark answers each committed call (:func:`answer_calls`) and waits
+    #: for every run's turn record.
+    answers: bool = False
 
     def outputs(self) -> tuple[str, ...]:
         return (*OUTPUTS, *self.more_outputs) if self.latch else ("final",)
@@ -378,8 +388,9 @@ def topic_roles(python: str) -> tuple[str, ...]:
     return tuple(out.stdout.split())
 
 
-#: ``--results`` modes: the ``results.enabled`` each sets.
-RESULTS_MODES = {"on": "true", "off": "false"}
+#: ``--results`` modes: the ``results.enabled`` each sets (``answered``: on, and the
+#: benchmark answers each committed call).
+RESULTS_MODES = {"on": "true", "off": "false", "answered": "true"}
 
 
 def with_results(wanted: Sequence[str], modes: Sequence[str]) -> list[str]:
@@ -466,12 +477,13 @@ def contenders(python: str, baseline: str | None = None,
              Contender("bare-faust", False, bare("faust")),
              Contender("bare-loop", False, bare("loop"))]
     for mode, enabled in RESULTS_MODES.items():
-        latch_on = ("turns",) if mode == "on" else ()
+        latch_on = ("turns",) if enabled == "true" else ()
+        answers = mode == "answered"
         results = {"LATCH_RESULTS__ENABLED": enabled}
         found += [Contender(f"latch-faust-results-{mode}", True, faust_engine(python, results),
-                            more_outputs=latch_on),
+                            more_outputs=latch_on, answers=answers),
                   Contender(f"latch-kafka-results-{mode}", True, kafka_engine(python, results),
-                            kafka_missing, more_outputs=latch_on)]
+                            kafka_missing, more_outputs=latch_on, answers=answers)]
     if baseline:
         found.insert(1, Contender("latch-faust-baseline", True, faust_engine(baseline)))
         # named in --contenders only (the baseline must have the kafka engine)
@@ -487,6 +499,8 @@ RATIOS = (("latch-faust", "bare-faust"), ("latch-faust-baseline", "bare-faust"),
           ("latch-faust-enforce", "latch-faust"), ("latch-kafka-enforce", "latch-kafka"),
           ("latch-faust-results-on", "latch-faust-results-off"),
           ("latch-kafka-results-on", "latch-kafka-results-off"),
+          ("latch-faust-results-answered", "latch-faust-results-off"),
+          ("latch-kafka-results-answered", "latch-kafka-results-off"),
           ("latch-faust-results-off", "latch-faust-baseline"),
           ("latch-kafka-results-off", "latch-kafka-baseline"),
           ("latch-faust-results-off", "bare-faust"), ("latch-kafka-results-off", "bare-loop"))
@@ -596,6 +610,8 @@ class Result:
     outputs: dict[str, int]
     #: the machine's load average (1, 5, 15 min) when the round ended
     load: str = ""
+    #: answered contenders: the last turn record's append time - the last final record's, s
+    turns_after_s: float = float("nan")
 
     @property
     def rate(self) -> float:
@@ -604,23 +620,31 @@ class Result:
 
 def throughput_round(c: Contender, n: int, bootstrap: str, events: str, backlog: list[int],
                      runs: set[bytes], envelopes: int, topics: Topics, work: Path) -> Result:
-    """One contender reads the backlog (whose partitions end at ``backlog``) cold."""
+    """One contender reads the backlog (whose partitions end at ``backlog``) cold (an
+    answering contender with a runner beside it, until every run has its turn record)."""
     partitions = len(backlog)
     setup = Setup(bootstrap, topics.fresh(f"{c.name}-r{n}"), events, partitions, work)
     c.prepare(topics, setup)
     log_path = work / f"{c.name}-r{n}.log"
+    runner = start_answering(setup) if c.answers else None
     began = time.monotonic()
     proc = c.start(setup, log_path)
     cpu = CpuTimeline(proc.pid)
+    last_turn = float("nan")
     try:
-        watch = watch_finals(setup, proc, runs, max(180.0, envelopes / 500),
-                             f"{c.name} round {n}")
+        timeout = max(180.0, envelopes / 500)
+        watch = watch_finals(setup, proc, runs, timeout, f"{c.name} round {n}")
+        if runner is not None:
+            last_turn = watch_turns(setup, proc, len(runs), timeout, f"{c.name} round {n}")
         wall = time.monotonic() - began
         cpu_total = cpu_seconds(proc.pid)
         wait_committed(bootstrap, setup.group, events, backlog, 15.0)
     finally:
         cpu.stop()
         status = stop(proc)
+        if runner is not None:
+            runner[1].set()
+            runner[0].join(60)
     if status != 0:
         say(f"    {c.name}: exited {status} on SIGTERM (log: {log_path})")
     # Latch's ticks land in the events topic too: every backlog offset must be committed.
@@ -630,7 +654,73 @@ def throughput_round(c: Contender, n: int, bootstrap: str, events: str, backlog:
     # the CPU of the same window as the rate: first final appended -> last final appended
     return Result(c.name, n, envelopes, (times[-1] - times[0]) / 1000,
                   cpu.between(times[0] / 1000, times[-1] / 1000), cpu_total, wall, read_all,
-                  count_outputs(setup, c.outputs()))
+                  count_outputs(setup, c.outputs()),
+                  turns_after_s=(last_turn - times[-1]) / 1000)
+
+
+def start_answering(setup: Setup) -> tuple[Any, Any]:
+    """:func:`answer_calls` for ``setup``'s topics in a process of its own (forked: the
+    contender's CPU is sampled apart from it); the process and the event that stops it."""
+    fork = multiprocessing.get_context("fork")
+    stopped = fork.Event()
+    process = fork.Process(target=answer_calls, name="bench-answerer", daemon=True,
+                           args=(setup.bootstrap, setup.topic("committed"),
+                                 setup.topic("results"), setup.partitions, stopped))
+    process.start()
+    return process, stopped
+
+
+def answer_calls(bootstrap: str, committed_topic: str, results_topic: str, partitions: int,
+                 stopped: Any) -> None:
+    """A runner that answers at once: each committed call, read as a runner reads it
+    (``read_committed``), gets one result (``worker.client.results.answer``, the text
+    ``ok``), keyed by its run id (co-partitioned with its events), until ``stopped``."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused",
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "fetch.wait.max.ms": 5})
+    consumer.assign([TopicPartition(committed_topic, p, OFFSET_BEGINNING)
+                     for p in range(partitions)])
+    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random",
+                         "enable.idempotence": True, "linger.ms": 5})
+    try:
+        while not stopped.is_set():
+            for msg in consumer.consume(500, timeout=0.05):
+                if msg.error() is not None:
+                    continue
+                call = orjson.loads(msg.value())
+                producer.produce(results_topic, key=call["run_id"].encode(),
+                                 value=answer(call, False, "ok", MAX_RESULT_BYTES))
+            producer.poll(0)
+    finally:
+        producer.flush(30)
+        consumer.close()
+
+
+def watch_turns(setup: Setup, proc: subprocess.Popen[bytes], runs: int, timeout: float,
+                label: str) -> float:
+    """Read the turns topic (``read_committed``) until it holds ``runs`` turn records; the
+    last one's broker append time (ms)."""
+    consumer = Consumer({"bootstrap.servers": setup.bootstrap, "group.id": "unused",
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "fetch.wait.max.ms": 5})
+    consumer.assign([TopicPartition(setup.topic("turns"), p, OFFSET_BEGINNING)
+                     for p in range(setup.partitions)])
+    seen, last = 0, float("nan")
+    deadline = time.monotonic() + timeout
+    try:
+        while seen < runs:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{label}: {seen}/{runs} turn records after {timeout:.0f} s")
+            if proc.poll() is not None:
+                raise RuntimeError(f"{label}: the contender exited {proc.returncode}")
+            for msg in consumer.consume(1000, timeout=0.05):
+                if msg.error() is None:
+                    seen += 1
+                    last = msg.timestamp()[1] if math.isnan(last) else max(
+                        last, msg.timestamp()[1])
+        return last
+    finally:
+        consumer.close()
 
 
 def wait_committed(bootstrap: str, group: str, topic: str, backlog: list[int],
@@ -829,7 +919,8 @@ def report(results: list[Result], order: list[str]) -> dict[str, Any]:
             "envelopes_per_s": rate, "cpu_s": median([r.cpu_window_s for r in mine]),
             "cpu_total_s": median([r.cpu_total_s for r in mine]),
             "read_all": all(r.read_all for r in mine), "outputs": mine[-1].outputs,
-            "rounds": [r.rate for r in mine], "loads": [r.load for r in mine]}
+            "rounds": [r.rate for r in mine], "loads": [r.load for r in mine],
+            "turns_after_s": median([r.turns_after_s for r in mine])}
         s = summary["contenders"][name]
         s["cpu_us_per_envelope"] = s["cpu_s"] / mine[0].envelopes * 1e6
         say(f"{name:24}{rate:13,.0f}{s['cpu_s']:8.2f}{s['cpu_us_per_envelope']:12.1f}"
@@ -1004,7 +1095,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     say(f"  round {n}: {c.name}: {result.rate:,.0f} envelopes/s, CPU "
                         f"{result.cpu_window_s:.2f} s ({result.cpu_total_s:.1f} s total), "
                         f"read every envelope: {result.read_all}, outputs {result.outputs}, "
-                        f"load average {result.load}")
+                        f"load average {result.load}"
+                        + (f", last turn record {result.turns_after_s:.2f} s after the last "
+                           "final" if c.answers else ""))
             summary = report(results, [c.name for c in chosen])
             summary["expected"] = expected
             if expected_on:

@@ -27,14 +27,17 @@ def test_each_engine_runs_once_per_mode_the_others_as_named(bench: ModuleType) -
         "latch-faust-results-on", "latch-faust-results-off", "latch-kafka-baseline",
         "latch-kafka-results-on", "latch-kafka-results-off", "bare-loop"]
     assert bench.with_results(wanted, ["off"])[0] == "latch-faust-results-off"
+    assert bench.with_results(["latch-kafka"], ["off", "answered"]) == [
+        "latch-kafka-results-off", "latch-kafka-results-answered"]
     assert bench.with_results(wanted, []) == wanted
 
 
 def test_the_modes_start_the_engines_with_the_latch_on_and_off(
         bench: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Each results contender is its engine with ``LATCH_RESULTS__ENABLED`` set; only the
-    latch-on ones count turn records; the plain engine contenders set nothing (an earlier
-    build refuses an unknown section)."""
+    latch-on ones count turn records, only the answered ones have the benchmark answer their
+    calls; the plain engine contenders set nothing (an earlier build refuses an unknown
+    section)."""
     started: dict[str, dict[str, str]] = {}
 
     def spawn(command: list[str], env: dict[str, str], log: Path) -> Any:
@@ -45,7 +48,8 @@ def test_the_modes_start_the_engines_with_the_latch_on_and_off(
     every = bench.contenders(sys.executable)
     setup = bench.Setup("127.0.0.1:1", "g", "g.events", 2, tmp_path)
     for name in ("latch-faust-results-on", "latch-faust-results-off",
-                 "latch-kafka-results-on", "latch-kafka-results-off", "latch-kafka"):
+                 "latch-kafka-results-on", "latch-kafka-results-off", "latch-kafka",
+                 "latch-kafka-results-answered"):
         every[name].start(setup, tmp_path / name)
     assert started["latch-faust-results-on"]["LATCH_RESULTS__ENABLED"] == "true"
     assert started["latch-kafka-results-on"]["LATCH_RESULTS__ENABLED"] == "true"
@@ -54,6 +58,10 @@ def test_the_modes_start_the_engines_with_the_latch_on_and_off(
     assert "LATCH_RESULTS__ENABLED" not in started["latch-kafka"]
     assert "turns" in every["latch-kafka-results-on"].outputs()
     assert "turns" not in every["latch-kafka-results-off"].outputs()
+    assert started["latch-kafka-results-answered"]["LATCH_RESULTS__ENABLED"] == "true"
+    assert "turns" in every["latch-kafka-results-answered"].outputs()
+    assert [n for n, c in every.items() if c.answers] == [
+        "latch-faust-results-answered", "latch-kafka-results-answered"]
 
 
 def test_an_earlier_build_gets_only_the_topics_it_knows(bench: ModuleType,
