@@ -28,7 +28,9 @@ Contenders (``--contenders``, a comma list; each a process of its own):
   the latch on, and the benchmark answers every committed call as a runner would (a process
   of its own reads the committed calls at ``read_committed`` and publishes a result for each,
   ``worker.client.results.answer``), so that every run gets its turn record; the round waits
-  for them all and reports how long after the last final record the last one came;
+  for them all and reports how long after the last final record the last one came. The
+  latch forwards each result into its run's events partition, so each answered round reads
+  a copy of the backlog of its own (published before the rounds), never the shared one;
 * ``bare-faust``: a faust agent that parses each value and forwards one record per
   ``stream.end`` (``bench/bare.py faust``);
 * ``bare-loop``: a confluent-kafka consume -> parse -> produce loop (``bench/bare.py loop``).
@@ -570,14 +572,21 @@ def watch_finals(setup: Setup, proc: subprocess.Popen[bytes], wanted: set[bytes]
 
 def count_outputs(setup: Setup, roles: Sequence[str]) -> dict[str, int]:
     """The records of each output topic as a ``read_committed`` reader sees them: counted by
-    reading them, since an exactly-once engine's transaction markers take offsets too."""
-    return {role: _count_records(setup, setup.topic(role)) for role in roles}
+    reading them, since an exactly-once engine's transaction markers take offsets too; and
+    the DLQ's records by reason (``dlq <reason>``), when it has any."""
+    counts: dict[str, int] = {}
+    for role in roles:
+        counts[role], reasons = _count_records(setup, setup.topic(role), role == "dlq")
+        counts |= {f"dlq {reason}": n for reason, n in sorted(reasons.items())}
+    return counts
 
 
-def _count_records(setup: Setup, topic: str) -> int:
+def _count_records(setup: Setup, topic: str, reasons: bool = False
+                   ) -> tuple[int, dict[str, int]]:
     consumer = Consumer({"bootstrap.servers": setup.bootstrap, "group.id": "unused",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
                          "enable.partition.eof": True})
+    by_reason: dict[str, int] = {}
     try:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
                          for p in range(setup.partitions)])
@@ -587,9 +596,12 @@ def _count_records(setup: Setup, topic: str) -> int:
                 error = msg.error()
                 if error is None:
                     count += 1
+                    if reasons:
+                        reason = str(orjson.loads(msg.value()).get("reason"))
+                        by_reason[reason] = by_reason.get(reason, 0) + 1
                 elif error.code() == KafkaError._PARTITION_EOF:
                     at_end.add(msg.partition())
-        return count
+        return count, by_reason
     finally:
         consumer.close()
 
@@ -1084,11 +1096,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 publish(bootstrap, events, records)
                 backlog = end_offsets_of(bootstrap, events, args.partitions)
                 say(f"published to {events} ({args.partitions} partitions)")
+            # An answering contender forwards each result into its run's events partition
+            # (the result latch's design): the contenders after it would read them. Each of
+            # its rounds reads a copy of the backlog of its own, published now.
+            copies: dict[tuple[str, int], tuple[str, list[int]]] = {}
+            for c in (c for c in chosen if c.answers):
+                for n in range(1, args.rounds + 1):
+                    copy = f"{topics.fresh(f'backlog-{c.name}-r{n}')}.events"
+                    topics.simple([copy], args.partitions)
+                    publish(bootstrap, copy, records)
+                    copies[c.name, n] = copy, end_offsets_of(bootstrap, copy, args.partitions)
+                    say(f"published a copy for {c.name} round {n} to {copy}")
             for n in range(1, args.rounds + 1):
                 shift = (n - 1) % max(1, len(chosen))
                 for c in chosen[shift:] + chosen[:shift]:
                     say(f"  round {n}: {c.name} ...")
-                    result = replace(throughput_round(c, n, bootstrap, events, backlog, runs,
+                    read, ends = copies.get((c.name, n), (events, backlog))
+                    result = replace(throughput_round(c, n, bootstrap, read, ends, runs,
                                                       len(records), topics, work),
                                      load=load_average())
                     results.append(result)
