@@ -6,6 +6,7 @@
     python bench/bench_worker.py --quick               # small (CI smoke): 1 round, 16 runs
     python bench/bench_worker.py --python .venv-compiled/bin/python   # Latch's compiled core
     python bench/bench_worker.py --contenders latch-faust,latch-faust-enforce  # policy on/off
+    python bench/bench_worker.py --contenders latch-faust,latch-kafka --results on,off  # latch
 
 Contenders (``--contenders``, a comma list; each a process of its own):
 
@@ -17,6 +18,19 @@ Contenders (``--contenders``, a comma list; each a process of its own):
   and ``--policy`` (default ``bench/policies20.cedar``: 20 Cedar policies that permit every
   call of the backlog, on conditions over its arguments, so each call is decided and commits);
   named in ``--contenders`` only; their ratio to the same engine without a policy is reported;
+* ``latch-faust-results-on``, ``latch-faust-results-off``, ``latch-kafka-results-on``,
+  ``latch-kafka-results-off``: the two engines with the result latch (``results.enabled``)
+  on or off; ``--results on,off`` runs each engine named in ``--contenders`` so, in the same
+  rounds (``--results off``: only off), and reports on/off. The backlog has no runners: with
+  the latch on, a run with committed calls keeps waiting for their results (its heads stay
+  open, no turn record), a run without one gets its turn record (counted, ``turns``);
+* ``latch-faust-results-answered``, ``latch-kafka-results-answered`` (``--results answered``):
+  the latch on, and the benchmark answers every committed call as a runner would (a process
+  of its own reads the committed calls at ``read_committed`` and publishes a result for each,
+  ``worker.client.results.answer``), so that every run gets its turn record; the round waits
+  for them all and reports how long after the last final record the last one came. The
+  latch forwards each result into its run's events partition, so each answered round reads
+  a copy of the backlog of its own (published before the rounds), never the shared one;
 * ``bare-faust``: a faust agent that parses each value and forwards one record per
   ``stream.end`` (``bench/bare.py faust``);
 * ``bare-loop``: a confluent-kafka consume -> parse -> produce loop (``bench/bare.py loop``).
@@ -67,6 +81,7 @@ import concurrent.futures
 import contextlib
 import functools
 import json
+import math
 import multiprocessing
 import os
 import statistics
@@ -99,7 +114,9 @@ from confluent_kafka import (  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from tests import worker_harness  # noqa: E402
+from worker.client.results import MAX_RESULT_BYTES, answer  # noqa: E402
 from worker.core import Assembler, AssembleSettings  # noqa: E402
+from worker.core.settings import ResultSettings  # noqa: E402
 from worker.runtime import admin  # noqa: E402
 from worker.runtime.config import load_config  # noqa: E402
 
@@ -305,9 +322,14 @@ class Contender:
     start: Callable[[Setup, Path], subprocess.Popen[bytes]]
     #: Why it cannot run here, or None.
     unavailable: Callable[[], str | None] = lambda: None
+    #: Output roles counted besides ``OUTPUTS`` (the result latch's ``turns``).
+    more_outputs: tuple[str, ...] = ()
+    #: Whether the benchmark answers each committed call (:func:`answer_calls`) and waits
+    #: for every run's turn record.
+    answers: bool = False
 
     def outputs(self) -> tuple[str, ...]:
-        return OUTPUTS if self.latch else ("final",)
+        return (*OUTPUTS, *self.more_outputs) if self.latch else ("final",)
 
     def prepare(self, topics: Topics, setup: Setup) -> None:
         # the topic a faust app (bare or Latch's) makes for its group: deleted with the rest
@@ -327,11 +349,12 @@ class Contender:
 POLICY_FILE = ROOT / "bench" / "policies20.cedar"
 
 
-def latch_env(setup: Setup, engine: str | None = None) -> dict[str, str]:
-    """A Latch contender's settings: every topic of the configuration (``TOPIC_ROLES``, the
-    runners' results topic too) named after ``setup.group``, and that group as its app id."""
-    env = {f"LATCH_TOPICS__{role.upper()}": setup.topic(role)
-           for role in worker_harness.TOPIC_ROLES}
+def latch_env(setup: Setup, engine: str | None = None,
+              roles: Sequence[str] = worker_harness.TOPIC_ROLES) -> dict[str, str]:
+    """A Latch contender's settings: every topic of the configuration (``roles``: this
+    checkout's ``TOPIC_ROLES``, the runners' results topic too; another build's own, which
+    may know fewer) named after ``setup.group``, and that group as its app id."""
+    env = {f"LATCH_TOPICS__{role.upper()}": setup.topic(role) for role in roles}
     env |= {"LATCH_TOPICS__EVENTS": setup.events,
             "LATCH_KAFKA__BOOTSTRAP_SERVERS": setup.bootstrap,
             "LATCH_TOPICS__PARTITIONS": str(setup.partitions),
@@ -353,6 +376,39 @@ def spawn(command: list[str], env: dict[str, str], log_path: Path) -> subprocess
 
 
 @functools.cache
+def topic_roles(python: str) -> tuple[str, ...]:
+    """The topic roles the build of ``python`` knows (an earlier build refuses a
+    ``LATCH_TOPICS__`` setting it does not have, e.g. ``turns``)."""
+    code = ("from dataclasses import fields\n"
+            "from worker.runtime.config import TopicNames\n"
+            "print(' '.join(f.name for f in fields(TopicNames) "
+            "if isinstance(getattr(TopicNames(), f.name), str)))")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                         cwd=empty_dir(), check=False)
+    if out.returncode != 0:
+        return worker_harness.TOPIC_ROLES
+    return tuple(out.stdout.split())
+
+
+#: ``--results`` modes: the ``results.enabled`` each sets (``answered``: on, and the
+#: benchmark answers each committed call).
+RESULTS_MODES = {"on": "true", "off": "false", "answered": "true"}
+
+
+def with_results(wanted: Sequence[str], modes: Sequence[str]) -> list[str]:
+    """``--contenders`` with each engine contender (``latch-faust``, ``latch-kafka``) run
+    once per ``--results`` mode (``latch-kafka-results-on``, ...), in the given order; the
+    other contenders as they are."""
+    out: list[str] = []
+    for name in wanted:
+        if name in ("latch-faust", "latch-kafka") and modes:
+            out += [f"{name}-results-{mode}" for mode in modes]
+        else:
+            out.append(name)
+    return list(dict.fromkeys(out))
+
+
+@functools.cache
 def empty_dir() -> str:
     """A directory with nothing in it, where ``python -c 'import worker'`` finds the
     installed package, not a checkout or a stray ``worker`` directory."""
@@ -371,7 +427,8 @@ def contenders(python: str, baseline: str | None = None,
                      ) -> Callable[[Setup, Path], subprocess.Popen[bytes]]:
         def start(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
             return spawn([interpreter, "-m", "worker", "worker", *faust_args],
-                         latch_env(setup, "faust") | (extra or {}), log)
+                         latch_env(setup, "faust", topic_roles(interpreter)) | (extra or {}),
+                         log)
         return start
 
     def kafka_engine(interpreter: str, extra: dict[str, str] | None = None
@@ -379,8 +436,8 @@ def contenders(python: str, baseline: str | None = None,
         def start(setup: Setup, log: Path) -> subprocess.Popen[bytes]:
             # no HTTP port: another worker on this machine may hold the default one
             return spawn([interpreter, "-m", "worker", "worker"],
-                         latch_env(setup, "kafka") | {"LATCH_WORKER__HTTP_PORT": "0"}
-                         | (extra or {}), log)
+                         latch_env(setup, "kafka", topic_roles(interpreter))
+                         | {"LATCH_WORKER__HTTP_PORT": "0"} | (extra or {}), log)
         return start
 
     def policy_missing() -> str | None:
@@ -421,6 +478,14 @@ def contenders(python: str, baseline: str | None = None,
                        lambda: kafka_missing() or policy_missing()),
              Contender("bare-faust", False, bare("faust")),
              Contender("bare-loop", False, bare("loop"))]
+    for mode, enabled in RESULTS_MODES.items():
+        latch_on = ("turns",) if enabled == "true" else ()
+        answers = mode == "answered"
+        results = {"LATCH_RESULTS__ENABLED": enabled}
+        found += [Contender(f"latch-faust-results-{mode}", True, faust_engine(python, results),
+                            more_outputs=latch_on, answers=answers),
+                  Contender(f"latch-kafka-results-{mode}", True, kafka_engine(python, results),
+                            kafka_missing, more_outputs=latch_on, answers=answers)]
     if baseline:
         found.insert(1, Contender("latch-faust-baseline", True, faust_engine(baseline)))
         # named in --contenders only (the baseline must have the kafka engine)
@@ -433,7 +498,14 @@ RATIOS = (("latch-faust", "bare-faust"), ("latch-faust-baseline", "bare-faust"),
           ("latch-kafka", "bare-loop"), ("latch-kafka", "bare-faust"),
           ("latch-kafka-baseline", "bare-loop"), ("latch-faust", "latch-faust-baseline"),
           ("latch-kafka", "latch-kafka-baseline"),
-          ("latch-faust-enforce", "latch-faust"), ("latch-kafka-enforce", "latch-kafka"))
+          ("latch-faust-enforce", "latch-faust"), ("latch-kafka-enforce", "latch-kafka"),
+          ("latch-faust-results-on", "latch-faust-results-off"),
+          ("latch-kafka-results-on", "latch-kafka-results-off"),
+          ("latch-faust-results-answered", "latch-faust-results-off"),
+          ("latch-kafka-results-answered", "latch-kafka-results-off"),
+          ("latch-faust-results-off", "latch-faust-baseline"),
+          ("latch-kafka-results-off", "latch-kafka-baseline"),
+          ("latch-faust-results-off", "bare-faust"), ("latch-kafka-results-off", "bare-loop"))
 
 
 def stop(proc: subprocess.Popen[bytes]) -> int:
@@ -500,14 +572,21 @@ def watch_finals(setup: Setup, proc: subprocess.Popen[bytes], wanted: set[bytes]
 
 def count_outputs(setup: Setup, roles: Sequence[str]) -> dict[str, int]:
     """The records of each output topic as a ``read_committed`` reader sees them: counted by
-    reading them, since an exactly-once engine's transaction markers take offsets too."""
-    return {role: _count_records(setup, setup.topic(role)) for role in roles}
+    reading them, since an exactly-once engine's transaction markers take offsets too; and
+    the DLQ's records by reason (``dlq <reason>``), when it has any."""
+    counts: dict[str, int] = {}
+    for role in roles:
+        counts[role], reasons = _count_records(setup, setup.topic(role), role == "dlq")
+        counts |= {f"dlq {reason}": n for reason, n in sorted(reasons.items())}
+    return counts
 
 
-def _count_records(setup: Setup, topic: str) -> int:
+def _count_records(setup: Setup, topic: str, reasons: bool = False
+                   ) -> tuple[int, dict[str, int]]:
     consumer = Consumer({"bootstrap.servers": setup.bootstrap, "group.id": "unused",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
                          "enable.partition.eof": True})
+    by_reason: dict[str, int] = {}
     try:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
                          for p in range(setup.partitions)])
@@ -517,9 +596,12 @@ def _count_records(setup: Setup, topic: str) -> int:
                 error = msg.error()
                 if error is None:
                     count += 1
+                    if reasons:
+                        reason = str(orjson.loads(msg.value()).get("reason"))
+                        by_reason[reason] = by_reason.get(reason, 0) + 1
                 elif error.code() == KafkaError._PARTITION_EOF:
                     at_end.add(msg.partition())
-        return count
+        return count, by_reason
     finally:
         consumer.close()
 
@@ -538,6 +620,10 @@ class Result:
     wall_s: float
     read_all: bool
     outputs: dict[str, int]
+    #: the machine's load average (1, 5, 15 min) when the round ended
+    load: str = ""
+    #: answered contenders: the last turn record's append time - the last final record's, s
+    turns_after_s: float = float("nan")
 
     @property
     def rate(self) -> float:
@@ -546,23 +632,31 @@ class Result:
 
 def throughput_round(c: Contender, n: int, bootstrap: str, events: str, backlog: list[int],
                      runs: set[bytes], envelopes: int, topics: Topics, work: Path) -> Result:
-    """One contender reads the backlog (whose partitions end at ``backlog``) cold."""
+    """One contender reads the backlog (whose partitions end at ``backlog``) cold (an
+    answering contender with a runner beside it, until every run has its turn record)."""
     partitions = len(backlog)
     setup = Setup(bootstrap, topics.fresh(f"{c.name}-r{n}"), events, partitions, work)
     c.prepare(topics, setup)
     log_path = work / f"{c.name}-r{n}.log"
+    runner = start_answering(setup) if c.answers else None
     began = time.monotonic()
     proc = c.start(setup, log_path)
     cpu = CpuTimeline(proc.pid)
+    last_turn = float("nan")
     try:
-        watch = watch_finals(setup, proc, runs, max(180.0, envelopes / 500),
-                             f"{c.name} round {n}")
+        timeout = max(180.0, envelopes / 500)
+        watch = watch_finals(setup, proc, runs, timeout, f"{c.name} round {n}")
+        if runner is not None:
+            last_turn = watch_turns(setup, proc, len(runs), timeout, f"{c.name} round {n}")
         wall = time.monotonic() - began
         cpu_total = cpu_seconds(proc.pid)
         wait_committed(bootstrap, setup.group, events, backlog, 15.0)
     finally:
         cpu.stop()
         status = stop(proc)
+        if runner is not None:
+            runner[1].set()
+            runner[0].join(60)
     if status != 0:
         say(f"    {c.name}: exited {status} on SIGTERM (log: {log_path})")
     # Latch's ticks land in the events topic too: every backlog offset must be committed.
@@ -572,7 +666,73 @@ def throughput_round(c: Contender, n: int, bootstrap: str, events: str, backlog:
     # the CPU of the same window as the rate: first final appended -> last final appended
     return Result(c.name, n, envelopes, (times[-1] - times[0]) / 1000,
                   cpu.between(times[0] / 1000, times[-1] / 1000), cpu_total, wall, read_all,
-                  count_outputs(setup, c.outputs()))
+                  count_outputs(setup, c.outputs()),
+                  turns_after_s=(last_turn - times[-1]) / 1000)
+
+
+def start_answering(setup: Setup) -> tuple[Any, Any]:
+    """:func:`answer_calls` for ``setup``'s topics in a process of its own (forked: the
+    contender's CPU is sampled apart from it); the process and the event that stops it."""
+    fork = multiprocessing.get_context("fork")
+    stopped = fork.Event()
+    process = fork.Process(target=answer_calls, name="bench-answerer", daemon=True,
+                           args=(setup.bootstrap, setup.topic("committed"),
+                                 setup.topic("results"), setup.partitions, stopped))
+    process.start()
+    return process, stopped
+
+
+def answer_calls(bootstrap: str, committed_topic: str, results_topic: str, partitions: int,
+                 stopped: Any) -> None:
+    """A runner that answers at once: each committed call, read as a runner reads it
+    (``read_committed``), gets one result (``worker.client.results.answer``, the text
+    ``ok``), keyed by its run id (co-partitioned with its events), until ``stopped``."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused",
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "fetch.wait.max.ms": 5})
+    consumer.assign([TopicPartition(committed_topic, p, OFFSET_BEGINNING)
+                     for p in range(partitions)])
+    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random",
+                         "enable.idempotence": True, "linger.ms": 5})
+    try:
+        while not stopped.is_set():
+            for msg in consumer.consume(500, timeout=0.05):
+                if msg.error() is not None:
+                    continue
+                call = orjson.loads(msg.value())
+                producer.produce(results_topic, key=call["run_id"].encode(),
+                                 value=answer(call, False, "ok", MAX_RESULT_BYTES))
+            producer.poll(0)
+    finally:
+        producer.flush(30)
+        consumer.close()
+
+
+def watch_turns(setup: Setup, proc: subprocess.Popen[bytes], runs: int, timeout: float,
+                label: str) -> float:
+    """Read the turns topic (``read_committed``) until it holds ``runs`` turn records; the
+    last one's broker append time (ms)."""
+    consumer = Consumer({"bootstrap.servers": setup.bootstrap, "group.id": "unused",
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "fetch.wait.max.ms": 5})
+    consumer.assign([TopicPartition(setup.topic("turns"), p, OFFSET_BEGINNING)
+                     for p in range(setup.partitions)])
+    seen, last = 0, float("nan")
+    deadline = time.monotonic() + timeout
+    try:
+        while seen < runs:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{label}: {seen}/{runs} turn records after {timeout:.0f} s")
+            if proc.poll() is not None:
+                raise RuntimeError(f"{label}: the contender exited {proc.returncode}")
+            for msg in consumer.consume(1000, timeout=0.05):
+                if msg.error() is None:
+                    seen += 1
+                    last = msg.timestamp()[1] if math.isnan(last) else max(
+                        last, msg.timestamp()[1])
+        return last
+    finally:
+        consumer.close()
 
 
 def wait_committed(bootstrap: str, group: str, topic: str, backlog: list[int],
@@ -759,7 +919,7 @@ def median(values: Sequence[float]) -> float:
 
 
 def report(results: list[Result], order: list[str]) -> dict[str, Any]:
-    say(f"\n{'contender':14}{'envelopes/s':>13}{'CPU s':>8}{'CPU µs/env':>12}"
+    say(f"\n{'contender':24}{'envelopes/s':>13}{'CPU s':>8}{'CPU µs/env':>12}"
         f"{'CPU s total':>13}{'wall s':>8}  rounds (envelopes/s)")
     summary: dict[str, Any] = {"contenders": {}, "ratios": {}}
     for name in order:
@@ -771,10 +931,11 @@ def report(results: list[Result], order: list[str]) -> dict[str, Any]:
             "envelopes_per_s": rate, "cpu_s": median([r.cpu_window_s for r in mine]),
             "cpu_total_s": median([r.cpu_total_s for r in mine]),
             "read_all": all(r.read_all for r in mine), "outputs": mine[-1].outputs,
-            "rounds": [r.rate for r in mine]}
+            "rounds": [r.rate for r in mine], "loads": [r.load for r in mine],
+            "turns_after_s": median([r.turns_after_s for r in mine])}
         s = summary["contenders"][name]
         s["cpu_us_per_envelope"] = s["cpu_s"] / mine[0].envelopes * 1e6
-        say(f"{name:14}{rate:13,.0f}{s['cpu_s']:8.2f}{s['cpu_us_per_envelope']:12.1f}"
+        say(f"{name:24}{rate:13,.0f}{s['cpu_s']:8.2f}{s['cpu_us_per_envelope']:12.1f}"
             f"{s['cpu_total_s']:13.1f}"
             f"{median([r.wall_s for r in mine]):8.1f}  "
             + ", ".join(f"{r.rate:,.0f}" for r in mine))
@@ -834,6 +995,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", type=Path, default=POLICY_FILE,
                         help="the .cedar file of the -enforce contenders (default: "
                              "bench/policies20.cedar)")
+    parser.add_argument("--results", default="",
+                        help="a comma list of on/off: run latch-faust and latch-kafka with "
+                             "the result latch (results.enabled) so, in the same rounds, as "
+                             "latch-<engine>-results-<mode> (e.g. on,off)")
     parser.add_argument("--bootstrap", help="a running broker (default: start our own)")
     parser.add_argument("--port", type=int, default=19492, help="our own broker's port")
     parser.add_argument("--broker-dir", type=Path, default=ROOT / ".latch" / "bench-broker")
@@ -853,6 +1018,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.baseline_python and "-baseline" not in args.contenders:
         args.contenders += ",latch-faust-baseline"
     wanted = [n.strip() for n in args.contenders.split(",") if n.strip()]
+    modes = [m.strip() for m in args.results.split(",") if m.strip()]
+    if any(m not in RESULTS_MODES for m in modes):
+        parser.error(f"--results takes a comma list of {', '.join(RESULTS_MODES)}")
+    wanted = with_results(wanted, modes)
     unknown = [n for n in wanted if n not in every]
     if unknown:
         parser.error(f"unknown contenders {unknown}; known: {', '.join(every)}")
@@ -882,6 +1051,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"backlog: {len(records):,} envelopes, {size / 1e6:.1f} MB, {len(runs)} runs; "
         f"the offline core emits {expected}; {os.cpu_count()} cores, load average "
         f"{load_average()}")
+    expected_on: dict[str, int] = {}
+    if any(c.more_outputs for c in chosen):
+        # the result latch on: the same outputs, and a turn record for each run that
+        # committed no call (the others wait for their results: the backlog has no runners)
+        latch_on = Assembler(replace(AssembleSettings(), results=ResultSettings(True)))
+        for key, value, now in records:
+            for emit in latch_on.feed_record(key, value, now):
+                expected_on[emit.topic.value] = expected_on.get(emit.topic.value, 0) + 1
+        say(f"with the result latch on, the offline core emits {expected_on}")
     if any(c.name.endswith("-enforce") for c in chosen):
         # The enforce contenders must do the same work with one more step: the policy permits
         # every call of the backlog (checked offline), so their outputs equal the others'.
@@ -918,18 +1096,36 @@ def main(argv: Sequence[str] | None = None) -> int:
                 publish(bootstrap, events, records)
                 backlog = end_offsets_of(bootstrap, events, args.partitions)
                 say(f"published to {events} ({args.partitions} partitions)")
+            # An answering contender forwards each result into its run's events partition
+            # (the result latch's design): the contenders after it would read them. Each of
+            # its rounds reads a copy of the backlog of its own, published now.
+            copies: dict[tuple[str, int], tuple[str, list[int]]] = {}
+            for c in (c for c in chosen if c.answers):
+                for n in range(1, args.rounds + 1):
+                    copy = f"{topics.fresh(f'backlog-{c.name}-r{n}')}.events"
+                    topics.simple([copy], args.partitions)
+                    publish(bootstrap, copy, records)
+                    copies[c.name, n] = copy, end_offsets_of(bootstrap, copy, args.partitions)
+                    say(f"published a copy for {c.name} round {n} to {copy}")
             for n in range(1, args.rounds + 1):
                 shift = (n - 1) % max(1, len(chosen))
                 for c in chosen[shift:] + chosen[:shift]:
                     say(f"  round {n}: {c.name} ...")
-                    result = throughput_round(c, n, bootstrap, events, backlog, runs,
-                                              len(records), topics, work)
+                    read, ends = copies.get((c.name, n), (events, backlog))
+                    result = replace(throughput_round(c, n, bootstrap, read, ends, runs,
+                                                      len(records), topics, work),
+                                     load=load_average())
                     results.append(result)
                     say(f"  round {n}: {c.name}: {result.rate:,.0f} envelopes/s, CPU "
                         f"{result.cpu_window_s:.2f} s ({result.cpu_total_s:.1f} s total), "
-                        f"read every envelope: {result.read_all}, outputs {result.outputs}")
+                        f"read every envelope: {result.read_all}, outputs {result.outputs}, "
+                        f"load average {result.load}"
+                        + (f", last turn record {result.turns_after_s:.2f} s after the last "
+                           "final" if c.answers else ""))
             summary = report(results, [c.name for c in chosen])
             summary["expected"] = expected
+            if expected_on:
+                summary["expected_results_on"] = expected_on
             summary["envelopes"], summary["runs"] = len(records), len(runs)
             summary["core"] = core
             if args.latency:
