@@ -28,8 +28,9 @@ the tool-result messages in the provider's own format (``core/turns.py``), one p
 message, in the message's order.
 
 Memory: a waiting turn keeps its answers' content (each at most ``max_bytes``) until its record
-is written; a closed turn keeps only its call ids (the ``remember_finished_runs`` most recent),
-so that a late or repeated result is named as such.
+is written; a closed turn keeps only its call ids and where each answer was read (the
+``remember_finished_runs`` most recent), so that a late or repeated result is named as such and
+the same answer forwarded again (an at-least-once forwarder after a crash) is a repeat.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ _NONE: dict[str, ToolSchema] = {}
 LATCH = "latch"
 #: A closed turn's call: answered by a runner, or by the latch (``tool_timeout``).
 _CLOSED_ANSWERED, _CLOSED_TIMED_OUT = "a", "x"
+#: A closed turn's call: how it was answered, and the results record (partition, offset) its
+#: answer was forwarded from ((-1, -1): none, the latch's own).
+Closed = tuple[str, int, int]
 
 #: ``(tenant) -> rewrite``: the operator's redaction of result text for a tenant (None: none);
 #: the rewrite returns the text and how many rewrites each rule made.
@@ -124,8 +128,8 @@ class Pairing:
         self.schemas: dict[str, dict[str, ToolSchema]] = {}
         #: The open turns, by run id, oldest first.
         self.turns: dict[str, _Turn] = {}
-        #: The closed turns' calls: run id -> {tool_call_id: answered or timed out}.
-        self.closed: OrderedDict[str, dict[str, str]] = OrderedDict()
+        #: The closed turns' calls: run id -> {tool_call_id: :data:`Closed`}.
+        self.closed: OrderedDict[str, dict[str, Closed]] = OrderedDict()
         self.stats: Counter[str] = Counter()
         #: Each redaction rule's rewrites, by rule name (a metric, never a log line).
         self.redactions: Counter[str] = Counter()
@@ -237,15 +241,18 @@ class Pairing:
         run_id, call_id = result.run_id, result.tool_call_id
         done = turn.done.get(call_id) if turn is not None else None
         closed = self.closed.get(run_id) if turn is None else None
-        if done is not None and result.source is not None and done.source == result.source:
+        was = closed.get(call_id) if closed is not None else None
+        source = result.source
+        if source is not None and ((done is not None and done.source == source) or (
+                was is not None and (was[1], was[2]) == source)):
             self.stats["results_repeated"] += 1
             return []
         late = (done is not None and done.outcome == ResultReason.TOOL_TIMEOUT) or (
-            closed is not None and closed.get(call_id) == _CLOSED_TIMED_OUT)
+            was is not None and was[0] == _CLOSED_TIMED_OUT)
         if late:
             return self._dlq(DlqReason.RESULT_LATE, "the call was answered tool_timeout "
                              "before this result came", run_id, raw)
-        if done is not None or (closed is not None and call_id in closed):
+        if done is not None or was is not None:
             return self._dlq(DlqReason.RESULT_DUPLICATE, "the call already has its result",
                              run_id, raw)
         return self._dlq(DlqReason.UNKNOWN_CALL, "the run has no committed call with this "
@@ -312,9 +319,7 @@ class Pairing:
         answered: set[str] = set()
         for outcome in order:
             entries.append(self._entry(turn, outcome, top, answered))
-        self.closed[turn.run_id] = {
-            c: (_CLOSED_TIMED_OUT if d.outcome == ResultReason.TOOL_TIMEOUT else _CLOSED_ANSWERED)
-            for c, d in turn.done.items()}
+        self.closed[turn.run_id] = {c: _closed(d) for c, d in turn.done.items()}
         while len(self.closed) > self._remember:
             self.closed.popitem(last=False)
         self.stats["turns"] += 1
@@ -348,21 +353,32 @@ class Pairing:
 
     # -- a take-over ---------------------------------------------------------------------
 
-    def remember_closed(self, run_id: str, answered: list[str], timed_out: list[str]) -> None:
-        """A closed turn read from the run's ``done`` head (a worker rebuilding a partition)."""
-        calls = dict.fromkeys(answered, _CLOSED_ANSWERED)
-        calls.update(dict.fromkeys(timed_out, _CLOSED_TIMED_OUT))
+    def remember_closed(self, run_id: str, answered: list[tuple[str, int, int]],
+                        timed_out: list[str]) -> None:
+        """A closed turn read from the run's ``done`` head (a worker rebuilding a partition):
+        its answered calls with where each answer was read, its timed-out calls."""
+        calls: dict[str, Closed] = {c: (_CLOSED_ANSWERED, p, o) for c, p, o in answered}
+        calls.update({c: (_CLOSED_TIMED_OUT, -1, -1) for c in timed_out})
         self.closed[run_id] = calls
         while len(self.closed) > self._remember:
             self.closed.popitem(last=False)
 
-    def closed_calls(self, run_id: str) -> tuple[list[str], list[str]] | None:
-        """A closed turn's answered and timed-out call ids, for its ``done`` head."""
+    def closed_calls(self, run_id: str) -> tuple[list[list[Any]], list[str]] | None:
+        """A closed turn's answered calls (``[id, partition, offset]``) and timed-out call
+        ids, for its ``done`` head."""
         calls = self.closed.get(run_id)
         if calls is None:
             return None
-        return ([c for c, s in calls.items() if s == _CLOSED_ANSWERED],
-                [c for c, s in calls.items() if s == _CLOSED_TIMED_OUT])
+        return ([[c, p, o] for c, (s, p, o) in calls.items() if s == _CLOSED_ANSWERED],
+                [c for c, (s, _, _) in calls.items() if s == _CLOSED_TIMED_OUT])
+
+
+def _closed(done: _Done) -> Closed:
+    """What a closed turn keeps of a call's answer."""
+    if done.outcome == ResultReason.TOOL_TIMEOUT:
+        return _CLOSED_TIMED_OUT, -1, -1
+    partition, offset = done.source if done.source is not None else (-1, -1)
+    return _CLOSED_ANSWERED, partition, offset
 
 
 def paired(pairing: Pairing | None, result: ToolResult, now_ms: int,

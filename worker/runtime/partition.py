@@ -304,17 +304,20 @@ class Heads:
                 closed = head.get("r")
                 pairing = state.assembler.pairing
                 if pairing is not None and _is_closed(closed):
-                    pairing.remember_closed(key.decode(), closed[0], closed[1])
+                    pairing.remember_closed(key.decode(), [(c, p, o) for c, p, o in closed[0]],
+                                            closed[1])
                 done.append((head.get("at", 0), key))
         state.done.extend(sorted(done))
         return open_runs
 
 
 def _is_closed(value: Any) -> bool:
-    """Whether a done head's ``r`` is [answered ids, timed-out ids]."""
+    """Whether a done head's ``r`` is [answered [id, partition, offset]s, timed-out ids]."""
     return (isinstance(value, list) and len(value) == 2
-            and all(isinstance(ids, list) and all(isinstance(i, str) for i in ids)
-                    for ids in value))
+            and all(isinstance(ids, list) for ids in value)
+            and all(isinstance(a, list) and len(a) == 3 and isinstance(a[0], str)
+                    and type(a[1]) is int and type(a[2]) is int for a in value[0])
+            and all(isinstance(i, str) for i in value[1]))
 
 
 def _controls(value: Any) -> list[tuple[int, int]] | None:

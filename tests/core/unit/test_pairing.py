@@ -114,6 +114,8 @@ def test_duplicate_unknown_and_forged_results_go_to_the_dlq() -> None:
     [turn] = turns(out)
     out = feed(a, [tool_result(calls[1], "B", source=(0, 9)), tool_result(calls[0], "A")])
     assert [d["reason"] for d in dlq(out)] == ["result_duplicate", "result_duplicate"]
+    # the turn closed: the answer that counted, forwarded again, is still only a repeat
+    assert feed(a, [tool_result(calls[0], "A", source=(0, 7))]) == []
     assert turn["messages"][0]["content"] == "A"
     # each DLQ record keeps the result's bytes
     assert all(d["original_b64"] for d in dlq(out))

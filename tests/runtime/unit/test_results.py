@@ -128,7 +128,8 @@ def test_the_head_stays_open_until_the_turn_and_a_takeover_between_decides_the_s
     live = driver.apply_all({0: state}, (result,))
     [turn] = [o.emit.value for o in live.out if o.emit.topic is Topic.TURNS]
     assert [m["content"] for m in turn["messages"]] == ["sunny"]
-    assert table[b"r1"]["done"] is True and table[b"r1"]["r"] == [["c1"], []]
+    # (the answered call and where its answer was read: [results partition, offset])
+    assert table[b"r1"]["done"] is True and table[b"r1"]["r"] == [[["c1", 0, 9]], []]
     # a successor that took over after the final, before the result
     other: dict[bytes, Any] = {b"r1": {"p": 0, "start": 0}}
     successor = Driver(_config(), EngineHooks(_config()), Heads(other, 3600))
@@ -147,3 +148,6 @@ def test_the_head_stays_open_until_the_turn_and_a_takeover_between_decides_the_s
                          0, len(records) + 1)
     dlq = [o.emit.value for o in late.apply_all({0: rebuilt.state}, (second,)).out]
     assert [d["reason"] for d in dlq] == ["result_duplicate"]
+    # the same answer forwarded again (the faust engine after a crash) is only a repeat
+    again_forwarded = step.record(result.key, result.value, 3_000, "ev", 0, len(records) + 2)
+    assert late.apply_all({0: rebuilt.state}, (again_forwarded,)).out == []

@@ -247,11 +247,17 @@ class FaustEngine(Rebalance, Forwarding):
         if message.offset < expected:
             return
         if message.offset > expected:
-            log.warning("%s[%d]: records %d..%d were not delivered; reading them from the log",
-                        message.topic, message.partition, expected, message.offset - 1,
-                        extra=logs.where(message.topic, message.partition, expected))
+            # (a range of transaction markers only, a transactional producer's on the results
+            # or control topic, holds no record: read, it yields nothing, and is no warning)
+            missed = 0
             async for record in self._read(message.topic, message.partition, expected,
                                            message.offset):
+                if not missed:
+                    log.warning("%s[%d]: records from %d to %d were not delivered; reading "
+                                "them from the log", message.topic, message.partition,
+                                record.source.offset, message.offset - 1,
+                                extra=logs.where(message.topic, message.partition, expected))
+                missed += 1
                 yield record
             # faust never saw those offsets, and withholds every commit of the partition
             # while the first acked offset is past the committed one: tell it they are done,
