@@ -23,7 +23,9 @@ Contenders (``--contenders``, a comma list; each a process of its own):
   on or off; ``--results on,off`` runs each engine named in ``--contenders`` so, in the same
   rounds (``--results off``: only off), and reports on/off. The backlog has no runners: with
   the latch on, a run with committed calls keeps waiting for their results (its heads stay
-  open, no turn record), a run without one gets its turn record (counted, ``turns``);
+  open, no turn record), a run without one gets its turn record (counted, ``turns``). Their
+  ``results.deadline_s`` is a day: the backlog's record times age through the rounds, and
+  with the default (300 s) the later rounds alone would time out every waiting call;
 * ``latch-faust-results-answered``, ``latch-kafka-results-answered`` (``--results answered``):
   the latch on, and the benchmark answers every committed call as a runner would (a process
   of its own reads the committed calls at ``read_committed`` and publishes a result for each,
@@ -390,6 +392,9 @@ def topic_roles(python: str) -> tuple[str, ...]:
     return tuple(out.stdout.split())
 
 
+#: ``results.deadline_s`` of the ``--results`` contenders (a day).
+RESULTS_DEADLINE_S = 86_400
+
 #: ``--results`` modes: the ``results.enabled`` each sets (``answered``: on, and the
 #: benchmark answers each committed call).
 RESULTS_MODES = {"on": "true", "off": "false", "answered": "true"}
@@ -481,7 +486,10 @@ def contenders(python: str, baseline: str | None = None,
     for mode, enabled in RESULTS_MODES.items():
         latch_on = ("turns",) if enabled == "true" else ()
         answers = mode == "answered"
-        results = {"LATCH_RESULTS__ENABLED": enabled}
+        # no deadline passes in a benchmark: a backlog read minutes after it was published
+        # would time out every waiting call (tool_timeout) in the later rounds only
+        results = {"LATCH_RESULTS__ENABLED": enabled,
+                   "LATCH_RESULTS__DEADLINE_S": str(RESULTS_DEADLINE_S)}
         found += [Contender(f"latch-faust-results-{mode}", True, faust_engine(python, results),
                             more_outputs=latch_on, answers=answers),
                   Contender(f"latch-kafka-results-{mode}", True, kafka_engine(python, results),

@@ -54,6 +54,7 @@ def test_the_modes_start_the_engines_with_the_latch_on_and_off(
     assert started["latch-faust-results-on"]["LATCH_RESULTS__ENABLED"] == "true"
     assert started["latch-kafka-results-on"]["LATCH_RESULTS__ENABLED"] == "true"
     assert started["latch-faust-results-off"]["LATCH_RESULTS__ENABLED"] == "false"
+    assert started["latch-kafka-results-on"]["LATCH_RESULTS__DEADLINE_S"] == "86400"
     assert started["latch-kafka-results-off"]["LATCH_WORKER__ENGINE"] == "kafka"
     assert "LATCH_RESULTS__ENABLED" not in started["latch-kafka"]
     assert "turns" in every["latch-kafka-results-on"].outputs()
