@@ -469,6 +469,25 @@ class Reader:
         self.consumer.close()
 
 
+def read_results(bootstrap: str, topic: str, want: int, timeout: float = 60.0) -> list[Any]:
+    """The values of partition 0 of ``topic`` (a runner test's results topic) visible at
+    read_committed, once ``want`` are (then 2 s more, so that an extra one would show)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    found: list[Any] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(found) < want and time.monotonic() < deadline:
+            found += [orjson.loads(m.value()) for m in consumer.consume(100, timeout=0.5)
+                      if m.error() is None]
+        found += [orjson.loads(m.value()) for m in consumer.consume(100, timeout=2.0)
+                  if m.error() is None]
+    finally:
+        consumer.close()
+    return found
+
+
 def _decoded(value: bytes | None) -> dict[str, Any]:
     """A record's JSON value; what is not JSON (a test wrote it on an input topic read here)
     as ``{"undecodable": its bytes}``."""

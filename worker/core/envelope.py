@@ -361,16 +361,13 @@ def _result(doc: dict[str, Any], run_id: str, ts: int | None) -> ToolResult | Re
     """A forwarded ``tool.result``: the call it answers (``tool_call_id``, ``name``,
     ``idempotency_key``, each bounded), ``is_error``, ``size``, the ``content`` (a string, or
     absent when over the limit), ``structured`` (any JSON) and ``source``."""
-    call_id, name, key = doc.get("tool_call_id"), doc.get("name"), doc.get("idempotency_key")
-    if not isinstance(call_id, str) or not call_id or len(call_id) > _MAX_CALL_ID:
-        return Rejected(DlqReason.INVALID_ENVELOPE, "tool_call_id is missing, empty or longer "
-                        f"than {_MAX_CALL_ID} characters", run_id)
-    if not isinstance(name, str) or not name or len(name) > _MAX_CALL_ID:
-        return Rejected(DlqReason.INVALID_ENVELOPE, "name is missing, empty or longer than "
-                        f"{_MAX_CALL_ID} characters", run_id)
-    if not isinstance(key, str) or not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
-        return Rejected(DlqReason.INVALID_ENVELOPE, "idempotency_key is missing, empty or "
-                        f"longer than {MAX_IDEMPOTENCY_KEY_LENGTH} characters", run_id)
+    for field, most in (("tool_call_id", _MAX_CALL_ID), ("name", _MAX_CALL_ID),
+                        ("idempotency_key", MAX_IDEMPOTENCY_KEY_LENGTH)):
+        value = doc.get(field)
+        if not isinstance(value, str) or not value or len(value) > most:
+            return Rejected(DlqReason.INVALID_ENVELOPE, f"{field} is missing, empty or longer "
+                            f"than {most} characters", run_id)
+    call_id, name, key = doc["tool_call_id"], doc["name"], doc["idempotency_key"]
     is_error, size, content = doc.get("is_error"), doc.get("size"), doc.get("content")
     if type(is_error) is not bool:
         return Rejected(DlqReason.INVALID_ENVELOPE, "is_error is not a boolean", run_id)

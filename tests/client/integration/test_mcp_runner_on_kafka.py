@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +16,10 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from conftest import MakeTopic
 from mcp_server import McpServerProcess
+from worker_harness import read_results as results
 
 from worker.cli import main
 from worker.client.mcp import McpClient
@@ -53,23 +53,6 @@ def publish(bootstrap: str, topic: str, values: list[bytes]) -> None:
         producer.produce(topic, key=orjson.loads(value)["run_id"].encode(), value=value)
     assert producer.flush(30) == 0
 
-
-def results(bootstrap: str, topic: str, want: int, timeout: float = 60.0) -> list[dict[str, Any]]:
-    """The results visible at read_committed, once ``want`` are (then 2 s more for extras)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-    found: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(found) < want and time.monotonic() < deadline:
-            found += [orjson.loads(m.value()) for m in consumer.consume(100, timeout=0.5)
-                      if m.error() is None]
-        found += [orjson.loads(m.value()) for m in consumer.consume(100, timeout=2.0)
-                  if m.error() is None]
-    finally:
-        consumer.close()
-    return found
 
 
 def executions(url: str) -> dict[str, int]:

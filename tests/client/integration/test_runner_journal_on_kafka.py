@@ -10,14 +10,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from conftest import MakeTopic
+from worker_harness import read_results as results
 
 CHILD = Path(__file__).with_name("journal_runner_child.py")
 CHECKOUT = Path(__file__).resolve().parents[3]
@@ -37,23 +37,6 @@ def publish(bootstrap: str, topic: str, keys: list[str]) -> None:
         producer.produce(topic, key=f"run-{key}".encode(), value=call(key))
     assert producer.flush(30) == 0
 
-
-def results(bootstrap: str, topic: str, want: int, timeout: float = 60.0) -> list[dict[str, str]]:
-    """The results visible at read_committed, once ``want`` are (then 2 s more for extras)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-    found: list[dict[str, str]] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(found) < want and time.monotonic() < deadline:
-            found += [orjson.loads(m.value()) for m in consumer.consume(100, timeout=0.5)
-                      if m.error() is None]
-        found += [orjson.loads(m.value()) for m in consumer.consume(100, timeout=2.0)
-                  if m.error() is None]
-    finally:
-        consumer.close()
-    return found
 
 
 def test_a_runner_killed_at_every_step_runs_each_call_once_but_a_crash_mid_tool(

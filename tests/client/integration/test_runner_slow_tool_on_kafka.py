@@ -13,8 +13,9 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer
 from conftest import MakeTopic
+from worker_harness import read_results as results
 
 from worker.client.runner import Runner
 from worker.runtime.config import Config, KafkaSettings, TopicNames
@@ -59,23 +60,6 @@ class WatchedConsumer(Consumer):
         super().subscribe(topics, **{**callbacks, "on_assign": assigned,
                                      "on_revoke": revoked})
 
-
-def results(bootstrap: str, topic: str, want: int, timeout: float = 60.0) -> list[Any]:
-    """The results at read_committed, once ``want`` are there (then 2 s more for extras)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-    found: list[Any] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(found) < want and time.monotonic() < deadline:
-            found += [orjson.loads(m.value()) for m in consumer.consume(100, timeout=0.5)
-                      if m.error() is None]
-        found += [orjson.loads(m.value()) for m in consumer.consume(100, timeout=2.0)
-                  if m.error() is None]
-    finally:
-        consumer.close()
-    return found
 
 
 @pytest.mark.parametrize("mode", ["journal", "plain"])
