@@ -97,7 +97,7 @@ class _Turn:
     """One run's calls, from its first committed call (or its final message) to its turn
     record."""
 
-    __slots__ = ("done", "errors", "final", "held", "provider", "run_id", "tenant", "waiting")
+    __slots__ = ("done", "errors", "final", "provider", "run_id", "tenant", "waiting")
 
     def __init__(self, run_id: str, tenant: str | None, provider: str) -> None:
         self.run_id, self.tenant, self.provider = run_id, tenant, provider
@@ -106,8 +106,6 @@ class _Turn:
         #: The error result of each call that never committed, by ``tool_call_id`` (the first).
         self.errors: dict[str, dict[str, Any]] = {}
         self.final: dict[str, Any] | None = None
-        #: Bytes of answer content held.
-        self.held = 0
 
 
 class Pairing:
@@ -135,11 +133,6 @@ class Pairing:
         self.redactions: Counter[str] = Counter()
         #: The tenants' redaction rules (None: none).
         self.redact: Redactions | None = None
-
-    @property
-    def held(self) -> int:
-        """Bytes of answer content the open turns hold."""
-        return sum(t.held for t in self.turns.values())
 
     def waiting(self, run_id: str) -> bool:
         """Whether ``run_id``'s turn record is still to be written."""
@@ -205,7 +198,6 @@ class Pairing:
         del turn.waiting[call_id]
         done = self._checked(result, turn, waiting)
         turn.done[call_id] = done
-        turn.held += len(done.content)
         self.stats[f"results_{done.outcome}"] += 1
         emits = [self._audit(turn, call_id, waiting, done)]
         if not turn.waiting and turn.final is not None:
